@@ -1,0 +1,178 @@
+"""What goes through the Raft log: explicit, versioned commands and their results.
+
+A command travels as a tuple of plain values (str, int, bytes, tuples), never
+as a pickled object of ours, so the log stays readable by any later version
+that knows ``COMMAND_VERSION``. :func:`encode` and :func:`decode` are the only
+way in and out; :func:`decode` rejects anything it does not recognise with
+:class:`MalformedCommand` (the state machine turns that into a result value,
+never an exception that would wedge the replication thread).
+
+Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+COMMAND_VERSION = 1
+
+KIND_COMMIT = "commit"
+KIND_BARRIER = "barrier"
+
+
+class MalformedCommand(ValueError):
+    """A log entry that is not a command this version understands."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionWrite:
+    """Everything one transaction asks for at commit time."""
+
+    transaction_id: str
+    # queue -> items to append, in the order the transaction enqueued them
+    enqueues: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
+    # queue -> ids of the items the transaction dequeued
+    dequeues: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CommitUnit:
+    """Transactions applied all together or not at all, optionally under an idempotency key."""
+
+    transactions: tuple[TransactionWrite, ...]
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitBatch:
+    """Many independent commit units grouped into one Raft entry (group commit)."""
+
+    term: int  # the proposing leader's term: entries of a deposed leader are fenced off
+    now_ms: int  # the leader's clock when it proposed the entry: time enters as data
+    units: tuple[CommitUnit, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Proposed by a new leader; once applied, every entry of earlier terms is applied."""
+
+    term: int
+    now_ms: int
+
+
+Command = CommitBatch | Barrier
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedRange:
+    """Ids ``first_item_id .. first_item_id + count - 1`` were given to items appended to ``queue``."""
+
+    queue: str
+    first_item_id: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnitOutcome:
+    """The domain outcome of one commit unit, identical on every replica."""
+
+    status: Literal["committed", "duplicate", "rejected"]
+    index: int  # log index that committed (for duplicates: the original one; rejected: this one)
+    enqueued: tuple[EnqueuedRange, ...] = ()
+    reason: str | None = None  # why a unit was rejected
+    missing_item_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    outcomes: tuple[UnitOutcome, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierResult:
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyFailed:
+    """The entry could not be applied (malformed, or a bug); the state did not change."""
+
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+ApplyResult = BatchResult | BarrierResult | ApplyFailed
+
+
+def encode(command: Command) -> tuple[Any, ...]:
+    if isinstance(command, Barrier):
+        return (COMMAND_VERSION, KIND_BARRIER, command.term, command.now_ms)
+    units = tuple(
+        (
+            unit.idempotency_key,
+            tuple((t.transaction_id, t.enqueues, t.dequeues) for t in unit.transactions),
+        )
+        for unit in command.units
+    )
+    return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units)
+
+
+def decode(raw: Any) -> Command:
+    """Turn a log entry back into a command; raise MalformedCommand on anything unexpected."""
+    try:
+        version, kind = raw[0], raw[1]
+    except (TypeError, IndexError, KeyError) as exc:
+        raise MalformedCommand(f"not a command tuple: {type(raw).__name__}") from exc
+    if version != COMMAND_VERSION:
+        raise MalformedCommand(f"command version {version!r}, this node knows {COMMAND_VERSION}")
+    try:
+        if kind == KIND_BARRIER:
+            _, _, term, now_ms = raw
+            return Barrier(term=_int(term), now_ms=_int(now_ms))
+        if kind == KIND_COMMIT:
+            _, _, term, now_ms, units = raw
+            return CommitBatch(term=_int(term), now_ms=_int(now_ms),
+                               units=tuple(_decode_unit(u) for u in units))
+    except (TypeError, ValueError) as exc:
+        raise MalformedCommand(f"bad {kind} command: {exc}") from exc
+    raise MalformedCommand(f"unknown command kind {kind!r}")
+
+
+def _decode_unit(raw: Any) -> CommitUnit:
+    key, transactions = raw
+    if key is not None and not isinstance(key, str):
+        raise ValueError("idempotency key must be str or None")
+    return CommitUnit(
+        transactions=tuple(_decode_transaction(t) for t in transactions),
+        idempotency_key=key,
+    )
+
+
+def _decode_transaction(raw: Any) -> TransactionWrite:
+    transaction_id, enqueues, dequeues = raw
+    if not isinstance(transaction_id, str):
+        raise ValueError("transaction id must be str")
+    return TransactionWrite(
+        transaction_id=transaction_id,
+        enqueues=tuple((_str(q), tuple(_bytes(i) for i in items)) for q, items in enqueues),
+        dequeues=tuple((_str(q), tuple(_int(i) for i in ids)) for q, ids in dequeues),
+    )
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise ValueError(f"expected int, got {type(value).__name__}")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected str, got {type(value).__name__}")
+    return value
+
+
+def _bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes):
+        raise ValueError(f"expected bytes, got {type(value).__name__}")
+    return value

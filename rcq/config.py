@@ -1,0 +1,139 @@
+"""NodeConfig: every setting of one rcq node, documented, with defaults in one place.
+
+Loaded from a JSON file (``rcq serve --config node.json``) and/or command-line
+flags; the cluster secret may also come from the ``RCQ_CLUSTER_SECRET``
+environment variable so it never shows in a process list. Cross-field rules
+are checked here, and their messages name both fields.
+
+Must not import: aiohttp, pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rcq.errors import InvalidRequest
+
+NODE_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+HOST_PORT_PATTERN = r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$"
+
+
+class PeerConfig(BaseModel):
+    """Another node of the cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_id: str = Field(pattern=NODE_ID_PATTERN)
+    raft_address: str = Field(pattern=HOST_PORT_PATTERN, description="host:port of its Raft listener")
+    http_url: str = Field(pattern=r"^https?://", description="base URL clients use to reach it")
+
+
+class NodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- identity and addresses
+    node_id: str = Field(pattern=NODE_ID_PATTERN, description="unique name of this node")
+    http_host: str = Field("127.0.0.1", description="interface the HTTP API binds to")
+    http_port: int = Field(ge=0, le=65535, description="HTTP API port")
+    advertise_url: str | None = Field(
+        None, pattern=r"^https?://", description="URL other nodes give clients for this node; default http://http_host:http_port")
+    raft_address: str = Field(pattern=HOST_PORT_PATTERN, description="host:port this node's Raft listens on")
+    peers: tuple[PeerConfig, ...] = Field((), description="the other nodes (2 or 4 for a 3- or 5-node cluster)")
+    data_dir: Path = Field(description="Raft journal, its meta file and the LMDB snapshot live here")
+
+    # --- security
+    cluster_secret: str | None = Field(
+        None, min_length=16, repr=False, description="shared secret encrypting and authenticating Raft traffic")
+    insecure: bool = Field(False, description="allow running without a cluster secret (development only)")
+
+    # --- transactions
+    transaction_timeout_default_s: float = Field(30.0, gt=0, description="deadline of a transaction that asks for none")
+    transaction_timeout_max_s: float = Field(3600.0, gt=0, description="longest deadline a transaction may ask for")
+    transactions_open_max: int = Field(10_000, ge=1, description="open transactions on the leader before 429")
+    dequeue_wait_max_ms: int = Field(30_000, ge=0, description="longest a dequeue may wait for an item")
+    dequeue_items_max: int = Field(10_000, ge=1, description="most items one dequeue may return")
+    closed_transactions_remembered: int = Field(50_000, ge=0, description="recently aborted/expired ids kept for status answers")
+
+    # --- sizes
+    item_bytes_max: int = Field(1 << 20, ge=1, description="largest item")
+    body_bytes_max: int = Field(32 << 20, ge=1024, description="largest HTTP request body")
+
+    # --- commits
+    commit_timeout_s: float = Field(10.0, gt=0, description="after this, a commit's outcome is reported unknown (504)")
+    commit_batch_units_max: int = Field(4096, ge=1, description="most commit units grouped into one Raft entry")
+    commit_batch_bytes_max: int = Field(8 << 20, ge=1024, description="most item bytes grouped into one Raft entry")
+    commits_in_flight_max: int = Field(32, ge=1, description="Raft entries proposed but not yet applied")
+
+    # --- Raft (see README: why these values)
+    raft_min_timeout_s: float = Field(0.8, gt=0, description="minimum election timeout")
+    raft_max_timeout_s: float = Field(1.6, gt=0, description="maximum election timeout")
+    leader_fallback_timeout_s: float = Field(
+        0.6, gt=0, description="a leader without a majority steps down after this; must be below raft_min_timeout_s")
+    append_entries_period_s: float = Field(0.02, gt=0, description="how often the leader sends batched entries")
+    auto_tick_period_s: float = Field(0.005, gt=0, description="pysyncobj tick thread period")
+    connection_timeout_s: float = Field(3.5, gt=0, description="peer connection timeout; at least raft_max_timeout_s")
+    log_compaction_min_entries: int = Field(50_000, ge=2, description="snapshot once the log holds this many entries")
+    log_compaction_min_time_s: float = Field(300.0, gt=0, description="...or this long after the last snapshot")
+    commands_queue_size: int = Field(20_000, ge=100, description="pysyncobj's queue of proposed commands")
+    journal_flush_interval_s: float | None = Field(
+        None, gt=0, description="msync the Raft journal this often (None: never; the OS writes it back)")
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> NodeConfig:
+        if self.cluster_secret is None and not self.insecure:
+            raise ValueError("cluster_secret is required (Raft traffic is pickled); "
+                             "set insecure=true only for local development")
+        if self.raft_min_timeout_s >= self.raft_max_timeout_s:
+            raise ValueError("raft_min_timeout_s must be below raft_max_timeout_s")
+        if self.leader_fallback_timeout_s >= self.raft_min_timeout_s:
+            raise ValueError("leader_fallback_timeout_s must be below raft_min_timeout_s, "
+                             "or a partitioned leader serves beside the new one")
+        if self.connection_timeout_s < self.raft_max_timeout_s:
+            raise ValueError("connection_timeout_s must be at least raft_max_timeout_s")
+        if self.transaction_timeout_default_s > self.transaction_timeout_max_s:
+            raise ValueError("transaction_timeout_default_s must not exceed transaction_timeout_max_s")
+        if self.item_bytes_max > self.body_bytes_max:
+            raise ValueError("item_bytes_max must not exceed body_bytes_max")
+        if self.item_bytes_max > self.commit_batch_bytes_max:
+            raise ValueError("item_bytes_max must not exceed commit_batch_bytes_max")
+        ids = [self.node_id, *(p.node_id for p in self.peers)]
+        if len(set(ids)) != len(ids):
+            raise ValueError("node_id and peers[].node_id must all differ")
+        addresses = [self.raft_address, *(p.raft_address for p in self.peers)]
+        if len(set(addresses)) != len(addresses):
+            raise ValueError("raft_address and peers[].raft_address must all differ")
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.advertise_url or f"http://{self.http_host}:{self.http_port}"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.data_dir / "raft.journal"
+
+    @property
+    def snapshot_path(self) -> Path:
+        return self.data_dir / "raft.snapshot.lmdb"
+
+    def peer_url_by_raft_address(self) -> dict[str, str]:
+        return {p.raft_address: p.http_url for p in self.peers}
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> NodeConfig:
+    """Read a JSON config file (optional) and apply overrides (None values ignored)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InvalidRequest(f"cannot read config {path}: {exc}") from exc
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return NodeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(f"invalid node configuration: {exc}") from exc

@@ -1,0 +1,195 @@
+"""The one exception hierarchy of rcq, shared by the server and the client.
+
+Every error carries a stable machine-readable ``code``, the HTTP status the
+server answers with, whether retrying can help (``retryable``) and whether the
+operation may nevertheless have taken effect (``maybe_committed``). Each
+class's docstring is its default message. The server renders an error as
+``{"error": {"code", "message", "retryable", "maybe_committed", "leader_url"}}``
+and the client turns ``code`` back into the same class with
+:func:`error_from_body`.
+
+Must not import: aiohttp, pysyncobj, lmdb (clients import this module).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class RcqError(Exception):
+    """An rcq operation failed."""
+
+    code: ClassVar[str] = "internal_error"
+    http_status: ClassVar[int] = 500
+    retryable: ClassVar[bool] = False
+    maybe_committed: ClassVar[bool] = False
+
+    def __init__(self, message: str | None = None, *, leader_url: str | None = None,
+                 details: dict[str, Any] | None = None) -> None:
+        self.message = message or (self.__doc__ or self.code).strip()
+        self.leader_url = leader_url
+        self.details = details or {}
+        super().__init__(self.message)
+
+    def to_body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+            "maybe_committed": self.maybe_committed,
+            "leader_url": self.leader_url,
+        }
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}
+
+
+class InternalError(RcqError):
+    """The server hit an unexpected error; nothing is known to have changed."""
+
+
+class InvalidRequest(RcqError):
+    """The request is malformed."""
+
+    code = "invalid_request"
+    http_status = 400
+
+
+class InvalidQueueName(InvalidRequest):
+    """Queue names are 1 to 128 characters of [A-Za-z0-9._-]."""
+
+    code = "invalid_queue_name"
+
+
+class TransactionNotFound(RcqError):
+    """No transaction with this id is known."""
+
+    code = "transaction_not_found"
+    http_status = 404
+
+
+class TransactionClosed(RcqError):
+    """The transaction is no longer active."""
+
+    code = "transaction_closed"
+    http_status = 409
+
+
+class TransactionAborted(TransactionClosed):
+    """The transaction was aborted; its dequeued items went back to their queues."""
+
+    code = "transaction_aborted"
+
+
+class TransactionExpired(TransactionAborted):
+    """The transaction passed its deadline and was aborted."""
+
+    code = "transaction_expired"
+
+
+class LeaderChanged(TransactionAborted):
+    """The leader that held the transaction lost leadership; the transaction was aborted."""
+
+    code = "leader_changed"
+
+
+class CommitConflict(TransactionAborted):
+    """The commit was rejected whole: an item it dequeued is no longer in its queue."""
+
+    code = "commit_conflict"
+
+
+class TransactionCommitted(TransactionClosed):
+    """The transaction is already committed."""
+
+    code = "transaction_committed"
+
+
+class TransactionBusy(TransactionClosed):
+    """The transaction is committing; wait for the commit's answer."""
+
+    code = "transaction_busy"
+    retryable = True
+
+
+class PayloadTooLarge(RcqError):
+    """An item or the request body is over the configured limit."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+class TooManyTransactions(RcqError):
+    """Too many open transactions on the leader; back off and retry."""
+
+    code = "too_many_transactions"
+    http_status = 429
+    retryable = True
+
+
+class TooManyQueues(RcqError):
+    """The cluster holds the maximum number of queues; no new queue can be created."""
+
+    code = "too_many_queues"
+    http_status = 409
+
+
+class NotLeader(RcqError):
+    """This node is not the leader; send the request to leader_url."""
+
+    code = "not_leader"
+    http_status = 307
+    retryable = True
+
+
+class Unavailable(RcqError):
+    """The cluster cannot serve this request now; retry shortly."""
+
+    code = "unavailable"
+    http_status = 503
+    retryable = True
+
+
+class NoLeader(Unavailable):
+    """The cluster has no leader right now; retry shortly."""
+
+    code = "no_leader"
+
+
+class NotReady(Unavailable):
+    """The leader has not yet applied every entry of earlier terms; retry shortly."""
+
+    code = "not_ready"
+
+
+class CommitOutcomeUnknown(RcqError):
+    """The commit may or may not have happened; ask for the transaction's outcome or retry the commit with the same transaction id."""
+
+    code = "commit_outcome_unknown"
+    http_status = 504
+    retryable = True
+    maybe_committed = True
+
+
+def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+ERRORS_BY_CODE: dict[str, type[RcqError]] = {
+    cls.code: cls for cls in [RcqError, *_all_subclasses(RcqError)]
+}
+
+
+def error_from_body(status: int, body: Any) -> RcqError:
+    """Rebuild the typed error from a server's error body (client side)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        cls = Unavailable if status in (502, 503) else InternalError
+        return cls(f"HTTP {status} without an rcq error body")
+    cls = ERRORS_BY_CODE.get(str(error.get("code")), InternalError)
+    return cls(str(error.get("message") or cls.__doc__),
+               leader_url=error.get("leader_url"), details=error.get("details"))

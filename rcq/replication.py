@@ -1,0 +1,73 @@
+"""The seam between the transaction layer and Raft: the Replicator protocol.
+
+``rcq.replicator`` implements it with pysyncobj (the only module that knows
+pysyncobj); ``rcq.testing.InMemoryReplicator`` implements it in memory for
+tests of everything above Raft.
+
+Contract of :meth:`Replicator.submit`:
+
+* returns the :class:`~rcq.commands.ApplyResult` computed when the entry was
+  applied on this node, only after a majority has it in its log;
+* raises :class:`~rcq.errors.NotLeader` / :class:`~rcq.errors.NoLeader` /
+  :class:`~rcq.errors.Unavailable` when the command was definitely not proposed;
+* raises :class:`~rcq.errors.LeaderChanged` when it was proposed but is
+  definitely not committed (its log slot went to another leader's entry);
+* raises :class:`~rcq.errors.CommitOutcomeUnknown` when it cannot know (a
+  timeout, the leader changed before the answer): the entry may still apply.
+
+The role listener is called on the event loop's thread, with
+``(is_leader, term)``, whenever either changes.
+
+Must not import: pysyncobj, lmdb, aiohttp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from rcq.commands import ApplyResult, Command
+from rcq.state_machine import QueueStateMachine
+
+T = TypeVar("T")
+
+RoleListener = Callable[[bool, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RaftStatus:
+    role: str  # "leader", "follower" or "candidate"
+    term: int
+    leader_raft_address: str | None
+    commit_index: int
+    last_applied: int
+    log_length: int
+    has_quorum: bool
+    snapshot_count: int = 0  # snapshots written (or received) since start
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Replicator(Protocol):
+    def read(self, reader: Callable[[QueueStateMachine], T]) -> T:
+        """Run ``reader`` on the state machine, excluded from concurrent applies."""
+        ...
+
+    async def submit(self, command: Command, timeout_s: float) -> ApplyResult:
+        """Replicate ``command``; see the module docstring for outcomes."""
+        ...
+
+    def is_leader(self) -> bool: ...
+
+    @property
+    def term(self) -> int: ...
+
+    def leader_raft_address(self) -> str | None: ...
+
+    def status(self) -> RaftStatus: ...
+
+    def set_role_listener(self, listener: RoleListener) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
