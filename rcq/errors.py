@@ -163,7 +163,7 @@ class NotReady(Unavailable):
 
 
 class CommitOutcomeUnknown(RcqError):
-    """The commit may or may not have happened; ask for the transaction's outcome or retry the commit with the same transaction id."""
+    """The commit may or may not have happened; ask for its outcome, or retry it with the same transaction id."""
 
     code = "commit_outcome_unknown"
     http_status = 504

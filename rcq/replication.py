@@ -18,6 +18,12 @@ Contract of :meth:`Replicator.submit`:
 The role listener is called on the event loop's thread, with
 ``(is_leader, term)``, whenever either changes.
 
+The apply listener is called on the event loop's thread with
+``(index, raw_command, result)`` for every entry applied to the state machine,
+in apply order, and for an entry this node submitted *before* its ``submit``
+returns. The transaction manager keeps its view of the queues from this
+stream, so late, lost or forwarded callbacks cannot make it drift.
+
 Must not import: pysyncobj, lmdb, aiohttp.
 """
 
@@ -33,6 +39,7 @@ from rcq.state_machine import QueueStateMachine
 T = TypeVar("T")
 
 RoleListener = Callable[[bool, int], None]
+ApplyListener = Callable[[int, Any, ApplyResult], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,8 @@ class Replicator(Protocol):
     def status(self) -> RaftStatus: ...
 
     def set_role_listener(self, listener: RoleListener) -> None: ...
+
+    def set_apply_listener(self, listener: ApplyListener) -> None: ...
 
     async def start(self) -> None: ...
 

@@ -267,6 +267,11 @@ class QueueStateMachine:
         queue = self._queues.get(queue_name)
         return list(queue.live_ids()) if queue is not None else []
 
+    def item_ranges(self, queue_name: str) -> list[tuple[int, int]]:
+        """The queue's item ids as [first, end) ranges of consecutive ids, head first."""
+        queue = self._queues.get(queue_name)
+        return coalesce_ranges(queue.live_ids()) if queue is not None else []
+
     def values(self, queue_name: str, item_ids: Iterable[int]) -> list[bytes | None]:
         queue = self._queues.get(queue_name)
         if queue is None:
@@ -352,3 +357,19 @@ class QueueStateMachine:
         self._idempotency = OrderedDict(
             (key, (tuple(ids), index, at_ms)) for key, ids, index, at_ms in meta["idempotency"]
         )
+
+
+def coalesce_ranges(item_ids: Iterable[int]) -> list[tuple[int, int]]:
+    """Turn increasing ids into [first, end) ranges of consecutive ids."""
+    ranges: list[tuple[int, int]] = []
+    first = end = None
+    for item_id in item_ids:
+        if item_id == end:
+            end += 1
+            continue
+        if first is not None:
+            ranges.append((first, end))
+        first, end = item_id, item_id + 1
+    if first is not None:
+        ranges.append((first, end))
+    return ranges

@@ -1,0 +1,145 @@
+"""Wire models of the HTTP API v1 (pydantic), and the item encodings.
+
+Requests are validated here; responses are plain dicts built by the API
+handlers (see README for their shapes). Items are bytes inside rcq; on the
+wire each item is a string with an encoding: ``utf-8`` (the default, for text)
+or ``base64`` (for arbitrary bytes). Dequeued items come back as UTF-8 when
+they decode as such and the caller did not ask for base64; otherwise as
+base64, and each item says which.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rcq.errors import InvalidQueueName, InvalidRequest, PayloadTooLarge
+
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+_QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
+TRANSACTION_ID_PATTERN = r"^[0-9a-f]{1,16}\.[0-9a-f]{24}$"
+LABEL_MAX_CHARS = 256
+KEY_MAX_CHARS = 256
+ITEMS_PER_REQUEST_MAX = 100_000
+
+Encoding = Literal["utf-8", "base64"]
+QueueName = Annotated[str, Field(pattern=QUEUE_NAME_PATTERN)]
+OptionalKey = Annotated[str | None, Field(default=None, min_length=1, max_length=KEY_MAX_CHARS)]
+
+
+def check_queue_name(name: str) -> str:
+    if not isinstance(name, str) or not _QUEUE_NAME_RE.match(name):
+        raise InvalidQueueName(f"bad queue name {name!r}: use 1 to 128 characters of [A-Za-z0-9._-]")
+    return name
+
+
+def decode_items(items: list[str], encoding: Encoding, item_bytes_max: int) -> list[bytes]:
+    """Wire strings -> item bytes; every item is checked before anything is used."""
+    out: list[bytes] = []
+    for position, text in enumerate(items):
+        if encoding == "base64":
+            try:
+                value = base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise InvalidRequest(f"items[{position}] is not valid base64") from exc
+        else:
+            try:
+                value = text.encode("utf-8")
+            except UnicodeEncodeError as exc:  # lone surrogates
+                raise InvalidRequest(f"items[{position}] is not valid UTF-8 text") from exc
+        if len(value) > item_bytes_max:
+            raise PayloadTooLarge(
+                f"items[{position}] is {len(value)} bytes; the limit is {item_bytes_max}")
+        out.append(value)
+    return out
+
+
+def encode_item(value: bytes, preferred: Encoding) -> tuple[str, Encoding]:
+    if preferred == "utf-8":
+        try:
+            return value.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            pass
+    return base64.b64encode(value).decode("ascii"), "base64"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BeginRequest(_Model):
+    timeout_s: float | None = Field(None, gt=0, description="deadline from now; default from the node config")
+    label: str | None = Field(None, min_length=1, max_length=LABEL_MAX_CHARS)
+
+
+class EnqueueRequest(_Model):
+    queue: QueueName
+    items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
+    encoding: Encoding = "utf-8"
+
+
+class DequeueRequest(_Model):
+    queue: QueueName
+    max_items: int = Field(1, ge=1)
+    wait_ms: int = Field(0, ge=0)
+    key: OptionalKey = None
+    encoding: Encoding = "utf-8"
+
+
+class CommitRequest(_Model):
+    idempotency_key: OptionalKey = None
+
+
+class ExtendRequest(_Model):
+    timeout_s: float = Field(gt=0)
+
+
+class CommitManyRequest(_Model):
+    transaction_ids: list[Annotated[str, Field(pattern=TRANSACTION_ID_PATTERN)]] = Field(
+        min_length=1, max_length=10_000)
+    idempotency_key: OptionalKey = None
+
+
+class EnqueueOperation(_Model):
+    op: Literal["enqueue"]
+    queue: QueueName
+    items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
+    encoding: Encoding = "utf-8"
+
+
+class DequeueOperation(_Model):
+    op: Literal["dequeue"]
+    queue: QueueName
+    max_items: int = Field(1, ge=1)
+    wait_ms: int = Field(0, ge=0)
+    encoding: Encoding = "utf-8"
+
+
+Operation = Annotated[EnqueueOperation | DequeueOperation, Field(discriminator="op")]
+
+
+class ExecuteRequest(_Model):
+    operations: list[Operation] = Field(min_length=1, max_length=10_000)
+    idempotency_key: OptionalKey = None
+
+
+class ExecuteBatchRequest(_Model):
+    transactions: list[ExecuteRequest] = Field(min_length=1, max_length=10_000)
+
+
+class QueueEnqueueRequest(_Model):
+    items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
+    encoding: Encoding = "utf-8"
+    idempotency_key: OptionalKey = None
+
+
+class QueueDequeueRequest(_Model):
+    max_items: int = Field(1, ge=1)
+    wait_ms: int = Field(0, ge=0)
+    encoding: Encoding = "utf-8"

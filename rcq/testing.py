@@ -1,0 +1,126 @@
+"""Test support shipped with rcq: an in-memory replicator and ``wait_until``.
+
+``InMemoryReplicator`` implements the Replicator protocol of
+:mod:`rcq.replication` in one process with no Raft: submitted commands are
+applied on the event loop at the next iteration, in order, so everything above
+the replication seam (transactions, HTTP API, client) can be tested fast and
+deterministically. Tests can depose and elect it, and make submits time out.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from rcq.commands import ApplyResult, Command, encode
+from rcq.errors import CommitOutcomeUnknown, NoLeader
+from rcq.replication import ApplyListener, RaftStatus, RoleListener
+from rcq.state_machine import QueueStateMachine
+
+T = TypeVar("T")
+
+
+class InMemoryReplicator:
+    def __init__(self, state_machine: QueueStateMachine | None = None, *, leader: bool = True,
+                 term: int = 1) -> None:
+        self.state_machine = state_machine or QueueStateMachine()
+        self._leader = leader
+        self._term = term
+        self._index = self.state_machine.last_index
+        self._role_listener: RoleListener | None = None
+        self._apply_listener: ApplyListener | None = None
+        self.submitted: list[Command] = []
+        self.hold_submits = False  # True: submits are never applied (outcome unknown)
+        self.fail_submits_with: Exception | None = None
+
+    # ------------------------------------------------------------ protocol
+    def read(self, reader: Callable[[QueueStateMachine], T]) -> T:
+        return reader(self.state_machine)
+
+    async def submit(self, command: Command, timeout_s: float) -> ApplyResult:
+        if not self._leader:
+            raise NoLeader()
+        if self.fail_submits_with is not None:
+            raise self.fail_submits_with
+        self.submitted.append(command)
+        raw = encode(command)
+        if self.hold_submits:
+            await asyncio.sleep(timeout_s)
+            raise CommitOutcomeUnknown()
+        await asyncio.sleep(0)  # replication takes at least one loop iteration
+        if not self._leader:
+            raise CommitOutcomeUnknown()
+        return self.apply_raw(raw)
+
+    def apply_raw(self, raw: Any) -> ApplyResult:
+        """Apply an entry as if committed (also usable to inject entries of other leaders)."""
+        self._index += 1
+        result = self.state_machine.apply(raw, self._index)
+        if self._apply_listener is not None:
+            self._apply_listener(self._index, raw, result)
+        return result
+
+    def is_leader(self) -> bool:
+        return self._leader
+
+    @property
+    def term(self) -> int:
+        return self._term
+
+    def leader_raft_address(self) -> str | None:
+        return "memory:0" if self._leader else None
+
+    def status(self) -> RaftStatus:
+        return RaftStatus(
+            role="leader" if self._leader else "follower", term=self._term,
+            leader_raft_address=self.leader_raft_address(), commit_index=self._index,
+            last_applied=self._index, log_length=self._index, has_quorum=self._leader)
+
+    def set_role_listener(self, listener: RoleListener) -> None:
+        self._role_listener = listener
+
+    def set_apply_listener(self, listener: ApplyListener) -> None:
+        self._apply_listener = listener
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    # -------------------------------------------------------- test controls
+    def depose(self) -> None:
+        self._leader = False
+        if self._role_listener is not None:
+            self._role_listener(False, self._term)
+
+    def elect(self, term: int | None = None) -> None:
+        self._term = term if term is not None else self._term + 1
+        self._leader = True
+        if self._role_listener is not None:
+            self._role_listener(True, self._term)
+
+
+async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float,
+                     interval_s: float = 0.02, message: str = "condition") -> None:
+    """Poll ``predicate`` until it is true; raise TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+                value = await value
+            if value:
+                return
+            last_error = None
+        except Exception as exc:  # the predicate may fail while a cluster settles
+            last_error = exc
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{message} not reached within {timeout_s} s"
+                               + (f"; last error: {last_error!r}" if last_error else ""))
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,555 @@
+"""TransactionManager: the leader's open transactions, dequeue locks and deadlines.
+
+Lives on the leader only and is volatile: a dequeue locks items in memory and
+costs no replication; only a commit goes through Raft (grouped with others by
+the GroupCommitter). A new leader serves nothing until its barrier entry is
+applied, i.e. until every entry of earlier terms is applied; it then builds
+its queue views from the replicated state. Losing leadership, or any change
+of term, aborts every open transaction: their items are simply no longer
+locked, so they are back at the head of their queues.
+
+Transaction ids carry the term that created them (``<term hex>.<random>``),
+so any later leader can say "aborted: leader changed" about a transaction it
+never saw, or "committed" if the replicated outcomes say so.
+
+Must not import: pysyncobj, lmdb, aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from rcq.commands import (
+    ApplyResult,
+    Barrier,
+    BarrierResult,
+    BatchResult,
+    CommitBatch,
+    CommitUnit,
+    MalformedCommand,
+    TransactionWrite,
+    UnitOutcome,
+    decode,
+)
+from rcq.config import NodeConfig
+from rcq.errors import (
+    CommitConflict,
+    CommitOutcomeUnknown,
+    InvalidRequest,
+    LeaderChanged,
+    NoLeader,
+    NotLeader,
+    NotReady,
+    PayloadTooLarge,
+    RcqError,
+    TooManyTransactions,
+    TransactionAborted,
+    TransactionBusy,
+    TransactionCommitted,
+    TransactionExpired,
+    TransactionNotFound,
+)
+from rcq.group_commit import GroupCommitter
+from rcq.models import check_queue_name
+from rcq.queue_view import QueueView
+from rcq.replication import Replicator
+
+log = logging.getLogger(__name__)
+
+
+class State(StrEnum):
+    OPEN = "open"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    UNKNOWN = "unknown"  # commit proposed, outcome not known yet
+
+
+@dataclass(eq=False)
+class Transaction:
+    transaction_id: str
+    term: int
+    epoch: int
+    label: str | None
+    timeout_s: float
+    deadline: float  # loop time
+    created_ms: int
+    state: State = State.OPEN
+    enqueues: dict[str, list[bytes]] = field(default_factory=dict)
+    enqueued_bytes: int = 0
+    dequeued: dict[str, list[int]] = field(default_factory=dict)
+    dequeue_keys: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    commit_future: asyncio.Future[CommitResult] | None = None
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "transaction_id": self.transaction_id,
+            "state": self.state.value,
+            "label": self.label,
+            "timeout_s": self.timeout_s,
+            "expires_in_s": round(max(0.0, self.deadline - now), 3),
+            "created_ms": self.created_ms,
+            "enqueued": sum(len(v) for v in self.enqueues.values()),
+            "dequeued": sum(len(v) for v in self.dequeued.values()),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    transaction_ids: tuple[str, ...]
+    index: int
+    duplicate: bool  # an earlier commit with the same idempotency key / ids already applied
+    enqueued: int
+    dequeued: int
+
+
+@dataclass(frozen=True, slots=True)
+class DequeuedItem:
+    item_id: int
+    queue: str
+    value: bytes
+
+
+def _term_of(transaction_id: str) -> int | None:
+    head, _, _ = transaction_id.partition(".")
+    try:
+        return int(head, 16)
+    except ValueError:
+        return None
+
+
+class TransactionManager:
+    def __init__(self, config: NodeConfig, replicator: Replicator,
+                 leader_url: Callable[[], str | None]) -> None:
+        self._config = config
+        self._replicator = replicator
+        self._leader_url = leader_url
+        self._transactions: dict[str, Transaction] = {}
+        self._closed: OrderedDict[str, tuple[State, str]] = OrderedDict()
+        self._views: dict[str, QueueView] = {}
+        self._deadlines: list[tuple[float, str]] = []
+        self._epoch = 0
+        self._serving_term = 0  # term whose barrier is applied; 0 = not serving
+        self._leader_term = 0
+        self._committer = GroupCommitter(
+            replicator,
+            units_max=config.commit_batch_units_max,
+            bytes_max=config.commit_batch_bytes_max,
+            in_flight_max=config.commits_in_flight_max,
+            timeout_s=config.commit_timeout_s,
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._reaper_wakeup = asyncio.Event()
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
+        self._replicator.set_role_listener(self.on_role_change)
+        self._replicator.set_apply_listener(self.on_applied)
+        if self._replicator.is_leader():
+            self.on_role_change(True, self._replicator.term)
+
+    async def stop(self) -> None:
+        self._reset(LeaderChanged("the node is shutting down"))
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for task in [*self._tasks, *([self._reaper] if self._reaper else [])]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *([self._reaper] if self._reaper else []),
+                             return_exceptions=True)
+        await self._committer.close()
+
+    @property
+    def serving(self) -> bool:
+        return (self._serving_term != 0 and self._replicator.is_leader()
+                and self._replicator.term == self._serving_term)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._transactions)
+
+    def on_role_change(self, is_leader: bool, term: int) -> None:
+        """Called on the loop thread whenever leadership or term changes."""
+        if is_leader and term == self._leader_term and self._epoch:
+            return
+        self._reset(LeaderChanged())
+        self._leader_term = term if is_leader else 0
+        if is_leader:
+            self._spawn(self._establish(term, self._epoch))
+
+    def _reset(self, error: RcqError) -> None:
+        self._epoch += 1
+        self._serving_term = 0
+        self._committer.start_term(0)
+        for transaction in list(self._transactions.values()):
+            if transaction.state is State.OPEN:
+                self._close(transaction, State.ABORTED, "leader_changed")
+        for view in self._views.values():
+            view.fail_waiters(error)
+        self._views = {}
+        self._deadlines = []
+
+    async def _establish(self, term: int, epoch: int) -> None:
+        """Propose a barrier for ``term`` until it is applied (see on_applied)."""
+        delay_s = 0.05
+        while (epoch == self._epoch and self._serving_term != term and self._replicator.is_leader()
+               and self._replicator.term == term):
+            try:
+                await self._replicator.submit(
+                    Barrier(term=term, now_ms=int(time.time() * 1000)), self._config.commit_timeout_s)
+            except RcqError as exc:
+                log.info("barrier for term %d not applied yet: %s", term, exc.code)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 1.0)
+
+    def on_applied(self, index: int, raw_command: Any, result: ApplyResult) -> None:
+        """Every applied entry, in apply order, on the loop thread: keep the views in step."""
+        if isinstance(result, BarrierResult):
+            if (result.term == self._leader_term and not self._serving_term
+                    and self._replicator.term == result.term):
+                # Every entry of earlier terms is applied, and nothing after the barrier can
+                # change the queues but this leader's own commits: build the views now.
+                self._views = self._replicator.read(
+                    lambda sm: {q: QueueView.from_ranges(sm.item_ranges(q)) for q in sm.queue_names()})
+                self._committer.start_term(result.term)
+                self._serving_term = result.term
+                log.info("serving as leader of term %d from index %d", result.term, index)
+            return
+        if not self._serving_term or not isinstance(result, BatchResult):
+            return
+        try:
+            command = decode(raw_command)
+        except MalformedCommand:
+            return
+        if isinstance(command, CommitBatch) and len(command.units) == len(result.outcomes):
+            for unit, outcome in zip(command.units, result.outcomes, strict=True):
+                self._on_unit_applied(unit, outcome)
+
+    # -------------------------------------------------------------- guards
+    def _require_serving(self) -> None:
+        if self.serving:
+            return
+        if self._replicator.is_leader():
+            raise NotReady()
+        url = self._leader_url()
+        if url:
+            raise NotLeader(leader_url=url)
+        raise NoLeader()
+
+    def _get(self, transaction_id: str) -> Transaction:
+        self._require_serving()
+        transaction = self._transactions.get(transaction_id)
+        if transaction is not None:
+            return transaction
+        raise self._closed_error(transaction_id)
+
+    def _get_open(self, transaction_id: str) -> Transaction:
+        transaction = self._get(transaction_id)
+        if transaction.state is State.OPEN:
+            return transaction
+        if transaction.state is State.COMMITTING:
+            raise TransactionBusy()
+        raise self._closed_error(transaction_id)
+
+    def _closed_error(self, transaction_id: str) -> RcqError:
+        outcome = self._replicator.read(lambda sm: sm.outcome(transaction_id))
+        if outcome is not None:
+            if outcome.status == "committed":
+                return TransactionCommitted(details={"index": outcome.index})
+            return CommitConflict(f"the commit was rejected: {outcome.reason}")
+        closed = self._closed.get(transaction_id)
+        if closed is not None:
+            state, reason = closed
+            if reason == "expired":
+                return TransactionExpired()
+            if reason == "leader_changed":
+                return LeaderChanged()
+            if state is State.COMMITTED:
+                return TransactionCommitted()
+            return TransactionAborted(f"the transaction was aborted ({reason})")
+        term = _term_of(transaction_id)
+        if term is not None and 0 < term < self._serving_term:
+            return LeaderChanged()
+        return TransactionNotFound(f"no transaction {transaction_id!r}")
+
+    # ------------------------------------------------------------ sessions
+    def begin(self, timeout_s: float | None = None, label: str | None = None) -> Transaction:
+        self._require_serving()
+        if len(self._transactions) >= self._config.transactions_open_max:
+            raise TooManyTransactions(
+                f"{len(self._transactions)} open transactions; the limit is "
+                f"{self._config.transactions_open_max}")
+        timeout_s = self._timeout(timeout_s)
+        now = asyncio.get_running_loop().time()
+        transaction = Transaction(
+            transaction_id=f"{self._serving_term:x}.{secrets.token_hex(12)}",
+            term=self._serving_term, epoch=self._epoch, label=label, timeout_s=timeout_s,
+            deadline=now + timeout_s, created_ms=int(time.time() * 1000))
+        self._transactions[transaction.transaction_id] = transaction
+        self._schedule_deadline(transaction)
+        return transaction
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        if timeout_s is None:
+            return self._config.transaction_timeout_default_s
+        if timeout_s > self._config.transaction_timeout_max_s:
+            raise InvalidRequest(f"timeout_s {timeout_s} is over the limit "
+                                 f"{self._config.transaction_timeout_max_s}")
+        return timeout_s
+
+    def extend(self, transaction_id: str, timeout_s: float) -> Transaction:
+        transaction = self._get_open(transaction_id)
+        transaction.timeout_s = self._timeout(timeout_s)
+        transaction.deadline = asyncio.get_running_loop().time() + transaction.timeout_s
+        self._schedule_deadline(transaction)
+        return transaction
+
+    def describe(self, transaction_id: str) -> dict[str, Any]:
+        now = asyncio.get_running_loop().time()
+        transaction = self._transactions.get(transaction_id) if self.serving else None
+        if transaction is not None:
+            return transaction.describe(now)
+        try:
+            error = self._closed_error(transaction_id) if self.serving else None
+        except RcqError:
+            error = None
+        if error is None:
+            outcome = self._replicator.read(lambda sm: sm.outcome(transaction_id))
+            if outcome is not None:
+                return {"transaction_id": transaction_id, "state": outcome.status,
+                        "index": outcome.index, "reason": outcome.reason}
+            self._require_serving()
+            raise TransactionNotFound(f"no transaction {transaction_id!r}")
+        if isinstance(error, TransactionNotFound):
+            raise error
+        state = "committed" if isinstance(error, TransactionCommitted) else "aborted"
+        body = {"transaction_id": transaction_id, "state": state, "reason": error.code}
+        body.update(error.details)
+        return body
+
+    def list_open(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
+        self._require_serving()
+        now = asyncio.get_running_loop().time()
+        return [t.describe(now) for t in self._transactions.values()
+                if label_prefix is None or (t.label or "").startswith(label_prefix)]
+
+    # ---------------------------------------------------------- operations
+    def enqueue(self, transaction_id: str, queue: str, values: list[bytes]) -> int:
+        transaction = self._get_open(transaction_id)
+        check_queue_name(queue)
+        size = sum(len(v) for v in values)
+        if transaction.enqueued_bytes + size > self._config.commit_batch_bytes_max:
+            raise PayloadTooLarge(
+                f"the transaction would hold {transaction.enqueued_bytes + size} bytes of items; "
+                f"the limit is {self._config.commit_batch_bytes_max}")
+        transaction.enqueues.setdefault(queue, []).extend(values)
+        transaction.enqueued_bytes += size
+        return sum(len(v) for v in transaction.enqueues.values())
+
+    async def dequeue(self, transaction_id: str, queue: str, max_items: int = 1, wait_ms: int = 0,
+                      key: str | None = None) -> list[DequeuedItem]:
+        transaction = self._get_open(transaction_id)
+        check_queue_name(queue)
+        if max_items > self._config.dequeue_items_max:
+            raise InvalidRequest(f"max_items {max_items} is over the limit {self._config.dequeue_items_max}")
+        if wait_ms > self._config.dequeue_wait_max_ms:
+            raise InvalidRequest(f"wait_ms {wait_ms} is over the limit {self._config.dequeue_wait_max_ms}")
+        if key is not None and key in transaction.dequeue_keys:
+            key_queue, ids = transaction.dequeue_keys[key]
+            if key_queue != queue:
+                raise InvalidRequest(f"dequeue key {key!r} was used for queue {key_queue!r}")
+            return self._items(queue, ids)
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + wait_ms / 1000
+        while True:
+            view = self._views.get(queue)
+            ids = view.take(max_items) if view is not None else []
+            if ids:
+                break
+            remaining_s = min(give_up_at, transaction.deadline) - loop.time()
+            if remaining_s <= 0:
+                return []
+            if view is None:
+                view = self._views[queue] = QueueView()
+            waiter = view.waiter()
+            try:
+                async with asyncio.timeout(remaining_s):
+                    await waiter
+            except TimeoutError:
+                pass
+            transaction = self._get_open(transaction_id)
+        if transaction.state is not State.OPEN or transaction.epoch != self._epoch:
+            self._views[queue].give_back(ids)
+            raise self._closed_error(transaction_id)
+        transaction.dequeued.setdefault(queue, []).extend(ids)
+        if key is not None:
+            transaction.dequeue_keys[key] = (queue, ids)
+        return self._items(queue, ids)
+
+    def _items(self, queue: str, ids: list[int]) -> list[DequeuedItem]:
+        values = self._replicator.read(lambda sm: sm.values(queue, ids))
+        return [DequeuedItem(i, queue, v) for i, v in zip(ids, values, strict=True) if v is not None]
+
+    def abort(self, transaction_id: str) -> int:
+        transaction = self._get_open(transaction_id)
+        returned = sum(len(ids) for ids in transaction.dequeued.values())
+        self._close(transaction, State.ABORTED, "aborted")
+        return returned
+
+    async def commit(self, transaction_id: str, idempotency_key: str | None = None) -> CommitResult:
+        try:
+            transaction = self._get(transaction_id)
+        except TransactionCommitted as exc:  # a retried commit: answer, never apply twice
+            return CommitResult((transaction_id,), int(exc.details.get("index", 0)), True, 0, 0)
+        if transaction.state is State.COMMITTING and transaction.commit_future is not None:
+            return await asyncio.shield(transaction.commit_future)  # a retry joins the first attempt
+        transaction = self._get_open(transaction_id)
+        return await self._commit_unit([transaction], idempotency_key)
+
+    async def commit_many(self, transaction_ids: list[str],
+                          idempotency_key: str | None = None) -> CommitResult:
+        if len(set(transaction_ids)) != len(transaction_ids):
+            raise InvalidRequest("transaction_ids repeats an id")
+        transactions = [self._get_open(t) for t in transaction_ids]
+        return await self._commit_unit(transactions, idempotency_key)
+
+    async def _commit_unit(self, transactions: list[Transaction],
+                           idempotency_key: str | None) -> CommitResult:
+        writes = [self._write_of(t) for t in transactions]
+        ids = tuple(t.transaction_id for t in transactions)
+        enqueued = sum(len(v) for t in transactions for v in t.enqueues.values())
+        dequeued = sum(len(v) for t in transactions for v in t.dequeued.values())
+        if idempotency_key is None and not enqueued and not dequeued:
+            for transaction in transactions:  # nothing to replicate
+                self._close(transaction, State.COMMITTED, "committed")
+            return CommitResult(ids, 0, False, 0, 0)
+        future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
+        for transaction in transactions:
+            transaction.state = State.COMMITTING
+            transaction.commit_future = future
+        size = sum(t.enqueued_bytes for t in transactions)
+        unit_future = self._committer.commit(CommitUnit(tuple(writes), idempotency_key), size)
+        try:
+            outcome = await unit_future
+        except CommitOutcomeUnknown as exc:
+            for transaction in transactions:
+                transaction.state = State.UNKNOWN  # locks stay until the outcome arrives or leadership ends
+            future.set_exception(exc)
+            future.exception()  # retrieved: a joined retry may never come
+            raise
+        except RcqError as exc:
+            for transaction in transactions:
+                if transaction.state is not State.ABORTED:
+                    self._close(transaction, State.ABORTED, exc.code)
+            error = exc if isinstance(exc, TransactionAborted) else LeaderChanged(exc.message)
+            future.set_exception(error)
+            future.exception()
+            raise error from exc
+        if outcome.status == "rejected":
+            error = (LeaderChanged() if outcome.reason == "stale_leader"
+                     else CommitConflict(f"commit rejected: {outcome.reason}",
+                                         details={"missing_item_ids": list(outcome.missing_item_ids)}))
+            future.set_exception(error)
+            future.exception()
+            raise error
+        result = CommitResult(ids, outcome.index, outcome.status == "duplicate", enqueued, dequeued)
+        future.set_result(result)
+        return result
+
+    @staticmethod
+    def _write_of(transaction: Transaction) -> TransactionWrite:
+        return TransactionWrite(
+            transaction_id=transaction.transaction_id,
+            enqueues=tuple((q, tuple(v)) for q, v in transaction.enqueues.items() if v),
+            dequeues=tuple((q, tuple(ids)) for q, ids in transaction.dequeued.items() if ids),
+        )
+
+    def _on_unit_applied(self, unit: CommitUnit, outcome: UnitOutcome) -> None:
+        applied = outcome.status == "committed"
+        missing = set(outcome.missing_item_ids)
+        for write in unit.transactions:
+            for queue, ids in write.dequeues:
+                view = self._views.get(queue)
+                if view is None:
+                    continue
+                if applied:
+                    view.forget(list(ids))
+                else:  # duplicate or rejected: nothing was removed but what is missing
+                    view.forget([i for i in ids if i in missing])
+                    view.give_back([i for i in ids if i not in missing and i in view.locked])
+        for enqueued in outcome.enqueued:
+            view = self._views.get(enqueued.queue)
+            if view is None:
+                view = self._views[enqueued.queue] = QueueView()
+            view.add_range(enqueued.first_item_id, enqueued.count)
+        state = State.ABORTED if outcome.status == "rejected" else State.COMMITTED
+        for write in unit.transactions:
+            transaction = self._transactions.get(write.transaction_id)
+            if transaction is not None:
+                self._forget_transaction(transaction, state, outcome.reason or outcome.status)
+
+    # ------------------------------------------------------------- closing
+    def _close(self, transaction: Transaction, state: State, reason: str) -> None:
+        """End an open transaction without a commit: its locked items go back to the head."""
+        if transaction.epoch == self._epoch:
+            for queue, ids in transaction.dequeued.items():
+                view = self._views.get(queue)
+                if view is not None:
+                    view.give_back(ids)
+        self._forget_transaction(transaction, state, reason)
+
+    def _forget_transaction(self, transaction: Transaction, state: State, reason: str) -> None:
+        transaction.state = state
+        self._transactions.pop(transaction.transaction_id, None)
+        self._closed[transaction.transaction_id] = (state, reason)
+        while len(self._closed) > self._config.closed_transactions_remembered:
+            self._closed.popitem(last=False)
+
+    # ----------------------------------------------------------- deadlines
+    def _schedule_deadline(self, transaction: Transaction) -> None:
+        first = self._deadlines[0][0] if self._deadlines else None
+        heapq.heappush(self._deadlines, (transaction.deadline, transaction.transaction_id))
+        if first is None or transaction.deadline < first:
+            self._reaper_wakeup.set()
+
+    async def _reap_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            while self._deadlines and self._deadlines[0][0] <= now:
+                _deadline, transaction_id = heapq.heappop(self._deadlines)
+                transaction = self._transactions.get(transaction_id)
+                if (transaction is not None and transaction.state is State.OPEN
+                        and transaction.deadline <= now):
+                    self._close(transaction, State.ABORTED, "expired")
+            wait_s = min(1.0, self._deadlines[0][0] - now) if self._deadlines else 1.0
+            self._reaper_wakeup.clear()
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancellation that
+            # arrives just as the event is set, and the reaper would never stop.
+            try:
+                async with asyncio.timeout(max(wait_s, 0.001)):
+                    await self._reaper_wakeup.wait()
+            except TimeoutError:
+                pass
+
+    # --------------------------------------------------------------- stats
+    def locked_count(self, queue: str) -> int | None:
+        if not self.serving:
+            return None
+        view = self._views.get(queue)
+        return len(view.locked) if view is not None else 0
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

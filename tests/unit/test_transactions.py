@@ -1,0 +1,315 @@
+"""TransactionManager over the in-memory replicator: the session semantics of DESIGN.md §1."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from rcq.config import NodeConfig
+from rcq.errors import (
+    CommitConflict,
+    CommitOutcomeUnknown,
+    InvalidQueueName,
+    LeaderChanged,
+    NoLeader,
+    NotReady,
+    PayloadTooLarge,
+    TooManyTransactions,
+    TransactionBusy,
+    TransactionCommitted,
+    TransactionExpired,
+    TransactionNotFound,
+)
+from rcq.testing import InMemoryReplicator, wait_until
+from rcq.transactions import TransactionManager
+
+
+def make_config(**overrides: object) -> NodeConfig:
+    fields: dict[str, object] = dict(node_id="n1", http_port=0, raft_address="127.0.0.1:1",
+                                     data_dir=Path("/nonexistent"), insecure=True)
+    fields.update(overrides)
+    return NodeConfig.model_validate(fields)
+
+
+@pytest.fixture
+async def setup():
+    replicator = InMemoryReplicator()
+    manager = TransactionManager(make_config(), replicator, leader_url=lambda: None)
+    await manager.start()
+    await wait_until(lambda: manager.serving, 2, message="serving")
+    yield manager, replicator
+    await manager.stop()
+
+
+async def enqueue_committed(manager: TransactionManager, queue: str, *values: bytes) -> None:
+    tx = manager.begin()
+    manager.enqueue(tx.transaction_id, queue, list(values))
+    await manager.commit(tx.transaction_id)
+
+
+async def drain(manager: TransactionManager, queue: str) -> list[bytes]:
+    tx = manager.begin()
+    items = await manager.dequeue(tx.transaction_id, queue, max_items=10_000)
+    await manager.commit(tx.transaction_id)
+    return [i.value for i in items]
+
+
+async def test_a_new_leader_serves_only_after_its_barrier_is_applied():
+    replicator = InMemoryReplicator()
+    replicator.hold_submits = True
+    manager = TransactionManager(make_config(commit_timeout_s=0.2), replicator, leader_url=lambda: None)
+    await manager.start()
+    with pytest.raises(NotReady):
+        manager.begin()
+    replicator.hold_submits = False
+    await wait_until(lambda: manager.serving, 3, message="serving after barrier")
+    manager.begin()
+    await manager.stop()
+
+
+async def test_committed_enqueues_are_dequeued_in_commit_order(setup):
+    manager, _ = setup
+    await enqueue_committed(manager, "q", b"a", b"b")
+    await enqueue_committed(manager, "q", b"c")
+    assert await drain(manager, "q") == [b"a", b"b", b"c"]
+
+
+async def test_enqueue_is_invisible_to_a_dequeue_in_the_same_transaction(setup):
+    manager, _ = setup
+    tx = manager.begin()
+    manager.enqueue(tx.transaction_id, "q", [b"mine"])
+    assert await manager.dequeue(tx.transaction_id, "q") == []
+    await manager.commit(tx.transaction_id)
+    assert await drain(manager, "q") == [b"mine"]
+
+
+async def test_dequeue_dequeue_abort_puts_both_back_at_the_head(setup):
+    manager, replicator = setup
+    await enqueue_committed(manager, "q", b"1", b"2", b"3")
+    tx = manager.begin()
+    first = await manager.dequeue(tx.transaction_id, "q")
+    second = await manager.dequeue(tx.transaction_id, "q")
+    assert [first[0].value, second[0].value] == [b"1", b"2"]
+    assert replicator.state_machine.count("q") == 3  # still replicated until commit
+    assert manager.abort(tx.transaction_id) == 2
+    assert sorted((await drain(manager, "q"))[:2]) == [b"1", b"2"]
+
+
+async def test_parallel_dequeuers_never_receive_the_same_item(setup):
+    manager, _ = setup
+    await enqueue_committed(manager, "q", *[str(i).encode() for i in range(50)])
+    transactions = [manager.begin() for _ in range(10)]
+    results = await asyncio.gather(*(manager.dequeue(t.transaction_id, "q", max_items=7) for t in transactions))
+    ids = [item.item_id for items in results for item in items]
+    assert len(ids) == len(set(ids)) == 50
+
+
+async def test_a_dequeued_item_is_invisible_to_other_transactions_until_abort(setup):
+    manager, _ = setup
+    await enqueue_committed(manager, "q", b"only")
+    holder, other = manager.begin(), manager.begin()
+    assert len(await manager.dequeue(holder.transaction_id, "q")) == 1
+    assert await manager.dequeue(other.transaction_id, "q") == []
+    manager.abort(holder.transaction_id)
+    assert [i.value for i in await manager.dequeue(other.transaction_id, "q")] == [b"only"]
+
+
+async def test_a_waiting_dequeue_wakes_when_a_commit_adds_an_item(setup):
+    manager, _ = setup
+    consumer = manager.begin()
+    waiting = asyncio.ensure_future(manager.dequeue(consumer.transaction_id, "q", wait_ms=5000))
+    await asyncio.sleep(0)
+    await enqueue_committed(manager, "q", b"late")
+    items = await asyncio.wait_for(waiting, 2)
+    assert [i.value for i in items] == [b"late"]
+
+
+async def test_a_waiting_dequeue_gives_up_after_wait_ms(setup):
+    manager, _ = setup
+    tx = manager.begin()
+    assert await manager.dequeue(tx.transaction_id, "q", wait_ms=50) == []
+
+
+async def test_an_expired_transaction_returns_its_items(setup):
+    manager, _ = setup
+    await enqueue_committed(manager, "q", b"x")
+    tx = manager.begin(timeout_s=0.1)
+    assert len(await manager.dequeue(tx.transaction_id, "q")) == 1
+    await wait_until(lambda: manager.open_count == 0, 3, message="expiry")
+    with pytest.raises(TransactionExpired):
+        await manager.commit(tx.transaction_id)
+    assert await drain(manager, "q") == [b"x"]
+
+
+async def test_extend_pushes_the_deadline(setup):
+    manager, _ = setup
+    tx = manager.begin(timeout_s=0.2)
+    manager.extend(tx.transaction_id, 30)
+    await asyncio.sleep(0.4)  # longer than the original deadline; nothing to wait for instead
+    assert manager.open_count == 1
+
+
+async def test_a_move_between_queues_is_one_atomic_commit(setup):
+    manager, replicator = setup
+    await enqueue_committed(manager, "a", b"v")
+    tx = manager.begin()
+    [item] = await manager.dequeue(tx.transaction_id, "a")
+    manager.enqueue(tx.transaction_id, "b", [item.value])
+    await manager.commit(tx.transaction_id)
+    assert (replicator.state_machine.count("a"), replicator.state_machine.count("b")) == (0, 1)
+
+
+async def test_a_retried_commit_answers_duplicate_and_applies_nothing(setup):
+    manager, replicator = setup
+    tx = manager.begin()
+    manager.enqueue(tx.transaction_id, "q", [b"once"])
+    first = await manager.commit(tx.transaction_id)
+    again = await manager.commit(tx.transaction_id)
+    assert (first.duplicate, again.duplicate, again.index) == (False, True, first.index)
+    assert replicator.state_machine.count("q") == 1
+
+
+async def test_an_idempotency_key_makes_a_replayed_commit_a_duplicate(setup):
+    manager, replicator = setup
+    await enqueue_committed(manager, "src", b"s")
+    for attempt in range(2):
+        tx = manager.begin()
+        manager.enqueue(tx.transaction_id, "q", [b"batch"])
+        taken = await manager.dequeue(tx.transaction_id, "src")
+        result = await manager.commit(tx.transaction_id, idempotency_key="job-1")
+        assert result.duplicate is (attempt == 1)
+        assert len(taken) == (1 if attempt == 0 else 0)
+    assert replicator.state_machine.count("q") == 1
+
+
+async def test_a_duplicate_commit_gives_its_dequeued_items_back(setup):
+    manager, _ = setup
+    await enqueue_committed(manager, "q", b"1", b"2")
+    first = manager.begin()
+    await manager.dequeue(first.transaction_id, "q")
+    await manager.commit(first.transaction_id, idempotency_key="k")
+    second = manager.begin()
+    assert len(await manager.dequeue(second.transaction_id, "q")) == 1
+    assert (await manager.commit(second.transaction_id, idempotency_key="k")).duplicate
+    assert await drain(manager, "q") == [b"2"]
+
+
+async def test_commit_many_applies_all_transactions_or_none(setup):
+    manager, replicator = setup
+    a, b = manager.begin(), manager.begin()
+    manager.enqueue(a.transaction_id, "q", [b"a"])
+    manager.enqueue(b.transaction_id, "q", [b"b"])
+    result = await manager.commit_many([a.transaction_id, b.transaction_id], idempotency_key="sink:1")
+    assert result.index > 0 and replicator.state_machine.count("q") == 2
+    c = manager.begin()
+    manager.enqueue(c.transaction_id, "q", [b"c"])
+    again = await manager.commit_many([c.transaction_id], idempotency_key="sink:1")
+    assert again.duplicate and replicator.state_machine.count("q") == 2
+
+
+async def test_a_repeated_dequeue_key_returns_the_same_items(setup):
+    manager, _ = setup
+    await enqueue_committed(manager, "q", *[bytes([i]) for i in range(10)])
+    tx = manager.begin()
+    first = await manager.dequeue(tx.transaction_id, "q", max_items=3, key="p0")
+    again = await manager.dequeue(tx.transaction_id, "q", max_items=3, key="p0")
+    other = await manager.dequeue(tx.transaction_id, "q", max_items=3, key="p1")
+    assert first == again and {i.item_id for i in other}.isdisjoint({i.item_id for i in first})
+
+
+async def test_losing_leadership_aborts_open_transactions_and_frees_their_items(setup):
+    manager, replicator = setup
+    await enqueue_committed(manager, "q", b"x")
+    tx = manager.begin()
+    await manager.dequeue(tx.transaction_id, "q")
+    replicator.depose()
+    with pytest.raises(NoLeader):
+        manager.begin()
+    replicator.elect()
+    await wait_until(lambda: manager.serving, 2, message="serving again")
+    with pytest.raises(LeaderChanged):
+        await manager.commit(tx.transaction_id)
+    assert manager.describe(tx.transaction_id)["state"] == "aborted"
+    assert await drain(manager, "q") == [b"x"]
+
+
+async def test_a_transaction_of_an_earlier_term_is_reported_aborted_by_a_new_leader(setup):
+    manager, replicator = setup
+    tx = manager.begin()
+    manager.enqueue(tx.transaction_id, "q", [b"x"])
+    replicator.depose()
+    replicator.elect()
+    await wait_until(lambda: manager.serving, 2, message="serving again")
+    manager._closed.clear()  # a different node never saw it
+    with pytest.raises(LeaderChanged):
+        await manager.commit(tx.transaction_id)
+
+
+async def test_a_commit_whose_outcome_is_unknown_says_so_and_keeps_its_locks(setup):
+    manager, replicator = setup
+    manager._committer._timeout_s = 0.1
+    await enqueue_committed(manager, "q", b"x")
+    tx = manager.begin()
+    await manager.dequeue(tx.transaction_id, "q")
+    replicator.hold_submits = True
+    with pytest.raises(CommitOutcomeUnknown):
+        await manager.commit(tx.transaction_id)
+    replicator.hold_submits = False
+    other = manager.begin()
+    assert await manager.dequeue(other.transaction_id, "q") == []
+
+
+async def test_a_commit_of_items_another_leader_removed_is_rejected_whole(setup):
+    manager, replicator = setup
+    await enqueue_committed(manager, "q", b"x", b"y")
+    tx = manager.begin()
+    items = await manager.dequeue(tx.transaction_id, "q", max_items=2)
+    manager.enqueue(tx.transaction_id, "out", [b"z"])
+    # Another transaction's entry removes one of the items behind this leader's back.
+    from rcq.commands import CommitBatch, CommitUnit, TransactionWrite, encode
+    replicator.apply_raw(encode(CommitBatch(term=1, now_ms=1, units=(CommitUnit((TransactionWrite(
+        "1.aaaaaaaaaaaaaaaaaaaaaaaa", dequeues=(("q", (items[0].item_id,)),)),)),))))
+    with pytest.raises(CommitConflict):
+        await manager.commit(tx.transaction_id)
+    assert replicator.state_machine.count("out") == 0
+    assert await drain(manager, "q") == [b"y"]
+
+
+async def test_committing_transaction_rejects_new_operations(setup):
+    manager, replicator = setup
+    tx = manager.begin()
+    manager.enqueue(tx.transaction_id, "q", [b"x"])
+    commit = asyncio.ensure_future(manager.commit(tx.transaction_id))
+    await asyncio.sleep(0)
+    with pytest.raises(TransactionBusy):
+        manager.enqueue(tx.transaction_id, "q", [b"y"])
+    await commit
+    with pytest.raises(TransactionCommitted):
+        manager.enqueue(tx.transaction_id, "q", [b"y"])
+
+
+async def test_back_pressure_refuses_transactions_over_the_limit():
+    replicator = InMemoryReplicator()
+    manager = TransactionManager(make_config(transactions_open_max=2), replicator, leader_url=lambda: None)
+    await manager.start()
+    await wait_until(lambda: manager.serving, 2)
+    manager.begin()
+    manager.begin()
+    with pytest.raises(TooManyTransactions):
+        manager.begin()
+    await manager.stop()
+
+
+async def test_bad_input_is_refused_and_changes_nothing(setup):
+    manager, replicator = setup
+    tx = manager.begin()
+    with pytest.raises(InvalidQueueName):
+        manager.enqueue(tx.transaction_id, "bad name!", [b"x"])
+    with pytest.raises(PayloadTooLarge):
+        manager.enqueue(tx.transaction_id, "q", [b"x" * (9 << 20)])
+    with pytest.raises(TransactionNotFound):
+        manager.enqueue("1.000000000000000000000000", "q", [b"x"])
+    await manager.commit(tx.transaction_id)
+    assert replicator.state_machine.queue_names() == []
