@@ -193,3 +193,20 @@ def error_from_body(status: int, body: Any) -> RcqError:
     cls = ERRORS_BY_CODE.get(str(error.get("code")), InternalError)
     return cls(str(error.get("message") or cls.__doc__),
                leader_url=error.get("leader_url"), details=error.get("details"))
+
+
+class RouteNotFound(InvalidRequest):
+    """No such endpoint; see the README for the API."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class MethodNotAllowed(InvalidRequest):
+    """This endpoint does not accept that HTTP method."""
+
+    code = "method_not_allowed"
+    http_status = 405
+
+
+ERRORS_BY_CODE.update({cls.code: cls for cls in (RouteNotFound, MethodNotAllowed)})

@@ -11,8 +11,9 @@ callbacks and writes snapshots; everything public here is called on the event
 loop's thread. The state machine is guarded by one lock shared by apply,
 snapshot restore and :meth:`RaftReplicator.read`.
 
-Every workaround below names its hazard in notes/pysyncobj.md
-("R1".."R11" are its correctness risks, "hazard N" its verdict list).
+Every workaround below names its hazard in the team's pysyncobj study,
+notes/pysyncobj.md ("R1".."R11" are its correctness risks, "hazard N" the
+numbered list of its verdict).
 
 This is the only module that imports pysyncobj. Must not import: lmdb (use
 rcq.snapshots), aiohttp.
@@ -245,6 +246,7 @@ class RaftReplicator:
         self._pending: set[asyncio.Future[tuple[Any, int]]] = set()
         self._stopped = False
         self._next_journal_flush_s = 0.0
+        self._snapshot_loads_at_start = 0  # pysyncobj loads an existing snapshot once, at its first tick
         self.repair: CompactionRepair | None = None  # what start() repaired, for logs and tests
 
     # ------------------------------------------------------------ lifecycle
@@ -255,6 +257,7 @@ class RaftReplicator:
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         self.repair = repair_interrupted_compaction(self._config.journal_path, self._config.snapshot_path)
         self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock)
+        self._snapshot_loads_at_start = int(self._config.snapshot_path.is_file())
         conf = self._build_conf(self._writer)
         # Constructed on the loop's thread: pysyncobj's tick thread stops when the
         # thread that built SyncObj ends, and the loop's thread lives as long as we do.
@@ -410,9 +413,10 @@ class RaftReplicator:
         writer = self._writer
         written = writer.written_count if writer is not None else 0
         loaded = writer.loaded_count if writer is not None else 0
+        received = max(0, loaded - self._snapshot_loads_at_start)
         if self._sync_obj is None or self._stopped:
             return RaftStatus(role="follower", term=self.term, leader_raft_address=None, commit_index=0,
-                              last_applied=0, log_length=0, has_quorum=False, snapshot_count=written + loaded,
+                              last_applied=0, log_length=0, has_quorum=False, snapshot_count=written + received,
                               details={"running": False})
         raw = self._raw_status(self._sync_obj)
         details: dict[str, Any] = {
@@ -420,8 +424,8 @@ class RaftReplicator:
             if key.startswith(("partner_node_status_server_", "match_idx_server_", "next_node_idx_server_"))
         }
         details.update(running=True, ready=bool(self._sync_obj.isReady()), snapshots_written=written,
-                       snapshots_loaded=loaded, leader_commit_index=raw.get("leader_commit_idx"),
-                       uptime_s=raw.get("uptime"))
+                       snapshots_received=received, snapshots_loaded=loaded,
+                       leader_commit_index=raw.get("leader_commit_idx"), uptime_s=raw.get("uptime"))
         leader = raw.get("leader")
         return RaftStatus(
             role=_ROLE_NAMES.get(raw["state"], str(raw["state"])),
@@ -431,7 +435,7 @@ class RaftReplicator:
             last_applied=int(raw["last_applied"]),
             log_length=int(raw["log_len"]),
             has_quorum=bool(raw["has_quorum"]),
-            snapshot_count=written + loaded,
+            snapshot_count=written + received,
             details=details,
         )
 

@@ -236,7 +236,7 @@ class TransactionManager:
                 self._on_unit_applied(unit, outcome)
 
     # -------------------------------------------------------------- guards
-    def _require_serving(self) -> None:
+    def require_serving(self) -> None:
         if self.serving:
             return
         if self._replicator.is_leader():
@@ -247,7 +247,7 @@ class TransactionManager:
         raise NoLeader()
 
     def _get(self, transaction_id: str) -> Transaction:
-        self._require_serving()
+        self.require_serving()
         transaction = self._transactions.get(transaction_id)
         if transaction is not None:
             return transaction
@@ -284,7 +284,7 @@ class TransactionManager:
 
     # ------------------------------------------------------------ sessions
     def begin(self, timeout_s: float | None = None, label: str | None = None) -> Transaction:
-        self._require_serving()
+        self.require_serving()
         if len(self._transactions) >= self._config.transactions_open_max:
             raise TooManyTransactions(
                 f"{len(self._transactions)} open transactions; the limit is "
@@ -328,7 +328,7 @@ class TransactionManager:
             if outcome is not None:
                 return {"transaction_id": transaction_id, "state": outcome.status,
                         "index": outcome.index, "reason": outcome.reason}
-            self._require_serving()
+            self.require_serving()
             raise TransactionNotFound(f"no transaction {transaction_id!r}")
         if isinstance(error, TransactionNotFound):
             raise error
@@ -338,7 +338,7 @@ class TransactionManager:
         return body
 
     def list_open(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
-        self._require_serving()
+        self.require_serving()
         now = asyncio.get_running_loop().time()
         return [t.describe(now) for t in self._transactions.values()
                 if label_prefix is None or (t.label or "").startswith(label_prefix)]

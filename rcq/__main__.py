@@ -1,0 +1,5 @@
+import sys
+
+from rcq.cli import main
+
+sys.exit(main())

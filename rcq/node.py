@@ -1,0 +1,87 @@
+"""The composition root: config -> state machine -> replicator -> transactions -> HTTP app.
+
+``Node`` owns the lifetime of one rcq node: it starts Raft, the transaction
+manager and the HTTP server, and stops them in reverse order. ``run_node``
+runs one until SIGINT/SIGTERM.
+
+Must not import: pysyncobj, lmdb (the replicator module does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+
+from aiohttp import web
+
+from rcq.api import create_app
+from rcq.config import NodeConfig
+from rcq.replication import Replicator
+from rcq.state_machine import QueueStateMachine
+from rcq.transactions import TransactionManager
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    def __init__(self, config: NodeConfig, replicator: Replicator | None = None) -> None:
+        self.config = config
+        self.state_machine = QueueStateMachine()
+        if replicator is None:
+            from rcq.replicator import RaftReplicator  # the only door to pysyncobj
+
+            replicator = RaftReplicator(config, self.state_machine)
+        self.replicator = replicator
+        self.manager = TransactionManager(config, replicator, leader_url=self.leader_url)
+        self.app = create_app(config, self.manager, replicator)
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def leader_url(self) -> str | None:
+        address = self.replicator.leader_raft_address()
+        if address is None:
+            return None
+        if address == self.config.raft_address:
+            return self.config.url
+        return self.config.peer_url_by_raft_address().get(address)
+
+    async def start(self) -> None:
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        await self.replicator.start()
+        await self.manager.start()
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, backlog=1024)
+        await site.start()
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        self.port = sockets[0].getsockname()[1] if sockets else self.config.http_port
+        # Long-lived objects (code, config, the app) need no more GC passes; a young-generation
+        # threshold well above the default keeps collection pauses (measured up to 0.45 s under
+        # load in the pysyncobj study) short and rare, so heartbeats are not delayed.
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 100)
+        log.info("node %s serving HTTP on %s:%s, Raft on %s", self.config.node_id,
+                 self.config.http_host, self.port, self.config.raft_address)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.manager.stop()
+        await self.replicator.stop()
+
+
+async def run_node(config: NodeConfig) -> None:
+    node = Node(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await node.start()
+    print(f"rcq node {config.node_id} ready: {config.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await node.stop()
