@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from rcq import operations
 from rcq.config import NodeConfig
 from rcq.errors import (
     InternalError,
@@ -30,9 +31,18 @@ from rcq.errors import (
     PayloadTooLarge,
     RcqError,
     RouteNotFound,
-    TransactionClosed,
 )
 from rcq.models import (
+    BatchAbort,
+    BatchBegin,
+    BatchCommit,
+    BatchCommitMany,
+    BatchDequeue,
+    BatchEnqueue,
+    BatchExecute,
+    BatchExtend,
+    BatchRequest,
+    BatchStatus,
     BeginRequest,
     CommitManyRequest,
     CommitRequest,
@@ -46,11 +56,9 @@ from rcq.models import (
     QueueDequeueRequest,
     QueueEnqueueRequest,
     check_queue_name,
-    decode_items,
-    encode_item,
 )
 from rcq.replication import Replicator
-from rcq.transactions import CommitResult, DequeuedItem, TransactionManager
+from rcq.transactions import TransactionManager
 
 log = logging.getLogger(__name__)
 
@@ -111,25 +119,9 @@ async def _body(request: web.Request, model: type[M]) -> M:
                              details={"problems": problems}) from exc
 
 
-def _items_body(items: list[DequeuedItem], encoding: Any) -> list[dict[str, Any]]:
-    rendered = []
-    for item in items:
-        value, used = encode_item(item.value, encoding)
-        rendered.append({"item_id": item.item_id, "queue": item.queue, "value": value, "encoding": used})
-    return rendered
-
-
-def _commit_body(result: CommitResult) -> dict[str, Any]:
-    return {"transaction_ids": list(result.transaction_ids), "committed": True,
-            "duplicate": result.duplicate, "index": result.index,
-            "enqueued": result.enqueued, "dequeued": result.dequeued}
-
-
 # ------------------------------------------------------------------ transactions
 async def begin(request: web.Request) -> web.Response:
-    body = await _body(request, BeginRequest)
-    transaction = request.app[MANAGER].begin(body.timeout_s, body.label)
-    return _json(transaction.describe(asyncio.get_running_loop().time()), status=201)
+    return _json(*reversed(await operations.begin(request.app[MANAGER], await _body(request, BeginRequest))))
 
 
 async def list_transactions(request: web.Request) -> web.Response:
@@ -138,96 +130,106 @@ async def list_transactions(request: web.Request) -> web.Response:
 
 
 async def transaction_status(request: web.Request) -> web.Response:
-    return _json(request.app[MANAGER].describe(request.match_info["transaction_id"]))
+    status, body = await operations.status(request.app[MANAGER], request.match_info["transaction_id"])
+    return _json(body, status)
 
 
 async def enqueue(request: web.Request) -> web.Response:
-    body = await _body(request, EnqueueRequest)
-    values = decode_items(body.items, body.encoding, request.app[CONFIG].item_bytes_max)
-    buffered = request.app[MANAGER].enqueue(request.match_info["transaction_id"], body.queue, values)
-    return _json({"transaction_id": request.match_info["transaction_id"], "queue": body.queue,
-                  "enqueued": len(values), "buffered": buffered})
+    status, body = await operations.enqueue(request.app[MANAGER], request.app[CONFIG],
+                                            request.match_info["transaction_id"],
+                                            await _body(request, EnqueueRequest))
+    return _json(body, status)
 
 
 async def dequeue(request: web.Request) -> web.Response:
-    body = await _body(request, DequeueRequest)
-    items = await request.app[MANAGER].dequeue(
-        request.match_info["transaction_id"], body.queue, body.max_items, body.wait_ms, body.key)
-    return _json({"transaction_id": request.match_info["transaction_id"], "queue": body.queue,
-                  "items": _items_body(items, body.encoding)})
+    status, body = await operations.dequeue(request.app[MANAGER], request.match_info["transaction_id"],
+                                            await _body(request, DequeueRequest))
+    return _json(body, status)
 
 
 async def commit(request: web.Request) -> web.Response:
-    body = await _body(request, CommitRequest)
-    result = await request.app[MANAGER].commit(request.match_info["transaction_id"], body.idempotency_key)
-    return _json(_commit_body(result))
+    status, body = await operations.commit(request.app[MANAGER], request.match_info["transaction_id"],
+                                           await _body(request, CommitRequest))
+    return _json(body, status)
 
 
 async def abort(request: web.Request) -> web.Response:
-    transaction_id = request.match_info["transaction_id"]
-    returned = request.app[MANAGER].abort(transaction_id)
-    return _json({"transaction_id": transaction_id, "aborted": True, "returned": returned})
+    status, body = await operations.abort(request.app[MANAGER], request.match_info["transaction_id"])
+    return _json(body, status)
 
 
 async def extend(request: web.Request) -> web.Response:
-    body = await _body(request, ExtendRequest)
-    transaction = request.app[MANAGER].extend(request.match_info["transaction_id"], body.timeout_s)
-    return _json(transaction.describe(asyncio.get_running_loop().time()))
+    status, body = await operations.extend(request.app[MANAGER], request.match_info["transaction_id"],
+                                           await _body(request, ExtendRequest))
+    return _json(body, status)
 
 
 async def commit_many(request: web.Request) -> web.Response:
-    body = await _body(request, CommitManyRequest)
-    result = await request.app[MANAGER].commit_many(body.transaction_ids, body.idempotency_key)
-    return _json(_commit_body(result))
-
-
-# --------------------------------------------------------- one-request transactions
-async def run_one_request_transaction(manager: TransactionManager, config: NodeConfig,
-                                      body: ExecuteRequest) -> dict[str, Any]:
-    """Run the operations in a fresh transaction and commit it; abort it on any error."""
-    decoded = [decode_items(op.items, op.encoding, config.item_bytes_max)
-               if isinstance(op, EnqueueOperation) else None for op in body.operations]
-    transaction = manager.begin()
-    transaction_id = transaction.transaction_id
-    try:
-        results: list[dict[str, Any]] = []
-        for op, values in zip(body.operations, decoded, strict=True):
-            if isinstance(op, EnqueueOperation):
-                assert values is not None
-                manager.enqueue(transaction_id, op.queue, values)
-                results.append({"op": "enqueue", "queue": op.queue, "enqueued": len(values)})
-            else:
-                assert isinstance(op, DequeueOperation)
-                items = await manager.dequeue(transaction_id, op.queue, op.max_items, op.wait_ms)
-                results.append({"op": "dequeue", "queue": op.queue, "items": _items_body(items, op.encoding)})
-        result = await manager.commit(transaction_id, body.idempotency_key)
-    except BaseException:
-        try:
-            manager.abort(transaction_id)
-        except (RcqError, TransactionClosed):
-            pass
-        raise
-    return {"transaction_id": transaction_id, **_commit_body(result), "results": results}
+    status, body = await operations.commit_many(request.app[MANAGER], await _body(request, CommitManyRequest))
+    return _json(body, status)
 
 
 async def execute(request: web.Request) -> web.Response:
-    body = await _body(request, ExecuteRequest)
-    return _json(await run_one_request_transaction(request.app[MANAGER], request.app[CONFIG], body))
+    status, body = await operations.execute(request.app[MANAGER], request.app[CONFIG],
+                                            await _body(request, ExecuteRequest))
+    return _json(body, status)
+
+
+async def _answer_each(coroutines: list[Awaitable[operations.Answer]]) -> list[dict[str, Any]]:
+    """Run independent sub-requests concurrently; each gets its own status and body."""
+
+    async def one(coroutine: Awaitable[operations.Answer]) -> dict[str, Any]:
+        try:
+            status, body = await coroutine
+        except RcqError as exc:
+            return {"status": exc.http_status, "body": exc.to_body()}
+        except Exception:
+            log.exception("unexpected error in a batched request")
+            error = InternalError()
+            return {"status": error.http_status, "body": error.to_body()}
+        return {"status": status, "body": body}
+
+    return list(await asyncio.gather(*(one(c) for c in coroutines)))
 
 
 async def execute_batch(request: web.Request) -> web.Response:
     body = await _body(request, ExecuteBatchRequest)
     manager, config = request.app[MANAGER], request.app[CONFIG]
     manager.require_serving()  # fail the whole request fast (e.g. 307) rather than each part
+    answers = await _answer_each([operations.execute(manager, config, t) for t in body.transactions])
+    return _json({"results": [a["body"] if a["status"] < 300 else {**a["body"], "status": a["status"]}
+                              for a in answers]})
 
-    async def one(transaction: ExecuteRequest) -> dict[str, Any]:
-        try:
-            return await run_one_request_transaction(manager, config, transaction)
-        except RcqError as exc:
-            return {**exc.to_body(), "status": exc.http_status}
 
-    results = await asyncio.gather(*(one(t) for t in body.transactions))
-    return _json({"results": results})
+def _batch_operation(manager: TransactionManager, config: NodeConfig,
+                     sub: Any) -> Awaitable[operations.Answer]:
+    if isinstance(sub, BatchBegin):
+        return operations.begin(manager, sub)
+    if isinstance(sub, BatchEnqueue):
+        return operations.enqueue(manager, config, sub.transaction_id, sub)
+    if isinstance(sub, BatchDequeue):
+        return operations.dequeue(manager, sub.transaction_id, sub)
+    if isinstance(sub, BatchCommit):
+        return operations.commit(manager, sub.transaction_id, sub)
+    if isinstance(sub, BatchAbort):
+        return operations.abort(manager, sub.transaction_id)
+    if isinstance(sub, BatchExtend):
+        return operations.extend(manager, sub.transaction_id, sub)
+    if isinstance(sub, BatchStatus):
+        return operations.status(manager, sub.transaction_id)
+    if isinstance(sub, BatchExecute):
+        return operations.execute(manager, config, sub)
+    assert isinstance(sub, BatchCommitMany)
+    return operations.commit_many(manager, sub)
+
+
+async def batch(request: web.Request) -> web.Response:
+    """Many independent sub-requests (any verb, any transaction) in one HTTP request."""
+    body = await _body(request, BatchRequest)
+    manager, config = request.app[MANAGER], request.app[CONFIG]
+    manager.require_serving()
+    answers = await _answer_each([_batch_operation(manager, config, sub) for sub in body.requests])
+    return _json({"responses": answers})
 
 
 async def queue_enqueue(request: web.Request) -> web.Response:
@@ -236,7 +238,8 @@ async def queue_enqueue(request: web.Request) -> web.Response:
     request_body = ExecuteRequest(
         operations=[EnqueueOperation(op="enqueue", queue=queue, items=body.items, encoding=body.encoding)],
         idempotency_key=body.idempotency_key)
-    return _json(await run_one_request_transaction(request.app[MANAGER], request.app[CONFIG], request_body))
+    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body)
+    return _json(answer, status)
 
 
 async def queue_dequeue(request: web.Request) -> web.Response:
@@ -244,7 +247,8 @@ async def queue_dequeue(request: web.Request) -> web.Response:
     body = await _body(request, QueueDequeueRequest)
     request_body = ExecuteRequest(operations=[DequeueOperation(
         op="dequeue", queue=queue, max_items=body.max_items, wait_ms=body.wait_ms, encoding=body.encoding)])
-    return _json(await run_one_request_transaction(request.app[MANAGER], request.app[CONFIG], request_body))
+    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body)
+    return _json(answer, status)
 
 
 # ------------------------------------------------------------------------ queues
@@ -336,6 +340,7 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app.router.add_post("/v1/commit", commit_many)
     app.router.add_post("/v1/execute", execute)
     app.router.add_post("/v1/execute-batch", execute_batch)
+    app.router.add_post("/v1/batch", batch)
     app.router.add_get("/v1/queues", list_queues)
     app.router.add_get("/v1/queues/{queue}", queue_count)
     app.router.add_get("/v1/queues/{queue}/stats", queue_stats)

@@ -124,7 +124,7 @@ def decode(raw: Any) -> Command:
         version, kind = raw[0], raw[1]
     except (TypeError, IndexError, KeyError) as exc:
         raise MalformedCommand(f"not a command tuple: {type(raw).__name__}") from exc
-    if version != COMMAND_VERSION:
+    if type(version) is not int or version != COMMAND_VERSION:
         raise MalformedCommand(f"command version {version!r}, this node knows {COMMAND_VERSION}")
     try:
         if kind == KIND_BARRIER:
@@ -133,7 +133,7 @@ def decode(raw: Any) -> Command:
         if kind == KIND_COMMIT:
             _, _, term, now_ms, units = raw
             return CommitBatch(term=_int(term), now_ms=_int(now_ms),
-                               units=tuple(_decode_unit(u) for u in units))
+                               units=tuple(_decode_unit(u) for u in _seq(units)))
     except (TypeError, ValueError) as exc:
         raise MalformedCommand(f"bad {kind} command: {exc}") from exc
     raise MalformedCommand(f"unknown command kind {kind!r}")
@@ -144,7 +144,7 @@ def _decode_unit(raw: Any) -> CommitUnit:
     if key is not None and not isinstance(key, str):
         raise ValueError("idempotency key must be str or None")
     return CommitUnit(
-        transactions=tuple(_decode_transaction(t) for t in transactions),
+        transactions=tuple(_decode_transaction(t) for t in _seq(transactions)),
         idempotency_key=key,
     )
 
@@ -155,9 +155,15 @@ def _decode_transaction(raw: Any) -> TransactionWrite:
         raise ValueError("transaction id must be str")
     return TransactionWrite(
         transaction_id=transaction_id,
-        enqueues=tuple((_str(q), tuple(_bytes(i) for i in items)) for q, items in enqueues),
-        dequeues=tuple((_str(q), tuple(_int(i) for i in ids)) for q, ids in dequeues),
+        enqueues=tuple((_str(q), tuple(_bytes(i) for i in _seq(items))) for q, items in _seq(enqueues)),
+        dequeues=tuple((_str(q), tuple(_int(i) for i in _seq(ids))) for q, ids in _seq(dequeues)),
     )
+
+
+def _seq(value: Any) -> tuple[Any, ...] | list[Any]:
+    if not isinstance(value, tuple | list):
+        raise ValueError(f"expected a tuple, got {type(value).__name__}")
+    return value
 
 
 def _int(value: Any) -> int:

@@ -143,3 +143,62 @@ class QueueDequeueRequest(_Model):
     max_items: int = Field(1, ge=1)
     wait_ms: int = Field(0, ge=0)
     encoding: Encoding = "utf-8"
+
+
+# ------------------------------------------------------- POST /v1/batch sub-requests
+TransactionId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class BatchBegin(BeginRequest):
+    op: Literal["begin"]
+
+
+class BatchEnqueue(EnqueueRequest):
+    op: Literal["enqueue"]
+    transaction_id: TransactionId
+
+
+class BatchDequeue(DequeueRequest):
+    op: Literal["dequeue"]
+    transaction_id: TransactionId
+
+
+class BatchCommit(CommitRequest):
+    op: Literal["commit"]
+    transaction_id: TransactionId
+
+
+class BatchAbort(_Model):
+    op: Literal["abort"]
+    transaction_id: TransactionId
+
+
+class BatchExtend(ExtendRequest):
+    op: Literal["extend"]
+    transaction_id: TransactionId
+
+
+class BatchStatus(_Model):
+    op: Literal["status"]
+    transaction_id: TransactionId
+
+
+class BatchExecute(ExecuteRequest):
+    op: Literal["execute"]
+
+
+class BatchCommitMany(CommitManyRequest):
+    op: Literal["commit_many"]
+
+
+BatchOperation = Annotated[
+    BatchBegin | BatchEnqueue | BatchDequeue | BatchCommit | BatchAbort | BatchExtend | BatchStatus
+    | BatchExecute | BatchCommitMany,
+    Field(discriminator="op"),
+]
+
+
+class BatchRequest(_Model):
+    """Independent requests sharing one HTTP request: each succeeds or fails on its own."""
+
+    requests: list[BatchOperation] = Field(min_length=1, max_length=10_000)

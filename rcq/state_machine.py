@@ -104,12 +104,13 @@ class QueueStateMachine:
             return ApplyFailed(reason="malformed_command", details={"error": str(exc)})
         try:
             self._now_ms = max(self._now_ms, command.now_ms)
+            # Expire first: a key past its retention at this entry's time is forgotten by it.
+            self._expire_idempotency_keys()
             if isinstance(command, Barrier):
                 self._barrier_term = max(self._barrier_term, command.term)
                 result: ApplyResult = BarrierResult(term=command.term)
             else:
                 result = self._apply_batch(command, index)
-            self._expire_idempotency_keys()
         except Exception as exc:  # a bug: report it, keep the node alive
             result = ApplyFailed(reason="apply_error", details={"error": repr(exc)})
         self._last_index = max(self._last_index, index)
@@ -124,14 +125,14 @@ class QueueStateMachine:
         return BatchResult(outcomes=tuple(self._apply_unit(u, index) for u in batch.units))
 
     def _fence(self, unit: CommitUnit, index: int) -> UnitOutcome:
-        previous = self._previous_outcome(unit)
+        previous = self._previous_outcome(unit, index)
         if previous is not None:
             return previous
         self._record(unit, TransactionOutcome("rejected", index, self._now_ms, "stale_leader"))
         return UnitOutcome("rejected", index, reason="stale_leader")
 
     def _apply_unit(self, unit: CommitUnit, index: int) -> UnitOutcome:
-        previous = self._previous_outcome(unit)
+        previous = self._previous_outcome(unit, index)
         if previous is not None:
             return previous
         rejection = self._check_unit(unit)
@@ -142,6 +143,8 @@ class QueueStateMachine:
         enqueued = []
         for transaction in unit.transactions:
             for queue_name, ids in transaction.dequeues:
+                if not ids:
+                    continue  # _check_unit guarantees the queue exists when ids are given
                 queue = self._queues[queue_name]
                 for item_id in ids:
                     value = queue.items.pop(item_id)
@@ -154,7 +157,7 @@ class QueueStateMachine:
         self._record(unit, TransactionOutcome("committed", index, self._now_ms))
         return UnitOutcome("committed", index, enqueued=tuple(enqueued))
 
-    def _previous_outcome(self, unit: CommitUnit) -> UnitOutcome | None:
+    def _previous_outcome(self, unit: CommitUnit, index: int) -> UnitOutcome | None:
         """A retried commit (same idempotency key or same transaction ids) answers what happened first."""
         key = unit.idempotency_key
         if key is not None and key in self._idempotency:
@@ -168,7 +171,7 @@ class QueueStateMachine:
             return UnitOutcome("duplicate", first.index)
         if first is not None and first.status == "rejected" and all(s == first for s in seen):
             return UnitOutcome("rejected", first.index, reason=first.reason)
-        return UnitOutcome("rejected", self._last_index, reason="transaction_reused")
+        return UnitOutcome("rejected", index, reason="transaction_reused")
 
     def _check_unit(self, unit: CommitUnit) -> tuple[str, tuple[int, ...]] | None:
         taken: set[int] = set()
