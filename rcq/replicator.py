@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import socket
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pysyncobj import (
@@ -113,7 +114,7 @@ class _QueueConsumer(SyncObjConsumer):
 
 
 # ------------------------------------------------------ start-up journal repair
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class CompactionRepair:
     """What :func:`repair_interrupted_compaction` found and did."""
 
@@ -155,14 +156,12 @@ def repair_interrupted_compaction(journal_path: str | os.PathLike[str],
         _rewrite_journal(journal_path, entries[position:])
         logger.warning("finished an interrupted log compaction: dropped %d journal entries before %d",
                        position, previous_entry[1])
-        return CompactionRepair(removed_files=removed, snapshot_last_index=last_entry[1],
-                                journal_first_index=entries[0][1], dropped_entries=position)
+        return dataclasses.replace(report, dropped_entries=position)
     logger.warning("journal (entries %s..%s) does not contain snapshot entries %d..%d: "
                    "pysyncobj will restart the log from the snapshot",
-                   entries[0][1] if entries else None, entries[-1][1] if entries else None,
+                   report.journal_first_index, entries[-1][1] if entries else None,
                    previous_entry[1], last_entry[1])
-    return CompactionRepair(removed_files=removed, snapshot_last_index=last_entry[1],
-                            journal_first_index=report.journal_first_index, journal_matches_snapshot=False)
+    return dataclasses.replace(report, journal_matches_snapshot=False)
 
 
 @contextlib.contextmanager
@@ -208,6 +207,22 @@ def _rewrite_journal(journal_path: str, entries: list[tuple[Any, int, int]]) -> 
 
 
 # ------------------------------------------------------------- the replicator
+def _check_bindable(raft_address: str) -> None:
+    """Fail fast and clearly when the Raft port is taken.
+
+    pysyncobj would retry the bind in its tick thread (for ever by default, here
+    BIND_RETRIES_MAX times) and leak a socket per failed attempt.
+    """
+    host, port = raft_address.rsplit(":", 1)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as pysyncobj binds
+        try:
+            probe.bind((host.strip("[]"), int(port)))
+        except OSError as exc:
+            raise Unavailable(f"cannot bind the Raft address {raft_address}: {exc.strerror}") from exc
+
+
 def _resolve(future: asyncio.Future[tuple[Any, int]], result: Any, fail_reason: int) -> None:
     """Complete a submit's future on the loop; must never raise (R2)."""
     if not future.done():  # e.g. cancelled by the submit's timeout
@@ -254,11 +269,12 @@ class RaftReplicator:
         if self._sync_obj is not None or self._stopped:
             raise RuntimeError("a RaftReplicator starts once; make a new one to restart")
         self._loop = asyncio.get_running_loop()
+        _check_bindable(self._config.raft_address)
+        self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock)
+        conf = self._build_conf(self._writer)
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         self.repair = repair_interrupted_compaction(self._config.journal_path, self._config.snapshot_path)
-        self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock)
         self._snapshot_loads_at_start = int(self._config.snapshot_path.is_file())
-        conf = self._build_conf(self._writer)
         # Constructed on the loop's thread: pysyncobj's tick thread stops when the
         # thread that built SyncObj ends, and the loop's thread lives as long as we do.
         with _quiet_journal_open():
