@@ -96,7 +96,12 @@ class BarrierResult:
 
 @dataclass(frozen=True, slots=True)
 class ApplyFailed:
-    """The entry could not be applied (malformed, or a bug); the state did not change."""
+    """The entry could not be applied.
+
+    Malformed entries change nothing. An exception inside apply is a bug: the
+    unit it hit may be partly applied, identically on every replica (apply is
+    deterministic), and the node keeps going instead of wedging.
+    """
 
     reason: str
     details: dict[str, Any] = field(default_factory=dict)

