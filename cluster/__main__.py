@@ -1,0 +1,267 @@
+"""The local launcher: ``python -m cluster up`` runs an rcq cluster on 127.0.0.1.
+
+    python -m cluster up [--nodes N] [--base-port P] [--data-dir DIR] [--insecure] [--keep]
+                         [--demo [--stay]] [--log-level LEVEL]
+
+Starts N node processes (a :class:`rcq.local_cluster.LocalCluster`), waits for a
+serving leader, prints every node's URL and pid and which one leads, then runs
+until Ctrl-C or SIGTERM, when it stops every node and exits 0. ``--demo`` runs a
+short walk through the queue semantics over plain HTTP and then shuts down,
+unless ``--stay``.
+
+Data: a fresh temporary directory, removed on exit unless ``--keep``; with
+``--data-dir DIR`` the cluster lives in DIR and is never removed, and a DIR that
+already holds a cluster is reopened with the same ports, secret and queues.
+
+Must not import: pysyncobj, lmdb, aiohttp (nodes are separate processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rcq.local_cluster import MANIFEST_NAME, LocalCluster, NodeStartError
+
+LEADER_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 15.0
+DEMO_QUEUE = "demo"
+HEALTH_CHECK_INTERVAL_S = 1.0
+
+
+class Shutdown(BaseException):
+    """SIGINT or SIGTERM arrived: stop the cluster and exit 0."""
+
+
+def _install_signal_handlers() -> threading.Event:
+    """SIGINT/SIGTERM raise Shutdown once; after that (or once the returned event is set) they are ignored."""
+    shutting_down = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if shutting_down.is_set():
+            return  # already stopping; a second Ctrl-C must not interrupt the cleanup
+        shutting_down.set()
+        raise Shutdown(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return shutting_down
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+# ------------------------------------------------------------------ cluster set-up
+def open_cluster(args: argparse.Namespace) -> LocalCluster:
+    if args.data_dir is not None and (args.data_dir / MANIFEST_NAME).exists():
+        cluster = LocalCluster.reopen(args.data_dir, log_level=args.log_level)
+        if args.nodes is not None and args.nodes != len(cluster.nodes):
+            raise SystemExit(f"cluster: {args.data_dir} holds a {len(cluster.nodes)}-node cluster; "
+                             f"drop --nodes or use another --data-dir")
+        if args.base_port is not None and args.base_port != cluster.nodes[0].http_port:
+            raise SystemExit(f"cluster: {args.data_dir} fixes the ports (HTTP from {cluster.nodes[0].http_port}); "
+                             "drop --base-port or use another --data-dir")
+        say(f"reopening the {len(cluster.nodes)}-node cluster in {args.data_dir} (queues kept)")
+        return cluster
+    nodes = args.nodes if args.nodes is not None else 3
+    cluster = LocalCluster(nodes, base_dir=args.data_dir, log_level=args.log_level, keep=args.keep,
+                           insecure=args.insecure, base_port=args.base_port)
+    if args.data_dir is None:
+        kept = "kept on exit" if args.keep else "removed on exit"
+        say(f"starting a {nodes}-node cluster in {cluster.base_dir} ({kept})")
+    else:
+        say(f"starting a new {nodes}-node cluster in {cluster.base_dir}")
+    return cluster
+
+
+def print_nodes(cluster: LocalCluster, leader: int) -> None:
+    pids = cluster.pids()
+    for node in cluster.nodes:
+        role = "leader" if node.index == leader else "follower"
+        say(f"  {node.node_id}  {node.url}  raft {node.raft_address}  pid {pids.get(node.index)}  {role}")
+    say(f"leader: {cluster.nodes[leader].node_id} {cluster.url(leader)}")
+    secret_note = ("insecure: Raft traffic is not encrypted" if cluster.insecure
+                   else "cluster secret in node-*/config.json (mode 0600)")
+    say(f"logs: {cluster.base_dir}/node-*/node.log; {secret_note}")
+
+
+def watch(cluster: LocalCluster) -> None:
+    """Block until a signal; report nodes that exit on their own meanwhile."""
+    reported: set[int] = set()
+    idle = threading.Event()  # never set: its wait() is an interruptible sleep
+    while True:
+        idle.wait(HEALTH_CHECK_INTERVAL_S)
+        for index, code in cluster.unexpected_exits().items():
+            if index not in reported:
+                reported.add(index)
+                say(f"warning: {cluster.nodes[index].node_id} exited with {code}; its log:\n"
+                    + cluster.log_tail(index, 2_000))
+
+
+# ---------------------------------------------------------------------- the demo
+class Http:
+    """Plain-HTTP JSON calls to the cluster, sent to the leader (a 307 names it)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = self.base_url + path
+        for _ in range(3):
+            data = None if body is None else json.dumps(body).encode()
+            request = urllib.request.Request(url, data=data, method=method,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with self._opener.open(request, timeout=REQUEST_TIMEOUT_S) as response:
+                    return dict(json.loads(response.read()))
+            except urllib.error.HTTPError as exc:
+                answer = json.loads(exc.read() or b"{}")
+                leader_url = answer.get("error", {}).get("leader_url")
+                if exc.code in (307, 421) and leader_url:
+                    say(f"    ({self.base_url} is not the leader: following it to {leader_url})")
+                    self.base_url = leader_url.rstrip("/")
+                    url = self.base_url + path
+                    continue
+                raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {answer}") from exc
+        raise RuntimeError(f"{method} {path}: too many redirects")
+
+    def begin(self) -> str:
+        return str(self.call("POST", "/v1/transactions", {"timeout_s": 30})["transaction_id"])
+
+    def dequeue(self, transaction_id: str) -> list[dict[str, Any]]:
+        answer = self.call("POST", f"/v1/transactions/{transaction_id}/dequeue", {"queue": DEMO_QUEUE})
+        return list(answer["items"])
+
+    def count(self) -> dict[str, Any]:
+        return self.call("GET", f"/v1/queues/{DEMO_QUEUE}")
+
+
+def run_demo(cluster: LocalCluster, leader: int) -> None:
+    http = Http(cluster.url(leader))
+    follower = next(node.index for node in cluster.nodes if node.index != leader) if len(cluster.nodes) > 1 else None
+
+    def show_count(note: str) -> None:
+        answer = http.count()
+        say(f"    count({DEMO_QUEUE}) = {answer['count']} (available {answer['available']}, "
+            f"locked {answer['locked']})" + (f" {note}" if note else ""))
+
+    say("\n== demo: transactions over plain HTTP ==")
+    say(f"1. begin a transaction and enqueue three items into {DEMO_QUEUE!r}")
+    transaction_id = http.begin()
+    answer = http.call("POST", f"/v1/transactions/{transaction_id}/enqueue",
+                       {"queue": DEMO_QUEUE, "items": ["apple", "banana", "cherry"]})
+    say(f"    transaction {transaction_id}: buffered {answer['buffered']}")
+    show_count("<- before commit: enqueues are invisible")
+    committed = http.call("POST", f"/v1/transactions/{transaction_id}/commit", {})
+    say(f"    committed at Raft index {committed['index']} (a majority has it in its log)")
+    show_count("<- after commit")
+
+    say("2. peek = dequeue + abort")
+    transaction_id = http.begin()
+    items = http.dequeue(transaction_id)
+    http.call("POST", f"/v1/transactions/{transaction_id}/abort", {})
+    say(f"    head of {DEMO_QUEUE!r}: {items[0]['value']!r} (left in place)")
+
+    say("3. dequeue, then abort: the item returns to the head")
+    transaction_id = http.begin()
+    items = http.dequeue(transaction_id)
+    say(f"    dequeued {items[0]['value']!r}")
+    show_count("<- locked by the open transaction, invisible to others")
+    answer = http.call("POST", f"/v1/transactions/{transaction_id}/abort", {})
+    say(f"    aborted: {answer['returned']} item returned")
+    show_count("")
+
+    say("4. dequeue, then commit: the item is gone for good")
+    transaction_id = http.begin()
+    items = http.dequeue(transaction_id)
+    committed = http.call("POST", f"/v1/transactions/{transaction_id}/commit", {})
+    say(f"    dequeued {items[0]['value']!r} (the head again) and committed at index {committed['index']}")
+    show_count("")
+
+    if follower is not None:
+        say(f"5. a follower ({cluster.nodes[follower].node_id}) answers count too, once it has applied the commit")
+        cluster.wait_for_applied(LEADER_TIMEOUT_S)
+        answer = Http(cluster.url(follower)).count()
+        say(f"    count({DEMO_QUEUE}) on {answer['node_id']} ({answer['role']}) = {answer['count']}")
+
+    say("6. cluster status")
+    converged = cluster.wait_for_convergence(LEADER_TIMEOUT_S)
+    for node in cluster.nodes:
+        status = cluster.status(node.index)
+        say(f"    {status['node_id']}: {status['role']:<9} term {status['term']} commit {status['commit_index']} "
+            f"applied {status['last_applied']} serving {status['serving']}")
+    say(f"    every node has state digest {converged['digest'][:16]}... at index {converged['applied_index']}")
+    say("== demo done ==\n")
+
+
+# -------------------------------------------------------------------------- main
+def cmd_up(args: argparse.Namespace) -> int:
+    shutting_down = _install_signal_handlers()
+    cluster: LocalCluster | None = None
+    try:
+        cluster = open_cluster(args)
+        cluster.start()
+        leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        print_nodes(cluster, leader)
+        say("ready")
+        if args.demo:
+            run_demo(cluster, leader)
+            if not args.stay:
+                say("stopping the cluster")
+                return 0
+        say("press Ctrl-C to stop")
+        watch(cluster)
+        return 0  # not reached: watch() returns only by an exception
+    except Shutdown as exc:
+        say(f"\n{exc}: stopping the cluster")
+        return 0
+    except (NodeStartError, TimeoutError, RuntimeError, OSError) as exc:
+        say(f"cluster: {exc}")
+        if cluster is not None:
+            say(cluster.dump_logs())
+        return 1
+    finally:
+        shutting_down.set()  # a signal now must not interrupt the shutdown below
+        if cluster is not None:
+            cluster.close()
+            say("stopped")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cluster", description="run an rcq cluster on 127.0.0.1")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start a local cluster and run it until Ctrl-C")
+    up.add_argument("--nodes", type=int, choices=range(1, 10), metavar="N",
+                    help="number of nodes, 1..9 (default 3, or the count of the cluster in --data-dir)")
+    up.add_argument("--base-port", type=int, metavar="P",
+                    help="HTTP on P..P+N-1 and Raft on P+100..P+100+N-1 (default: free ports)")
+    up.add_argument("--data-dir", type=Path, metavar="DIR",
+                    help="keep the cluster here; a DIR holding one is reopened (default: a temp dir)")
+    up.add_argument("--insecure", action="store_true", help="no cluster secret (Raft traffic unencrypted)")
+    up.add_argument("--keep", action="store_true", help="keep the temporary data dir on exit")
+    up.add_argument("--demo", action="store_true", help="run a short demonstration, then stop")
+    up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")
+    up.add_argument("--log-level", default="INFO", help="the nodes' log level (default INFO)")
+    up.set_defaults(func=cmd_up)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.stay and not args.demo:
+        build_parser().error("--stay needs --demo")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

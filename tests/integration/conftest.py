@@ -1,0 +1,53 @@
+"""Fixtures for tests against real multi-process rcq clusters.
+
+``cluster``: one 3-node :class:`~rcq.local_cluster.LocalCluster` per test
+module, with a serving leader. ``healthy_cluster``: the same cluster, with every
+node resumed or restarted and a leader found again before the test, for tests
+that kill, pause or stop nodes.
+
+When a test that used a LocalCluster fails, the tail of every node's log is
+added to its report (section "rcq node logs").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rcq.local_cluster import LocalCluster
+
+LEADER_TIMEOUT_S = 60.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    seen: set[int] = set()
+    for value in funcargs.values():
+        if isinstance(value, LocalCluster) and id(value) not in seen:
+            seen.add(id(value))
+            report.sections.append((f"rcq node logs ({value.base_dir}, {report.when})", value.dump_logs()))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(nodes=3) as local_cluster:
+        try:
+            local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        except TimeoutError:
+            print(local_cluster.dump_logs())
+            raise
+        yield local_cluster
+
+
+@pytest.fixture
+def healthy_cluster(cluster: LocalCluster) -> LocalCluster:
+    cluster.heal()
+    cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    return cluster

@@ -1,0 +1,296 @@
+"""The LocalCluster harness tested on its own: its waits must be able to fail as well as succeed.
+
+The pure decisions (who is leader, have the nodes converged) are tested on
+made-up views; the waits, signals and restarts on real node processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcq.local_cluster import (
+    STOP_TIMEOUT_S,
+    LocalCluster,
+    NodeStartError,
+    converged,
+    free_ports,
+    leader_from_views,
+)
+
+URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+LEADER_TIMEOUT_S = 60.0
+
+
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=15) as response:
+        return dict(json.loads(response.read()))
+
+
+def get_json(url: str) -> dict[str, Any]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=5) as response:
+        return dict(json.loads(response.read()))
+
+
+def enqueue(cluster: LocalCluster, leader: int, queue: str, items: list[str]) -> int:
+    """Commit ``items`` into ``queue`` through the leader; the commit's Raft index."""
+    answer = post_json(f"{cluster.url(leader)}/v1/queues/{queue}/enqueue", {"items": items})
+    assert answer["committed"] is True
+    return int(answer["index"])
+
+
+def count_on(cluster: LocalCluster, i: int, queue: str) -> int:
+    return int(get_json(f"{cluster.url(i)}/v1/queues/{queue}")["count"])
+
+
+def fresh_queue() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def view(role: str, leader: int | None, serving: bool = False) -> dict[str, Any]:
+    return {"role": role, "serving": serving, "leader_url": None if leader is None else URLS[leader]}
+
+
+# ------------------------------------------------------------ pure decisions
+def test_leader_from_views_returns_the_serving_leader_a_majority_follows() -> None:
+    views = {0: view("follower", 1), 1: view("leader", 1, serving=True), 2: view("follower", None)}
+    assert leader_from_views(views, URLS) == 1
+
+
+def test_leader_from_views_needs_a_majority_of_the_whole_cluster_not_of_those_who_answered() -> None:
+    # A node cut off from the others still calls itself leader for a while: alone it is no majority.
+    assert leader_from_views({1: view("leader", 1, serving=True)}, URLS) is None
+    assert leader_from_views({0: view("follower", None), 1: view("leader", 1, serving=True)}, URLS) is None
+
+
+def test_leader_from_views_ignores_a_leader_that_is_not_serving_yet() -> None:
+    views = {0: view("follower", 1), 1: view("leader", 1, serving=False), 2: view("follower", 1)}
+    assert leader_from_views(views, URLS) is None
+
+
+def test_leader_from_views_picks_the_leader_the_majority_names_when_two_claim_it() -> None:
+    views = {0: view("leader", 0, serving=True), 1: view("leader", 1, serving=True), 2: view("follower", 1)}
+    assert leader_from_views(views, URLS) == 1
+
+
+def test_converged_needs_every_live_node_to_answer_the_same_digest_at_the_same_index() -> None:
+    same = {"digest": "a", "applied_index": 7}
+    assert converged({0: same, 1: same, 2: same}, [0, 1, 2])
+    assert converged({0: same, 2: same}, [0, 2])  # node 1 is not live: not asked
+    assert not converged({0: same, 1: None, 2: same}, [0, 1, 2])
+    assert not converged({0: same, 2: same}, [0, 1, 2])
+    assert not converged({0: same, 1: {"digest": "b", "applied_index": 7}}, [0, 1])
+    assert not converged({0: same, 1: {"digest": "a", "applied_index": 8}}, [0, 1])
+    assert not converged({}, [])
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    ports = free_ports(8)
+    assert len(set(ports)) == 8
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+# --------------------------------------------------------- a real 3-node cluster
+
+@pytest.mark.cluster
+def test_wait_for_leader_returns_a_serving_leader_that_every_node_follows(healthy_cluster: LocalCluster) -> None:
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    status = healthy_cluster.status(leader)
+    assert (status["role"], status["serving"]) == ("leader", True)
+    healthy_cluster.wait_for_applied(LEADER_TIMEOUT_S)  # followers learn the leader by its entries
+    for i in range(3):
+        assert healthy_cluster.status(i)["leader_url"] == healthy_cluster.url(leader)
+
+
+@pytest.mark.cluster
+def test_killing_the_leader_makes_wait_for_leader_find_another(healthy_cluster: LocalCluster) -> None:
+    old = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    pid = healthy_cluster.pids()[old]
+    healthy_cluster.kill_node(old)
+    assert not pid_exists(pid)
+    assert old not in healthy_cluster.live_indices()
+    new = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    assert new != old
+    assert healthy_cluster.status(new)["serving"] is True
+
+
+@pytest.mark.cluster
+def test_a_paused_node_is_neither_asked_nor_waited_for(healthy_cluster: LocalCluster) -> None:
+    queue = fresh_queue()
+    old = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    healthy_cluster.pause_node(old)
+    assert old not in healthy_cluster.live_indices()
+    new = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    assert new != old
+    enqueue(healthy_cluster, new, queue, ["a", "b"])
+    # Could never succeed if the paused node were asked: it answers nothing.
+    healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
+    healthy_cluster.resume_node(old)
+    assert old in healthy_cluster.live_indices()
+    healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
+    assert count_on(healthy_cluster, old, queue) == 2
+    assert healthy_cluster.status(old)["leader_url"] == healthy_cluster.url(new)
+
+
+@pytest.mark.cluster
+def test_wait_for_leader_times_out_without_a_majority_and_shows_what_it_saw(healthy_cluster: LocalCluster) -> None:
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    followers = [i for i in range(3) if i != leader]
+    for i in followers:
+        healthy_cluster.pause_node(i)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as raised:
+        healthy_cluster.wait_for_leader(timeout_s=1.5)
+    assert time.monotonic() - started < 10
+    message = str(raised.value)
+    for i in followers:
+        assert f"node-{i}" in message and "paused" in message
+    assert f"node-{leader}" in message and "role=" in message
+
+
+@pytest.mark.cluster
+def test_wait_for_applied_returns_an_index_every_live_node_has_applied(healthy_cluster: LocalCluster) -> None:
+    queue = fresh_queue()
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    index = enqueue(healthy_cluster, leader, queue, ["x", "y", "z"])
+    applied = healthy_cluster.wait_for_applied(LEADER_TIMEOUT_S)
+    assert applied >= index
+    for i in range(3):
+        assert healthy_cluster.status(i)["last_applied"] >= index
+        assert count_on(healthy_cluster, i, queue) == 3
+
+
+@pytest.mark.cluster
+def test_a_stopped_node_exits_cleanly_and_restarts_with_its_data_and_ports(healthy_cluster: LocalCluster) -> None:
+    queue = fresh_queue()
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    follower = (leader + 1) % 3
+    enqueue(healthy_cluster, leader, queue, ["before"])
+    healthy_cluster.wait_for_applied(LEADER_TIMEOUT_S)
+    url = healthy_cluster.url(follower)
+    assert healthy_cluster.stop_node(follower) == 0  # SIGTERM is a clean shutdown
+    enqueue(healthy_cluster, leader, queue, ["while-stopped"])
+    healthy_cluster.start_node(follower)
+    assert healthy_cluster.url(follower) == url
+    healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
+    assert count_on(healthy_cluster, follower, queue) == 2
+    assert "start #2 of node-" in healthy_cluster.log_tail(follower, 100_000)
+
+
+@pytest.mark.cluster
+def test_a_wiped_node_gets_the_whole_state_back_from_its_peers(healthy_cluster: LocalCluster) -> None:
+    queue = fresh_queue()
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    follower = (leader + 2) % 3
+    enqueue(healthy_cluster, leader, queue, ["kept-1", "kept-2"])
+    healthy_cluster.wait_for_applied(LEADER_TIMEOUT_S)
+    with pytest.raises(RuntimeError, match="stop"):
+        healthy_cluster.wipe_node(follower)  # refused while it runs
+    healthy_cluster.stop_node(follower)
+    healthy_cluster.wipe_node(follower)
+    assert not healthy_cluster.nodes[follower].data_dir.exists()
+    healthy_cluster.start_node(follower)
+    healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
+    assert count_on(healthy_cluster, follower, queue) == 2
+
+
+@pytest.mark.cluster
+def test_configs_are_private_and_the_secret_never_reaches_a_command_line(cluster: LocalCluster) -> None:
+    assert cluster.secret is not None
+    for node in cluster.nodes:
+        assert stat.S_IMODE(node.config_path.stat().st_mode) == 0o600
+        assert json.loads(node.config_path.read_text())["cluster_secret"] == cluster.secret
+    for pid in cluster.pids().values():
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert b"serve" in command_line and cluster.secret.encode() not in command_line
+
+
+# ------------------------------------------------------- lifecycles of its own
+@pytest.mark.cluster
+def test_close_stops_every_node_even_a_paused_one_and_removes_its_temp_dir() -> None:
+    local_cluster = LocalCluster(nodes=1)
+    with local_cluster:
+        local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        pid = local_cluster.pids()[0]
+        local_cluster.pause_node(0)
+        base_dir = local_cluster.base_dir
+        started = time.monotonic()
+    # A paused node keeps SIGTERM pending: without a SIGCONT first, close would need the SIGKILL bound.
+    assert time.monotonic() - started < STOP_TIMEOUT_S
+    assert not pid_exists(pid)
+    assert not base_dir.exists()
+
+
+@pytest.mark.cluster
+def test_wait_for_convergence_times_out_while_a_live_node_lags_then_succeeds() -> None:
+    # Slow elections hold a restarted node behind for seconds. (A paused follower would not do:
+    # the kernel keeps receiving the leader's entries for it, and it applies them on SIGCONT.)
+    slow_elections = {"raft_min_timeout_s": 5.0, "raft_max_timeout_s": 6.0, "connection_timeout_s": 6.0}
+    with LocalCluster(nodes=3, node_overrides=slow_elections) as local_cluster:
+        queue = fresh_queue()
+        leader = local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        lagging, other = (i for i in range(3) if i != leader)
+        local_cluster.stop_node(lagging)
+        enqueue(local_cluster, leader, queue, ["1", "2", "3"])
+        local_cluster.wait_for_applied(LEADER_TIMEOUT_S)  # `other` has applied the items
+        # With the leader paused, the restarted node cannot catch up until `other` wins an
+        # election, at least raft_min_timeout_s (5 s) from now: the two live nodes differ meanwhile.
+        local_cluster.pause_node(leader)
+        local_cluster.start_node(lagging)
+        with pytest.raises(TimeoutError, match="did not converge") as raised:
+            local_cluster.wait_for_convergence(timeout_s=0.2)
+        assert "digest=" in str(raised.value)
+        converged_at = local_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
+        assert count_on(local_cluster, lagging, queue) == 3
+        assert local_cluster.wait_for_leader(LEADER_TIMEOUT_S) == other
+        local_cluster.resume_node(leader)
+        final = local_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
+        assert final["applied_index"] >= converged_at["applied_index"]
+
+
+@pytest.mark.cluster
+def test_a_node_that_cannot_start_fails_start_with_its_log_and_is_cleaned_up() -> None:
+    local_cluster = LocalCluster(nodes=1, node_overrides={"item_bytes_max": 0})
+    with pytest.raises(NodeStartError, match="invalid node configuration"):
+        with local_cluster:
+            pytest.fail("started a node with an invalid configuration")
+    assert not local_cluster.base_dir.exists()
+    assert local_cluster.pids() == {}
+
+
+@pytest.mark.cluster
+def test_reopen_restarts_the_cluster_with_its_ports_secret_and_queues(tmp_path: Path) -> None:
+    base_dir = tmp_path / "cluster"
+    with LocalCluster(nodes=1, base_dir=base_dir) as first:
+        enqueue(first, first.wait_for_leader(LEADER_TIMEOUT_S), "kept", ["a", "b", "c"])
+        url, secret = first.url(0), first.secret
+    assert base_dir.exists()  # a directory the caller gave is never removed
+    with pytest.raises(FileExistsError):
+        LocalCluster(nodes=1, base_dir=base_dir)
+    with LocalCluster.reopen(base_dir) as second:
+        leader = second.wait_for_leader(LEADER_TIMEOUT_S)
+        assert (second.url(0), second.secret) == (url, secret)
+        assert count_on(second, leader, "kept") == 3
