@@ -25,6 +25,7 @@ from rcq import operations
 from rcq.config import NodeConfig
 from rcq.errors import (
     InternalError,
+    InvalidQueueName,
     InvalidRequest,
     MethodNotAllowed,
     NotLeader,
@@ -115,13 +116,15 @@ async def _body(request: web.Request, model: type[M]) -> M:
         problems = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
                     for e in exc.errors(include_url=False)[:20]]
         first = problems[0] if problems else {"field": "", "problem": "invalid"}
-        raise InvalidRequest(f"invalid {model.__name__}: {first['field']}: {first['problem']}",
+        error_class = InvalidQueueName if first["field"].split(".")[-1] == "queue" else InvalidRequest
+        raise error_class(f"invalid {model.__name__}: {first['field']}: {first['problem']}",
                              details={"problems": problems}) from exc
 
 
 # ------------------------------------------------------------------ transactions
 async def begin(request: web.Request) -> web.Response:
-    return _json(*reversed(await operations.begin(request.app[MANAGER], await _body(request, BeginRequest))))
+    status, body = await operations.begin(request.app[MANAGER], await _body(request, BeginRequest))
+    return _json(body, status)
 
 
 async def list_transactions(request: web.Request) -> web.Response:

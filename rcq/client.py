@@ -248,9 +248,8 @@ def _operation_body(operation: Enqueue | Dequeue | Mapping[str, Any]) -> dict[st
 
 
 def _queue_path(queue: str, verb: str = "") -> str:
-    """The URL path of a queue; "." and ".." are valid names, sent percent-encoded so that no
-    URL normalisation takes them for dot segments."""
-    segment = check_queue_name(queue) if queue not in (".", "..") else queue.replace(".", "%2E")
+    """The URL path of a queue (names are checked first: no name needs escaping)."""
+    segment = check_queue_name(queue)
     return f"/v1/queues/{segment}" + (f"/{verb}" if verb else "")
 
 
@@ -328,7 +327,7 @@ class Transaction:
         return await self.enqueue_batch(queue, [item])
 
     async def enqueue_batch(self, queue: str, items: Iterable[ItemValue]) -> int:
-        check_queue_name(queue)  # the server answers a bad name in a body as plain invalid_request
+        check_queue_name(queue)  # refuse before any request leaves
         texts, encoding = encode_items(items)
         body = await self._client._call("POST", self._path("enqueue"),
                                         {"queue": queue, "items": texts, "encoding": encoding}, policy=_ONCE)

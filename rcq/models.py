@@ -17,25 +17,33 @@ import binascii
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from rcq.errors import InvalidQueueName, InvalidRequest, PayloadTooLarge
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 _QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
+# "." and ".." match the pattern but are path segments in /v1/queues/{queue}: refused.
+_DOT_SEGMENTS = (".", "..")
 TRANSACTION_ID_PATTERN = r"^[0-9a-f]{1,16}\.[0-9a-f]{24}$"
 LABEL_MAX_CHARS = 256
 KEY_MAX_CHARS = 256
 ITEMS_PER_REQUEST_MAX = 100_000
 
 Encoding = Literal["utf-8", "base64"]
-QueueName = Annotated[str, Field(pattern=QUEUE_NAME_PATTERN)]
+def _queue_name_is_not_a_dot_segment(name: str) -> str:
+    if name in _DOT_SEGMENTS:
+        raise ValueError("'.' and '..' are not queue names")
+    return name
+
+
+QueueName = Annotated[str, Field(pattern=QUEUE_NAME_PATTERN), AfterValidator(_queue_name_is_not_a_dot_segment)]
 OptionalKey = Annotated[str | None, Field(default=None, min_length=1, max_length=KEY_MAX_CHARS)]
 
 
 def check_queue_name(name: str) -> str:
-    if not isinstance(name, str) or not _QUEUE_NAME_RE.match(name):
-        raise InvalidQueueName(f"bad queue name {name!r}: use 1 to 128 characters of [A-Za-z0-9._-]")
+    if not isinstance(name, str) or not _QUEUE_NAME_RE.match(name) or name in _DOT_SEGMENTS:
+        raise InvalidQueueName(f"bad queue name {name!r}: use 1 to 128 characters of [A-Za-z0-9._-], not . or ..")
     return name
 
 

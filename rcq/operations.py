@@ -108,6 +108,12 @@ async def execute(manager: TransactionManager, config: NodeConfig, body: Execute
                 items = await manager.dequeue(transaction_id, op.queue, op.max_items, op.wait_ms)
                 results.append({"op": "dequeue", "queue": op.queue, "items": items_body(items, op.encoding)})
         result = await manager.commit(transaction_id, body.idempotency_key)
+        if result.duplicate:
+            # An earlier commit with this key already happened; this run's dequeues did not
+            # apply (the items went back to their queues), so they must not be handed out.
+            for entry in results:
+                if entry["op"] == "dequeue":
+                    entry["items"] = []
     except BaseException:
         try:
             manager.abort(transaction_id)

@@ -413,6 +413,10 @@ class TransactionManager:
             return CommitResult((transaction_id,), int(exc.details.get("index", 0)), True, 0, 0)
         if transaction.state is State.COMMITTING and transaction.commit_future is not None:
             return await asyncio.shield(transaction.commit_future)  # a retry joins the first attempt
+        if transaction.state is State.UNKNOWN:
+            # Proposed, outcome not applied yet; once it applies, the stream of applied
+            # entries closes the transaction and a retry answers from the outcome.
+            raise CommitOutcomeUnknown()
         transaction = self._get_open(transaction_id)
         return await self._commit_unit([transaction], idempotency_key)
 
@@ -420,7 +424,19 @@ class TransactionManager:
                           idempotency_key: str | None = None) -> CommitResult:
         if len(set(transaction_ids)) != len(transaction_ids):
             raise InvalidRequest("transaction_ids repeats an id")
-        transactions = [self._get_open(t) for t in transaction_ids]
+        committed_index = None
+        try:
+            transactions = [self._get_open(t) for t in transaction_ids]
+        except TransactionCommitted as exc:
+            committed_index = exc.details.get("index")
+            # A retried commit_many: a duplicate only if every transaction is committed.
+            for transaction_id in transaction_ids:
+                try:
+                    self._get_open(transaction_id)
+                except TransactionCommitted:
+                    continue
+                raise InvalidRequest(f"transaction {transaction_id} is not committed, others are") from exc
+            return CommitResult(tuple(transaction_ids), int(committed_index or 0), True, 0, 0)
         return await self._commit_unit(transactions, idempotency_key)
 
     async def _commit_unit(self, transactions: list[Transaction],

@@ -179,3 +179,38 @@ async def test_a_follower_sends_clients_to_the_leader(tmp_path: Path):
             assert status == 200 and body["role"] == "follower" and body["locked"] is None
     finally:
         await node.stop()
+
+
+async def test_dot_segments_are_not_queue_names(api):
+    session, replicator = api
+    status, body = await call(session, "POST", "/v1/execute",
+                              json={"operations": [{"op": "enqueue", "queue": "..", "items": ["x"]}]})
+    assert (status, body["error"]["code"]) == (400, "invalid_queue_name")
+    assert replicator.state_machine.queue_names() == []
+
+
+async def test_a_retried_commit_many_answers_duplicate(api):
+    session, replicator = api
+    tx = await begin(session)
+    await call(session, "POST", f"/v1/transactions/{tx}/enqueue", json={"queue": "q", "items": ["x"]})
+    first = await call(session, "POST", "/v1/commit", json={"transaction_ids": [tx]})
+    again = await call(session, "POST", "/v1/commit", json={"transaction_ids": [tx]})
+    assert first[0] == again[0] == 200 and (first[1]["duplicate"], again[1]["duplicate"]) == (False, True)
+    assert replicator.state_machine.count("q") == 1
+
+
+async def test_batch_runs_sub_requests_of_any_verb_independently(api):
+    session, replicator = api
+    tx = await begin(session)
+    status, body = await call(session, "POST", "/v1/batch", json={"requests": [
+        {"op": "enqueue", "transaction_id": tx, "queue": "q", "items": ["a"]},
+        {"op": "begin", "label": "x"},
+        {"op": "commit", "transaction_id": "1.000000000000000000000000"},
+        {"op": "execute", "operations": [{"op": "enqueue", "queue": "q", "items": ["b"]}]},
+    ]})
+    assert status == 200
+    assert [r["status"] for r in body["responses"]] == [200, 201, 404, 200]
+    assert body["responses"][2]["body"]["error"]["code"] == "transaction_not_found"
+    status, body = await call(session, "POST", "/v1/batch", json={"requests": [
+        {"op": "commit", "transaction_id": tx}]})
+    assert body["responses"][0]["status"] == 200 and replicator.state_machine.count("q") == 2

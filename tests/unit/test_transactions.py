@@ -278,7 +278,7 @@ async def test_a_commit_of_items_another_leader_removed_is_rejected_whole(setup)
 
 
 async def test_committing_transaction_rejects_new_operations(setup):
-    manager, replicator = setup
+    manager, _ = setup
     tx = manager.begin()
     manager.enqueue(tx.transaction_id, "q", [b"x"])
     commit = asyncio.ensure_future(manager.commit(tx.transaction_id))
