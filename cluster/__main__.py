@@ -6,33 +6,31 @@
 Starts N node processes (a :class:`rcq.local_cluster.LocalCluster`), waits for a
 serving leader, prints every node's URL and pid and which one leads, then runs
 until Ctrl-C or SIGTERM, when it stops every node and exits 0. ``--demo`` runs a
-short walk through the queue semantics over plain HTTP and then shuts down,
-unless ``--stay``.
+short walk through the queue semantics with the async client (:mod:`rcq.client`)
+and then shuts down, unless ``--stay``.
 
 Data: a fresh temporary directory, removed on exit unless ``--keep``; with
 ``--data-dir DIR`` the cluster lives in DIR and is never removed, and a DIR that
 already holds a cluster is reopened with the same ports, secret and queues.
 
-Must not import: pysyncobj, lmdb, aiohttp (nodes are separate processes).
+Must not import: pysyncobj, lmdb (nodes are separate processes).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import signal
 import sys
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
+from rcq.client import RcqClient
+from rcq.errors import RcqError
 from rcq.local_cluster import MANIFEST_NAME, LocalCluster, NodeStartError
 
 LEADER_TIMEOUT_S = 60.0
-REQUEST_TIMEOUT_S = 15.0
 DEMO_QUEUE = "demo"
 HEALTH_CHECK_INTERVAL_S = 1.0
 
@@ -108,99 +106,62 @@ def watch(cluster: LocalCluster) -> None:
 
 
 # ---------------------------------------------------------------------- the demo
-class Http:
-    """Plain-HTTP JSON calls to the cluster, sent to the leader (a 307 names it)."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        url = self.base_url + path
-        for _ in range(3):
-            data = None if body is None else json.dumps(body).encode()
-            request = urllib.request.Request(url, data=data, method=method,
-                                             headers={"Content-Type": "application/json"})
-            try:
-                with self._opener.open(request, timeout=REQUEST_TIMEOUT_S) as response:
-                    return dict(json.loads(response.read()))
-            except urllib.error.HTTPError as exc:
-                answer = json.loads(exc.read() or b"{}")
-                leader_url = answer.get("error", {}).get("leader_url")
-                if exc.code in (307, 421) and leader_url:
-                    say(f"    ({self.base_url} is not the leader: following it to {leader_url})")
-                    self.base_url = leader_url.rstrip("/")
-                    url = self.base_url + path
-                    continue
-                raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {answer}") from exc
-        raise RuntimeError(f"{method} {path}: too many redirects")
-
-    def begin(self) -> str:
-        return str(self.call("POST", "/v1/transactions", {"timeout_s": 30})["transaction_id"])
-
-    def dequeue(self, transaction_id: str) -> list[dict[str, Any]]:
-        answer = self.call("POST", f"/v1/transactions/{transaction_id}/dequeue", {"queue": DEMO_QUEUE})
-        return list(answer["items"])
-
-    def count(self) -> dict[str, Any]:
-        return self.call("GET", f"/v1/queues/{DEMO_QUEUE}")
+def _text(value: bytes | None) -> str:
+    return repr(None if value is None else value.decode("utf-8", errors="replace"))
 
 
-def run_demo(cluster: LocalCluster, leader: int) -> None:
-    http = Http(cluster.url(leader))
-    follower = next(node.index for node in cluster.nodes if node.index != leader) if len(cluster.nodes) > 1 else None
+async def run_demo(cluster: LocalCluster, leader: int) -> None:
+    """A walk through the queue semantics with the async client (rcq.client)."""
+    async with RcqClient(cluster.urls) as client:
 
-    def show_count(note: str) -> None:
-        answer = http.count()
-        say(f"    count({DEMO_QUEUE}) = {answer['count']} (available {answer['available']}, "
-            f"locked {answer['locked']})" + (f" {note}" if note else ""))
+        async def show_count(note: str = "") -> None:
+            info = await client.queue_info(DEMO_QUEUE)
+            say(f"    count({DEMO_QUEUE}) = {info['count']} (available {info['available']}, "
+                f"locked {info['locked']})" + (f" {note}" if note else ""))
 
-    say("\n== demo: transactions over plain HTTP ==")
-    say(f"1. begin a transaction and enqueue three items into {DEMO_QUEUE!r}")
-    transaction_id = http.begin()
-    answer = http.call("POST", f"/v1/transactions/{transaction_id}/enqueue",
-                       {"queue": DEMO_QUEUE, "items": ["apple", "banana", "cherry"]})
-    say(f"    transaction {transaction_id}: buffered {answer['buffered']}")
-    show_count("<- before commit: enqueues are invisible")
-    committed = http.call("POST", f"/v1/transactions/{transaction_id}/commit", {})
-    say(f"    committed at Raft index {committed['index']} (a majority has it in its log)")
-    show_count("<- after commit")
+        say("\n== demo: the async client against the cluster ==")
+        say(f"1. a transaction enqueues three items into {DEMO_QUEUE!r}")
+        async with client.transaction(timeout=30) as tx:
+            await tx.enqueue_batch(DEMO_QUEUE, ["apple", "banana", "cherry"])
+            say(f"    transaction {tx.transaction_id}: 3 items buffered")
+            await show_count("<- before commit: enqueues are invisible")
+        assert tx.commit_info is not None
+        say(f"    committed at Raft index {tx.commit_info.index} (a majority has it in its log)")
+        await show_count("<- after commit")
 
-    say("2. peek = dequeue + abort")
-    transaction_id = http.begin()
-    items = http.dequeue(transaction_id)
-    http.call("POST", f"/v1/transactions/{transaction_id}/abort", {})
-    say(f"    head of {DEMO_QUEUE!r}: {items[0]['value']!r} (left in place)")
+        say("2. peek = dequeue + abort")
+        say(f"    head of {DEMO_QUEUE!r}: {_text(await client.peek(DEMO_QUEUE))} (left in place)")
 
-    say("3. dequeue, then abort: the item returns to the head")
-    transaction_id = http.begin()
-    items = http.dequeue(transaction_id)
-    say(f"    dequeued {items[0]['value']!r}")
-    show_count("<- locked by the open transaction, invisible to others")
-    answer = http.call("POST", f"/v1/transactions/{transaction_id}/abort", {})
-    say(f"    aborted: {answer['returned']} item returned")
-    show_count("")
+        say("3. dequeue, then abort: the item returns to the head")
+        tx = await client.begin(timeout=30)
+        say(f"    dequeued {_text(await tx.dequeue(DEMO_QUEUE))}")
+        await show_count("<- locked by the open transaction, invisible to others")
+        say(f"    aborted: {await tx.abort()} item returned")
+        await show_count()
 
-    say("4. dequeue, then commit: the item is gone for good")
-    transaction_id = http.begin()
-    items = http.dequeue(transaction_id)
-    committed = http.call("POST", f"/v1/transactions/{transaction_id}/commit", {})
-    say(f"    dequeued {items[0]['value']!r} (the head again) and committed at index {committed['index']}")
-    show_count("")
+        say("4. dequeue, then commit: the item is gone for good")
+        async with client.transaction(timeout=30) as tx:
+            value = await tx.dequeue(DEMO_QUEUE)
+        assert tx.commit_info is not None
+        say(f"    dequeued {_text(value)} (the head again) and committed at index {tx.commit_info.index}")
+        await show_count()
 
-    if follower is not None:
-        say(f"5. a follower ({cluster.nodes[follower].node_id}) answers count too, once it has applied the commit")
-        cluster.wait_for_applied(LEADER_TIMEOUT_S)
-        answer = Http(cluster.url(follower)).count()
-        say(f"    count({DEMO_QUEUE}) on {answer['node_id']} ({answer['role']}) = {answer['count']}")
+        followers = [node.index for node in cluster.nodes if node.index != leader]
+        if followers:
+            follower = cluster.nodes[followers[0]]
+            say(f"5. a follower ({follower.node_id}) answers count too, once it has applied the commit")
+            await asyncio.to_thread(cluster.wait_for_applied, LEADER_TIMEOUT_S)
+            async with RcqClient(follower.url) as follower_client:
+                info = await follower_client.queue_info(DEMO_QUEUE)
+            say(f"    count({DEMO_QUEUE}) on {info['node_id']} ({info['role']}) = {info['count']}")
 
-    say("6. cluster status")
-    converged = cluster.wait_for_convergence(LEADER_TIMEOUT_S)
-    for node in cluster.nodes:
-        status = cluster.status(node.index)
-        say(f"    {status['node_id']}: {status['role']:<9} term {status['term']} commit {status['commit_index']} "
-            f"applied {status['last_applied']} serving {status['serving']}")
-    say(f"    every node has state digest {converged['digest'][:16]}... at index {converged['applied_index']}")
+        say("6. cluster status")
+        converged = await asyncio.to_thread(cluster.wait_for_convergence, LEADER_TIMEOUT_S)
+        for node in cluster.nodes:
+            status = await client.cluster(node.url)
+            say(f"    {status['node_id']}: {status['role']:<9} term {status['term']} commit {status['commit_index']} "
+                f"applied {status['last_applied']} serving {status['serving']}")
+        say(f"    every node has state digest {converged['digest'][:16]}... at index {converged['applied_index']}")
     say("== demo done ==\n")
 
 
@@ -215,7 +176,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print_nodes(cluster, leader)
         say("ready")
         if args.demo:
-            run_demo(cluster, leader)
+            asyncio.run(run_demo(cluster, leader))
             if not args.stay:
                 say("stopping the cluster")
                 return 0
@@ -225,7 +186,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except Shutdown as exc:
         say(f"\n{exc}: stopping the cluster")
         return 0
-    except (NodeStartError, TimeoutError, RuntimeError, OSError) as exc:
+    except (NodeStartError, TimeoutError, RuntimeError, OSError, RcqError) as exc:
         say(f"cluster: {exc}")
         if cluster is not None:
             say(cluster.dump_logs())
