@@ -73,7 +73,10 @@ class NodeConfig(BaseModel):
     raft_max_timeout_s: float = Field(1.6, gt=0, description="maximum election timeout")
     leader_fallback_timeout_s: float = Field(
         0.6, gt=0, description="a leader without a majority steps down after this; must be below raft_min_timeout_s")
-    append_entries_period_s: float = Field(0.02, gt=0, description="how often the leader sends batched entries")
+    append_entries_batched: bool = Field(
+        False, description="hold entries for append_entries_period_s and send them together (pysyncobj's "
+                           "appendEntriesUseBatch); off: send each entry at once, rcq's group commit batches")
+    append_entries_period_s: float = Field(0.02, gt=0, description="heartbeat period; with batching, how often entries go out")
     auto_tick_period_s: float = Field(0.005, gt=0, description="pysyncobj tick thread period")
     connection_timeout_s: float = Field(3.5, gt=0, description="peer connection timeout; at least raft_max_timeout_s")
     log_compaction_min_entries: int = Field(50_000, ge=2, description="snapshot once the log holds this many entries")

@@ -90,6 +90,7 @@ class EnqueueRequest(_Model):
     queue: QueueName
     items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
     encoding: Encoding = "utf-8"
+    key: OptionalKey = None  # repeating an enqueue with the same key in a transaction buffers nothing more
 
 
 class DequeueRequest(_Model):

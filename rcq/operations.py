@@ -59,7 +59,7 @@ async def begin(manager: TransactionManager, body: BeginRequest) -> Answer:
 async def enqueue(manager: TransactionManager, config: NodeConfig, transaction_id: str,
                   body: EnqueueRequest) -> Answer:
     values = decode_items(body.items, body.encoding, config.item_bytes_max)
-    buffered = manager.enqueue(transaction_id, body.queue, values)
+    buffered = manager.enqueue(transaction_id, body.queue, values, body.key)
     return 200, {"transaction_id": transaction_id, "queue": body.queue, "enqueued": len(values),
                  "buffered": buffered}
 

@@ -88,6 +88,7 @@ class Transaction:
     enqueued_bytes: int = 0
     dequeued: dict[str, list[int]] = field(default_factory=dict)
     dequeue_keys: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    enqueue_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (queue, items)
     commit_future: asyncio.Future[CommitResult] | None = None
 
     def describe(self, now: float) -> dict[str, Any]:
@@ -344,9 +345,14 @@ class TransactionManager:
                 if label_prefix is None or (t.label or "").startswith(label_prefix)]
 
     # ---------------------------------------------------------- operations
-    def enqueue(self, transaction_id: str, queue: str, values: list[bytes]) -> int:
+    def enqueue(self, transaction_id: str, queue: str, values: list[bytes], key: str | None = None) -> int:
+        """Buffer items; returns how many the transaction holds. A repeated ``key`` buffers nothing."""
         transaction = self._get_open(transaction_id)
         check_queue_name(queue)
+        if key is not None and key in transaction.enqueue_keys:
+            if transaction.enqueue_keys[key] != (queue, len(values)):
+                raise InvalidRequest(f"enqueue key {key!r} was used for other items")
+            return sum(len(v) for v in transaction.enqueues.values())
         size = sum(len(v) for v in values)
         if transaction.enqueued_bytes + size > self._config.commit_batch_bytes_max:
             raise PayloadTooLarge(
@@ -354,6 +360,8 @@ class TransactionManager:
                 f"the limit is {self._config.commit_batch_bytes_max}")
         transaction.enqueues.setdefault(queue, []).extend(values)
         transaction.enqueued_bytes += size
+        if key is not None:
+            transaction.enqueue_keys[key] = (queue, len(values))
         return sum(len(v) for v in transaction.enqueues.values())
 
     async def dequeue(self, transaction_id: str, queue: str, max_items: int = 1, wait_ms: int = 0,

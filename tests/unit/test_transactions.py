@@ -313,3 +313,13 @@ async def test_bad_input_is_refused_and_changes_nothing(setup):
         manager.enqueue("1.000000000000000000000000", "q", [b"x"])
     await manager.commit(tx.transaction_id)
     assert replicator.state_machine.queue_names() == []
+
+
+async def test_a_repeated_enqueue_key_buffers_nothing_more(setup):
+    manager, replicator = setup
+    tx = manager.begin()
+    assert manager.enqueue(tx.transaction_id, "q", [b"a", b"b"], key="e1") == 2
+    assert manager.enqueue(tx.transaction_id, "q", [b"a", b"b"], key="e1") == 2
+    assert manager.enqueue(tx.transaction_id, "q", [b"c"], key="e2") == 3
+    await manager.commit(tx.transaction_id)
+    assert replicator.state_machine.count("q") == 3
