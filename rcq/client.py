@@ -329,8 +329,10 @@ class Transaction:
     async def enqueue_batch(self, queue: str, items: Iterable[ItemValue]) -> int:
         check_queue_name(queue)  # refuse before any request leaves
         texts, encoding = encode_items(items)
-        body = await self._client._call("POST", self._path("enqueue"),
-                                        {"queue": queue, "items": texts, "encoding": encoding}, policy=_ONCE)
+        # The key makes a re-sent enqueue buffer nothing twice, so it is safe to retry.
+        request = {"queue": queue, "items": texts, "encoding": encoding, "key": secrets.token_hex(12)}
+        body = await self._client._verb({"op": "enqueue", "transaction_id": self.transaction_id}, "POST",
+                                        self._path("enqueue"), request, _SAFE, sum(map(len, texts)) + 64)
         return int(body["buffered"])
 
     async def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0,
@@ -339,8 +341,12 @@ class Transaction:
         return the same items (one is generated when None)."""
         body = {"queue": check_queue_name(queue), "max_items": max_items, "wait_ms": wait_ms,
                 "key": key if key is not None else secrets.token_hex(12)}
-        answer = await self._client._call("POST", self._path("dequeue"), body, policy=_SAFE,
-                                          timeout_s=self._client._request_timeout_s + wait_ms / 1000)
+        if wait_ms == 0:  # a waiting dequeue would hold a whole coalesced batch up
+            answer = await self._client._verb({"op": "dequeue", "transaction_id": self.transaction_id},
+                                              "POST", self._path("dequeue"), body, _SAFE)
+        else:
+            answer = await self._client._call("POST", self._path("dequeue"), body, policy=_SAFE,
+                                              timeout_s=self._client._request_timeout_s + wait_ms / 1000)
         return [_decode_item(entry) for entry in answer["items"]]
 
     async def dequeue_batch(self, queue: str, max_items: int, wait_ms: int = 0, key: str | None = None) -> list[bytes]:
@@ -369,7 +375,8 @@ class Transaction:
         """Abort: dequeued items return to the head of their queues. Returns how many did.
         An already aborted (or expired) transaction is not an error; a committed one is."""
         try:
-            body = await self._client._call("POST", self._path("abort"), policy=_SAFE)
+            body = await self._client._verb({"op": "abort", "transaction_id": self.transaction_id},
+                                            "POST", self._path("abort"), None, _SAFE)
         except TransactionAborted:
             self.state = "aborted"
             return 0
@@ -431,7 +438,7 @@ class _Part:
 
 
 class _Coalescer:
-    """Sends the one-request transactions of one loop iteration as one POST /v1/execute-batch."""
+    """Sends the requests made in one loop iteration (any verb, any transaction) as one POST /v1/batch."""
 
     def __init__(self, client: RcqClient) -> None:
         self._client = client
@@ -475,15 +482,17 @@ class _Coalescer:
         self.batches_sent += 1
         attempts = _Attempts()
         try:
+            # Every sub-request is retry-safe (keys and idempotency keys), so the whole batch
+            # may be re-sent after an ambiguous failure.
             answer = await self._client._call(
-                "POST", "/v1/execute-batch", {"transactions": [p.body for p in batch]}, policy=_WRITE,
+                "POST", "/v1/batch", {"requests": [p.body for p in batch]}, policy=_WRITE,
                 deadline=min(p.deadline for p in batch), attempts=attempts)
         except (InvalidRequest, PayloadTooLarge) as exc:
             if len(batch) == 1:
                 self._give_up(batch[0], exc)
                 return
             # one part spoils the whole body: let each caller get its own answer
-            await asyncio.gather(*(self._send_alone(p) for p in batch))
+            await asyncio.gather(*(self._send([p]) for p in batch))
             return
         except RcqError as exc:
             for part in batch:
@@ -493,30 +502,23 @@ class _Coalescer:
             for part in batch:
                 self._give_up(part, Unavailable("the client was closed"))
             raise
-        results = answer.get("results") if isinstance(answer, dict) else None
-        if not isinstance(results, list) or len(results) != len(batch):
+        responses = answer.get("responses") if isinstance(answer, dict) else None
+        if not isinstance(responses, list) or len(responses) != len(batch):
             for part in batch:
-                self._give_up(part, CommitOutcomeUnknown("execute-batch answered with a malformed body"))
+                self._give_up(part, CommitOutcomeUnknown("/v1/batch answered with a malformed body"))
             return
-        for part, result in zip(batch, results, strict=True):
-            self._settle(part, result, attempts.ambiguous)
+        for part, response in zip(batch, responses, strict=True):
+            self._settle(part, response, attempts.ambiguous)
 
-    async def _send_alone(self, part: _Part) -> None:
-        try:
-            answer = await self._client._call("POST", "/v1/execute", part.body, policy=_WRITE, deadline=part.deadline)
-        except RcqError as exc:
-            self._give_up(part, exc)
-        else:
-            if not part.future.done():
-                part.future.set_result(answer)
-
-    def _settle(self, part: _Part, result: Any, ambiguous: bool) -> None:
+    def _settle(self, part: _Part, response: Any, ambiguous: bool) -> None:
         if part.future.done():
             return
-        if not isinstance(result, dict) or "error" not in result:
-            part.future.set_result(result)
+        status = int(response.get("status") or 500) if isinstance(response, dict) else 500
+        body = response.get("body") if isinstance(response, dict) else None
+        if status < 300:
+            part.future.set_result(body if isinstance(body, dict) else {})
             return
-        error = error_from_body(int(result.get("status") or 500), result)
+        error = error_from_body(status, body)
         part.ambiguous = part.ambiguous or ambiguous or isinstance(error, CommitOutcomeUnknown)
         loop = asyncio.get_running_loop()
         if (error.retryable or isinstance(error, CommitOutcomeUnknown)) and loop.time() + part.delay_s < part.deadline:
@@ -612,6 +614,13 @@ class RcqClient:
         if not task.cancelled() and task.exception() is not None:
             log.error("rcq client background task failed", exc_info=task.exception())
 
+    async def _verb(self, op: dict[str, Any], method: str, path: str, body: dict[str, Any] | None,
+                    policy: _Policy, size_bytes: int = 64) -> Any:
+        """One request: shares a POST /v1/batch with concurrent ones when coalescing, else REST."""
+        if self._coalescer is not None:
+            return await self._coalescer.submit({**op, **(body or {})}, size_bytes)
+        return await self._call(method, path, body, policy=policy)
+
     # -------------------------------------------------------- transactions
     def transaction(self, timeout: float | None = None, label: str | None = None) -> _TransactionContext:
         """``async with client.transaction() as tx``: begins; commits on a clean exit; aborts on an
@@ -625,7 +634,7 @@ class RcqClient:
             body["timeout_s"] = timeout
         if label is not None:
             body["label"] = label
-        answer = await self._call("POST", "/v1/transactions", body, policy=_SAFE)
+        answer = await self._verb({"op": "begin"}, "POST", "/v1/transactions", body, policy=_SAFE)
         return Transaction(self, answer["transaction_id"], label=answer.get("label"))
 
     def attach(self, transaction_id: str, label: str | None = None) -> Transaction:
@@ -656,7 +665,10 @@ class RcqClient:
     async def _commit(self, path: str, body: dict[str, Any], ids: list[str], *, many: bool) -> CommitInfo:
         attempts = _Attempts()
         try:
-            answer = await self._call("POST", path, body, policy=_COMMIT, attempts=attempts)
+            if self._coalescer is not None and not many:
+                answer = await self._coalescer.submit({"op": "commit", "transaction_id": ids[0], **body}, 64)
+            else:
+                answer = await self._call("POST", path, body, policy=_COMMIT, attempts=attempts)
         except TransactionCommitted as exc:
             # /v1/commit answers a retry with 409 transaction_committed instead of "duplicate"
             if many and attempts.ambiguous:
@@ -681,8 +693,8 @@ class RcqClient:
         texts, encoding = encode_items(items)
         key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
         if self._coalescer is not None:
-            body = {"operations": [{"op": "enqueue", "queue": queue, "items": texts, "encoding": encoding}],
-                    "idempotency_key": key}
+            body = {"op": "execute", "idempotency_key": key,
+                    "operations": [{"op": "enqueue", "queue": queue, "items": texts, "encoding": encoding}]}
             answer = await self._coalescer.submit(body, sum(map(len, texts)) + 64)
         else:
             answer = await self._call("POST", _queue_path(queue, "enqueue"),
@@ -694,7 +706,7 @@ class RcqClient:
         lost attempt had committed, the items it took are lost. Use a transaction for at least once."""
         check_queue_name(queue)
         if self._coalescer is not None and wait_ms == 0:
-            body = {"operations": [{"op": "dequeue", "queue": queue, "max_items": max_items}]}
+            body = {"op": "execute", "operations": [{"op": "dequeue", "queue": queue, "max_items": max_items}]}
             answer = await self._coalescer.submit(body, 64)
         else:
             answer = await self._call("POST", _queue_path(queue, "dequeue"),
@@ -713,7 +725,7 @@ class RcqClient:
         wait_ms = sum(int(op.get("wait_ms") or 0) for op in ops)
         if self._coalescer is not None and wait_ms == 0:  # a waiting part would hold the whole batch up
             size = sum(len(t) for op in ops for t in op.get("items") or ()) + 64 * len(ops)
-            answer = await self._coalescer.submit(body, size)
+            answer = await self._coalescer.submit({"op": "execute", **body}, size)
         else:
             answer = await self._call("POST", "/v1/execute", body, policy=_WRITE,
                                       timeout_s=self._request_timeout_s + wait_ms / 1000)
