@@ -313,6 +313,12 @@ async def state_digest(request: web.Request) -> web.Response:
     return _json({"node_id": request.app[CONFIG].node_id, "digest": digest, "applied_index": applied})
 
 
+async def request_snapshot(request: web.Request) -> web.Response:
+    """Ask this node to snapshot its state and compact its log now (operators, benchmarks)."""
+    request.app[REPLICATOR].request_snapshot()
+    return _json({"node_id": request.app[CONFIG].node_id, "snapshot_requested": True}, status=202)
+
+
 async def healthz(request: web.Request) -> web.Response:
     return _json({"ok": True, "node_id": request.app[CONFIG].node_id})
 
@@ -332,6 +338,7 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/cluster", cluster)
     app.router.add_get("/v1/cluster/digest", state_digest)
+    app.router.add_post("/v1/admin/snapshot", request_snapshot)
     app.router.add_post("/v1/transactions", begin)
     app.router.add_get("/v1/transactions", list_transactions)
     app.router.add_get("/v1/transactions/{transaction_id}", transaction_status)

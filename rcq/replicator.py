@@ -427,6 +427,10 @@ class RaftReplicator:
         leader = self._sync_obj._getLeader()
         return str(leader) if leader is not None else None
 
+    def request_snapshot(self) -> None:
+        if self._sync_obj is not None and not self._stopped:
+            self._sync_obj.forceLogCompaction()  # sets a flag the tick thread reads: thread-safe
+
     def status(self) -> RaftStatus:
         writer = self._writer
         written = writer.written_count if writer is not None else 0

@@ -36,6 +36,7 @@ class InMemoryReplicator:
         self.submitted: list[Command] = []
         self.hold_submits = False  # True: submits are never applied (outcome unknown)
         self.fail_submits_with: Exception | None = None
+        self.snapshots_requested = 0
 
     # ------------------------------------------------------------ protocol
     def read(self, reader: Callable[[QueueStateMachine], T]) -> T:
@@ -85,6 +86,9 @@ class InMemoryReplicator:
 
     def set_apply_listener(self, listener: ApplyListener) -> None:
         self._apply_listener = listener
+
+    def request_snapshot(self) -> None:
+        self.snapshots_requested += 1
 
     async def start(self) -> None:
         return None

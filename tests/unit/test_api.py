@@ -214,3 +214,9 @@ async def test_batch_runs_sub_requests_of_any_verb_independently(api):
     status, body = await call(session, "POST", "/v1/batch", json={"requests": [
         {"op": "commit", "transaction_id": tx}]})
     assert body["responses"][0]["status"] == 200 and replicator.state_machine.count("q") == 2
+
+
+async def test_an_operator_can_ask_a_node_for_a_snapshot(api):
+    session, replicator = api
+    status, body = await call(session, "POST", "/v1/admin/snapshot")
+    assert (status, body["snapshot_requested"], replicator.snapshots_requested) == (202, True, 1)
