@@ -81,6 +81,8 @@ class NodeConfig(BaseModel):
     connection_timeout_s: float = Field(3.5, gt=0, description="peer connection timeout; at least raft_max_timeout_s")
     log_compaction_min_entries: int = Field(50_000, ge=2, description="snapshot once the log holds this many entries")
     log_compaction_min_time_s: float = Field(300.0, gt=0, description="...or this long after the last snapshot")
+    log_compaction_bytes: int = Field(
+        64 << 20, ge=1 << 16, description="...or once the journal holds this many bytes (bounds the log kept in RAM)")
     commands_queue_size: int = Field(20_000, ge=100, description="pysyncobj's queue of proposed commands")
     journal_flush_interval_s: float | None = Field(
         None, gt=0, description="msync the Raft journal this often (None: never; the OS writes it back)")

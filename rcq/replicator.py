@@ -230,12 +230,19 @@ def _resolve(future: asyncio.Future[tuple[Any, int]], result: Any, fail_reason: 
 
 
 def _journal_of(sync_obj: SyncObj) -> Any:
-    """The ONLY access to pysyncobj's private state: its FileJournal, to msync it.
+    """The ONLY access to pysyncobj's private state: its FileJournal, to msync it and size it.
 
     pysyncobj never fsyncs or msyncs its journal (hazard 1); FileJournal.flush()
-    does (mmap.flush). Called from the tick thread only, which owns the mmap.
+    does (mmap.flush). pysyncobj triggers compaction by entry count only, while
+    it keeps every entry in RAM and in the mmap'd journal: the journal's byte
+    offset is what bounds that memory. Called from the tick thread only, which
+    owns the journal.
     """
     return sync_obj._SyncObj__raftLog
+
+
+def _journal_bytes(journal: Any) -> int:
+    return int(getattr(journal, "_FileJournal__currentOffset", 0))
 
 
 class RaftReplicator:
@@ -287,6 +294,7 @@ class RaftReplicator:
             raise Unavailable(f"cannot bind the Raft address {self._config.raft_address}") from exc
         if self._config.journal_flush_interval_s is not None:
             self._sync_obj.addOnTickCallback(self._flush_journal_if_due)
+        self._sync_obj.addOnTickCallback(self._compact_if_journal_large)
         self._role_task = self._loop.create_task(self._poll_role(), name="rcq-raft-role")
 
     def _build_conf(self, writer: ForkingSnapshotWriter) -> SyncObjConf:
@@ -320,7 +328,11 @@ class RaftReplicator:
             commandsWaitLeader=False,
             logCompactionMinEntries=config.log_compaction_min_entries,
             logCompactionMinTime=config.log_compaction_min_time_s,
-            logCompactionSplit=True,  # nodes snapshot in turn, not all at once
+            # Not split: pysyncobj's split makes a node wait for its time slot (up to
+            # logCompactionMinTime, 300 s) even past the entry threshold or when forced, while
+            # the log grows in RAM. Snapshots are written by a forked child, so nodes
+            # snapshotting at the same time cost CPU, not heartbeats.
+            logCompactionSplit=False,
             dynamicMembershipChange=False,  # R10
             onStateChanged=self._on_state_changed,
             bindRetryTime=BIND_RETRY_INTERVAL_S,
@@ -521,6 +533,17 @@ class RaftReplicator:
             listener(index, raw, result)
         except Exception:
             logger.exception("apply listener failed on entry %d", index)
+
+    def _compact_if_journal_large(self) -> None:
+        # Tick thread. Entries carry items, so 50k entries can be gigabytes: snapshot by size too.
+        sync_obj = self._sync_obj
+        if sync_obj is None:
+            return
+        try:
+            if _journal_bytes(_journal_of(sync_obj)) > self._config.log_compaction_bytes:
+                sync_obj.forceLogCompaction()
+        except Exception:  # never end a tick with an exception
+            logger.exception("journal size check failed")
 
     def _flush_journal_if_due(self) -> None:
         # Tick thread (an on-tick callback), so it never races the journal's writes.

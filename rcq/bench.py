@@ -1,0 +1,327 @@
+"""``python -m rcq.bench``: throughput, latency, failover and memory figures of a cluster.
+
+Starts a fresh local cluster (3 nodes by default) or targets ``--urls``, runs
+each scenario for ``--duration-s`` with ``--concurrency`` concurrent callers,
+and prints committed transactions/s, items/s and p50/p99 commit latency.
+Every scenario uses its own queue. "separate" callers each have their own
+client and connections; "coalesced" callers share one client with
+``coalesce=True``, so their requests share HTTP requests and Raft entries.
+
+Scenarios: enqueue-1, dequeue-1, session, enqueue-100, dequeue-100 (each in
+both caller modes), failover (local clusters only: kill -9 the leader,
+time to a serving new leader and to the first commit after it) and memory
+(``--memory-items`` 100-byte items: RSS per node, then a forced snapshot while
+a probe measures the longest commit and /healthz stall).
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from rcq.client import RcqClient
+from rcq.local_cluster import LocalCluster
+
+ITEM_100_BYTES = b"x" * 100
+PREFILL_BATCH_ITEMS = 1000
+
+
+@dataclass
+class Figures:
+    scenario: str
+    callers: str
+    concurrency: int
+    duration_s: float
+    transactions: int
+    items: int
+    errors: int
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def transactions_per_s(self) -> float:
+        return self.transactions / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.duration_s if self.duration_s else 0.0
+
+    def percentile_ms(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def row(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "callers": self.callers, "concurrency": self.concurrency,
+                "tx_per_s": round(self.transactions_per_s), "items_per_s": round(self.items_per_s),
+                "p50_ms": round(self.percentile_ms(0.50), 1), "p99_ms": round(self.percentile_ms(0.99), 1),
+                "errors": self.errors}
+
+
+Operation = Callable[[RcqClient, str], Awaitable[int]]  # returns items moved; raises on failure
+
+
+async def _enqueue_one(client: RcqClient, queue: str) -> int:
+    await client.enqueue(queue, ITEM_100_BYTES)
+    return 1
+
+
+async def _dequeue_one(client: RcqClient, queue: str) -> int:
+    return len(await client.dequeue(queue))
+
+
+async def _session(client: RcqClient, queue: str) -> int:
+    async with client.transaction() as transaction:
+        return 1 if await transaction.dequeue(queue) is not None else 0
+
+
+async def _enqueue_hundred(client: RcqClient, queue: str) -> int:
+    await client.enqueue(queue, *[ITEM_100_BYTES] * 100)
+    return 100
+
+
+async def _dequeue_hundred(client: RcqClient, queue: str) -> int:
+    async with client.transaction() as transaction:
+        return len(await transaction.dequeue_batch(queue, 100))
+
+
+SCENARIOS: dict[str, tuple[Operation, int]] = {  # name -> (operation, items it needs queued)
+    "enqueue-1": (_enqueue_one, 0),
+    "dequeue-1": (_dequeue_one, 1),
+    "session": (_session, 1),
+    "enqueue-100": (_enqueue_hundred, 0),
+    "dequeue-100": (_dequeue_hundred, 100),
+}
+
+
+async def prefill(urls: list[str], queue: str, items: int) -> None:
+    async with RcqClient(urls, coalesce=True) as client:
+        batches = [min(PREFILL_BATCH_ITEMS, items - start) for start in range(0, items, PREFILL_BATCH_ITEMS)]
+        for start in range(0, len(batches), 16):
+            await asyncio.gather(*(client.enqueue(queue, *[ITEM_100_BYTES] * n) for n in batches[start:start + 16]))
+
+
+async def run_scenario(urls: list[str], name: str, callers: str, concurrency: int, duration_s: float,
+                       expected_tx_per_s: float) -> Figures:
+    operation, items_per_tx = SCENARIOS[name]
+    queue = f"bench-{name}-{callers}-{int(time.time() * 1000)}"
+    if items_per_tx:  # enough for the whole run, from the rate seen so far, with a margin
+        await prefill(urls, queue, int(expected_tx_per_s * duration_s * 1.5 * items_per_tx) + 1000)
+    shared = RcqClient(urls, coalesce=True) if callers == "coalesced" else None
+    clients = [shared] * concurrency if shared else [RcqClient(urls) for _ in range(concurrency)]
+    figures = Figures(name, callers, concurrency, duration_s, 0, 0, 0)
+    stop_at = time.monotonic() + duration_s
+    started = time.monotonic()
+
+    async def caller(client: RcqClient) -> None:
+        while time.monotonic() < stop_at:
+            began = time.perf_counter()
+            try:
+                moved = await operation(client, queue)
+            except Exception:
+                figures.errors += 1
+                continue
+            figures.latencies_ms.append((time.perf_counter() - began) * 1000)
+            figures.transactions += 1
+            figures.items += moved
+
+    try:
+        await asyncio.gather(*(caller(c) for c in clients))
+    finally:
+        figures.duration_s = time.monotonic() - started
+        for client in {id(c): c for c in clients}.values():
+            await client.close()
+    return figures
+
+
+# ------------------------------------------------------------------ failover
+async def _serving_leader(session: aiohttp.ClientSession, urls: list[str]) -> str | None:
+    async def ask(url: str) -> str | None:
+        try:
+            async with session.get(f"{url}/v1/cluster", timeout=aiohttp.ClientTimeout(total=0.3)) as response:
+                body = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        return url if body.get("role") == "leader" and body.get("serving") else None
+
+    found = [u for u in await asyncio.gather(*(ask(u) for u in urls)) if u]
+    return found[0] if found else None
+
+
+async def measure_failover(cluster: LocalCluster, trials: int) -> list[dict[str, float]]:
+    results = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(trials):
+            leader = await asyncio.to_thread(cluster.wait_for_leader, 60)
+            survivors = [cluster.url(i) for i in cluster.live_indices() if i != leader]
+            killed_at = time.monotonic()
+            cluster.kill_node(leader)
+            new_leader = None
+            while new_leader is None and time.monotonic() - killed_at < 30:
+                new_leader = await _serving_leader(session, survivors)
+                await asyncio.sleep(0.01)
+            elected_s = time.monotonic() - killed_at
+            first_commit_s = float("nan")
+            async with RcqClient(survivors, retry_timeout_s=30) as client:
+                await client.enqueue("bench-failover", b"after")
+                first_commit_s = time.monotonic() - killed_at
+            results.append({"serving_leader_s": round(elected_s, 3), "first_commit_s": round(first_commit_s, 3)})
+            await asyncio.to_thread(cluster.start_node, leader)
+            await asyncio.to_thread(cluster.wait_for_applied, 60)
+    return results
+
+
+# -------------------------------------------------------------------- memory
+def rss_mib(pid: int) -> float:
+    """Resident set of a process and its children (a snapshot child counts while it runs)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def measure_memory(cluster: LocalCluster, items: int) -> dict[str, Any]:
+    urls = cluster.urls
+    queue = "bench-memory"
+    started = time.monotonic()
+    await prefill(urls, queue, items)
+    fill_s = time.monotonic() - started
+    await asyncio.to_thread(cluster.wait_for_applied, 120)
+    rss_before = {cluster.nodes[i].node_id: round(rss_mib(pid), 1) for i, pid in cluster.pids().items()}
+    leader = await asyncio.to_thread(cluster.wait_for_leader, 60)
+    stalls = await _snapshot_stalls(cluster, leader)
+    rss_after = {cluster.nodes[i].node_id: round(rss_mib(pid), 1) for i, pid in cluster.pids().items()}
+    return {"items": items, "item_bytes": len(ITEM_100_BYTES), "fill_s": round(fill_s, 1),
+            "fill_items_per_s": round(items / fill_s), "rss_mib_after_fill": rss_before,
+            "rss_mib_after_snapshot": rss_after, **stalls}
+
+
+async def _snapshot_stalls(cluster: LocalCluster, leader: int) -> dict[str, Any]:
+    """Force a snapshot on the leader while probes commit and ask /healthz back to back."""
+    url = cluster.url(leader)
+    commit_ms: list[float] = []
+    health_ms: list[float] = []
+    done = asyncio.Event()
+
+    async with RcqClient([url]) as client, aiohttp.ClientSession() as session:
+        async def probe_commits() -> None:
+            while not done.is_set():
+                began = time.perf_counter()
+                await client.enqueue("bench-probe", b"p")
+                commit_ms.append((time.perf_counter() - began) * 1000)
+
+        async def probe_health() -> None:
+            while not done.is_set():
+                began = time.perf_counter()
+                async with session.get(f"{url}/healthz") as response:
+                    await response.read()
+                health_ms.append((time.perf_counter() - began) * 1000)
+                await asyncio.sleep(0.005)
+
+        probes = [asyncio.ensure_future(probe_commits()), asyncio.ensure_future(probe_health())]
+        await asyncio.sleep(1.0)  # baseline
+        baseline_commit = max(commit_ms, default=float("nan"))
+        before = (await client.cluster(url))["snapshot_count"]
+        async with session.post(f"{url}/v1/admin/snapshot") as response:
+            await response.read()
+        snapshot_started = time.monotonic()
+        while (await client.cluster(url))["snapshot_count"] == before and time.monotonic() - snapshot_started < 120:
+            await asyncio.sleep(0.05)
+        snapshot_s = time.monotonic() - snapshot_started
+        await asyncio.sleep(0.5)
+        done.set()
+        await asyncio.gather(*probes, return_exceptions=True)
+    snapshot_file = cluster.nodes[leader].data_dir / "raft.snapshot.lmdb"
+    return {"snapshot_s": round(snapshot_s, 2),
+            "snapshot_file_mib": round(snapshot_file.stat().st_size / 2**20, 1) if snapshot_file.exists() else None,
+            "baseline_commit_max_ms": round(baseline_commit, 1),
+            "commit_max_ms_during_snapshot": round(max(commit_ms, default=float("nan")), 1),
+            "healthz_max_ms_during_snapshot": round(max(health_ms, default=float("nan")), 1),
+            "commit_p50_ms": round(statistics.median(commit_ms), 1) if commit_ms else None}
+
+
+# ---------------------------------------------------------------------- main
+def print_table(rows: list[dict[str, Any]]) -> None:
+    columns = ["scenario", "callers", "concurrency", "tx_per_s", "items_per_s", "p50_ms", "p99_ms", "errors"]
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(c.rjust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row[c]).rjust(widths[c]) for c in columns), flush=True)
+
+
+async def run(args: argparse.Namespace, cluster: LocalCluster | None) -> dict[str, Any]:
+    urls = args.urls.split(",") if args.urls else cluster.urls  # type: ignore[union-attr]
+    async with RcqClient(urls) as client:
+        await client.wait_for_leader(60)
+    report: dict[str, Any] = {"config": {
+        "nodes": len(urls), "concurrency": args.concurrency, "duration_s": args.duration_s,
+        "python": platform.python_version(), "cpus": os.cpu_count(), "target": "local" if cluster else urls}}
+    rows = []
+    rates: dict[str, float] = {}
+    for name in [s for s in SCENARIOS if s in args.scenarios]:
+        for callers in args.callers:
+            producer = "enqueue-1" if name in ("dequeue-1", "session") else "enqueue-100"
+            expected = rates.get(f"{producer}/{callers}", 2000.0)
+            figures = await run_scenario(urls, name, callers, args.concurrency, args.duration_s, expected)
+            rates[f"{name}/{callers}"] = figures.transactions_per_s
+            rows.append(figures.row())
+            print_table([figures.row()]) if len(rows) == 1 else print(
+                "  ".join(str(v) for v in figures.row().values()), flush=True)
+    report["throughput"] = rows
+    if rows:
+        print()
+        print_table(rows)
+    if cluster is not None and "failover" in args.scenarios:
+        report["failover"] = await measure_failover(cluster, args.failover_trials)
+        print("\nfailover (kill -9 of the leader):", json.dumps(report["failover"]), flush=True)
+    if cluster is not None and "memory" in args.scenarios:
+        report["memory"] = await measure_memory(cluster, args.memory_items)
+        print("\nmemory and snapshot:", json.dumps(report["memory"], indent=2), flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rcq.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--urls", help="comma-separated node URLs of a running cluster (default: start one)")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--callers", nargs="+", choices=["separate", "coalesced"], default=["separate", "coalesced"])
+    parser.add_argument("--scenarios", nargs="+", default=[*SCENARIOS, "failover", "memory"],
+                        choices=[*SCENARIOS, "failover", "memory"])
+    parser.add_argument("--failover-trials", type=int, default=3)
+    parser.add_argument("--memory-items", type=int, default=1_000_000)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    cluster = None
+    if not args.urls:
+        cluster = LocalCluster(args.nodes, log_level="WARNING")
+        cluster.start()
+        cluster.wait_for_leader(60)
+    try:
+        report = asyncio.run(run(args, cluster))
+    finally:
+        if cluster is not None:
+            cluster.close()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
