@@ -84,6 +84,9 @@ class NodeConfig(BaseModel):
     log_compaction_bytes: int = Field(
         64 << 20, ge=1 << 16, description="...or once the journal holds this many bytes (bounds the log kept in RAM)")
     commands_queue_size: int = Field(20_000, ge=100, description="pysyncobj's queue of proposed commands")
+    unsafe_memory_journal: bool = Field(
+        False, description="keep the Raft log in memory only: a crash loses acknowledged commits. Exists so "
+                           "the chaos harness can prove it detects loss; never use it for data you keep")
     journal_flush_interval_s: float | None = Field(
         None, gt=0, description="msync the Raft journal this often (None: never; the OS writes it back)")
 

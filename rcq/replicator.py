@@ -304,7 +304,9 @@ class RaftReplicator:
             bindAddress=config.raft_address,  # pysyncobj would otherwise bind 0.0.0.0
             autoTick=True,
             autoTickPeriod=config.auto_tick_period_s,
-            journalFile=str(config.journal_path),  # mandatory: without it acked writes and terms are lost
+            # Mandatory: without it acked writes and terms are lost (the unsafe option exists
+            # only so the chaos harness can show that it catches exactly that loss).
+            journalFile=None if config.unsafe_memory_journal else str(config.journal_path),
             fullDumpFile=str(config.snapshot_path),
             # hazard 6: snapshots written in the tick thread stop heartbeats; fork instead.
             serializer=writer.serialize,
