@@ -260,6 +260,8 @@ class TransactionManager:
             return transaction
         if transaction.state is State.COMMITTING:
             raise TransactionBusy()
+        if transaction.state is State.UNKNOWN:
+            raise CommitOutcomeUnknown("the transaction's commit was proposed; its outcome is not known yet")
         raise self._closed_error(transaction_id)
 
     def _closed_error(self, transaction_id: str) -> RcqError:
@@ -400,13 +402,28 @@ class TransactionManager:
             self._views[queue].give_back(ids)
             raise self._closed_error(transaction_id)
         transaction.dequeued.setdefault(queue, []).extend(ids)
+        items = self._items(queue, ids)
+        self._drop_missing(transaction, queue, items, ids)
         if key is not None:
-            transaction.dequeue_keys[key] = (queue, ids)
-        return self._items(queue, ids)
+            transaction.dequeue_keys[key] = (queue, [item.item_id for item in items])
+        return items
 
     def _items(self, queue: str, ids: list[int]) -> list[DequeuedItem]:
         values = self._replicator.read(lambda sm: sm.values(queue, ids))
         return [DequeuedItem(i, queue, v) for i, v in zip(ids, values, strict=True) if v is not None]
+
+    def _drop_missing(self, transaction: Transaction, queue: str, items: list[DequeuedItem],
+                      ids: list[int]) -> None:
+        """Ids the view offered that the replicated queue no longer holds: never commit them."""
+        if len(items) == len(ids):
+            return
+        present = {item.item_id for item in items}
+        gone = [i for i in ids if i not in present]
+        self._views[queue].forget(gone)
+        gone_set = set(gone)
+        held = transaction.dequeued[queue]
+        held[:] = [i for i in held if i not in gone_set]
+        log.warning("queue %s: %d item(s) offered by the view were already removed", queue, len(gone))
 
     def abort(self, transaction_id: str) -> int:
         transaction = self._get_open(transaction_id)
@@ -502,15 +519,20 @@ class TransactionManager:
         applied = outcome.status == "committed"
         missing = set(outcome.missing_item_ids)
         for write in unit.transactions:
+            # Only this leader's own transactions hold locks in the views. A unit of another
+            # leader (a forwarded, fenced entry) may name items one of ours holds now: giving
+            # them back would hand them out twice.
+            ours = self._transactions.get(write.transaction_id)
             for queue, ids in write.dequeues:
                 view = self._views.get(queue)
                 if view is None:
                     continue
                 if applied:
-                    view.forget(list(ids))
-                else:  # duplicate or rejected: nothing was removed but what is missing
+                    view.forget(list(ids))  # gone from the queue, whoever held them
+                elif ours is not None and ours.epoch == self._epoch:
+                    # duplicate or rejected: nothing was removed but what was already missing
                     view.forget([i for i in ids if i in missing])
-                    view.give_back([i for i in ids if i not in missing and i in view.locked])
+                    view.give_back([i for i in ids if i not in missing])
         for enqueued in outcome.enqueued:
             view = self._views.get(enqueued.queue)
             if view is None:

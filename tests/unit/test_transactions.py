@@ -323,3 +323,36 @@ async def test_a_repeated_enqueue_key_buffers_nothing_more(setup):
     assert manager.enqueue(tx.transaction_id, "q", [b"c"], key="e2") == 3
     await manager.commit(tx.transaction_id)
     assert replicator.state_machine.count("q") == 3
+
+
+async def test_a_fenced_entry_of_a_deposed_leader_does_not_free_items_this_leader_locked(setup):
+    manager, replicator = setup
+    await enqueue_committed(manager, "q", b"x")
+    replicator.depose()
+    replicator.elect()
+    await wait_until(lambda: manager.serving, 2, message="serving in the new term")
+    holder = manager.begin()
+    [item] = await manager.dequeue(holder.transaction_id, "q")
+    # The old leader's commit of the same item reaches the log after the new barrier: fenced.
+    from rcq.commands import CommitBatch, CommitUnit, TransactionWrite, encode
+    result = replicator.apply_raw(encode(CommitBatch(term=1, now_ms=1, units=(CommitUnit((TransactionWrite(
+        "1.bbbbbbbbbbbbbbbbbbbbbbbb", dequeues=(("q", (item.item_id,)),)),)),))))
+    assert result.outcomes[0].reason == "stale_leader"
+    other = manager.begin()
+    assert await manager.dequeue(other.transaction_id, "q") == []  # still locked by holder
+    await manager.commit(holder.transaction_id)
+    assert replicator.state_machine.count("q") == 0
+
+
+async def test_an_item_removed_behind_the_views_back_is_never_handed_out(setup):
+    manager, replicator = setup
+    await enqueue_committed(manager, "q", b"a", b"b")
+    first_id = replicator.state_machine.item_ids("q")[0]
+    from rcq.commands import CommitBatch, CommitUnit, TransactionWrite, encode
+    replicator.apply_raw(encode(CommitBatch(term=1, now_ms=1, units=(CommitUnit((TransactionWrite(
+        "1.cccccccccccccccccccccccc", dequeues=(("q", (first_id,)),)),)),))))
+    tx = manager.begin()
+    items = await manager.dequeue(tx.transaction_id, "q", max_items=2)
+    assert [i.value for i in items] == [b"b"]
+    await manager.commit(tx.transaction_id)  # no conflict: the gone item is not part of it
+    assert replicator.state_machine.count("q") == 0
