@@ -1,0 +1,30 @@
+"""rcq on Spark: the ``rcq`` data source of the PySpark Python Data Source API (pyspark >= 4.1, pyarrow).
+
+::
+
+    import rcq.spark
+    rcq.spark.register(spark)
+    df.write.format("rcq").option("url", urls).option("queue", "in").mode("append").save()
+    stream = spark.readStream.format("rcq").option("url", urls).option("queue", "in") \\
+        .option("consumerId", "etl-1").load()
+    with rcq.spark.drain(spark, urls, "in", max_items=1000) as df: ...
+
+Install with ``pip install 'rcq[spark]'``. The guarantees, options and schema
+are in :mod:`rcq.spark.source` and the modules it names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rcq.spark.drain import drain
+from rcq.spark.options import RcqOptionError
+from rcq.spark.remote import RcqSparkError
+from rcq.spark.source import FORMAT, RcqDataSource
+
+__all__ = ["FORMAT", "RcqDataSource", "RcqOptionError", "RcqSparkError", "drain", "register"]
+
+
+def register(spark: Any) -> None:
+    """Make ``format("rcq")`` available in this SparkSession."""
+    spark.dataSource.register(RcqDataSource)

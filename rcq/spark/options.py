@@ -1,0 +1,147 @@
+"""The options of the ``rcq`` Spark data source: parsed and checked once, on the driver.
+
+Spark hands a data source its options as a case-insensitive map of str -> str
+(keys arrive lowercased). :func:`parse_options` turns them into a frozen,
+picklable :class:`RcqOptions` or raises :class:`RcqOptionError` naming the
+option and what is expected. Every limit has a default here and nowhere else.
+
+Must not import: pyspark (the executors unpickle this module), pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rcq.models import QUEUE_NAME_PATTERN
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+VALUE_TYPES = ("binary", "string")
+DEQUEUE_ITEMS_MAX = 10_000  # the server's default dequeue_items_max
+TRANSACTION_TIMEOUT_MAX_S = 3600.0  # the server's default transaction_timeout_max_s
+TRANSACTION_BYTES_MAX = 8 << 20  # the server's default commit_batch_bytes_max (per transaction)
+
+
+class RcqOptionError(ValueError):
+    """An option of the rcq data source is missing or malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class RcqOptions:
+    urls: tuple[str, ...]
+    queue: str
+    value_type: str = "binary"  # of the read schema's value column
+    batch_size: int = 1000  # items per enqueue / dequeue request
+    transaction_timeout_s: float = 600.0
+    transaction_bytes_max: int = 4 << 20  # a writer task starts a new transaction past this
+    request_timeout_s: float = 30.0
+    retry_timeout_s: float = 30.0  # how long a request keeps retrying (covers a leader election)
+    num_partitions: int = 2  # reader tasks per micro-batch / drain
+    max_items_per_partition: int = 1000  # per reader task per micro-batch
+    consumer_id: str | None = None  # stream reader: stable, unique per running query
+    sink_id: str | None = None  # stream writer: stable across restarts
+    max_items: int | None = None  # drain: at most this many items in all
+    transaction_id: str | None = None  # drain: the driver's transaction (set by rcq.spark.drain)
+
+
+def _int(options: Mapping[str, str], key: str, default: int, low: int, high: int | None = None) -> int:
+    raw = options.get(key.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise RcqOptionError(f"option {key}={raw!r} is not an integer") from None
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise RcqOptionError(f"option {key}={value} is out of range: use a value {bound}")
+    return value
+
+
+def _float(options: Mapping[str, str], key: str, default: float, low: float, high: float) -> float:
+    raw = options.get(key.lower())
+    if raw is None:
+        return default
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise RcqOptionError(f"option {key}={raw!r} is not a number") from None
+    if not low < value <= high:
+        raise RcqOptionError(f"option {key}={value} is out of range: use more than {low} and at most {high}")
+    return value
+
+
+def _identifier(options: Mapping[str, str], key: str) -> str | None:
+    raw = options.get(key.lower())
+    if raw is None:
+        return None
+    if not ID_PATTERN.match(raw):
+        raise RcqOptionError(f"option {key}={raw!r} is malformed: use 1 to 128 characters of [A-Za-z0-9._-]")
+    return raw
+
+
+def _urls(options: Mapping[str, str]) -> tuple[str, ...]:
+    raw = options.get("url") or options.get("urls")
+    if not raw or not raw.strip():
+        raise RcqOptionError("option url is required: one or more rcq nodes, comma-separated, "
+                             "e.g. .option('url', 'http://127.0.0.1:7001,http://127.0.0.1:7002')")
+    urls = tuple(u.strip().rstrip("/") for u in raw.split(",") if u.strip())
+    for url in urls:
+        if not re.match(r"^https?://[^/\s]+$", url):
+            raise RcqOptionError(f"option url: {url!r} is not http://host:port")
+    return urls
+
+
+def _queue(options: Mapping[str, str]) -> str:
+    queue = options.get("queue")
+    if not queue:
+        raise RcqOptionError("option queue is required: the rcq queue to read or write")
+    if not re.match(QUEUE_NAME_PATTERN, queue) or queue in (".", ".."):
+        raise RcqOptionError(f"option queue={queue!r} is not a queue name: use 1 to 128 characters "
+                             "of [A-Za-z0-9._-], not . or ..")
+    return queue
+
+
+def parse_options(options: Mapping[str, str]) -> RcqOptions:
+    """Check every option the data source knows; unknown options are ignored (Spark adds its own)."""
+    options = {str(k).lower(): str(v) for k, v in options.items()}
+    value_type = options.get("valuetype", "binary").strip().lower()
+    if value_type not in VALUE_TYPES:
+        raise RcqOptionError(f"option valueType={value_type!r} is unknown: use binary or string")
+    max_items_raw = options.get("maxitems")
+    return RcqOptions(
+        urls=_urls(options),
+        queue=_queue(options),
+        value_type=value_type,
+        batch_size=_int(options, "batchSize", 1000, 1, DEQUEUE_ITEMS_MAX),
+        transaction_timeout_s=_float(options, "transactionTimeoutSeconds", 600.0, 0.0, TRANSACTION_TIMEOUT_MAX_S),
+        transaction_bytes_max=_int(options, "transactionBytesMax", 4 << 20, 1024, TRANSACTION_BYTES_MAX),
+        request_timeout_s=_float(options, "requestTimeoutSeconds", 30.0, 0.0, 3600.0),
+        retry_timeout_s=_float(options, "retryTimeoutSeconds", 30.0, 0.0, 3600.0),
+        num_partitions=_int(options, "numPartitions", 2, 1, 1000),
+        max_items_per_partition=_int(options, "maxItemsPerPartition", 1000, 1, 10_000_000),
+        consumer_id=_identifier(options, "consumerId"),
+        sink_id=_identifier(options, "sinkId"),
+        max_items=None if max_items_raw is None else _int(options, "maxItems", 0, 1),
+        transaction_id=options.get("transactionid"),
+    )
+
+
+def sink_id_of(options: RcqOptions, raw: Mapping[str, str]) -> str:
+    """The stream sink's stable id: option sinkId, else derived from the query's checkpoint location."""
+    if options.sink_id is not None:
+        return options.sink_id
+    checkpoint = {str(k).lower(): v for k, v in raw.items()}.get("checkpointlocation")
+    if not checkpoint:
+        raise RcqOptionError("the rcq stream sink needs option sinkId or a checkpointLocation: the id makes a "
+                             "replayed micro-batch commit nothing twice, so it must be stable across restarts")
+    return "cp-" + hashlib.sha256(checkpoint.encode("utf-8")).hexdigest()[:24]
+
+
+def require_consumer_id(options: RcqOptions) -> str:
+    if options.consumer_id is None:
+        raise RcqOptionError("option consumerId is required for a streaming read: a stable id, unique per running "
+                             "query (like a Kafka group id); a restarted query finds its open transactions by it")
+    return options.consumer_id

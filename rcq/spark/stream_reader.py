@@ -1,0 +1,195 @@
+"""The ``rcq`` streaming source: at least once, never loses an item.
+
+Offsets are logical micro-batch numbers, ``{"batch": n}``; batch ``n`` is the
+range ``{"batch": n-1} -> {"batch": n}``. Nothing is read on the driver.
+
+**Tasks** (executors): the task for partition ``i`` of batch ``n`` reads inside
+a transaction labelled ``rcq-source:<consumerId>:<n>:<i>``. It first looks for an open
+transaction with exactly that label (left by an earlier attempt, or by a run
+that died during batch ``n``) and reuses it; otherwise it begins one. Every
+dequeue carries the key ``p<i>:<chunk>``, so a reused transaction hands out the
+same items again: a retried task or a replayed batch reads what its
+predecessor read. Transactions are per task, not per batch, so a leader
+failover (which aborts every open transaction) costs a task retry, not the
+query: the retry finds no open transaction and begins a new one, and the
+aborted items are back at the head.
+
+**Commit** (driver-side runner): a transaction of batch ``n`` is committed only
+once Spark has recorded batch ``n`` as done, which Spark shows by calling
+``latestOffset(start={"batch": n})`` or ``commit({"batch": n})``. Spark calls
+``commit()`` late and sometimes never (last batch of an availableNow run, idle
+queue), so both do the work: list the open transactions labelled
+``rcq-source:<consumerId>:``, commit those of batches <= n in one ``commit_many``, abort
+those of later batches (a dead run's leftovers: their items go back to the
+head now, not at their timeout). That listing is also the recovery after a
+restart, so the consumer id must be stable and unique per running query.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+
+from rcq.client import Item, RcqClient, Transaction
+from rcq.errors import RcqError, TransactionClosed
+from rcq.spark.options import RcqOptions
+from rcq.spark.remote import call
+from rcq.spark.schema import arrow_schema, items_to_batch
+
+log = logging.getLogger(__name__)
+
+
+class ReadPartition(InputPartition):
+    """One reader task: up to ``max_items`` of the queue under ``label``, dequeue keys ``<key_prefix>:<chunk>``.
+    ``transaction_id``: a drain's driver-side transaction; None: find or begin one by label."""
+
+    def __init__(self, label: str, key_prefix: str, max_items: int, transaction_id: str | None = None) -> None:
+        super().__init__(label)
+        self.label = label
+        self.key_prefix = key_prefix
+        self.max_items = max_items
+        self.transaction_id = transaction_id
+
+
+async def _transaction_for(client: RcqClient, options: RcqOptions, partition: ReadPartition) -> Transaction:
+    if partition.transaction_id is not None:
+        return client.attach(partition.transaction_id)
+    for described in await client.transactions(label_prefix=partition.label):
+        if described.get("label") == partition.label and described.get("state") == "open":
+            return client.attach(described["transaction_id"], partition.label)
+    return await client.begin(options.transaction_timeout_s, partition.label)
+
+
+async def take_items(client: RcqClient, options: RcqOptions, partition: ReadPartition) -> tuple[str, list[Item]]:
+    """Dequeue up to ``max_items`` with replayable keys; an empty own transaction is aborted."""
+    transaction = await _transaction_for(client, options, partition)
+    items: list[Item] = []
+    chunk = 0
+    while len(items) < partition.max_items:
+        want = min(options.batch_size, partition.max_items - len(items))
+        got = await transaction.dequeue_items(options.queue, want, key=f"{partition.key_prefix}:{chunk}")
+        items.extend(got)
+        chunk += 1
+        if len(got) < want:
+            break
+    if not items and partition.transaction_id is None:
+        await transaction._abort_quietly()  # nothing to commit; a retry may begin afresh
+    return transaction.transaction_id, items
+
+
+def read_partition(options: RcqOptions, partition: ReadPartition) -> Iterator[pa.RecordBatch]:
+    transaction_id, items = call(options, lambda client: take_items(client, options, partition),
+                                 f"dequeuing for {partition.label}")
+    schema = arrow_schema(options.value_type)
+    extended_at = time.monotonic()
+    for start in range(0, len(items), options.batch_size):
+        # keepalive: a slow consumer of this iterator must not let the transaction expire
+        if time.monotonic() - extended_at > options.transaction_timeout_s / 3:
+            call(options, lambda client: client.attach(transaction_id).extend(options.transaction_timeout_s),
+                 f"extending {partition.label}")
+            extended_at = time.monotonic()
+        yield items_to_batch(items[start:start + options.batch_size], schema)
+
+
+def label_prefix(consumer_id: str) -> str:
+    """Labels of a consumer's transactions: ``rcq-source:<consumerId>:<batch>:<partition>``."""
+    return f"rcq-source:{consumer_id}:"
+
+
+def _batch_of(label: str | None, prefix: str) -> int | None:
+    if not label or not label.startswith(prefix):
+        return None
+    head = label[len(prefix):].split(":", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+async def settle(client: RcqClient, consumer_id: str, done_batch: int) -> int:
+    """Commit open transactions of batches <= ``done_batch``, abort later ones; returns items committed."""
+    prefix = label_prefix(consumer_id)
+    to_commit: list[str] = []
+    to_abort: list[str] = []
+    for described in await client.transactions(label_prefix=prefix):
+        batch = _batch_of(described.get("label"), prefix)
+        if batch is None or described.get("state") != "open":
+            continue
+        (to_commit if batch <= done_batch else to_abort).append(described["transaction_id"])
+    for transaction_id in to_abort:
+        await client.attach(transaction_id)._abort_quietly()
+    if not to_commit:
+        return 0
+    try:
+        return (await client.commit_many(to_commit)).dequeued
+    except TransactionClosed as exc:  # one expired or was aborted: commit the others one by one
+        log.warning("rcq source %s: commit of batch <= %d: %s; committing one by one", consumer_id, done_batch, exc)
+    committed = 0
+    for transaction_id in to_commit:
+        try:
+            committed += (await client.attach(transaction_id).commit()).dequeued
+        except TransactionClosed as exc:  # its items went back to the queue: they will be read again
+            log.warning("rcq source %s: %s was closed (%s); its items will be read again",
+                        consumer_id, transaction_id, exc.code)
+    return committed
+
+
+class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """State lives in the driver-side runner process only and is rebuilt from rcq after a restart."""
+
+    def __init__(self, options: RcqOptions, consumer_id: str) -> None:
+        # No side effects here: Spark builds this object in several processes.
+        self.options = options
+        self.consumer_id = consumer_id
+        self.budget_items: int | None = None  # availableNow: items left to read
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"batch": 0}
+
+    def _settle(self, done_batch: int) -> int:
+        return call(self.options, lambda client: settle(client, self.consumer_id, done_batch),
+                    f"committing consumer {self.consumer_id}'s batches up to {done_batch}")
+
+    def _queue_info(self) -> dict[str, Any]:
+        return call(self.options, lambda client: client.queue_info(self.options.queue), "asking the queue's depth")
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # Everything in the queue now, including what a dead run holds locked (recovered below).
+        self.budget_items = int(self._queue_info()["count"])
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        done = int(start["batch"])
+        committed = self._settle(done)
+        if self.budget_items is not None:
+            self.budget_items -= committed
+            if self.budget_items <= 0:
+                return start
+        info = self._queue_info()
+        available = info.get("available")
+        available = int(info["count"]) if available is None else int(available)
+        return {"batch": done + 1} if available > 0 else start
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ReadPartition]:
+        batch = int(end["batch"])
+        if batch == int(start["batch"]):
+            return []
+        return [ReadPartition(f"{label_prefix(self.consumer_id)}{batch}:{i}", f"p{i}", self.options.max_items_per_partition)
+                for i in range(self.options.num_partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ReadPartition)
+        return read_partition(self.options, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        try:
+            committed = self._settle(int(end["batch"]))
+        except (RcqError, RuntimeError) as exc:  # latestOffset will try again
+            log.warning("rcq source %s: commit(%s) failed: %s", self.consumer_id, end, exc)
+            return
+        if self.budget_items is not None:
+            self.budget_items -= committed

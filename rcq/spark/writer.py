@@ -1,0 +1,161 @@
+"""The ``rcq`` sinks: batch (``df.write``) and streaming (``df.writeStream``), exactly once.
+
+Each task attempt enqueues its rows into transactions of its own (a new one
+whenever the current one would pass ``transactionBytesMax``) and does **not**
+commit: it returns their ids to the driver. The driver then commits every
+task's transactions in **one atomic** ``commit_many`` with an idempotency key:
+
+* batch: ``spark-job:<job id>`` (the job id is drawn once per job on the driver);
+* streaming: ``<sink id>:<batch id>`` (sink id: option ``sinkId``, else derived
+  from the checkpoint location), so a micro-batch Spark replays after a crash
+  commits nothing twice for as long as the server remembers the key.
+
+A failed or retried task attempt aborts its transactions (a killed one leaves
+them to expire): its enqueues vanish. A failed job commits nothing.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from uuid import uuid4
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from rcq.client import RcqClient, Transaction
+from rcq.errors import RcqError
+from rcq.spark.options import RcqOptions
+from rcq.spark.remote import call
+from rcq.spark.schema import batch_values
+
+log = logging.getLogger(__name__)
+REQUEST_BYTES_MAX = 4 << 20  # item bytes per enqueue request (the server takes 32 MiB bodies)
+
+
+@dataclass(frozen=True)
+class TransactionsMessage(WriterCommitMessage):
+    """What a successful write task hands the driver: its open transactions."""
+
+    transaction_ids: tuple[str, ...]
+    rows: int
+    partition: int
+    attempt: int
+
+
+def _chunks(batches: Iterable[pa.RecordBatch], items_max: int, bytes_max: int) -> Iterator[tuple[list, int]]:
+    """Values in chunks of at most ``items_max`` items and ``bytes_max`` bytes (one item may exceed it)."""
+    chunk: list[str | bytes] = []
+    size = 0
+    for batch in batches:
+        for value in batch_values(batch):
+            length = len(value.encode("utf-8")) if isinstance(value, str) else len(value)
+            if chunk and (len(chunk) >= items_max or size + length > bytes_max):
+                yield chunk, size
+                chunk, size = [], 0
+            chunk.append(value)
+            size += length
+    if chunk:
+        yield chunk, size
+
+
+async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable[pa.RecordBatch],
+                       label: str) -> tuple[list[str], int]:
+    """Enqueue every row into fresh transactions, uncommitted; on any error abort them and re-raise."""
+    transactions: list[Transaction] = []
+    transaction_bytes = 0
+    rows = 0
+    try:
+        for chunk, size in _chunks(batches, options.batch_size, min(options.transaction_bytes_max, REQUEST_BYTES_MAX)):
+            if not transactions or transaction_bytes + size > options.transaction_bytes_max:
+                transactions.append(await client.begin(options.transaction_timeout_s, label))
+                transaction_bytes = 0
+            await transactions[-1].enqueue_batch(options.queue, chunk)
+            transaction_bytes += size
+            rows += len(chunk)
+    except BaseException:
+        for transaction in transactions:
+            await transaction._abort_quietly()
+        raise
+    return [t.transaction_id for t in transactions], rows
+
+
+def write_task(options: RcqOptions, batches: Iterator[pa.RecordBatch], label_prefix: str) -> TransactionsMessage:
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    attempt = context.attemptNumber() if context is not None else 0
+    label = f"{label_prefix}:{partition}"
+    ids, rows = call(options, lambda client: enqueue_task(client, options, batches, label),
+                     f"enqueueing partition {partition} (attempt {attempt})")
+    return TransactionsMessage(tuple(ids), rows, partition, attempt)
+
+
+def _transaction_ids(messages: Iterable[WriterCommitMessage | None]) -> list[str]:
+    return [t for m in messages if isinstance(m, TransactionsMessage) for t in m.transaction_ids]
+
+
+def commit_all(options: RcqOptions, messages: Iterable[WriterCommitMessage | None], key: str) -> None:
+    ids = _transaction_ids(messages)
+    if not ids:  # no rows at all
+        return
+    info = call(options, lambda client: client.commit_many(ids, idempotency_key=key),
+                f"committing {len(ids)} transactions with idempotency key {key!r}")
+    if info.duplicate:
+        log.info("rcq sink: %s was already committed; this attempt added nothing", key)
+
+
+def abort_all(options: RcqOptions, messages: Iterable[WriterCommitMessage | None]) -> None:
+    """Abort what the finished tasks left open; a killed task's transactions expire on their own."""
+    ids = _transaction_ids(messages)
+
+    async def abort(client: RcqClient) -> None:
+        for transaction_id in ids:
+            await client.attach(transaction_id)._abort_quietly()
+
+    if ids:
+        try:
+            call(options, abort, f"aborting {len(ids)} transactions")
+        except (RcqError, RuntimeError, OSError) as exc:  # they expire anyway; do not hide the job's error
+            log.warning("rcq sink: abort failed (%s); the transactions will expire", exc)
+
+
+class RcqBatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: RcqOptions) -> None:
+        self.options = options
+        self.job_id = uuid4().hex  # runs once per job on the driver; pickled to every task and to commit()
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TransactionsMessage:
+        return write_task(self.options, iterator, f"rcq-sink:{self.job_id}")
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit_all(self.options, messages, f"spark-job:{self.job_id}")
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        abort_all(self.options, messages)
+
+
+class RcqStreamWriter(DataSourceStreamArrowWriter):
+    """Built afresh for the tasks and for commit(): only options and the sink id are shared."""
+
+    def __init__(self, options: RcqOptions, sink_id: str) -> None:
+        self.options = options
+        self.sink_id = sink_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TransactionsMessage:
+        context = TaskContext.get()
+        batch_id = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
+        return write_task(self.options, iterator, f"rcq-sink:{self.sink_id}:{batch_id}")
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        commit_all(self.options, messages, f"{self.sink_id}:{batchId}")
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        abort_all(self.options, messages)
