@@ -1,0 +1,175 @@
+"""Cluster-level checkers: replica convergence and liveness.
+
+* convergence — after heal and quiet the runtime records every node's state
+  digest as ``"<digest>@<applied_index>"`` (a ``checker-input`` ``digests``
+  line). Valid when every node answered and all strings are equal. With no
+  such line the checker says ``checked: false`` and stays valid: the
+  history cannot show a divergence it never measured.
+* liveness — metrics around each fault window (nemesis ``start``/``stop``
+  lines of one fault name, paired in order): time from the fault's start
+  to a leader of a higher term (from sampled ``leaders`` observations), time
+  from its stop to the next observed leader, and availability (share of
+  ok among completed client ops invoked in the window; the final drain is
+  left out). The one verdict: no transaction stuck open after its deadline
+  (an ``open-transactions`` line with a positive count).
+
+Pure Python: imports nothing from rcq.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from typing import Any
+
+from chaos.history import CHECKER_INPUT_PROCESS, NEMESIS_PROCESS, PairedOp, pair_ops
+
+WINDOWS_REPORTED_MAX = 200
+
+
+def _inputs(history: Iterable[dict[str, Any]], f: str) -> list[Any]:
+    return [op.get("value") for op in history if op.get("process") == CHECKER_INPUT_PROCESS and op.get("f") == f]
+
+
+def check_convergence(history: list[dict[str, Any]]) -> dict[str, Any]:
+    recorded = _inputs(history, "digests")
+    if not recorded:
+        return {"valid": True, "checked": False, "nodes_count": 0}
+    digests = recorded[-1] if isinstance(recorded[-1], dict) else {}
+    groups: dict[str, list[str]] = {}
+    missing: list[str] = []
+    applied_index: dict[str, int | None] = {}
+    for node in sorted(digests):
+        digest = digests[node]
+        if not isinstance(digest, str) or not digest:
+            missing.append(node)
+            continue
+        groups.setdefault(digest, []).append(node)
+        _, separator, index = digest.rpartition("@")
+        applied_index[node] = int(index) if separator and index.isdigit() else None
+    return {
+        "valid": bool(digests) and not missing and len(groups) == 1,
+        "checked": True,
+        "nodes_count": len(digests),
+        "distinct_count": len(groups),
+        "groups": groups,
+        "missing": missing,
+        "applied_index": applied_index,
+    }
+
+
+def fault_windows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Nemesis start/stop pairs, in start order; a fault never stopped runs to the history's end."""
+    end_s = max((float(op.get("time_s", 0.0)) for op in history), default=0.0)
+    open_by_fault: dict[str, list[dict[str, Any]]] = {}
+    windows: list[dict[str, Any]] = []
+    for op in history:
+        if op.get("process") != NEMESIS_PROCESS:
+            continue
+        value = op.get("value") if isinstance(op.get("value"), dict) else {}
+        fault = str(op.get("f"))
+        if value.get("phase") == "start":
+            window = {"f": fault, "start_s": float(op["time_s"]), "stop_s": end_s, "stopped": False,
+                      "nodes": value.get("nodes", [])}
+            windows.append(window)
+            open_by_fault.setdefault(fault, []).append(window)
+        elif value.get("phase") == "stop" and open_by_fault.get(fault):
+            window = open_by_fault[fault].pop(0)
+            window["stop_s"] = float(op["time_s"])
+            window["stopped"] = True
+    return windows
+
+
+def _leader_observations(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    observations = [
+        sample
+        for recorded in _inputs(history, "leaders")
+        if isinstance(recorded, list)
+        for sample in recorded
+        if isinstance(sample, dict) and sample.get("node") is not None and "time_s" in sample
+    ]
+    return sorted(observations, key=lambda sample: float(sample["time_s"]))
+
+
+def _leader_times(window: dict[str, Any], observations: list[dict[str, Any]]) -> dict[str, Any]:
+    start_s, stop_s = window["start_s"], window["stop_s"]
+    before = [sample for sample in observations if float(sample["time_s"]) <= start_s]
+    leader_before = before[-1] if before else None
+    term_before = int(leader_before.get("term", -1)) if leader_before else -1
+    new_leader = next(
+        (s for s in observations if float(s["time_s"]) > start_s and int(s.get("term", -1)) > term_before), None
+    )
+    after_stop = next((s for s in observations if float(s["time_s"]) >= stop_s), None)
+    return {
+        "leader_before": None if leader_before is None else leader_before["node"],
+        "new_leader": None if new_leader is None else new_leader["node"],
+        "new_term": None if new_leader is None else new_leader.get("term"),
+        "time_to_new_leader_s": None if new_leader is None else round(float(new_leader["time_s"]) - start_s, 6),
+        "time_to_leader_after_stop_s": None if after_stop is None else round(float(after_stop["time_s"]) - stop_s, 6),
+    }
+
+
+def _availability(ops: Iterable[PairedOp]) -> dict[str, Any]:
+    counts = {"ok": 0, "fail": 0, "info": 0}
+    for op in ops:
+        counts[op.type] = counts.get(op.type, 0) + 1
+    completed = sum(counts.values())
+    return {"ops": completed, **counts, "availability": None if completed == 0 else round(counts["ok"] / completed, 4)}
+
+
+def check_liveness(history: list[dict[str, Any]]) -> dict[str, Any]:
+    ops = [op for op in pair_ops(history) if op.completion is not None and op.f != "drain"]
+    windows = fault_windows(history)
+    observations = _leader_observations(history)
+    in_any_window: set[int] = set()
+    by_fault: dict[str, list[dict[str, Any]]] = {}
+    invoke_times_s = [op.invoke_time_s for op in ops]  # sorted: ops come in invoke order
+    for window in windows:
+        first = bisect.bisect_left(invoke_times_s, window["start_s"])
+        inside = ops[first : bisect.bisect_right(invoke_times_s, window["stop_s"])]
+        in_any_window.update(op.invoke_index for op in inside)
+        window.update(_leader_times(window, observations))
+        window.update(_availability(inside))
+        by_fault.setdefault(window["f"], []).append(window)
+    stuck = _stuck_transactions(history)
+    leader_times = [w["time_to_new_leader_s"] for w in windows if w["time_to_new_leader_s"] is not None]
+    return {
+        "valid": not stuck["stuck"],
+        "faults_count": len(windows),
+        "leader_observations_count": len(observations),
+        "max_time_to_new_leader_s": max(leader_times, default=None),
+        "overall": _availability(ops),
+        "outside_faults": _availability(op for op in ops if op.invoke_index not in in_any_window),
+        "by_fault": {fault: _fault_summary(group) for fault, group in sorted(by_fault.items())},
+        "windows": windows[:WINDOWS_REPORTED_MAX],
+        "stuck_transactions": stuck,
+    }
+
+
+def _fault_summary(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = sum(w["ok"] for w in windows)
+    completed = sum(w["ops"] for w in windows)
+    leader_times = [w["time_to_new_leader_s"] for w in windows if w["time_to_new_leader_s"] is not None]
+    recovery_times = [w["time_to_leader_after_stop_s"] for w in windows if w["time_to_leader_after_stop_s"] is not None]
+    return {
+        "windows": len(windows),
+        "ops": completed,
+        "ok": ok,
+        "availability": None if completed == 0 else round(ok / completed, 4),
+        "new_leader_count": len(leader_times),
+        "max_time_to_new_leader_s": max(leader_times, default=None),
+        "max_time_to_leader_after_stop_s": max(recovery_times, default=None),
+    }
+
+
+def _stuck_transactions(history: list[dict[str, Any]]) -> dict[str, Any]:
+    recorded = [value for value in _inputs(history, "open-transactions") if isinstance(value, dict)]
+    if not recorded:
+        return {"checked": False, "stuck": False}
+    last = recorded[-1]
+    count = int(last.get("count") or 0)
+    oldest_age_s = last.get("oldest_age_s")
+    deadline_s = last.get("deadline_s")
+    # With a deadline given, a transaction younger than it is open, not stuck.
+    stuck = count > 0 and (deadline_s is None or oldest_age_s is None or float(oldest_age_s) > float(deadline_s))
+    return {"checked": True, "stuck": stuck, "count": count, "oldest_age_s": oldest_age_s, "deadline_s": deadline_s}

@@ -1,0 +1,155 @@
+"""The run's verdict for people and for machines: a text summary and a results JSON.
+
+``summary_text`` turns ``chaos.checker.check``'s result into a few lines:
+VALID or INVALID, the seed that reproduces the run, and one line per
+checker with its counts and first offenders. ``write_results`` stores the
+whole result with the run's parameters as JSON. The PNG timeline is the
+runtime's; this module is text only.
+
+Pure Python: imports nothing from rcq.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SAMPLES_SHOWN_MAX = 5
+
+
+def _verdict(result: dict[str, Any]) -> str:
+    return "ok     " if result.get("valid") else "INVALID"
+
+
+def _sample(values: list[Any]) -> str:
+    shown = [value.get("value", value) if isinstance(value, dict) else value for value in values[:SAMPLES_SHOWN_MAX]]
+    return "" if not shown else " e.g. " + ", ".join(str(value) for value in shown)
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.2f}s"
+
+
+def _share(value: Any) -> str:
+    return "-" if value is None else f"{100 * float(value):.1f}%"
+
+
+def _total_queue_line(r: dict[str, Any]) -> str:
+    line = (
+        f"acknowledged {r['acknowledged_count']}, dequeued {r['dequeued_count']}, lost {r['lost_count']}, "
+        f"unexpected {r['unexpected_count']}, duplicated {r['duplicated_count']}, misplaced {r['misplaced_count']}; "
+        f"recovered {r['recovered_count']}, duplicated-with-unknown {r['duplicated_with_unknown_count']}, "
+        f"maybe-removed {r['maybe_removed_count']}, unknown-enqueue-absent {r['unknown_enqueue_absent_count']}"
+    )
+    for key in ("lost", "unexpected", "duplicated", "misplaced"):
+        if r[f"{key}_count"]:
+            line += f"\n      {key}:{_sample(r[key])}"
+    return line
+
+
+def _atomicity_line(r: dict[str, Any]) -> str:
+    line = (
+        f"{r['enqueue_transactions_count']} enqueue transactions ({r['multi_queue_enqueue_transactions_count']} "
+        f"multi-queue), {r['committed_moves_count']}/{r['moves_count']} moves committed; "
+        f"incomplete ok enqueues {r['incomplete_ok_enqueues_count']}, partial info enqueues "
+        f"{r['partial_info_enqueues_count']}, moves in both queues {r['moves_in_both_queues_count']}, "
+        f"moves missing from target {r['moves_not_in_target_count']}"
+    )
+    for key in ("incomplete_ok_enqueues", "partial_info_enqueues"):
+        for tx in r[key][:SAMPLES_SHOWN_MAX]:
+            line += f"\n      {key}: op {tx['invoke_index']} missing {tx['missing'][:SAMPLES_SHOWN_MAX]}"
+    for key in ("moves_in_both_queues", "moves_not_in_target"):
+        if r[f"{key}_count"]:
+            line += f"\n      {key}:{_sample(r[key])}"
+    return line
+
+
+def _aborted_line(r: dict[str, Any]) -> str:
+    handed_out = sum(r["handed_out_count"].values())
+    returned = sum(r["returned_count"].values())
+    times = r["time_to_return_s"]
+    ranks = r["head_rank"] if r["head_rank"].get("count") else r["observed_rank"]
+    line = (
+        f"{returned}/{handed_out} aborted/vanished/peeked values came back, not returned {r['not_returned_count']}; "
+        f"return time median {_seconds(times.get('median'))} max {_seconds(times.get('max'))}; "
+        f"rank near head median {ranks.get('median', '-')} max {ranks.get('max', '-')}"
+    )
+    if r["not_returned_count"]:
+        line += f"\n      not returned:{_sample(r['not_returned'])}"
+    return line
+
+
+def _convergence_line(r: dict[str, Any]) -> str:
+    if not r.get("checked"):
+        return "not checked (no digests recorded)"
+    line = f"{r['nodes_count']} nodes, {r['distinct_count']} distinct state(s)"
+    if r["missing"]:
+        line += f", no digest from {', '.join(r['missing'])}"
+    if r["distinct_count"] > 1:
+        for digest, nodes in r["groups"].items():
+            line += f"\n      {digest}: {', '.join(nodes)}"
+    return line
+
+
+def _liveness_line(r: dict[str, Any]) -> str:
+    stuck = r["stuck_transactions"]
+    stuck_text = "not checked" if not stuck.get("checked") else f"{stuck['count']} (oldest {_seconds(stuck['oldest_age_s'])})"
+    line = (
+        f"{r['faults_count']} fault windows, max time to new leader {_seconds(r['max_time_to_new_leader_s'])}; "
+        f"availability overall {_share(r['overall']['availability'])}, outside faults "
+        f"{_share(r['outside_faults']['availability'])}; stuck transactions {stuck_text}"
+    )
+    for fault, s in r["by_fault"].items():
+        line += (
+            f"\n      {fault}: {s['windows']} window(s), availability {_share(s['availability'])} of {s['ops']} ops, "
+            f"new leader in {_seconds(s['max_time_to_new_leader_s'])} (max), "
+            f"leader after stop {_seconds(s['max_time_to_leader_after_stop_s'])} (max)"
+        )
+    return line
+
+
+def _ordering_line(r: dict[str, Any]) -> str:
+    return (
+        f"{r['inversions_count']} inversions over {r['ordered_values_count']} values "
+        f"({r['producers_with_inversions_count']} producers with any) — a metric, not a verdict"
+    )
+
+
+_LINES = {
+    "total_queue": _total_queue_line,
+    "atomicity": _atomicity_line,
+    "aborted_return": _aborted_line,
+    "convergence": _convergence_line,
+    "liveness": _liveness_line,
+    "ordering": _ordering_line,
+}
+
+
+def summary_text(results: dict[str, Any], seed: int | str | None, **parameters: Any) -> str:
+    """A human summary: verdict, seed and run parameters, one line per checker."""
+    verdict = "VALID" if results.get("valid") else "INVALID"
+    lines = [f"rcq chaos run: {verdict}  (seed {seed})"]
+    if parameters:
+        lines.append("  " + ", ".join(f"{key}={value}" for key, value in parameters.items()))
+    stats = results.get("stats")
+    if stats:
+        lines.append(f"  {stats['client_ops']} client ops, {stats['nemesis_lines']} nemesis events")
+    for name, describe in _LINES.items():
+        if name in results:
+            lines.append(f"  {_verdict(results[name])} {name}: {describe(results[name])}")
+    if not results.get("valid"):
+        lines.append(f"  reproduce with --seed {seed}")
+    return "\n".join(lines) + "\n"
+
+
+def results_document(results: dict[str, Any], seed: int | str | None, **parameters: Any) -> dict[str, Any]:
+    return {"valid": bool(results.get("valid")), "seed": seed, "parameters": parameters, "results": results}
+
+
+def write_results(path: str | Path, results: dict[str, Any], seed: int | str | None, **parameters: Any) -> Path:
+    """The results JSON: verdict, seed, run parameters and every checker's output."""
+    target = Path(path)
+    document = results_document(results, seed, **parameters)
+    target.write_text(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    return target
