@@ -156,7 +156,11 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"committing consumer {self.consumer_id}'s batches up to {done_batch}")
 
     def _queue_info(self) -> dict[str, Any]:
-        return call(self.options, lambda client: client.queue_info(self.options.queue), "asking the queue's depth")
+        async def ask(client: RcqClient) -> dict[str, Any]:
+            await client.wait_for_leader(self.options.retry_timeout_s)  # only the leader knows what is locked
+            return await client.queue_info(self.options.queue)
+
+        return call(self.options, ask, "asking the queue's depth")
 
     def prepareForTriggerAvailableNow(self) -> None:
         # Everything in the queue now, including what a dead run holds locked (recovered below).

@@ -1,10 +1,9 @@
-"""Test helpers: read a queue back, look at open transactions, poll with a deadline."""
+"""Test helpers: fill and read back a queue, look at open transactions."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +46,13 @@ def enqueue_values(urls: str, queue: str, values: list[str]) -> None:
 
 
 def queue_info(urls: str, queue: str) -> dict[str, Any]:
-    return _run(urls, lambda client: client.queue_info(queue))
+    """The leader's view: ``count`` and ``locked`` (followers do not know what is locked)."""
+
+    async def work(client: RcqClient) -> dict[str, Any]:
+        await client.wait_for_leader(30.0)
+        return await client.queue_info(queue)
+
+    return _run(urls, work)
 
 
 def open_transactions(urls: str, label_prefix: str) -> list[dict[str, Any]]:
@@ -56,16 +61,3 @@ def open_transactions(urls: str, label_prefix: str) -> list[dict[str, Any]]:
 
 def duplicates(values: list[Any]) -> dict[Any, int]:
     return {v: n for v, n in collections.Counter(values).items() if n > 1}
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    pause_s = 0.05
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what}: not true within {timeout_s} s")
-        time.sleep(pause_s)
-        pause_s = min(pause_s * 2, 0.5)

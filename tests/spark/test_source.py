@@ -1,0 +1,162 @@
+"""The rcq streaming source and drain: at least once, nothing lost under task failures, restarts and failover."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcq.local_cluster import LocalCluster
+from tests.spark.helpers import (
+    duplicates,
+    enqueue_values,
+    open_transactions,
+    queue_info,
+    take_all,
+    unique_queue,
+)
+
+pytestmark = pytest.mark.spark
+QUERY_TIMEOUT_S = 240
+
+
+def _stream(spark: Any, urls: str, queue: str, consumer: str, fmt: str = "rcq", **options: str) -> Any:
+    return (spark.readStream.format(fmt).option("url", urls).option("queue", queue).option("consumerId", consumer)
+            .options(**options).load())
+
+
+def _to_parquet(stream: Any, out: Path, checkpoint: Path) -> Any:
+    return (stream.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True).start())
+
+
+def _finish(query: Any) -> None:
+    try:
+        assert query.awaitTermination(QUERY_TIMEOUT_S), f"the query did not finish within {QUERY_TIMEOUT_S} s"
+    finally:
+        query.stop()
+
+
+def _read_values(spark: Any, out: Path) -> list[int]:
+    return [int(row.value) for row in spark.read.parquet(str(out)).select("value").collect()]
+
+
+def _assert_drained(urls: str, queue: str, consumer: str) -> None:
+    info = queue_info(urls, queue)
+    assert (info["count"], info["locked"]) == (0, 0), info
+    assert open_transactions(urls, f"rcq-source:{consumer}:") == []
+
+
+def test_available_now_reads_every_item_exactly_once(spark: Any, urls: str, tmp_path: Path) -> None:
+    queue, consumer = unique_queue("src"), unique_queue("consumer")
+    enqueue_values(urls, queue, [str(i) for i in range(1000)])
+    stream = _stream(spark, urls, queue, consumer, valueType="string", maxItemsPerPartition="200", batchSize="70")
+    assert stream.schema.simpleString() == "struct<queue:string,item_id:bigint,value:string>"
+    _finish(_to_parquet(stream, tmp_path / "out", tmp_path / "checkpoint"))
+    values = _read_values(spark, tmp_path / "out")
+    assert duplicates(values) == {}
+    assert sorted(values) == list(range(1000))
+    batches = [p.name for p in (tmp_path / "checkpoint" / "commits").iterdir() if p.name.isdigit()]
+    assert len(batches) == 3  # 400 + 400 + 200
+    _assert_drained(urls, queue, consumer)
+
+
+def test_task_failure_during_a_read_loses_nothing(spark: Any, urls: str, tmp_path: Path) -> None:
+    queue, consumer = unique_queue("src-retry"), unique_queue("consumer")
+    enqueue_values(urls, queue, [str(i) for i in range(1000)])
+    stream = _stream(spark, urls, queue, consumer, fmt="rcq_faulty", valueType="string", maxItemsPerPartition="200",
+                     batchSize="50", failPartition="1", failBatch="1", failAttempts="1")
+    _finish(_to_parquet(stream, tmp_path / "out", tmp_path / "checkpoint"))
+    values = _read_values(spark, tmp_path / "out")
+    assert sorted(set(values)) == list(range(1000))
+    assert duplicates(values) == {}  # the retry read the same items again (dequeue keys)
+    _assert_drained(urls, queue, consumer)
+
+
+def test_query_killed_mid_batch_and_restarted_from_its_checkpoint_loses_nothing(
+        spark: Any, urls: str, tmp_path: Path) -> None:
+    queue, consumer = unique_queue("src-restart"), unique_queue("consumer")
+    enqueue_values(urls, queue, [str(i) for i in range(1000)])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    seen: list[int] = []
+
+    def die_in_batch_1(df: Any, batch_id: int) -> None:
+        rows = [int(r.value) for r in df.select("value").collect()]  # the items are dequeued...
+        if batch_id == 1:
+            raise RuntimeError("query killed in the middle of batch 1")  # ...but never recorded
+        seen.extend(rows)
+        df.write.mode("append").parquet(str(out))
+
+    def run(handler: Any) -> Any:
+        stream = _stream(spark, urls, queue, consumer, valueType="string", maxItemsPerPartition="150")
+        return (stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True).start())
+
+    query = run(die_in_batch_1)
+    with pytest.raises(Exception, match="killed in the middle of batch 1"):
+        query.awaitTermination(QUERY_TIMEOUT_S)
+    query.stop()
+    assert queue_info(urls, queue)["locked"] > 0  # the dead run's transactions are still open
+    _finish(run(lambda df, batch_id: df.write.mode("append").parquet(str(out))))
+    values = _read_values(spark, out)
+    assert sorted(set(values)) == list(range(1000))
+    dup = duplicates(values)
+    print(f"restart: {len(values)} rows, {len(dup)} duplicated")
+    assert dup == {}  # the replayed batch reused the dead run's transactions and keys
+    _assert_drained(urls, queue, consumer)
+
+
+def test_leader_failover_during_a_streaming_read_loses_nothing(
+        spark: Any, urls: str, healthy_cluster: LocalCluster, tmp_path: Path) -> None:
+    queue, consumer = unique_queue("src-failover"), unique_queue("consumer")
+    total = 3000
+    enqueue_values(urls, queue, [str(i) for i in range(total)])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    batches_done = threading.Semaphore(0)
+
+    def write(df: Any, batch_id: int) -> None:
+        df.write.mode("append").parquet(str(out))
+        batches_done.release()
+
+    stream = _stream(spark, urls, queue, consumer, valueType="string", maxItemsPerPartition="100",
+                     retryTimeoutSeconds="60")
+    query = (stream.writeStream.foreachBatch(write).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    try:
+        for _ in range(2):
+            assert batches_done.acquire(timeout=QUERY_TIMEOUT_S), "no micro-batch finished"
+        leader = healthy_cluster.wait_for_leader(30)
+        healthy_cluster.kill_node(leader)
+        assert query.awaitTermination(QUERY_TIMEOUT_S), "the query did not finish"
+        assert query.exception() is None
+    finally:
+        query.stop()
+    healthy_cluster.heal()
+    healthy_cluster.wait_for_leader(60)
+    values = _read_values(spark, out)
+    left = [int(v) for v in take_all(urls, queue)]
+    missing = set(range(total)) - set(values) - set(left)
+    print(f"failover: {len(values)} rows, {len(duplicates(values))} duplicated, {len(left)} left in the queue")
+    assert missing == set()
+
+
+def test_drain_commits_only_when_the_job_succeeds(spark: Any, urls: str, tmp_path: Path) -> None:
+    import rcq.spark
+
+    queue = unique_queue("drain")
+    enqueue_values(urls, queue, [str(i) for i in range(500)])
+    with pytest.raises(RuntimeError, match="job failed"), rcq.spark.drain(spark, urls, queue, 300) as df:
+        assert df.count() == 300
+        raise RuntimeError("job failed")
+    assert queue_info(urls, queue)["count"] == 500
+    assert queue_info(urls, queue)["locked"] == 0
+
+    with rcq.spark.drain(spark, urls, queue, 300, valueType="string", numPartitions=3) as df:
+        assert df.count() == 300  # evaluated twice: the same items both times
+        df.write.parquet(str(tmp_path / "out"))
+    values = _read_values(spark, tmp_path / "out")
+    assert duplicates(values) == {} and len(values) == 300
+    rest = [int(v) for v in take_all(urls, queue)]
+    assert sorted(values + rest) == list(range(500))
