@@ -67,3 +67,22 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def check_file(path: str | Path) -> dict[str, Any]:
     return check(read_history(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chaos.checker history.jsonl``: re-check a saved history; exit 1 when invalid."""
+    import argparse
+
+    from chaos.report import summary_text
+
+    parser = argparse.ArgumentParser(prog="python -m chaos.checker", description=main.__doc__)
+    parser.add_argument("history", type=Path, help="a history.jsonl written by a chaos run")
+    parser.add_argument("--seed", default=None, help="the run's seed, shown in the summary")
+    arguments = parser.parse_args(argv)
+    results = check_file(arguments.history)
+    print(summary_text(results, arguments.seed, history=arguments.history.name), end="")
+    return 0 if results["valid"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

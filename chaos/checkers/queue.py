@@ -9,10 +9,11 @@ total-queue, over the whole run and the final drain:
 * **unexpected** — a value seen coming out that no enqueue attempted, or
   that only a failed enqueue attempted.
 * **duplicated** — a value taken out of one queue by more committed
-  transactions than put it there. rcq is transactional, so unlike Jepsen's
-  default this fails the run. Where the excess needs an info (unknown)
-  dequeue or move to have committed, it is ``duplicated_with_unknown``:
-  reported, not a failure.
+  transactions than could have put it there. rcq is transactional, so
+  unlike Jepsen's default this fails the run. Where the excess is explained
+  by an op of unknown outcome — an info dequeue or move that did not commit
+  after all, or an info enqueue (a retry of the value) that did — it is
+  ``duplicated_with_unknown``: reported, not a failure.
 * **misplaced** — a value seen in a queue it was never enqueued or moved to.
 * **recovered** (info enqueues later dequeued) and **maybe_removed** (values
   whose only way out was an info dequeue) are counts, not failures.
@@ -40,7 +41,7 @@ def check_total_queue(history: Any) -> dict[str, Any]:
     failed = model.enqueued("fail")
     seen = model.seen_values()
     taken_out = {r.value for r in model.removals if r.committed and r.op.f in ("dequeue", "drain")}
-    maybe_taken_out = {r.value for r in model.removals if r.committed is None and r.op.f == "dequeue"}
+    maybe_taken_out = {r.value for r in model.removals if r.committed is None and r.op.f in ("dequeue", "drain")}
     known_in = acknowledged | (unknown & seen)
     lost = known_in - taken_out - maybe_taken_out
     never_enqueued = seen - acknowledged - unknown - failed
@@ -75,21 +76,30 @@ def check_total_queue(history: Any) -> dict[str, Any]:
     }
 
 
-def _insertions(model: QueueModel) -> Counter[tuple[Hashable, str]]:
-    """How many times each value may have been put into each queue."""
-    inserted: Counter[tuple[Hashable, str]] = Counter()
+def _insertions(model: QueueModel) -> tuple[Counter[tuple[Hashable, str]], Counter[tuple[Hashable, str]]]:
+    """How many times each value surely, and at most, was put into each queue.
+
+    Surely: ok enqueues and committed moves (ok, or info and seen in the
+    target). At most: those plus info enqueues and unresolved info moves.
+    """
+    sure: Counter[tuple[Hashable, str]] = Counter()
+    at_most: Counter[tuple[Hashable, str]] = Counter()
     for tx in model.enqueues:
         if tx.op.type != "fail":
             for queue, values in tx.writes:
-                inserted.update((value, queue) for value in values)
+                at_most.update((value, queue) for value in values)
+                if tx.op.type == "ok":
+                    sure.update((value, queue) for value in values)
     for move in model.moves:
         if move.op.type != "fail":
-            inserted.update((value, move.target) for value in move.values)
-    return inserted
+            at_most.update((value, move.target) for value in move.values)
+            if move.committed:
+                sure.update((value, move.target) for value in move.values)
+    return sure, at_most
 
 
 def _duplicates(model: QueueModel) -> tuple[dict[Hashable, dict[str, Any]], dict[Hashable, dict[str, Any]]]:
-    inserted = _insertions(model)
+    inserted_surely, inserted_at_most = _insertions(model)
     committed: Counter[tuple[Hashable, str]] = Counter()
     unknown: Counter[tuple[Hashable, str]] = Counter()
     removals_by_key: dict[tuple[Hashable, str], list[Removal]] = {}
@@ -105,8 +115,9 @@ def _duplicates(model: QueueModel) -> tuple[dict[Hashable, dict[str, Any]], dict
     for key in committed.keys() | unknown.keys():
         value, queue = key
         # A value never put anywhere can still be taken out once: that is "unexpected", not a duplicate.
-        capacity = max(inserted[key], 1)
-        if committed[key] + unknown[key] <= capacity:
+        capacity_sure = max(inserted_surely[key], 1)
+        capacity_max = max(inserted_at_most[key], 1)
+        if committed[key] + unknown[key] <= capacity_sure:
             continue
         details = {
             "value": value,
@@ -117,7 +128,7 @@ def _duplicates(model: QueueModel) -> tuple[dict[Hashable, dict[str, Any]], dict
                 if r.committed is not False
             ],
         }
-        if committed[key] > capacity:
+        if committed[key] > capacity_max:
             duplicated[value] = details
         else:
             duplicated_with_unknown[value] = details
@@ -195,7 +206,7 @@ def _tx_details(op: Any, appeared: list[Hashable], missing: list[Hashable]) -> d
 
 
 def _move_violations(model: QueueModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    inserted = _insertions(model)
+    _, inserted_at_most = _insertions(model)
     taken: Counter[tuple[Hashable, str]] = Counter(
         (removal.value, removal.queue) for removal in model.removals if removal.committed
     )
@@ -207,7 +218,7 @@ def _move_violations(model: QueueModel) -> tuple[list[dict[str, Any]], list[dict
         for value in move.values:
             details = {"value": value, "from": move.source, "to": move.target, "type": move.op.type,
                        "invoke_index": move.op.invoke_index}
-            if taken[(value, move.source)] > max(inserted[(value, move.source)], 1):
+            if taken[(value, move.source)] > max(inserted_at_most[(value, move.source)], 1):
                 in_both.append(details)
             arrived = any(
                 s.queue == move.target and s.op is not move.op and s.order_index > move.op.invoke_index

@@ -25,6 +25,7 @@ from chaos.checker import (
     check_liveness,
     check_ordering,
     check_total_queue,
+    main,
 )
 from chaos.checkers.ordering import _count_inversions
 from chaos.history import HistoryError, HistoryWriter, pair_ops, read_history
@@ -177,6 +178,16 @@ def test_duplicate_where_one_dequeue_had_unknown_outcome_is_reported_apart_and_v
     assert result["duplicated_count"] == 0
     assert result["duplicated_with_unknown_count"] == 1
     assert {by["type"] for by in result["duplicated_with_unknown"][0]["by"]} == {"info", "ok"}
+
+
+def test_value_enqueued_twice_with_one_unknown_outcome_may_come_out_twice() -> None:
+    h = History().enqueue(0, "info", "a", "v1").enqueue(0, "ok", "a", "v1")
+    h.dequeue(1, "ok", "a", "v1").dequeue(2, "ok", "a", "v1")
+    result = check_total_queue(h.lines)
+    assert result["valid"]
+    assert (result["duplicated_count"], result["duplicated_with_unknown_count"]) == (0, 1)
+    h.dequeue(3, "ok", "a", "v1")
+    assert check_total_queue(h.lines)["duplicated_count"] == 1
 
 
 def test_info_enqueue_recovered_or_absent_are_both_valid() -> None:
@@ -498,3 +509,12 @@ def test_check_file_and_reports_name_the_verdict_and_seed(tmp_path: Path) -> Non
 
     clean = check(History().enqueue(0, "ok", "a", "v1").drain("a", "v1").lines)
     assert summary_text(clean, seed=5).startswith("rcq chaos run: VALID  (seed 5)")
+
+
+def test_checker_command_rechecks_a_saved_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "history.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in History().enqueue(0, "ok", "a", "v1").lines))
+    assert main([str(path), "--seed", "9"]) == 1
+    assert "INVALID" in capsys.readouterr().out
+    path.write_text("".join(json.dumps(line) + "\n" for line in History().enqueue(0, "ok", "a", "v1").drain("a", "v1").lines))
+    assert main([str(path)]) == 0
