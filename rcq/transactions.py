@@ -195,6 +195,11 @@ class TransactionManager:
         for transaction in list(self._transactions.values()):
             if transaction.state is State.OPEN:
                 self._close(transaction, State.ABORTED, "leader_changed")
+            else:
+                # Committing, or outcome unknown: its entry may still apply (before a later
+                # barrier) or be dropped. Forget it here, so questions about it are answered
+                # from the replicated outcome, or by the term rule once that is definite.
+                self._transactions.pop(transaction.transaction_id, None)
         for view in self._views.values():
             view.fail_waiters(error)
         self._views = {}

@@ -333,12 +333,6 @@ async def test_an_unknown_commit_whose_leader_dies_is_reported_aborted_everywher
     assert sorted(await drain(client, queue)) == ["kept", "moved"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a leader that loses leadership with a commit in state 'unknown' and is re-elected keeps "
-    "that transaction in memory as 'unknown' for ever: the entry is applied before its new barrier, "
-    "when TransactionManager.on_applied ignores commits (not serving yet), so GET status answers "
-    "'unknown' on that node while followers answer 'committed', every retried commit answers 504, "
-    "and the transaction counts as open for ever"))
 @pytest.mark.parametrize("cluster", [SHORT_COMMITS], ids=["short-commits"], indirect=True)
 async def test_an_unknown_commit_completed_by_its_reelected_leader_is_reported_committed_everywhere(
         cluster: LocalCluster, client: RcqClient) -> None:
