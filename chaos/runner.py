@@ -1,0 +1,299 @@
+"""One chaos run, phase by phase, and its report.
+
+1. start the cluster under test (real processes, every link through the proxy)
+   and wait for a leader;
+2. run the workload and the nemesis together for the time limit, sampling who
+   leads (for the liveness checker) and printing progress;
+3. heal everything (stop faults, heal links, resume and restart nodes) and wait
+   for a leader and for every node to catch up;
+4. drain every queue completely;
+5. wait for quiet and record every node's state digest, the leader samples
+   and the transactions still open (checker inputs);
+6. run the checkers and write ``history.jsonl``, ``results.json``,
+   ``summary.txt`` and ``timeline.png`` into the output directory.
+
+Must not import: any rcq module but rcq.client and rcq.errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from chaos.checker import check
+from chaos.cluster import ChaosCluster
+from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
+from chaos.nemesis import Nemesis
+from chaos.netproxy import ProxyThread
+from chaos.report import summary_text, write_results
+from chaos.workload import Generator, drain, make_client, queue_names, run_worker
+
+LEADER_SAMPLE_EVERY_S = 0.25
+PROGRESS_EVERY_S = 5.0
+DRAIN_PROCESS = 100_000
+STOP_GRACE_S = 45.0  # workers finish their current op (each bounded by OP_TIMEOUT_S)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    nodes: int = 3
+    time_limit_s: float = 60.0
+    nemesis: list[str] = dataclasses.field(default_factory=lambda: ["kill", "pause", "partition"])
+    seed: int = 0
+    out: Path = Path("chaos-run")
+    workers: int = 6
+    queues: int = 3
+    node_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    recovery_timeout_s: float = 60.0
+    drain_timeout_s: float = 120.0
+    convergence_timeout_s: float = 60.0
+    log_level: str = "INFO"
+    # A callback between phase 2 and the heal; tests use it to crash nodes on purpose.
+    before_heal: Callable[[ChaosCluster], None] | None = None
+
+
+class Progress:
+    def __init__(self, stream: Any = sys.stderr, quiet: bool = False) -> None:
+        self.start = time.monotonic()
+        self.stream = stream
+        self.quiet = quiet
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[{time.monotonic() - self.start:7.1f}s] {message}", file=self.stream, flush=True)
+
+
+def run(config: RunConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Run it all; returns the results document (also written to ``config.out``)."""
+    progress = progress or Progress()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    history = HistoryWriter(out / "history.jsonl")
+    history_start = time.monotonic()  # within microseconds of the writer's own start
+
+    def now_s() -> float:
+        return time.monotonic() - history_start
+    proxy = ProxyThread(config.seed)
+    cluster: ChaosCluster | None = None
+    extra: dict[str, Any] = {}
+    try:
+        cluster = ChaosCluster(config.nodes, proxy, out / "cluster", config.node_overrides, config.log_level)
+        progress(f"starting {config.nodes} nodes in {cluster.base_dir}")
+        cluster.start()
+        leader = cluster.wait_for_leader(config.recovery_timeout_s)
+        progress(f"leader: node-{leader}; workload {config.workers} workers x {config.time_limit_s:.0f} s, "
+                 f"nemesis {','.join(config.nemesis) or 'none'}, seed {config.seed}")
+        timings["start_s"] = time.monotonic() - started
+        extra = asyncio.run(_main_phases(config, cluster, proxy, history, progress, timings, now_s))
+    finally:
+        history.close()
+        if cluster is not None:
+            cluster.close(keep=True)
+        proxy.close()
+    timings["total_before_check_s"] = time.monotonic() - started
+    return _report(config, out, extra, timings, progress)
+
+
+async def _main_phases(config: RunConfig, cluster: ChaosCluster, proxy: ProxyThread, history: HistoryWriter,
+                       progress: Progress, timings: dict[str, float], now_s: Callable[[], float]) -> dict[str, Any]:
+    queues = queue_names(config.queues)
+    urls = cluster.client_urls
+    counts: dict[str, int] = {}
+    nemesis = Nemesis(cluster, proxy, history, config.seed, config.nemesis, progress)
+    leaders: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    sampling = asyncio.Event()
+
+    def completed(f: str, type_: str) -> None:
+        counts[type_] = counts.get(type_, 0) + 1
+
+    sampler = asyncio.create_task(_sample_leaders(cluster, now_s, leaders, sampling))
+    reporter = asyncio.create_task(_report_progress(stop, counts, nemesis, progress))
+    t0 = time.monotonic()
+    workers = [asyncio.create_task(run_worker(history, urls, Generator(config.seed, w, queues), stop, completed))
+               for w in range(config.workers)]
+    nemesis_task = asyncio.create_task(nemesis.run(stop))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), config.time_limit_s)
+    stop.set()
+    progress("time limit reached: stopping the workload and the nemesis")
+    done, pending = await asyncio.wait([*workers, nemesis_task], timeout=STOP_GRACE_S)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for task in done:
+        if task.exception() is not None:
+            progress(f"a task failed: {task.exception()!r}")
+    timings["workload_s"] = time.monotonic() - t0
+    reporter.cancel()
+
+    if config.before_heal is not None:
+        await asyncio.to_thread(config.before_heal, cluster)
+    progress("healing: every fault stopped, links healed, nodes resumed and restarted")
+    t0 = time.monotonic()
+    await nemesis.heal()
+    recovery: dict[str, Any] = {}
+    try:
+        leader = await asyncio.to_thread(cluster.wait_for_leader, config.recovery_timeout_s)
+        recovery["leader_after_heal_s"] = round(time.monotonic() - t0, 3)
+        await asyncio.to_thread(cluster.wait_for_applied, config.recovery_timeout_s)
+        recovery["caught_up_after_heal_s"] = round(time.monotonic() - t0, 3)
+        progress(f"recovered: leader node-{leader} after {recovery['leader_after_heal_s']} s, "
+                 f"all caught up after {recovery['caught_up_after_heal_s']} s")
+    except TimeoutError as exc:
+        recovery["error"] = str(exc)
+        progress(f"NOT recovered: {exc}")
+    timings["recovery_s"] = time.monotonic() - t0
+
+    progress(f"draining {len(queues)} queues")
+    t0 = time.monotonic()
+    drained = await drain(history, urls, queues, DRAIN_PROCESS, config.drain_timeout_s)
+    timings["drain_s"] = time.monotonic() - t0
+    progress(f"drain {'complete' if drained['complete'] else 'INCOMPLETE'}: {drained['drained']}")
+
+    t0 = time.monotonic()
+    await _record_open_transactions(urls, history)
+    try:
+        digests: dict[str, Any] = await asyncio.to_thread(cluster.wait_for_convergence, config.convergence_timeout_s)
+    except TimeoutError:
+        digests = await asyncio.to_thread(cluster.digests)
+        progress(f"nodes did not converge: {digests}")
+    history.info(CHECKER_INPUT_PROCESS, "digests", digests)
+    sampling.set()
+    await sampler
+    history.info(CHECKER_INPUT_PROCESS, "leaders", leaders)
+    timings["convergence_s"] = time.monotonic() - t0
+    return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
+            "proxy": proxy.stats(), "unexpected_exits": cluster.unexpected_exits(),
+            "logs": [str(p) for p in cluster.log_paths()]}
+
+
+async def _sample_leaders(cluster: ChaosCluster, now_s: Callable[[], float], leaders: list[dict[str, Any]],
+                          stop: asyncio.Event) -> None:
+    """Every node that says it is a serving leader, with its term; repeats are left out.
+    Times are the history's (its clock is the writer's)."""
+    last: dict[str, int] = {}
+    while not stop.is_set():
+        views = await asyncio.to_thread(cluster.poll, cluster.status, cluster.live_indices())
+        for i, view in sorted(views.items()):
+            if view.get("role") == "leader" and view.get("serving"):
+                node, term = cluster.nodes[i].node_id, int(view.get("term") or 0)
+                if last.get(node) != term:
+                    last[node] = term
+                    leaders.append({"time_s": round(now_s(), 6), "node": node, "term": term})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), LEADER_SAMPLE_EVERY_S)
+
+
+async def _report_progress(stop: asyncio.Event, counts: dict[str, int], nemesis: Nemesis, progress: Progress) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), PROGRESS_EVERY_S)
+        active = ", ".join(f.f for _, f in nemesis.active) or "none"
+        progress(f"ops ok {counts.get('ok', 0)} fail {counts.get('fail', 0)} info {counts.get('info', 0)}; "
+                 f"faults active: {active}")
+
+
+async def _record_open_transactions(urls: list[str], history: HistoryWriter) -> None:
+    """The chaos transactions still open on the leader after the drain: all are past due by now."""
+    try:
+        async with make_client(urls) as client:
+            open_now = await client.transactions("chaos")
+    except Exception as exc:  # not measured: the checker says so
+        history.info(CHECKER_INPUT_PROCESS, "open-transactions-error", {"error": repr(exc)})
+        return
+    now_ms = time.time() * 1000
+    ages = [(now_ms - float(t.get("created_ms") or now_ms)) / 1000 for t in open_now]
+    history.info(CHECKER_INPUT_PROCESS, "open-transactions", {
+        "count": len(open_now), "oldest_age_s": round(max(ages), 3) if ages else None,
+        "deadline_s": max((float(t.get("timeout_s") or 0) for t in open_now), default=None),
+        "transactions": open_now[:20]})
+
+
+# ------------------------------------------------------------------- report
+def _report(config: RunConfig, out: Path, extra: dict[str, Any], timings: dict[str, float],
+            progress: Progress) -> dict[str, Any]:
+    t0 = time.monotonic()
+    ops = read_history(out / "history.jsonl")
+    results = check(ops)
+    results["runtime"] = {**extra, "timings_s": {k: round(v, 2) for k, v in timings.items()}}
+    timings["check_s"] = time.monotonic() - t0
+    parameters = {"nodes": config.nodes, "time_limit_s": config.time_limit_s, "nemesis": ",".join(config.nemesis),
+                  "workers": config.workers, "queues": config.queues}
+    if config.node_overrides:
+        parameters["node_overrides"] = json.dumps(config.node_overrides, sort_keys=True)
+    write_results(out / "results.json", results, config.seed, **parameters)
+    summary = summary_text(results, config.seed, **parameters)
+    recovery = extra.get("recovery", {})
+    summary += (f"  recovery after heal: {recovery}\n  drain: {extra.get('drain')}\n"
+                f"  wall times: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()) + "\n")
+    (out / "summary.txt").write_text(summary, encoding="utf-8")
+    try:
+        plot_timeline(ops, out / "timeline.png", title=f"rcq chaos, seed {config.seed}, {config.nodes} nodes")
+    except Exception as exc:  # a missing plot must not hide the verdict
+        progress(f"timeline not drawn: {exc!r}")
+    progress("\n" + summary)
+    return {"valid": bool(results["valid"]), "results": results, "summary": summary, "out": str(out)}
+
+
+# ----------------------------------------------------------------- timeline
+FAULT_COLORS = ("#e6550d", "#3182bd", "#31a354", "#756bb1", "#636363", "#fd8d3c", "#9ecae1", "#a1d99b", "#bcbddc")
+
+
+def plot_timeline(history: list[dict[str, Any]], path: Path, title: str = "rcq chaos") -> Path:
+    """Throughput (ok / fail / info per second) and latency of every client op over time, with
+    each fault window shaded in its colour — the way Jepsen draws them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from chaos.checker import fault_windows
+    from chaos.history import pair_ops
+
+    pairs = [p for p in pair_ops(history) if p.completion is not None]
+    end_s = max((float(op.get("time_s", 0)) for op in history), default=1.0)
+    buckets = int(end_s) + 1
+    figure, (throughput, latency) = plt.subplots(2, 1, figsize=(14, 7), sharex=True)
+    styles = {"ok": ("#2ca02c", "."), "fail": ("#d62728", "x"), "info": ("#ff7f0e", "^")}
+    for type_, (color, marker) in styles.items():
+        per_second = [0] * buckets
+        times, latencies = [], []
+        for pair in pairs:
+            if pair.type != type_:
+                continue
+            done_s = pair.complete_time_s or 0.0
+            per_second[min(buckets - 1, int(done_s))] += 1
+            times.append(done_s)
+            latencies.append(max(pair.latency_s or 0.0, 1e-4))
+        throughput.plot(range(buckets), per_second, color=color, label=type_, linewidth=1)
+        latency.scatter(times, latencies, s=4, color=color, marker=marker, label=type_, alpha=0.6)
+    windows = [w for w in fault_windows(history) if w["f"] != "snapshot"]
+    colors: dict[str, str] = {}
+    for window in windows:
+        color = colors.setdefault(window["f"], FAULT_COLORS[len(colors) % len(FAULT_COLORS)])
+        for axis in (throughput, latency):
+            axis.axvspan(window["start_s"], window["stop_s"], color=color, alpha=0.15, linewidth=0)
+    throughput.set_ylabel("ops completed / s")
+    throughput.set_title(title)
+    latency.set_yscale("log")
+    latency.set_ylabel("latency (s)")
+    latency.set_xlabel("time since start (s)")
+    handles, labels = throughput.get_legend_handles_labels()
+    handles += [Patch(color=c, alpha=0.3) for c in colors.values()]
+    labels += list(colors)
+    figure.legend(handles, labels, loc="upper right", fontsize=8, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
