@@ -61,3 +61,75 @@ def test_the_docker_target_says_plainly_when_there_is_no_engine(capsys):
 def test_unknown_nemesis_names_are_refused(capsys):
     assert main(["--nemesis", "kill,meteor"]) == 2
     assert "unknown nemesis meteor" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ docker-compose.yml
+# No Docker engine (nor compose plugin, nor PyYAML) here: read the file's plain block YAML
+# (mappings, lists, quoted scalars, {}) with a small reader and check what compose needs.
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def read_block_yaml(text: str):
+    lines = []
+    for raw in text.splitlines():
+        stripped = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if stripped.strip():
+            lines.append((len(stripped) - len(stripped.lstrip()), stripped.strip()))
+
+    def scalar(token: str):
+        if token == "{}":
+            return {}
+        if len(token) >= 2 and token[0] == token[-1] == '"':
+            return token[1:-1]
+        assert not token.startswith(("&", "*", "[", "{")), f"unsupported YAML: {token}"
+        return token
+
+    def block(position: int, indent: int):
+        if lines[position][1].startswith("- "):
+            items = []
+            while position < len(lines) and lines[position][0] == indent and lines[position][1].startswith("- "):
+                items.append(scalar(lines[position][1][2:]))
+                position += 1
+            return items, position
+        mapping = {}
+        while position < len(lines) and lines[position][0] == indent:
+            key, _, rest = lines[position][1].partition(":")
+            assert key not in mapping, f"duplicate key {key}"
+            position += 1
+            if rest.strip():
+                mapping[key] = scalar(rest.strip())
+            else:
+                mapping[key], position = block(position, lines[position][0])
+        return mapping, position
+
+    document, end = block(0, 0)
+    assert end == len(lines), f"could not read line {end}: {lines[end]}"
+    return document
+
+
+def test_docker_compose_defines_a_consistent_three_node_cluster():
+    compose = read_block_yaml((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert sorted(services) == ["node-0", "node-1", "node-2"]
+    assert (ROOT / services["node-0"]["build"]["dockerfile"]).is_file()
+    host_ports = set()
+    for name, service in services.items():
+        flags = dict(flag[2:].split("=", 1) for flag in service["command"] if not flag.startswith("--peer="))
+        peers = [flag.split("=", 1)[1] for flag in service["command"] if flag.startswith("--peer=")]
+        assert flags["node-id"] == name and flags["raft-address"] == f"{name}:7100"
+        assert sorted(p.split("=")[0] for p in peers) == sorted(set(services) - {name})
+        (port_mapping,) = service["ports"]
+        assert port_mapping.startswith("127.0.0.1:") and port_mapping.endswith(":7000")
+        host_ports.add(port_mapping.split(":")[1])
+        assert flags["advertise-url"] == f"http://127.0.0.1:{port_mapping.split(':')[1]}"
+        for peer in peers:  # every peer's URL is the one that peer advertises
+            peer_id, raft_address, url = peer.split("=", 2)
+            assert raft_address == f"{peer_id}:7100"
+            assert f"--advertise-url={url}" in services[peer_id]["command"]
+        assert "RCQ_CLUSTER_SECRET:?" in service["environment"]["RCQ_CLUSTER_SECRET"]  # no secret committed
+        assert service["volumes"] == [f"{name}-data:/var/lib/rcq"]
+        assert service["volumes"][0].split(":")[0] in compose["volumes"]
+        assert service["networks"] == ["raft"] and "raft" in compose["networks"]
+    assert len(host_ports) == 3
+    dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
+    assert "FROM python:3.11" in dockerfile and '"rcq", "serve"' in dockerfile and "USER rcq" in dockerfile
