@@ -34,6 +34,8 @@ class RcqOptions:
     queue: str
     value_type: str = "binary"  # of the read schema's value column
     batch_size: int = 1000  # items per enqueue / dequeue request
+    coalesce: bool = False  # writer tasks share HTTP requests among their in-flight enqueues (POST /v1/batch)
+    requests_in_flight: int = 4  # enqueue requests a writer task has outstanding (1: rows keep their order)
     transaction_timeout_s: float = 600.0
     transaction_bytes_max: int = 4 << 20  # a writer task starts a new transaction past this
     request_timeout_s: float = 30.0
@@ -116,6 +118,8 @@ def parse_options(options: Mapping[str, str]) -> RcqOptions:
         queue=_queue(options),
         value_type=value_type,
         batch_size=_int(options, "batchSize", 1000, 1, DEQUEUE_ITEMS_MAX),
+        coalesce=options.get("coalesce", "false").strip().lower() in ("true", "1", "yes"),
+        requests_in_flight=_int(options, "requestsInFlight", 4, 1, 64),
         transaction_timeout_s=_float(options, "transactionTimeoutSeconds", 600.0, 0.0, TRANSACTION_TIMEOUT_MAX_S),
         transaction_bytes_max=_int(options, "transactionBytesMax", 4 << 20, 1024, TRANSACTION_BYTES_MAX),
         request_timeout_s=_float(options, "requestTimeoutSeconds", 30.0, 0.0, 3600.0),

@@ -40,12 +40,12 @@ def _in_running_loop() -> bool:
     return True
 
 
-def call(options: RcqOptions, work: Callable[[RcqClient], Awaitable[T]], what: str) -> T:
+def call(options: RcqOptions, work: Callable[[RcqClient], Awaitable[T]], what: str, *, coalesce: bool = False) -> T:
     """Run ``work(client)`` to completion; ``what`` says what for error messages ("committing job x")."""
 
     async def main() -> T:
         async with RcqClient(list(options.urls), request_timeout_s=options.request_timeout_s,
-                             retry_timeout_s=options.retry_timeout_s) as client:
+                             retry_timeout_s=options.retry_timeout_s, coalesce=coalesce) as client:
             return await work(client)
 
     try:

@@ -18,6 +18,7 @@ Must not import: pysyncobj, lmdb.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -69,8 +70,10 @@ def _chunks(batches: Iterable[pa.RecordBatch], items_max: int, bytes_max: int) -
 
 async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable[pa.RecordBatch],
                        label: str) -> tuple[list[str], int]:
-    """Enqueue every row into fresh transactions, uncommitted; on any error abort them and re-raise."""
+    """Enqueue every row into fresh transactions, uncommitted, with up to ``requestsInFlight`` requests
+    at a time; on any error abort them and re-raise."""
     transactions: list[Transaction] = []
+    in_flight: set[asyncio.Task[int]] = set()
     transaction_bytes = 0
     rows = 0
     try:
@@ -78,10 +81,19 @@ async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable
             if not transactions or transaction_bytes + size > options.transaction_bytes_max:
                 transactions.append(await client.begin(options.transaction_timeout_s, label))
                 transaction_bytes = 0
-            await transactions[-1].enqueue_batch(options.queue, chunk)
+            if len(in_flight) >= options.requests_in_flight:
+                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # raises the first failure
+            in_flight.add(asyncio.create_task(transactions[-1].enqueue_batch(options.queue, chunk)))
             transaction_bytes += size
             rows += len(chunk)
+        for task in asyncio.as_completed(in_flight):
+            await task
     except BaseException:
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
         for transaction in transactions:
             await transaction._abort_quietly()
         raise
@@ -94,7 +106,7 @@ def write_task(options: RcqOptions, batches: Iterator[pa.RecordBatch], label_pre
     attempt = context.attemptNumber() if context is not None else 0
     label = f"{label_prefix}:{partition}"
     ids, rows = call(options, lambda client: enqueue_task(client, options, batches, label),
-                     f"enqueueing partition {partition} (attempt {attempt})")
+                     f"enqueueing partition {partition} (attempt {attempt})", coalesce=options.coalesce)
     return TransactionsMessage(tuple(ids), rows, partition, attempt)
 
 

@@ -1,0 +1,148 @@
+"""``python -m rcq.spark.bench``: rows/s of the rcq Spark sink and source, next to rcq's own bench.
+
+Starts a local 3-node cluster (or uses ``--urls``) and a ``local[2]``
+SparkSession, warms both up, then measures, with 100-byte items:
+
+* **batch sink**: ``df.write.format("rcq")`` of ``--rows`` rows, wall time of
+  ``save()`` (tasks enqueue, the driver commits once);
+* **streaming source**: ``readStream.format("rcq")`` with
+  ``trigger(availableNow=True)`` into the ``noop`` sink, draining those rows;
+  wall time from ``start()`` to the end of the query;
+
+each with enqueue/dequeue requests of ``--batch-size`` items, and then
+``rcq.bench``'s ``enqueue-100`` and ``dequeue-100`` scenarios (separate
+callers) on the same cluster. The issue's target: the Spark path reaches at
+least 50% of rcq's items/s.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rcq.bench import run_scenario
+from rcq.client import RcqClient
+from rcq.local_cluster import LocalCluster
+
+
+def make_spark(master: str) -> Any:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import rcq.spark
+
+    spark = (SparkSession.builder.master(master).appName("rcq-spark-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
+             .config("spark.sql.streaming.pollingDelay", "100ms").getOrCreate())
+    spark.sparkContext.setLogLevel("OFF")
+    rcq.spark.register(spark)
+    return spark
+
+
+def sink_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: int, batch_size: int) -> float:
+    df = spark.range(0, rows, 1, partitions).selectExpr("repeat('x', 100) AS value")
+    started = time.perf_counter()
+    df.write.format("rcq").option("url", urls).option("queue", queue).option("batchSize", batch_size) \
+        .mode("append").save()
+    return rows / (time.perf_counter() - started)
+
+
+def source_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: int, batch_size: int,
+                      per_partition: int, checkpoint: Path) -> float:
+    stream = (spark.readStream.format("rcq").option("url", urls).option("queue", queue)
+              .option("consumerId", f"bench-{uuid.uuid4().hex[:8]}").option("batchSize", batch_size)
+              .option("numPartitions", partitions).option("maxItemsPerPartition", per_partition).load())
+    started = time.perf_counter()
+    query = (stream.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    if not query.awaitTermination(900):
+        query.stop()
+        raise TimeoutError("the streaming read did not finish within 900 s")
+    elapsed = time.perf_counter() - started
+    read = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    if read < rows:
+        raise RuntimeError(f"the streaming read saw {read} of {rows} rows")
+    return read / elapsed
+
+
+async def rcq_bench(urls: list[str], concurrency: int, duration_s: float) -> dict[str, float]:
+    async with RcqClient(urls) as client:
+        await client.wait_for_leader(60)
+    figures = {}
+    for name in ("enqueue-100", "dequeue-100"):
+        result = await run_scenario(urls, name, "separate", concurrency, duration_s, 200.0)
+        figures[name] = result.items_per_s
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rcq.spark.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--urls", help="comma-separated node URLs of a running cluster (default: start one)")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--batch-size", type=int, default=100, help="items per enqueue/dequeue request")
+    parser.add_argument("--partitions", type=int, default=2, help="Spark tasks writing / reading per batch")
+    parser.add_argument("--items-per-partition", type=int, default=10_000, help="streaming: per task per micro-batch")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--rcq-concurrency", type=int, default=32, help="callers of the rcq.bench comparison")
+    parser.add_argument("--rcq-duration-s", type=float, default=5.0)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    cluster = None
+    if not args.urls:
+        cluster = LocalCluster(3, log_level="WARNING")
+        cluster.start()
+        cluster.wait_for_leader(60)
+    urls = args.urls or ",".join(cluster.urls)  # type: ignore[union-attr]
+    config = {"rows": args.rows, "item_bytes": 100, "batch_size": args.batch_size, "partitions": args.partitions,
+              "items_per_partition": args.items_per_partition, "master": args.master,
+              "nodes": len(urls.split(",")), "cpus": os.cpu_count(), "python": platform.python_version(),
+              "load_average": os.getloadavg()[0], "rcq_concurrency": args.rcq_concurrency}
+    print("configuration:", json.dumps(config), flush=True)
+    try:
+        spark = make_spark(args.master)
+        try:
+            with tempfile.TemporaryDirectory(prefix="rcq-spark-bench-") as temp:
+                warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
+                sink_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size)
+                source_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, 1000, Path(temp) / "w")
+                queue = f"bench-spark-{uuid.uuid4().hex[:8]}"
+                figures = {"spark_sink_rows_per_s": sink_rows_per_s(spark, urls, queue, args.rows, args.partitions,
+                                                                     args.batch_size)}
+                print(f"batch sink:        {figures['spark_sink_rows_per_s']:10.0f} rows/s", flush=True)
+                figures["spark_source_rows_per_s"] = source_rows_per_s(
+                    spark, urls, queue, args.rows, args.partitions, args.batch_size, args.items_per_partition,
+                    Path(temp) / "checkpoint")
+                print(f"streaming source:  {figures['spark_source_rows_per_s']:10.0f} rows/s", flush=True)
+        finally:
+            spark.stop()
+        rcq_figures = asyncio.run(rcq_bench(urls.split(","), args.rcq_concurrency, args.rcq_duration_s))
+    finally:
+        if cluster is not None:
+            cluster.close()
+    figures["rcq_enqueue_100_items_per_s"] = rcq_figures["enqueue-100"]
+    figures["rcq_dequeue_100_items_per_s"] = rcq_figures["dequeue-100"]
+    sink_ratio = figures["spark_sink_rows_per_s"] / max(rcq_figures["enqueue-100"], 1e-9)
+    source_ratio = figures["spark_source_rows_per_s"] / max(rcq_figures["dequeue-100"], 1e-9)
+    print(f"rcq enqueue-100:   {rcq_figures['enqueue-100']:10.0f} items/s  -> sink at {sink_ratio:.0%} of it")
+    print(f"rcq dequeue-100:   {rcq_figures['dequeue-100']:10.0f} items/s  -> source at {source_ratio:.0%} of it")
+    print("target (>= 50% of rcq's items/s):", "met" if min(sink_ratio, source_ratio) >= 0.5 else "NOT met")
+    if args.json:
+        args.json.write_text(json.dumps({"config": config, "figures": figures}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
