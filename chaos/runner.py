@@ -179,17 +179,15 @@ async def _main_phases(config: RunConfig, cluster: ChaosCluster, proxy: ProxyThr
 
 async def _sample_leaders(cluster: ChaosCluster, now_s: Callable[[], float], leaders: list[dict[str, Any]],
                           stop: asyncio.Event) -> None:
-    """Every node that says it is a serving leader, with its term; repeats are left out.
-    Times are the history's (its clock is the writer's)."""
-    last: dict[str, int] = {}
+    """Every node that says it is a serving leader, with its term, at every sample (so the
+    checker sees when a leader is there again after a fault, not only when one changes).
+    Times are the history's."""
     while not stop.is_set():
         views = await asyncio.to_thread(cluster.poll, cluster.status, cluster.live_indices())
+        now = round(now_s(), 6)
         for i, view in sorted(views.items()):
             if view.get("role") == "leader" and view.get("serving"):
-                node, term = cluster.nodes[i].node_id, int(view.get("term") or 0)
-                if last.get(node) != term:
-                    last[node] = term
-                    leaders.append({"time_s": round(now_s(), 6), "node": node, "term": term})
+                leaders.append({"time_s": now, "node": cluster.nodes[i].node_id, "term": int(view.get("term") or 0)})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), LEADER_SAMPLE_EVERY_S)
 
