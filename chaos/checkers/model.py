@@ -131,7 +131,10 @@ def build_model(history: Iterable[dict[str, Any]] | list[PairedOp]) -> QueueMode
         if op.f == "move":
             pending_moves.append((op, queue, str(value.get("to")), values))
     for op, source, target, values in pending_moves:
-        model.moves.append(MoveTx(op, source, target, values, op.type == "ok" or _seen_in(model, values, target, op)))
+        # A failed move definitely did not happen, even if its values later reach its target
+        # through another move; only an info move is judged by where its values show up.
+        committed = op.type == "ok" or (op.type == "info" and _seen_in(model, values, target, op))
+        model.moves.append(MoveTx(op, source, target, values, committed))
     committed_moves = {move.op.invoke_index for move in model.moves if move.committed}
     for sighting in model.sightings:
         op = sighting.op

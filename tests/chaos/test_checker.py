@@ -272,6 +272,17 @@ def test_info_move_value_may_end_in_either_queue(queue: str) -> None:
     assert check_atomicity(h.lines)["valid"]
 
 
+def test_a_failed_move_whose_value_reaches_the_target_by_another_move_is_fine() -> None:
+    # Seen in a soak (seed 7): a move failed with leader_changed; a later ok move carried one of
+    # its values to the same target, and the other value was dequeued from the source.
+    h = History().enqueue(0, "ok", "q2", "v1", "v2").move(1, "fail", "q2", "q1", "v1", "v2")
+    h.move(2, "ok", "q2", "q1", "v2").dequeue(3, "ok", "q2", "v1").drain("q1", "v2").drain("q2")
+    result = check(h.lines)
+    assert result["total_queue"]["duplicated_count"] == 0
+    assert result["atomicity"]["moves_in_both_queues_count"] == 0
+    assert result["valid"]
+
+
 def test_info_move_value_in_neither_queue_is_lost() -> None:
     h = History().enqueue(0, "ok", "a", "v1").move(1, "info", "a", "b", "v1").drain("a").drain("b")
     assert check_total_queue(h.lines)["lost"] == ["v1"]
