@@ -73,6 +73,9 @@ def source_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: 
         raise TimeoutError("the streaming read did not finish within 900 s")
     elapsed = time.perf_counter() - started
     read = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    batches_s = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in query.recentProgress) / 1000
+    print(f"  streaming read: {len(query.recentProgress)} micro-batches, {batches_s:.1f} s of {elapsed:.1f} s inside "
+          f"them ({read / max(batches_s, 1e-9):.0f} rows/s without the query's start-up)", flush=True)
     if read < rows:
         raise RuntimeError(f"the streaming read saw {read} of {rows} rows")
     return read / elapsed

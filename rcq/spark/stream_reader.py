@@ -9,7 +9,8 @@ transaction with exactly that label (left by an earlier attempt, or by a run
 that died during batch ``n``) and reuses it; otherwise it begins one. Every
 dequeue carries the key ``p<i>:<chunk>``, so a reused transaction hands out the
 same items again: a retried task or a replayed batch reads what its
-predecessor read. Transactions are per task, not per batch, so a leader
+predecessor read. Up to ``requestsInFlight`` dequeues are outstanding at a time.
+Transactions are per task, not per batch, so a leader
 failover (which aborts every open transaction) costs a task retry, not the
 query: the retry finds no open transaction and begins a new one, and the
 aborted items are back at the head.
@@ -29,6 +30,7 @@ Must not import: pysyncobj, lmdb.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -69,16 +71,24 @@ async def _transaction_for(client: RcqClient, options: RcqOptions, partition: Re
 
 
 async def take_items(client: RcqClient, options: RcqOptions, partition: ReadPartition) -> tuple[str, list[Item]]:
-    """Dequeue up to ``max_items`` with replayable keys; an empty own transaction is aborted."""
+    """Dequeue up to ``max_items`` with replayable keys, ``requestsInFlight`` requests at a time, until
+    a request comes back short; an empty own transaction is aborted."""
     transaction = await _transaction_for(client, options, partition)
     items: list[Item] = []
     chunk = 0
     while len(items) < partition.max_items:
-        want = min(options.batch_size, partition.max_items - len(items))
-        got = await transaction.dequeue_items(options.queue, want, key=f"{partition.key_prefix}:{chunk}")
-        items.extend(got)
-        chunk += 1
-        if len(got) < want:
+        wants = []
+        left = partition.max_items - len(items)
+        while left > 0 and len(wants) < options.requests_in_flight:
+            wants.append(min(options.batch_size, left))
+            left -= wants[-1]
+        answers = await asyncio.gather(*(
+            transaction.dequeue_items(options.queue, want, key=f"{partition.key_prefix}:{chunk + n}")
+            for n, want in enumerate(wants)))
+        chunk += len(wants)
+        for got in answers:
+            items.extend(got)
+        if any(len(got) < want for got, want in zip(answers, wants, strict=True)):
             break
     if not items and partition.transaction_id is None:
         await transaction._abort_quietly()  # nothing to commit; a retry may begin afresh
