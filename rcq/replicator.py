@@ -79,6 +79,81 @@ _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() i
 
 
 # ------------------------------------------------------------------ consumer
+# ---------------------------------------------------------------------------------------------
+# R5: pysyncobj's follower deletes every entry after prevLogIdx on each append_entries message
+# and re-adds the message's entries, even when they match (it logs CRITICAL "truncating
+# already-applied log entries" when it does). A duplicate or reordered message then leaves the
+# follower with a log *shorter* than what it already acknowledged; if the leader counted those
+# entries towards a commit and dies in that window, an acknowledged commit can be lost. The chaos
+# harness saw the truncation 90 times in one 240 s run. Raft (§5.3) only deletes from the first
+# *conflicting* entry. The fix, in this one place: the delete is deferred, and the journal's add
+# keeps an entry that matches (same index and term), deletes from the first conflict, and appends
+# what is new. Entries beyond the message are kept, as Raft requires; the acknowledgement still
+# names only the message's last entry.
+_TRUNCATE_FROM = "_rcq_truncate_from"
+
+
+def _deferred_delete_entries_from(self: SyncObj, from_index: int) -> None:
+    # pysyncobj calls this only on the append_entries path, right before adding the new entries.
+    _guard_journal(self)
+    setattr(self, _TRUNCATE_FROM, from_index)
+
+
+def _guard_journal(sync_obj: SyncObj) -> None:
+    journal = sync_obj._SyncObj__raftLog  # type: ignore[attr-defined]
+    if getattr(journal, "_rcq_guarded", False):
+        return
+    add = journal.add
+
+    def add_keeping_matching_entries(command: Any, index: int, term: int) -> None:
+        start = getattr(sync_obj, _TRUNCATE_FROM, None)
+        if start is not None and len(journal) and index >= start:
+            first, last = journal[0][1], journal[-1][1]
+            if index < first:
+                return  # inside the snapshot: committed, hence matching
+            if index <= last:
+                if journal[index - first][2] == term:
+                    return  # the same entry: keep it
+                if index <= sync_obj.raftLastApplied:
+                    logger.critical("deleting applied log entries from index %d after a term conflict "
+                                    "(last applied %d): this replica may have diverged",
+                                    index, sync_obj.raftLastApplied)
+                journal.deleteEntriesFrom(index - first)
+        add(command, index, term)
+
+    journal.add = add_keeping_matching_entries
+    journal._rcq_guarded = True
+
+
+def _on_message_received_with_matching_fix(original: Callable[..., Any]) -> Callable[..., Any]:
+    def on_message_received(self: SyncObj, node: Any, message: Any) -> Any:
+        setattr(self, _TRUNCATE_FROM, None)
+        try:
+            return original(self, node, message)
+        finally:
+            setattr(self, _TRUNCATE_FROM, None)
+
+    return on_message_received
+
+
+class _DropMisleadingTruncationLine(logging.Filter):
+    """pysyncobj logs CRITICAL before every deferred delete; with the fix nothing matching is
+    deleted, and a real conflict is logged by add_keeping_matching_entries instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("truncating already-applied log entries")
+
+
+# Class-level patches: pysyncobj binds __onMessageReceived as a transport callback at
+# construction, so they must be in place before any SyncObj is built (import time, once).
+if not getattr(SyncObj, "_rcq_matching_entries_fix", False):
+    SyncObj._SyncObj__deleteEntriesFrom = _deferred_delete_entries_from  # type: ignore[attr-defined]
+    SyncObj._SyncObj__onMessageReceived = _on_message_received_with_matching_fix(  # type: ignore[attr-defined]
+        SyncObj._SyncObj__onMessageReceived)  # type: ignore[attr-defined]
+    SyncObj._rcq_matching_entries_fix = True  # type: ignore[attr-defined]
+    logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
+
+
 class _QueueConsumer(SyncObjConsumer):
     """Holds the state machine; its one replicated method is the log's only entry point.
 
