@@ -66,6 +66,8 @@ class NodeConfig(BaseModel):
     commit_timeout_s: float = Field(10.0, gt=0, description="after this, a commit's outcome is reported unknown (504)")
     commit_batch_units_max: int = Field(4096, ge=1, description="most commit units grouped into one Raft entry")
     commit_batch_bytes_max: int = Field(8 << 20, ge=1024, description="most item bytes grouped into one Raft entry")
+    commit_unit_bytes_max: int = Field(
+        64 << 20, ge=1024, description="most item bytes one commit (or commit_many) may carry: it is one Raft entry")
     commits_in_flight_max: int = Field(32, ge=1, description="Raft entries proposed but not yet applied")
 
     # --- Raft (see README: why these values)
@@ -108,6 +110,8 @@ class NodeConfig(BaseModel):
             raise ValueError("item_bytes_max must not exceed body_bytes_max")
         if self.item_bytes_max > self.commit_batch_bytes_max:
             raise ValueError("item_bytes_max must not exceed commit_batch_bytes_max")
+        if self.commit_batch_bytes_max > self.commit_unit_bytes_max:
+            raise ValueError("commit_batch_bytes_max must not exceed commit_unit_bytes_max")
         ids = [self.node_id, *(p.node_id for p in self.peers)]
         if len(set(ids)) != len(ids):
             raise ValueError("node_id and peers[].node_id must all differ")

@@ -479,11 +479,14 @@ class TransactionManager:
             for transaction in transactions:  # nothing to replicate
                 self._close(transaction, State.COMMITTED, "committed")
             return CommitResult(ids, 0, False, 0, 0)
+        size = sum(t.enqueued_bytes for t in transactions)
+        if size > self._config.commit_unit_bytes_max:
+            raise PayloadTooLarge(f"the commit would carry {size} bytes of items in one Raft entry; the limit "
+                                  f"is {self._config.commit_unit_bytes_max}: commit fewer transactions together")
         future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
         for transaction in transactions:
             transaction.state = State.COMMITTING
             transaction.commit_future = future
-        size = sum(t.enqueued_bytes for t in transactions)
         unit_future = self._committer.commit(CommitUnit(tuple(writes), idempotency_key), size)
         try:
             outcome = await unit_future

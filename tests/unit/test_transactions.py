@@ -356,3 +356,18 @@ async def test_an_item_removed_behind_the_views_back_is_never_handed_out(setup):
     assert [i.value for i in items] == [b"b"]
     await manager.commit(tx.transaction_id)  # no conflict: the gone item is not part of it
     assert replicator.state_machine.count("q") == 0
+
+
+async def test_a_commit_many_over_the_entry_limit_is_refused_and_changes_nothing():
+    replicator = InMemoryReplicator()
+    config = make_config(commit_unit_bytes_max=8 << 20, commit_batch_bytes_max=4 << 20, item_bytes_max=1 << 20)
+    manager = TransactionManager(config, replicator, leader_url=lambda: None)
+    await manager.start()
+    await wait_until(lambda: manager.serving, 2)
+    transactions = [manager.begin() for _ in range(3)]
+    for tx in transactions:
+        manager.enqueue(tx.transaction_id, "q", [b"x" * (1 << 20)] * 3)
+    with pytest.raises(PayloadTooLarge):
+        await manager.commit_many([t.transaction_id for t in transactions])
+    assert replicator.state_machine.count("q") == 0 and manager.open_count == 3
+    await manager.stop()
