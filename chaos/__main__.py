@@ -4,6 +4,11 @@
     python -m chaos --nemesis kill,pause,partition --time-limit-s 60
     python -m chaos --target docker      # needs a Docker engine; says so plainly if there is none
 
+``--target docker`` runs docker-compose.yml's 3 nodes as a compose project and
+injects faults with the docker CLI (kill, pause, whole-node network partitions,
+wipe, snapshot; see chaos.docker_cluster): no proxy, so one-way, client-partition,
+delay and loss are refused there, as are --node-override and --nodes other than 3.
+
 Exit status: 0 valid, 1 invalid (lost, duplicated, unexpected items, divergence...),
 2 the run could not be made (no Docker engine, bad arguments).
 
@@ -21,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from chaos.nemesis import KINDS, parse_kinds
+from chaos.docker_cluster import COMPOSE_NODES, DockerError, docker_compose_error
+from chaos.nemesis import DOCKER_KINDS, KINDS, check_target, parse_kinds
 from chaos.runner import RunConfig, run
 
 DOCKER_INFO_TIMEOUT_S = 20.0
@@ -32,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=3, help="cluster size (default 3)")
     p.add_argument("--time-limit-s", type=float, default=60.0, help="workload + nemesis duration (default 60)")
     p.add_argument("--nemesis", default="kill,pause,partition",
-                   help=f"comma-separated faults from {', '.join(KINDS)}; 'all' or 'none' (default kill,pause,partition)")
+                   help=f"comma-separated faults from {', '.join(KINDS)}; 'all' or 'none' (default kill,pause,partition; "
+                        f"with --target docker: {', '.join(DOCKER_KINDS)}, and 'all' means those)")
     p.add_argument("--seed", type=int, default=None, help="reproduce a run (default: random, printed)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
     p.add_argument("--workers", type=int, default=6, help="concurrent client workers (default 6)")
@@ -41,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
                    help="local processes (default) or the docker-compose cluster")
     p.add_argument("--node-override", action="append", default=[], metavar="FIELD=JSON",
                    help="extra NodeConfig field for every node, e.g. unsafe_memory_journal=true")
-    p.add_argument("--log-level", default="INFO", help="the nodes' log level")
+    p.add_argument("--log-level", default="INFO", help="the nodes' log level (local target only)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -63,31 +70,43 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         kinds = parse_kinds(args.nemesis)
+        if args.target == "docker" and args.nemesis.strip() == "all":
+            kinds = list(DOCKER_KINDS)
+        check_target(kinds, args.target)
         overrides = {}
         for item in args.node_override:
             field, _, text = item.partition("=")
             overrides[field] = json.loads(text)
+        if args.target == "docker":
+            if args.nodes != COMPOSE_NODES:
+                raise ValueError(f"--target docker runs docker-compose.yml's {COMPOSE_NODES} nodes; "
+                                 f"--nodes {args.nodes} needs --target local")
+            if overrides:
+                raise ValueError("--node-override needs --target local: docker-compose.yml fixes the nodes' configuration")
     except (ValueError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.target == "docker":
-        error = docker_engine_error()
+        error = docker_engine_error() or docker_compose_error()
         if error is not None:
-            print(f"{error}\nThe docker target needs one (docker compose up, docker kill / pause / network "
-                  "disconnect); use --target local (the default) here.", file=sys.stderr)
+            print(f"{error}\nThe docker target needs a Docker engine with the compose plugin (docker compose up, "
+                  "docker kill / pause / network disconnect); use --target local (the default) here.", file=sys.stderr)
             return 2
-        print("a Docker engine answers, but this harness drives docker-compose clusters only through "
-              "`docker compose up -d` + the local checks; run docker-compose.yml and point clients at it. "
-              "The fault-injecting docker mode is not implemented: use --target local.", file=sys.stderr)
-        return 2
+        if args.log_level.upper() != "INFO":
+            print("note: --log-level is ignored with --target docker (the compose nodes log at INFO)", file=sys.stderr)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix=f"rcq-chaos-{seed}-"))
     config = RunConfig(nodes=args.nodes, time_limit_s=args.time_limit_s, nemesis=kinds, seed=seed, out=out,
-                       workers=args.workers, queues=args.queues, node_overrides=overrides, log_level=args.log_level)
+                       workers=args.workers, queues=args.queues, node_overrides=overrides, log_level=args.log_level,
+                       target=args.target)
     print(f"chaos run: seed {seed}, output in {out}", file=sys.stderr, flush=True)
     from chaos.runner import Progress
 
-    document = run(config, Progress(quiet=args.quiet))
+    try:
+        document = run(config, Progress(quiet=args.quiet))
+    except DockerError as exc:  # the compose project could not be run or driven as needed
+        print(f"error: docker: {exc}", file=sys.stderr)
+        return 2
     print(f"results: {out / 'results.json'}\nsummary: {out / 'summary.txt'}\ntimeline: {out / 'timeline.png'}")
     return 0 if document["valid"] else 1
 

@@ -30,6 +30,12 @@ Kinds (the CLI's ``--nemesis`` names; ``all`` is every one):
 The order and kind of faults, their durations and random targets come from
 ``random.Random(f"{seed}/nemesis")``; "the leader" is whoever leads then.
 
+On the docker target (``proxy`` None, a :class:`chaos.docker_cluster.DockerCluster`)
+there is no proxy: ``kill``, ``pause``, ``wipe`` and ``snapshot`` act on containers,
+and ``partition`` isolates whole nodes from the compose network (the leader, or
+a random minority; no ring). ``one-way``, ``client-partition``, ``delay`` and
+``loss`` need per-link control and are refused (:func:`check_target`).
+
 Must not import: any rcq module but rcq.client and rcq.errors (it needs neither).
 """
 
@@ -43,10 +49,12 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.cluster import ChaosCluster, client_link, raft_link
+from chaos.docker_cluster import DockerCluster
 from chaos.netproxy import HEALTHY, LinkFault, ProxyThread
 
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "wipe", "snapshot")
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss")
+DOCKER_KINDS = ("kill", "pause", "partition", "wipe", "snapshot")  # no proxy: no per-link faults
 QUIET_S = (1.0, 4.0)
 FAULT_S = (2.0, 8.0)
 PAUSE_S = (2.0, 5.0)  # above raft_max_timeout_s (1.6 s): the others elect a new leader meanwhile
@@ -68,6 +76,19 @@ def parse_kinds(text: str) -> list[str]:
     return names
 
 
+def check_target(kinds: list[str], target: str) -> None:
+    """ValueError when ``target`` cannot make one of ``kinds``."""
+    if target != "docker":
+        return
+    unsupported = [k for k in kinds if k not in DOCKER_KINDS]
+    if unsupported:
+        raise ValueError(
+            f"nemesis {', '.join(unsupported)} not supported with --target docker: a compose network partition "
+            "is whole-node (a container is on the network or off it), so one-way drops, delay, loss and "
+            "client-only partitions need the local target's proxy; docker supports "
+            f"{', '.join(DOCKER_KINDS)} (use --target local for the rest)")
+
+
 @dataclasses.dataclass
 class Fault:
     f: str
@@ -79,8 +100,12 @@ class Fault:
 class Nemesis:
     """Starts and stops faults on ``cluster`` until told to stop, writing each to ``history``."""
 
-    def __init__(self, cluster: ChaosCluster, proxy: ProxyThread, history: Any, seed: int, kinds: list[str],
+    def __init__(self, cluster: ChaosCluster, proxy: ProxyThread | None, history: Any, seed: int, kinds: list[str],
                  progress: Callable[[str], None] = lambda _: None) -> None:
+        if proxy is None:  # the docker target
+            if not isinstance(cluster, DockerCluster):
+                raise ValueError("a nemesis without a proxy needs a DockerCluster")
+            check_target(kinds, "docker")
         self.cluster = cluster
         self.proxy = proxy
         self.history = history
@@ -173,7 +198,10 @@ class Nemesis:
         """Undo every fault: stop the active ones, heal every link, resume and start every node."""
         await self.stop_all()
         async with self._lock:
-            await asyncio.to_thread(self.proxy.heal)
+            if self.proxy is not None:
+                await asyncio.to_thread(self.proxy.heal)
+            else:
+                await asyncio.to_thread(self._docker().heal_network)
             await asyncio.to_thread(self.cluster.heal_processes)
 
     def _record(self, f: str, phase: str, nodes: list[int], extra: dict[str, Any]) -> None:
@@ -198,7 +226,13 @@ class Nemesis:
         return rng.choice(among) if among else None
 
     def _begin(self, kind: str, rng: random.Random) -> Fault | None:
+        if self.proxy is None:
+            check_target([kind], "docker")
         return getattr(self, "_begin_" + kind.replace("-", "_"))(rng)
+
+    def _docker(self) -> DockerCluster:
+        assert isinstance(self.cluster, DockerCluster)
+        return self.cluster
 
     def _begin_kill(self, rng: random.Random) -> Fault | None:
         cluster = self.cluster
@@ -254,15 +288,40 @@ class Nemesis:
         return {raft_link(a, b): LinkFault(drop_forward=True, drop_backward=True) for a, b in pairs if a != b}
 
     def _links_fault(self, f: str, nodes: list[int], faults: dict[str, LinkFault], details: dict[str, Any]) -> Fault:
-        self.proxy.set_faults(faults)
+        proxy = self.proxy
+        assert proxy is not None, "link faults need the proxy"
+        proxy.set_faults(faults)
         names = list(faults)
-        return Fault(f, nodes, lambda: self.proxy.set_faults(dict.fromkeys(names, HEALTHY)),
+        return Fault(f, nodes, lambda: proxy.set_faults(dict.fromkeys(names, HEALTHY)),
                      {**details, "links": names})
+
+    def _docker_partition(self, rng: random.Random) -> Fault | None:
+        """Whole nodes off the compose network: the leader, or a random minority (also cut from
+        each other and, their published ports gone, from clients)."""
+        cluster = self._docker()
+        n = len(cluster.nodes)
+        everyone = list(range(n))
+        variant = rng.choice(["partition-leader", "partition-halves"])
+        if variant == "partition-leader":
+            leader = self._leader_or_any(rng, everyone)
+            assert leader is not None
+            isolated = [leader]
+        else:
+            isolated = sorted(rng.sample(everyone, n // 2))
+        try:
+            cluster.isolate_nodes(isolated)
+        except Exception:
+            cluster.reconnect_nodes(isolated)  # those already cut (the final heal retries too)
+            raise
+        return Fault(variant, isolated, lambda: cluster.reconnect_nodes(isolated),
+                     {"isolated": [f"node-{i}" for i in isolated], "whole_node": True})
 
     def _begin_partition(self, rng: random.Random) -> Fault | None:
         n = len(self.cluster.nodes)
         if n < 2:
             return None
+        if self.proxy is None:
+            return self._docker_partition(rng)
         everyone = list(range(n))
         variant = rng.choice(["partition-leader", "partition-halves", "partition-ring"])
         if variant == "partition-leader":

@@ -1,7 +1,8 @@
 """One chaos run, phase by phase, and its report.
 
-1. start the cluster under test (real processes, every link through the proxy)
-   and wait for a leader;
+1. start the cluster under test (real processes, every link through the proxy;
+   or, with ``target="docker"``, docker-compose.yml's project, no proxy: see
+   chaos.docker_cluster) and wait for a leader;
 2. run the workload and the nemesis together for the time limit, sampling who
    leads (for the liveness checker) and printing progress;
 3. heal everything (stop faults, heal links, resume and restart nodes) and wait
@@ -29,6 +30,7 @@ from typing import Any
 
 from chaos.checker import check
 from chaos.cluster import ChaosCluster
+from chaos.docker_cluster import DockerCluster
 from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
 from chaos.nemesis import Nemesis
 from chaos.netproxy import ProxyThread
@@ -55,6 +57,7 @@ class RunConfig:
     drain_timeout_s: float = 120.0
     convergence_timeout_s: float = 60.0
     log_level: str = "INFO"
+    target: str = "local"  # or "docker": docker-compose.yml's 3 nodes (chaos.docker_cluster)
     # A callback between phase 2 and the heal; tests use it to crash nodes on purpose.
     before_heal: Callable[[ChaosCluster], None] | None = None
 
@@ -82,12 +85,20 @@ def run(config: RunConfig, progress: Progress | None = None) -> dict[str, Any]:
 
     def now_s() -> float:
         return time.monotonic() - history_start
-    proxy = ProxyThread(config.seed)
+    if config.target not in ("local", "docker"):
+        raise ValueError(f"unknown target {config.target!r}: local or docker")
+    proxy = ProxyThread(config.seed) if config.target == "local" else None
     cluster: ChaosCluster | None = None
     extra: dict[str, Any] = {}
     try:
-        cluster = ChaosCluster(config.nodes, proxy, out / "cluster", config.node_overrides, config.log_level)
-        progress(f"starting {config.nodes} nodes in {cluster.base_dir}")
+        if proxy is None:
+            if config.node_overrides:
+                raise ValueError("the docker target runs docker-compose.yml's node configuration: no node overrides")
+            cluster = DockerCluster(config.nodes, out / "cluster", project=f"rcq-chaos-{config.seed}")
+            progress(f"starting compose project {cluster.project} ({config.nodes} nodes); logs in {cluster.base_dir}")
+        else:
+            cluster = ChaosCluster(config.nodes, proxy, out / "cluster", config.node_overrides, config.log_level)
+            progress(f"starting {config.nodes} nodes in {cluster.base_dir}")
         cluster.start()
         leader = cluster.wait_for_leader(config.recovery_timeout_s)
         progress(f"leader: node-{leader}; workload {config.workers} workers x {config.time_limit_s:.0f} s, "
@@ -96,14 +107,17 @@ def run(config: RunConfig, progress: Progress | None = None) -> dict[str, Any]:
         extra = asyncio.run(_main_phases(config, cluster, proxy, history, progress, timings, now_s))
     finally:
         history.close()
-        if cluster is not None:
-            cluster.close(keep=True)
-        proxy.close()
+        try:
+            if cluster is not None:
+                cluster.close(keep=True)
+        finally:
+            if proxy is not None:
+                proxy.close()
     timings["total_before_check_s"] = time.monotonic() - started
     return _report(config, out, extra, timings, progress)
 
 
-async def _main_phases(config: RunConfig, cluster: ChaosCluster, proxy: ProxyThread, history: HistoryWriter,
+async def _main_phases(config: RunConfig, cluster: ChaosCluster, proxy: ProxyThread | None, history: HistoryWriter,
                        progress: Progress, timings: dict[str, float], now_s: Callable[[], float]) -> dict[str, Any]:
     queues = queue_names(config.queues)
     urls = cluster.client_urls
@@ -173,7 +187,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosCluster, proxy: ProxyThr
     history.info(CHECKER_INPUT_PROCESS, "leaders", leaders)
     timings["convergence_s"] = time.monotonic() - t0
     return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
-            "proxy": proxy.stats(), "unexpected_exits": cluster.unexpected_exits(),
+            "proxy": proxy.stats() if proxy is not None else {"target": "docker"}, "unexpected_exits": cluster.unexpected_exits(),
             "logs": [str(p) for p in cluster.log_paths()]}
 
 
@@ -225,7 +239,8 @@ def _report(config: RunConfig, out: Path, extra: dict[str, Any], timings: dict[s
     results = check(ops)
     results["runtime"] = {**extra, "timings_s": {k: round(v, 2) for k, v in timings.items()}}
     timings["check_s"] = time.monotonic() - t0
-    parameters = {"nodes": config.nodes, "time_limit_s": config.time_limit_s, "nemesis": ",".join(config.nemesis),
+    parameters = {"target": config.target, "nodes": config.nodes, "time_limit_s": config.time_limit_s,
+                  "nemesis": ",".join(config.nemesis),
                   "workers": config.workers, "queues": config.queues}
     if config.node_overrides:
         parameters["node_overrides"] = json.dumps(config.node_overrides, sort_keys=True)

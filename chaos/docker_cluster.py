@@ -1,0 +1,322 @@
+"""The cluster under test as a docker-compose project: ``docker-compose.yml``'s three nodes.
+
+Everything goes through the ``docker`` CLI (every call bounded by a timeout; a
+failure raises :class:`DockerError` naming the command and its stderr). Each
+compose call gets ``-f docker-compose.yml -p <project>`` and a cluster secret
+generated for the run in ``RCQ_CLUSTER_SECRET`` (the file refuses to parse
+without it, so even ``kill`` and ``logs`` need it; it is never on a command line).
+
+How each harness action maps to docker (``S`` is the service ``node-i``, ``C``
+its container id from ``docker compose ps -a -q S``, ``P`` the project):
+
+* start the cluster: ``docker compose down -v`` (leftovers of a run with the
+  same project), ``docker compose up -d --build``, then ``ps -a -q`` per node;
+* kill -9: ``docker compose kill -s SIGKILL S`` (``restart: "no"``: it stays down);
+* restart: ``docker compose start S`` (``up -d --no-deps --no-build S`` after a wipe);
+* pause / resume: ``docker pause C`` / ``docker unpause C`` (cgroup freezer, like SIGSTOP);
+* partition: ``docker network disconnect P_raft C``; heal:
+  ``docker network connect --alias S P_raft C`` (the alias is how peers resolve
+  ``node-i:7100``: a plain reconnect would lose compose's service alias);
+* wipe: ``docker compose rm -f -s -v S`` and ``docker volume rm -f P_node-i-data``
+  (then restarted with ``up``);
+* logs: ``docker compose logs --no-color S`` (saved to ``<base_dir>/node-i.log`` at close);
+* close: ``docker unpause`` of paused nodes, then ``docker compose down -v``
+  (containers, network and volumes go; the logs stay).
+
+**Partitions on docker are whole-node.** A container is either on the compose
+network ``raft`` or off it, so the only cut is isolating nodes from every other
+node (the isolated nodes also lose each other). Per-link cuts (a non-transitive
+ring, one-way drops), delay and loss and client-only partitions need the
+harness's proxy, which this target does not have: the nemesis refuses those
+kinds. And since a published port lives on the container's network endpoint,
+an isolated node's HTTP port (127.0.0.1:700(i+1)) is gone too while it is cut
+off: a docker partition also cuts that node from clients and from the harness's
+status polls (it counts as not live meanwhile and is not waited for).
+
+Nodes run with the compose file's configuration (no ``--node-override``) on
+the fixed host ports 127.0.0.1:7001..7003, so one such project runs at a time.
+
+The HTTP views and waits are :class:`chaos.cluster.ChaosCluster`'s (they need
+only ``nodes`` with ``direct_url``/``client_url``/``running``/``live``); this
+class replaces everything that touches processes, directories or the proxy.
+
+Must not import: any rcq module but rcq.client and rcq.errors (it needs neither).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import secrets
+import shlex
+import subprocess
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from chaos.cluster import START_TIMEOUT_S, ChaosCluster
+
+COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+COMPOSE_NODES = 3  # the services docker-compose.yml defines: node-0..node-2
+HTTP_BASE_PORT = 7001  # node-i publishes its HTTP API on 127.0.0.1:7001+i
+NETWORK = "raft"
+UP_TIMEOUT_S = 900.0  # includes building the image (and pulling its base) the first time
+COMMAND_TIMEOUT_S = 60.0
+DOWN_TIMEOUT_S = 120.0
+LOG_TAIL_BYTES = 4000
+
+
+class DockerError(RuntimeError):
+    """A docker command failed or timed out; the message names it and quotes its stderr."""
+
+
+def run_docker(args: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``docker *args``; raises :class:`DockerError` unless it exits 0 within ``timeout_s``."""
+    command = ["docker", *args]
+    shown = shlex.join(command)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False,
+                              stdin=subprocess.DEVNULL, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise DockerError(f"`{shown}` timed out after {timeout_s:.0f} s") from exc
+    except OSError as exc:
+        raise DockerError(f"`{shown}` could not run: {exc}") from exc
+    if done.returncode != 0:
+        stderr = (done.stderr or done.stdout or "").strip()
+        raise DockerError(f"`{shown}` exited {done.returncode}: {stderr[-2000:]}")
+    return done
+
+
+def docker_compose_error() -> str | None:
+    """None when ``docker compose`` (the v2 plugin) answers; otherwise why not."""
+    try:
+        run_docker(["compose", "version"], timeout_s=20.0)
+    except DockerError as exc:
+        return f"no docker compose plugin: {exc}"
+    return None
+
+
+@dataclasses.dataclass
+class DockerNode:
+    index: int
+    container: str | None = None  # None: no container (before up, after a wipe)
+    state: str = "absent"  # absent / running / stopped (killed)
+    paused: bool = False
+    isolated: bool = False  # disconnected from the raft network
+    starts: int = 0
+
+    @property
+    def node_id(self) -> str:
+        return f"node-{self.index}"
+
+    @property
+    def service(self) -> str:
+        return self.node_id
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{HTTP_BASE_PORT + self.index}"
+
+    @property
+    def direct_url(self) -> str:  # no proxy: clients and the harness use the published port
+        return self.client_url
+
+    def running(self) -> bool:
+        return self.state == "running"
+
+    def live(self) -> bool:
+        return self.running() and not self.paused and not self.isolated
+
+
+class DockerCluster(ChaosCluster):
+    """docker-compose.yml's three nodes as the compose project ``project`` (see the module docstring)."""
+
+    def __init__(self, nodes: int = COMPOSE_NODES, base_dir: Path | None = None, project: str = "rcq-chaos",
+                 compose_file: Path = COMPOSE_FILE) -> None:  # no super().__init__: no proxy, no node dirs
+        if nodes != COMPOSE_NODES:
+            raise ValueError(f"the docker target runs docker-compose.yml's {COMPOSE_NODES} nodes, not {nodes}; "
+                             "use --target local for other sizes")
+        self.project = project
+        self.compose_file = Path(compose_file)
+        self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd() / f"{project}-logs"
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self._secret = secrets.token_urlsafe(32)
+        self.nodes: list[DockerNode] = [DockerNode(i) for i in range(nodes)]  # type: ignore[assignment]
+        self._closed = False
+        self._started = False
+
+    # ----------------------------------------------------------- commands
+    @property
+    def network(self) -> str:
+        return f"{self.project}_{NETWORK}"
+
+    def volume(self, i: int) -> str:
+        return f"{self.project}_node-{i}-data"
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "RCQ_CLUSTER_SECRET": self._secret}
+
+    def compose(self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        return run_docker(["compose", "-f", str(self.compose_file), "-p", self.project, *args], timeout_s, self._env())
+
+    def docker(self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        return run_docker(list(args), timeout_s)
+
+    def _container(self, i: int) -> str:
+        node = self.nodes[i]
+        if node.container is None:
+            found = self.compose("ps", "-a", "-q", node.service).stdout.split()
+            if not found:
+                raise DockerError(f"no container for {node.service} in compose project {self.project}")
+            node.container = found[0]
+        return node.container
+
+    # ---------------------------------------------------------- processes
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        if self._closed:
+            raise RuntimeError("the cluster is closed")
+        self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S)  # a same-named project's leftovers
+        self._started = True
+        self.compose("up", "-d", "--build", timeout_s=UP_TIMEOUT_S)
+        for node in self.nodes:
+            node.container = None
+            self._container(node.index)
+            node.state, node.paused, node.isolated = "running", False, False
+            node.starts += 1
+        self.wait_for_http([n.index for n in self.nodes], timeout_s)
+
+    def start_node(self, i: int, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> int:
+        if self._closed:
+            raise RuntimeError("the cluster is closed")
+        node = self.nodes[i]
+        if node.running():
+            raise RuntimeError(f"{node.node_id} is already running")
+        if node.container is None:  # wiped: a new container (and an empty volume)
+            self.compose("up", "-d", "--no-deps", "--no-build", node.service, timeout_s=UP_TIMEOUT_S)
+            node.isolated = False
+            self._container(i)
+        else:
+            self.compose("start", node.service)
+        node.state, node.paused = "running", False
+        node.starts += 1
+        if wait:
+            self.wait_for_http([i], timeout_s)
+        return node.starts
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL to the container's process, as a crash would; it stays down (``restart: "no"``)."""
+        node = self.nodes[i]
+        if not node.running():
+            return
+        if node.paused:  # a frozen container takes SIGKILL only once thawed
+            self.resume_node(i)
+        self.compose("kill", "-s", "SIGKILL", node.service)
+        node.state, node.paused = "stopped", False
+
+    def pause_node(self, i: int) -> None:
+        node = self.nodes[i]
+        if node.running() and not node.paused:
+            self.docker("pause", self._container(i))
+            node.paused = True
+
+    def resume_node(self, i: int) -> None:
+        node = self.nodes[i]
+        if node.paused:
+            self.docker("unpause", self._container(i))
+        node.paused = False
+
+    def wipe_node(self, i: int) -> None:
+        """The container and its data volume removed; ``start_node`` creates both anew, empty."""
+        node = self.nodes[i]
+        if node.running():
+            raise RuntimeError(f"stop {node.node_id} before wiping it")
+        self.compose("rm", "-f", "-s", "-v", node.service)
+        self.docker("volume", "rm", "-f", self.volume(i))
+        node.container, node.state, node.isolated = None, "absent", False
+
+    # ------------------------------------------------------------ network
+    def isolate_nodes(self, indices: Iterable[int]) -> None:
+        """Off the raft network: cut from every other node (and, its published port gone, from clients)."""
+        for i in indices:
+            node = self.nodes[i]
+            if not node.isolated:
+                self.docker("network", "disconnect", self.network, self._container(i))
+                node.isolated = True
+
+    def reconnect_nodes(self, indices: Iterable[int]) -> None:
+        for i in indices:
+            node = self.nodes[i]
+            if node.isolated:
+                self.docker("network", "connect", "--alias", node.service, self.network, self._container(i))
+                node.isolated = False
+
+    def heal_network(self) -> None:
+        """Resume paused nodes (a frozen container's network is left alone) and reconnect isolated ones."""
+        for node in self.nodes:
+            if node.paused:
+                self.resume_node(node.index)
+        self.reconnect_nodes([node.index for node in self.nodes])
+
+    def heal_processes(self, timeout_s: float = START_TIMEOUT_S) -> list[int]:
+        """Resume paused nodes, reconnect isolated ones, start stopped ones; returns the indices started."""
+        self.heal_network()
+        stopped = [node.index for node in self.nodes if not node.running()]
+        for i in stopped:
+            self.start_node(i, wait=False)
+        if stopped:
+            self.wait_for_http(stopped, timeout_s)
+        return stopped
+
+    def wait_for_http(self, indices: Iterable[int], timeout_s: float = START_TIMEOUT_S) -> None:
+        """As the local cluster's, but an isolated node is not waited for: its port is unpublished until healed."""
+        reachable = [i for i in indices if not self.nodes[i].isolated]
+        if reachable:
+            super().wait_for_http(reachable, timeout_s)
+
+    def close(self, keep: bool = True) -> None:
+        """Save every node's log into ``base_dir``, then ``docker compose down -v``. The project's
+        volumes go whatever ``keep`` says (the logs are what is kept)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            return
+        for node in self.nodes:
+            with contextlib.suppress(DockerError):
+                (self.base_dir / f"{node.node_id}.log").write_text(self.logs(node.index), encoding="utf-8")
+            if node.paused:
+                with contextlib.suppress(DockerError):
+                    self.resume_node(node.index)
+        self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S)
+
+    # -------------------------------------------------------------- views
+    def unexpected_exits(self) -> dict[int, int | None]:
+        """Nodes the harness started whose container has exited anyway, with its exit code."""
+        running = [n for n in self.nodes if n.running() and n.container is not None]
+        if not running:
+            return {}
+        try:
+            lines = self.docker("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
+                                *[n.container for n in running if n.container]).stdout.splitlines()
+        except DockerError:
+            return {}
+        exits: dict[int, int | None] = {}
+        for node, line in zip(running, lines, strict=False):
+            status, _, code = line.strip().partition(" ")
+            if status in ("exited", "dead"):
+                exits[node.index] = int(code) if code.lstrip("-").isdigit() else None
+        return exits
+
+    # --------------------------------------------------------------- logs
+    def logs(self, i: int) -> str:
+        return self.compose("logs", "--no-color", self.nodes[i].service).stdout
+
+    def log_tail(self, i: int, tail_bytes: int = LOG_TAIL_BYTES) -> str:
+        try:
+            return self.logs(i)[-tail_bytes:]
+        except DockerError as exc:
+            return f"(no log: {exc})"
+
+    def log_paths(self) -> list[Path]:
+        return [self.base_dir / f"{node.node_id}.log" for node in self.nodes]
