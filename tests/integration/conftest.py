@@ -11,6 +11,7 @@ added to its report (section "rcq node logs").
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,14 +36,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
             report.sections.append((f"rcq node logs ({value.base_dir}, {report.when})", value.dump_logs()))
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(nodes=3) as local_cluster:
+@contextlib.contextmanager
+def running_cluster(nodes: int = 3, overrides: dict[str, Any] | None = None) -> Iterator[LocalCluster]:
+    """A started cluster with a serving leader (its logs printed if none comes), closed after."""
+    with LocalCluster(nodes=nodes, node_overrides=overrides or {}) as local_cluster:
         try:
             local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
         except TimeoutError:
             print(local_cluster.dump_logs())
             raise
+        yield local_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with running_cluster() as local_cluster:
         yield local_cluster
 
 

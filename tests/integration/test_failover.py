@@ -33,6 +33,7 @@ from rcq.client import (
 )
 from rcq.local_cluster import LocalCluster
 from rcq.testing import wait_until
+from tests.integration.conftest import running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -46,13 +47,7 @@ CONSUMERS = 2
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A 3-node cluster of this test's own (it will be broken), with a serving leader;
     ``request.param`` (indirect parametrization): NodeConfig overrides."""
-    overrides: dict[str, Any] = getattr(request, "param", None) or {}
-    with LocalCluster(nodes=3, node_overrides=overrides) as local_cluster:
-        try:
-            local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
-        except TimeoutError:
-            print(local_cluster.dump_logs())
-            raise
+    with running_cluster(overrides=getattr(request, "param", None)) as local_cluster:
         yield local_cluster
 
 

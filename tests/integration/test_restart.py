@@ -22,6 +22,7 @@ import pytest
 from rcq.client import Enqueue, RcqClient, TransactionAborted
 from rcq.local_cluster import LocalCluster
 from rcq.testing import wait_until
+from tests.integration.conftest import running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -33,13 +34,7 @@ SNAPSHOT_OVERRIDES = {"log_compaction_min_entries": 200, "log_compaction_min_tim
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A 3-node cluster of this test's own, with a serving leader; ``request.param``: node overrides."""
-    overrides: dict[str, Any] = getattr(request, "param", None) or {}
-    with LocalCluster(nodes=3, node_overrides=overrides) as local_cluster:
-        try:
-            local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
-        except TimeoutError:
-            print(local_cluster.dump_logs())
-            raise
+    with running_cluster(overrides=getattr(request, "param", None)) as local_cluster:
         yield local_cluster
 
 
