@@ -52,6 +52,17 @@ from chaos.cluster import ChaosCluster, client_link, raft_link
 from chaos.docker_cluster import DockerCluster
 from chaos.netproxy import HEALTHY, LinkFault, ProxyThread
 
+
+def combine_link_faults(faults: Any) -> LinkFault:
+    """What a link does under several faults at once: drops if any drops, the worst delay and loss."""
+    faults = list(faults)
+    if not faults:
+        return HEALTHY
+    return LinkFault(drop_forward=any(f.drop_forward for f in faults),
+                     drop_backward=any(f.drop_backward for f in faults),
+                     delay_s=max(f.delay_s for f in faults), jitter_s=max(f.jitter_s for f in faults),
+                     loss=max(f.loss for f in faults))
+
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "wipe", "snapshot")
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss")
 DOCKER_KINDS = ("kill", "pause", "partition", "wipe", "snapshot")  # no proxy: no per-link faults
@@ -119,6 +130,10 @@ class Nemesis:
         self.windows: list[dict[str, Any]] = []
         self._next_id = 0
         self._lock = asyncio.Lock()  # a fault's start or stop runs whole, never beside the heal
+        # Faults active at once may touch the same link (a partition and a delay): each keeps its
+        # own layer, and the link gets their combination, so stopping one never undoes another.
+        self._link_layers: dict[str, dict[int, LinkFault]] = {}
+        self._next_layer = 0
 
     # ------------------------------------------------------------------ loop
     async def run(self, stop: asyncio.Event) -> None:
@@ -199,6 +214,7 @@ class Nemesis:
         await self.stop_all()
         async with self._lock:
             if self.proxy is not None:
+                self._link_layers.clear()
                 await asyncio.to_thread(self.proxy.heal)
             else:
                 await asyncio.to_thread(self._docker().heal_network)
@@ -290,10 +306,20 @@ class Nemesis:
     def _links_fault(self, f: str, nodes: list[int], faults: dict[str, LinkFault], details: dict[str, Any]) -> Fault:
         proxy = self.proxy
         assert proxy is not None, "link faults need the proxy"
-        proxy.set_faults(faults)
+        layer = self._next_layer
+        self._next_layer += 1
+        for name, fault in faults.items():
+            self._link_layers.setdefault(name, {})[layer] = fault
         names = list(faults)
-        return Fault(f, nodes, lambda: proxy.set_faults(dict.fromkeys(names, HEALTHY)),
-                     {**details, "links": names})
+        proxy.set_faults({name: combine_link_faults(self._link_layers[name].values()) for name in names})
+
+        def stop() -> None:
+            for name in names:
+                self._link_layers.get(name, {}).pop(layer, None)
+            proxy.set_faults({name: combine_link_faults(self._link_layers.get(name, {}).values())
+                              for name in names})
+
+        return Fault(f, nodes, stop, {**details, "links": names})
 
     def _docker_partition(self, rng: random.Random) -> Fault | None:
         """Whole nodes off the compose network: the leader, or a random minority (also cut from
