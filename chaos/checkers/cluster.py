@@ -96,8 +96,11 @@ def _leader_times(window: dict[str, Any], observations: list[dict[str, Any]]) ->
     before = [sample for sample in observations if float(sample["time_s"]) <= start_s]
     leader_before = before[-1] if before else None
     term_before = int(leader_before.get("term", -1)) if leader_before else -1
+    # Only a change seen while the fault lasts is its doing; a later one belongs to a later fault
+    # (a follower's pause that deposes nobody must not report the next fault's election).
     new_leader = next(
-        (s for s in observations if float(s["time_s"]) > start_s and int(s.get("term", -1)) > term_before), None
+        (s for s in observations
+         if start_s < float(s["time_s"]) <= stop_s and int(s.get("term", -1)) > term_before), None
     )
     after_stop = next((s for s in observations if float(s["time_s"]) >= stop_s), None)
     return {

@@ -389,6 +389,16 @@ def test_liveness_measures_leader_changes_and_availability_per_fault_window() ->
     assert result["by_fault"]["partition"]["max_time_to_new_leader_s"] == pytest.approx(0.6)
 
 
+def test_a_leader_change_after_a_fault_stopped_is_not_charged_to_it() -> None:
+    h = History().nemesis("pause-follower", "start", "node-2")  # 0.1
+    h.nemesis("pause-follower", "stop", "node-2")  # 0.2
+    h.checker_input("leaders", [{"time_s": 0.0, "node": "node-0", "term": 3},
+                                {"time_s": 0.15, "node": "node-0", "term": 3},
+                                {"time_s": 5.0, "node": "node-1", "term": 4}])
+    (window,) = check_liveness(h.lines)["windows"]
+    assert window["new_leader"] is None and window["time_to_new_leader_s"] is None
+
+
 def test_fault_never_stopped_runs_to_the_end_of_the_history() -> None:
     h = History().nemesis("pause", "start", "node-2").enqueue(0, "ok", "a", "v1")
     (window,) = check_liveness(h.lines)["windows"]
