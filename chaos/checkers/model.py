@@ -130,10 +130,14 @@ def build_model(history: Iterable[dict[str, Any]] | list[PairedOp]) -> QueueMode
             model.sightings_by_value[item].append(sighting)
         if op.f == "move":
             pending_moves.append((op, queue, str(value.get("to")), values))
+    # (value, target) pairs a committed move put there: they explain a sighting in that target.
+    moved_by_ok = {(item, target) for op, _, target, values in pending_moves if op.type == "ok" for item in values}
     for op, source, target, values in pending_moves:
         # A failed move definitely did not happen, even if its values later reach its target
-        # through another move; only an info move is judged by where its values show up.
-        committed = op.type == "ok" or (op.type == "info" and _seen_in(model, values, target, op))
+        # through another move; only an info move is judged by where its values show up, and
+        # only by values no committed move carried to that target (soak seed 2026).
+        unexplained = tuple(item for item in values if (item, target) not in moved_by_ok)
+        committed = op.type == "ok" or (op.type == "info" and _seen_in(model, unexplained, target, op))
         model.moves.append(MoveTx(op, source, target, values, committed))
     committed_moves = {move.op.invoke_index for move in model.moves if move.committed}
     for sighting in model.sightings:

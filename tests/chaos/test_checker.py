@@ -283,6 +283,17 @@ def test_a_failed_move_whose_value_reaches_the_target_by_another_move_is_fine() 
     assert result["valid"]
 
 
+def test_an_info_move_whose_values_a_later_ok_move_carried_is_not_a_duplicate() -> None:
+    # Soak seed 2026: a move's commit was unknown (leader lost); the next leader's move took the
+    # same values from the source to the same target; each value was drained from it once.
+    h = History().enqueue(0, "ok", "q2", "v1", "v2").move(1, "info", "q2", "q1", "v1", "v2")
+    h.move(2, "ok", "q2", "q1", "v1").move(3, "ok", "q2", "q1", "v2").drain("q1", "v1", "v2").drain("q2")
+    result = check(h.lines)
+    assert result["total_queue"]["duplicated_count"] == 0
+    assert result["atomicity"]["moves_in_both_queues_count"] == 0
+    assert result["valid"]
+
+
 def test_info_move_value_in_neither_queue_is_lost() -> None:
     h = History().enqueue(0, "ok", "a", "v1").move(1, "info", "a", "b", "v1").drain("a").drain("b")
     assert check_total_queue(h.lines)["lost"] == ["v1"]
