@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from rcq.client import RcqClient
 from rcq.local_cluster import LocalCluster
+from rcq.testing import wait_until
 
 LEADER_TIMEOUT_S = 60.0
 
@@ -59,3 +61,17 @@ def healthy_cluster(cluster: LocalCluster) -> LocalCluster:
     cluster.heal()
     cluster.wait_for_leader(LEADER_TIMEOUT_S)
     return cluster
+
+
+async def drain_until_empty(client: RcqClient, queue: str, timeout_s: float = 60.0) -> list[str]:
+    """Dequeue and commit until the queue is empty on the leader (items locked by a commit whose
+    outcome is still pending count, and are waited for); the values, decoded."""
+    drained: list[str] = []
+
+    async def empty() -> bool:
+        async with client.transaction(timeout=30) as tx:
+            drained.extend(v.decode() for v in await tx.dequeue_batch(queue, 1000))
+        return await client.count(queue) == 0
+
+    await wait_until(empty, timeout_s, interval_s=0.05, message=f"{queue} to drain")
+    return drained

@@ -33,7 +33,7 @@ from rcq.client import (
 )
 from rcq.local_cluster import LocalCluster
 from rcq.testing import wait_until
-from tests.integration.conftest import running_cluster
+from tests.integration.conftest import drain_until_empty, running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -143,20 +143,6 @@ async def committed(client: RcqClient, transaction_id: str) -> bool | None:
     return {"committed": True, "aborted": False}.get(state)
 
 
-async def drain(client: RcqClient, queue: str) -> list[str]:
-    """Dequeue and commit until the queue is empty on the leader (items locked by a commit whose
-    outcome is still pending count, and are waited for)."""
-    drained: list[str] = []
-
-    async def empty() -> bool:
-        async with client.transaction(timeout=30) as tx:
-            drained.extend(v.decode() for v in await tx.dequeue_batch(queue, 1000))
-        return await client.count(queue) == 0
-
-    await wait_until(empty, WAIT_S, interval_s=0.05, message=f"{queue} to drain")
-    return drained
-
-
 async def kill_the_leader(cluster: LocalCluster, client: RcqClient, history: History,
                           round_number: int) -> tuple[Transaction, str]:
     """One round: open a witness transaction on the leader, kill -9 the leader, wait until a new one
@@ -215,7 +201,7 @@ async def test_killing_the_leader_under_load_loses_no_acknowledged_enqueue_and_t
         with pytest.raises(TransactionAborted):
             await witness.commit()
         assert (await witness.status())["state"] == "aborted"
-        assert await drain(client, witness_queue) == [f"w-item-{round_number}"]
+        assert await drain_until_empty(client, witness_queue) == [f"w-item-{round_number}"]
 
     # Ask the cluster what became of the commits whose answers were lost.
     for value, transaction_id in list(history.unknown_enqueues.items()):
@@ -232,7 +218,7 @@ async def test_killing_the_leader_under_load_loses_no_acknowledged_enqueue_and_t
         elif outcome is None:
             consumed_maybe.update(values)
 
-    came_out = Counter(history.consumed) + Counter(await drain(client, queue))
+    came_out = Counter(history.consumed) + Counter(await drain_until_empty(client, queue))
     duplicated = {v: n for v, n in came_out.items() if n > 1}
     unexpected = set(came_out) - history.acknowledged - set(history.unknown_enqueues)
     lost = {v for v in history.acknowledged if v not in came_out and v not in consumed_maybe}
@@ -325,7 +311,7 @@ async def test_an_unknown_commit_whose_leader_dies_is_reported_aborted_everywher
         assert (await status_on(url, transaction_id))["state"] == "aborted", url
     with pytest.raises(TransactionAborted):  # a retry with the same id never applies it
         await client.attach(transaction_id).commit()
-    assert sorted(await drain(client, queue)) == ["kept", "moved"]
+    assert sorted(await drain_until_empty(client, queue)) == ["kept", "moved"]
 
 
 @pytest.mark.parametrize("cluster", [SHORT_COMMITS], ids=["short-commits"], indirect=True)
@@ -342,4 +328,4 @@ async def test_an_unknown_commit_completed_by_its_reelected_leader_is_reported_c
     assert cluster.status(leader)["open_transactions"] == 0, states
     assert set(states.values()) == {"committed"}, states
     assert (await client.attach(transaction_id).commit()).duplicate  # a retry never applies twice
-    assert sorted(await drain(client, queue)) == ["added", "moved"]
+    assert sorted(await drain_until_empty(client, queue)) == ["added", "moved"]

@@ -22,7 +22,7 @@ import pytest
 from rcq.client import Enqueue, RcqClient, TransactionAborted
 from rcq.local_cluster import LocalCluster
 from rcq.testing import wait_until
-from tests.integration.conftest import running_cluster
+from tests.integration.conftest import drain_until_empty, running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -55,18 +55,6 @@ async def contents(client: RcqClient, queue: str) -> list[tuple[int, bytes]]:
         return [(item.item_id, item.value) for item in await tx.dequeue_items(queue, 10_000)]
     finally:
         await tx.abort()
-
-
-async def drain(client: RcqClient, queue: str) -> list[str]:
-    drained: list[str] = []
-
-    async def empty() -> bool:
-        async with client.transaction(timeout=30) as tx:
-            drained.extend(v.decode() for v in await tx.dequeue_batch(queue, 5000))
-        return await client.count(queue) == 0
-
-    await wait_until(empty, WAIT_S, interval_s=0.05, message=f"{queue} to drain")
-    return drained
 
 
 async def queue_counts(client: RcqClient) -> dict[str, int]:
@@ -197,7 +185,7 @@ async def test_every_acknowledged_commit_survives_kill_9_of_every_node(
     await asyncio.to_thread(cluster.start)
     await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
     await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
-    came_out = Counter(await drain(client, queue))
+    came_out = Counter(await drain_until_empty(client, queue))
     duplicated = {v: n for v, n in came_out.items() if n > 1}
     lost = acknowledged_at_crash - set(came_out)
     unexpected = set(came_out) - attempted
@@ -242,7 +230,7 @@ async def test_a_wiped_node_rejoins_from_the_leaders_snapshot_under_load(
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{cluster.url(wiped)}/v1/queues/{queue}") as response:
             assert (await response.json())["count"] == len(load.remaining())
-    assert sorted(await drain(client, queue)) == sorted(load.remaining())
+    assert sorted(await drain_until_empty(client, queue)) == sorted(load.remaining())
 
 
 async def test_a_follower_restarted_after_missing_many_entries_catches_up(
@@ -268,4 +256,4 @@ async def test_a_follower_restarted_after_missing_many_entries_catches_up(
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{cluster.url(follower)}/v1/queues/{queue}") as response:
             assert (await response.json())["count"] == len(load.remaining())
-    assert sorted(await drain(client, queue)) == sorted(load.remaining())
+    assert sorted(await drain_until_empty(client, queue)) == sorted(load.remaining())
