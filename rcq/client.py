@@ -21,9 +21,9 @@ enough for a failover) until ``retry_timeout_s`` has passed.
 broke after the request was sent, a timeout, a 504):
 
 * reads, ``begin`` (a lost one leaves an empty transaction that expires),
-  ``abort``, ``extend``, and transactional dequeues: each dequeue carries a key
-  (one is generated per call) and the server answers a repeated key with the
-  same items;
+  ``abort``, ``extend``, and transactional dequeues and enqueues: each carries
+  a key (one is generated per call); the server answers a repeated dequeue key
+  with the same items and buffers nothing more for a repeated enqueue key;
 * commits: a retried commit with the same transaction id is never applied
   twice (the server answers ``duplicate``); until the answer is definite the
   client keeps asking, then raises :class:`CommitOutcomeUnknown`;
@@ -33,10 +33,6 @@ broke after the request was sent, a timeout, a 504):
   their queues, and what the first attempt took is unknown);
 * one-request ``dequeue`` is **at most once**: if the answer of an attempt that
   committed is lost, the items it took are gone and the retry takes others.
-
-An enqueue into an open transaction is *not* re-sent: it raises
-:class:`Unavailable`, and whether the items were buffered is unknown (abort the
-transaction).
 
 **Item encodings.** Items are bytes; ``str`` items are sent as their UTF-8
 bytes. A request's items travel as ``utf-8`` text when every one is valid
@@ -66,6 +62,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 import yarl
 
+from rcq.coalescer import BACKOFF_FIRST_S, BACKOFF_MAX_S, Attempts, Coalescer
 from rcq.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
@@ -105,11 +102,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CONNECTIONS_MAX = 256
-COALESCE_PARTS_MAX = 1000
-COALESCE_BYTES_MAX = 4 << 20  # estimated item bytes per execute-batch body; the server allows 32 MiB
 PEEK_TIMEOUT_S = 10.0  # how long a peeked item stays locked if the peek's abort is lost
-BACKOFF_FIRST_S = 0.05
-BACKOFF_MAX_S = 1.0
 ItemValue = bytes | bytearray | memoryview | str
 
 
@@ -280,14 +273,8 @@ class _Policy:
 
 
 _SAFE = _Policy(retry_ambiguous=True, maybe_committed=False)
-_ONCE = _Policy(retry_ambiguous=False, maybe_committed=False)
 _WRITE = _Policy(retry_ambiguous=True, maybe_committed=True)
 _COMMIT = _Policy(retry_ambiguous=True, maybe_committed=True, unknown_after_ambiguous=(TransactionNotFound,))
-
-
-@dataclass(slots=True)
-class _Attempts:
-    ambiguous: bool = False  # an attempt may have executed
 
 
 @dataclass(slots=True)
@@ -426,125 +413,6 @@ class _TransactionContext:
         await self._transaction.__aexit__(exc_type, exc, traceback)
 
 
-# ------------------------------------------------------------------------ coalescer
-@dataclass(slots=True, eq=False)
-class _Part:
-    body: dict[str, Any]
-    size_bytes: int
-    deadline: float
-    future: asyncio.Future[dict[str, Any]]
-    delay_s: float = BACKOFF_FIRST_S
-    ambiguous: bool = False
-
-
-class _Coalescer:
-    """Sends the requests made in one loop iteration (any verb, any transaction) as one POST /v1/batch."""
-
-    def __init__(self, client: RcqClient) -> None:
-        self._client = client
-        self._pending: list[_Part] = []
-        self._flush_scheduled = False
-        self._closed = False
-        self.batches_sent = 0
-
-    def submit(self, body: dict[str, Any], size_bytes: int) -> asyncio.Future[dict[str, Any]]:
-        loop = asyncio.get_running_loop()
-        part = _Part(body, size_bytes, loop.time() + self._client._retry_timeout_s, loop.create_future())
-        self._add(part)
-        return part.future
-
-    def _add(self, part: _Part) -> None:
-        if self._closed:
-            self._give_up(part, Unavailable("the client was closed"))
-            return
-        self._pending.append(part)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        pending, self._pending = self._pending, []
-        batch: list[_Part] = []
-        size = 0
-        for part in pending:
-            if part.future.done():  # its caller was cancelled
-                continue
-            if batch and (len(batch) >= COALESCE_PARTS_MAX or size + part.size_bytes > COALESCE_BYTES_MAX):
-                self._client._spawn(self._send(batch))
-                batch, size = [], 0
-            batch.append(part)
-            size += part.size_bytes
-        if batch:
-            self._client._spawn(self._send(batch))
-
-    async def _send(self, batch: list[_Part]) -> None:
-        self.batches_sent += 1
-        attempts = _Attempts()
-        try:
-            # Every sub-request is retry-safe (keys and idempotency keys), so the whole batch
-            # may be re-sent after an ambiguous failure.
-            answer = await self._client._call(
-                "POST", "/v1/batch", {"requests": [p.body for p in batch]}, policy=_WRITE,
-                deadline=min(p.deadline for p in batch), attempts=attempts)
-        except (InvalidRequest, PayloadTooLarge) as exc:
-            if len(batch) == 1:
-                self._give_up(batch[0], exc)
-                return
-            # one part spoils the whole body: let each caller get its own answer
-            await asyncio.gather(*(self._send([p]) for p in batch))
-            return
-        except RcqError as exc:
-            for part in batch:
-                self._give_up(part, exc)
-            return
-        except BaseException:
-            for part in batch:
-                self._give_up(part, Unavailable("the client was closed"))
-            raise
-        responses = answer.get("responses") if isinstance(answer, dict) else None
-        if not isinstance(responses, list) or len(responses) != len(batch):
-            for part in batch:
-                self._give_up(part, CommitOutcomeUnknown("/v1/batch answered with a malformed body"))
-            return
-        for part, response in zip(batch, responses, strict=True):
-            self._settle(part, response, attempts.ambiguous)
-
-    def _settle(self, part: _Part, response: Any, ambiguous: bool) -> None:
-        if part.future.done():
-            return
-        status = int(response.get("status") or 500) if isinstance(response, dict) else 500
-        body = response.get("body") if isinstance(response, dict) else None
-        if status < 300:
-            part.future.set_result(body if isinstance(body, dict) else {})
-            return
-        error = error_from_body(status, body)
-        part.ambiguous = part.ambiguous or ambiguous or isinstance(error, CommitOutcomeUnknown)
-        loop = asyncio.get_running_loop()
-        if (error.retryable or isinstance(error, CommitOutcomeUnknown)) and loop.time() + part.delay_s < part.deadline:
-            # not executed (503, 429, 307) or unknown (504): the part is safe to send again (see module)
-            loop.call_later(part.delay_s * random.uniform(0.5, 1.0), self._add, part)
-            part.delay_s = min(part.delay_s * 2, BACKOFF_MAX_S)
-            return
-        self._give_up(part, error)
-
-    @staticmethod
-    def _give_up(part: _Part, error: RcqError) -> None:
-        """Answer the caller with ``error``; after an attempt whose outcome is unknown, a failure
-        that says "not executed" only speaks for the last attempt: the outcome stays unknown."""
-        if part.future.done():
-            return
-        if part.ambiguous and error.retryable and not isinstance(error, CommitOutcomeUnknown):
-            error = CommitOutcomeUnknown(f"gave up after an attempt with an unknown outcome: {error.message}")
-        part.future.set_exception(error)
-
-    def close(self) -> None:
-        self._closed = True
-        pending, self._pending = self._pending, []
-        for part in pending:
-            self._give_up(part, Unavailable("the client was closed"))
-
-
 # --------------------------------------------------------------------------- client
 class RcqClient:
     """An rcq cluster seen from one program. One instance per event loop; close it (or use
@@ -565,7 +433,7 @@ class RcqClient:
         self._owns_session = session is None
         self._leader: str | None = None
         self._next_url = 0
-        self._coalescer = _Coalescer(self) if coalesce else None
+        self._coalescer = Coalescer(self._send_batch, self._spawn, retry_timeout_s) if coalesce else None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
@@ -613,6 +481,10 @@ class RcqClient:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("rcq client background task failed", exc_info=task.exception())
+
+    async def _send_batch(self, bodies: list[dict[str, Any]], deadline: float, attempts: Attempts) -> Any:
+        return await self._call("POST", "/v1/batch", {"requests": bodies}, policy=_WRITE,
+                                deadline=deadline, attempts=attempts)
 
     async def _verb(self, op: dict[str, Any], method: str, path: str, body: dict[str, Any] | None,
                     policy: _Policy, size_bytes: int = 64) -> Any:
@@ -663,7 +535,7 @@ class RcqClient:
         return info
 
     async def _commit(self, path: str, body: dict[str, Any], ids: list[str], *, many: bool) -> CommitInfo:
-        attempts = _Attempts()
+        attempts = Attempts()
         try:
             if self._coalescer is not None and not many:
                 answer = await self._coalescer.submit({"op": "commit", "transaction_id": ids[0], **body}, 64)
@@ -845,11 +717,11 @@ class RcqClient:
 
     async def _call(self, method: str, path: str, body: Any = None, *, policy: _Policy,
                     params: Mapping[str, str] | None = None, timeout_s: float | None = None,
-                    deadline: float | None = None, attempts: _Attempts | None = None) -> Any:
+                    deadline: float | None = None, attempts: Attempts | None = None) -> Any:
         """Send to the leader, following 307s and retrying as ``policy`` allows until the deadline."""
         loop = asyncio.get_running_loop()
         deadline = deadline if deadline is not None else loop.time() + self._retry_timeout_s
-        attempts = attempts if attempts is not None else _Attempts()
+        attempts = attempts if attempts is not None else Attempts()
         data = None if body is None else _dumps(body)
         delay_s, failures, redirects, sent = BACKOFF_FIRST_S, 0, 0, 0
         while True:

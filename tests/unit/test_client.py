@@ -20,7 +20,6 @@ import aiohttp
 import pytest
 
 from rcq.client import (
-    COALESCE_PARTS_MAX,
     CommitOutcomeUnknown,
     Dequeue,
     Enqueue,
@@ -37,6 +36,7 @@ from rcq.client import (
     Unavailable,
     encode_items,
 )
+from rcq.coalescer import COALESCE_PARTS_MAX
 from rcq.config import NodeConfig
 from rcq.node import Node
 from rcq.state_machine import QueueStateMachine
