@@ -310,7 +310,7 @@ class Transaction:
         return f"/v1/transactions/{quote(self.transaction_id, safe='')}" + (f"/{verb}" if verb else "")
 
     async def enqueue(self, queue: str, item: ItemValue) -> int:
-        """Buffer one item; returns the transaction's buffered item count. Never re-sent (see module)."""
+        """Buffer one item; returns the transaction's buffered item count (retry-safe: keyed, see module)."""
         return await self.enqueue_batch(queue, [item])
 
     async def enqueue_batch(self, queue: str, items: Iterable[ItemValue]) -> int:
