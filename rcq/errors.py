@@ -171,6 +171,20 @@ class CommitOutcomeUnknown(RcqError):
     maybe_committed = True
 
 
+class RouteNotFound(InvalidRequest):
+    """No such endpoint; see the README for the API."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class MethodNotAllowed(InvalidRequest):
+    """This endpoint does not accept that HTTP method."""
+
+    code = "method_not_allowed"
+    http_status = 405
+
+
 def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:
     found = []
     for sub in cls.__subclasses__():
@@ -194,19 +208,3 @@ def error_from_body(status: int, body: Any) -> RcqError:
     return cls(str(error.get("message") or cls.__doc__),
                leader_url=error.get("leader_url"), details=error.get("details"))
 
-
-class RouteNotFound(InvalidRequest):
-    """No such endpoint; see the README for the API."""
-
-    code = "not_found"
-    http_status = 404
-
-
-class MethodNotAllowed(InvalidRequest):
-    """This endpoint does not accept that HTTP method."""
-
-    code = "method_not_allowed"
-    http_status = 405
-
-
-ERRORS_BY_CODE.update({cls.code: cls for cls in (RouteNotFound, MethodNotAllowed)})
