@@ -361,7 +361,7 @@ class ChaosCluster:
         return None
 
     # ------------------------------------------------------------- waits
-    def _until(self, timeout_s: float, attempt: Callable[[], T | None], what: str) -> T:
+    def wait_for(self, timeout_s: float, attempt: Callable[[], T | None], what: str) -> T:
         deadline = time.monotonic() + timeout_s
         while True:
             result = attempt()
@@ -382,10 +382,10 @@ class ChaosCluster:
                                                 sorted(pending)))
             return True if not pending else None
 
-        self._until(timeout_s, attempt, f"nodes {sorted(pending)} did not answer /healthz")
+        self.wait_for(timeout_s, attempt, f"nodes {sorted(pending)} did not answer /healthz")
 
     def wait_for_leader(self, timeout_s: float = 30.0) -> int:
-        return self._until(timeout_s, self.leader, "no serving leader agreed by a majority")
+        return self.wait_for(timeout_s, self.leader, "no serving leader agreed by a majority")
 
     def wait_for_applied(self, timeout_s: float = 30.0) -> int:
         """Every live node has applied the commit index the leader reported first; returns it."""
@@ -403,7 +403,7 @@ class ChaosCluster:
                 return target[0]
             return None
 
-        return self._until(timeout_s, attempt, "live nodes did not apply the leader's commit index")
+        return self.wait_for(timeout_s, attempt, "live nodes did not apply the leader's commit index")
 
     def wait_for_convergence(self, timeout_s: float = 30.0) -> dict[str, str]:
         """Every node (all must be live) reports the same digest at the same applied index:
@@ -416,7 +416,7 @@ class ChaosCluster:
             seen = {i: f"{a['digest']}@{a['applied_index']}" for i, a in answers.items()}
             return {self.nodes[i].node_id: s for i, s in sorted(seen.items())} if len(set(seen.values())) == 1 else None
 
-        return self._until(timeout_s, attempt, "nodes did not converge to one digest")
+        return self.wait_for(timeout_s, attempt, "nodes did not converge to one digest")
 
     def digests(self) -> dict[str, str | None]:
         answers = self.poll(self.digest, self.live_indices())

@@ -26,6 +26,12 @@ Kinds (the CLI's ``--nemesis`` names; ``all`` is every one):
   all Raft's majority can absorb.
 * ``snapshot``: in the background, nodes asked to snapshot and compact now
   (the cluster's small compaction thresholds make them do it on their own too).
+* ``deposed-leader``: the leader cut from its peers' Raft traffic while its
+  clients still reach it (commits in flight on a leader about to be deposed),
+  lossy links among the others; when the fault stops, the others have elected
+  a new leader and compacted their logs, so the old leader rejoins through a
+  snapshot install (the pattern of chaos seed 90413). Its stop line says
+  whether the old leader received a snapshot. Never mixed; local target only.
 
 The order and kind of faults, their durations and random targets come from
 ``random.Random(f"{seed}/nemesis")``; "the leader" is whoever leads then.
@@ -63,7 +69,8 @@ def combine_link_faults(faults: Any) -> LinkFault:
                      delay_s=max(f.delay_s for f in faults), jitter_s=max(f.jitter_s for f in faults),
                      loss=max(f.loss for f in faults))
 
-KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "wipe", "snapshot")
+KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "wipe", "snapshot",
+         "deposed-leader")
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss")
 DOCKER_KINDS = ("kill", "pause", "partition", "wipe", "snapshot")  # no proxy: no per-link faults
 QUIET_S = (1.0, 4.0)
@@ -72,6 +79,8 @@ PAUSE_S = (2.0, 5.0)  # above raft_max_timeout_s (1.6 s): the others elect a new
 MIX_PROBABILITY = 0.3
 SNAPSHOT_EVERY_S = (1.0, 4.0)
 WIPE_CATCH_UP_S = 60.0
+DEPOSED_LEADER_LOSS = (0.03, 0.15)
+DEPOSED_LEADER_WAIT_S = 15.0  # for the new leader, the compactions and the snapshot install, each
 STEP_TIMEOUT_S = 90.0
 
 
@@ -106,6 +115,7 @@ class Fault:
     nodes: list[int]
     stop: Callable[[], None]
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    outcome: dict[str, Any] = dataclasses.field(default_factory=dict)  # what stop() saw, for its history line
 
 
 class Nemesis:
@@ -206,7 +216,8 @@ class Nemesis:
                     error = None
                 except Exception as exc:  # the final heal retries everything
                     error = repr(exc)
-                self._record(fault.f, "stop", fault.nodes, {"id": fault_id, **({"error": error} if error else {})})
+                self._record(fault.f, "stop", fault.nodes,
+                             {"id": fault_id, **fault.outcome, **({"error": error} if error else {})})
                 self.progress(f"nemesis: stop {fault.f}" + (f" ({error})" if error else ""))
 
     async def heal(self) -> None:
@@ -439,3 +450,63 @@ class Nemesis:
             cluster.wait_for_applied(WIPE_CATCH_UP_S)  # the fault lasts until it has caught up
 
         return Fault("wipe", [target], stop)
+
+    def _begin_deposed_leader(self, rng: random.Random) -> Fault | None:
+        cluster = self.cluster
+        n = len(cluster.nodes)
+        leader = cluster.leader()
+        if n < 3 or leader is None:
+            return None
+        loss = rng.uniform(*DEPOSED_LEADER_LOSS)
+        others = [i for i in range(n) if i != leader]
+        faults = self._cut([(leader, j) for j in others])
+        faults.update({raft_link(a, b): LinkFault(loss=loss) for a in others for b in others if a > b})
+        links = self._links_fault("deposed-leader", [leader], faults,
+                                  {"isolated": f"node-{leader}", "loss": round(loss, 3)})
+        heal_links = links.stop
+
+        def stop() -> None:
+            try:
+                self._compact_behind(leader, links.outcome)
+            finally:
+                heal_links()
+            links.outcome["snapshot_installed"] = self._snapshot_received(leader, links.outcome)
+
+        links.stop = stop
+        return links
+
+    def _compact_behind(self, old_leader: int, outcome: dict[str, Any]) -> None:
+        """Once the others have a new leader, make each of them snapshot and compact its log."""
+        cluster = self.cluster
+        outcome["new_leader"] = cluster.wait_for(
+            DEPOSED_LEADER_WAIT_S, lambda: next((i for i in [cluster.leader()] if i not in (None, old_leader)), None),
+            "no new leader while the old one was cut off")
+        others = [i for i in cluster.live_indices() if i != old_leader]
+        before = {i: int(v["snapshot_count"]) for i, v in cluster.poll(cluster.status, others).items()}
+        outcome["old_leader_snapshots_before"] = int(cluster.status(old_leader).get("snapshots_received", 0))
+        for i in before:
+            with contextlib.suppress(OSError, ValueError):
+                cluster.request_snapshot(i)
+
+        def compacted() -> bool | None:
+            now = cluster.poll(cluster.status, list(before))
+            return True if all(int(now.get(i, {}).get("snapshot_count", -1)) > before[i] for i in before) else None
+
+        cluster.wait_for(DEPOSED_LEADER_WAIT_S, compacted, "the others did not snapshot")
+
+    def _snapshot_received(self, old_leader: int, outcome: dict[str, Any]) -> bool:
+        """Wait (bounded) for the old leader to install a snapshot from the new leader."""
+        before = outcome.get("old_leader_snapshots_before")
+        if before is None:
+            return False
+
+        def received() -> bool | None:
+            with contextlib.suppress(OSError, ValueError):
+                if int(self.cluster.status(old_leader).get("snapshots_received", 0)) > before:
+                    return True
+            return None
+
+        try:
+            return bool(self.cluster.wait_for(DEPOSED_LEADER_WAIT_S, received, "no snapshot install"))
+        except TimeoutError:
+            return False

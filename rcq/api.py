@@ -298,6 +298,7 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         "serving": manager.serving, "commit_index": status.commit_index,
         "last_applied": status.last_applied, "log_length": status.log_length,
         "has_quorum": status.has_quorum, "snapshot_count": status.snapshot_count,
+        "snapshots_received": int(status.details.get("snapshots_received", 0)),
         "open_transactions": manager.open_count,
         "peers": [{"node_id": p.node_id, "url": p.http_url, "raft_address": p.raft_address}
                   for p in config.peers],

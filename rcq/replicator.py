@@ -11,9 +11,8 @@ callbacks and writes snapshots; everything public here is called on the event
 loop's thread. The state machine is guarded by one lock shared by apply,
 snapshot restore and :meth:`RaftReplicator.read`.
 
-Every workaround below names its hazard in the team's pysyncobj study,
-notes/pysyncobj.md ("R1".."R11" are its correctness risks, "hazard N" the
-numbered list of its verdict).
+Every workaround below names its hazard in docs/raft-hazards.md (H1..H12),
+which says what pysyncobj does, why it matters and what rcq does about it.
 
 This is the only module that imports pysyncobj. Must not import: lmdb (use
 rcq.snapshots), aiohttp.
@@ -80,7 +79,7 @@ _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() i
 
 # ------------------------------------------------------------------ consumer
 # ---------------------------------------------------------------------------------------------
-# R5: pysyncobj's follower deletes every entry after prevLogIdx on each append_entries message
+# H5 (docs/raft-hazards.md): pysyncobj's follower deletes every entry after prevLogIdx on each append_entries message
 # and re-adds the message's entries, even when they match (it logs CRITICAL "truncating
 # already-applied log entries" when it does). A duplicate or reordered message then leaves the
 # follower with a log *shorter* than what it already acknowledged; if the leader counted those
@@ -125,13 +124,72 @@ def _guard_journal(sync_obj: SyncObj) -> None:
     journal._rcq_guarded = True
 
 
-def _on_message_received_with_matching_fix(original: Callable[..., Any]) -> Callable[..., Any]:
+# ---------------------------------------------------------------------------------------------
+# A follower's commit index may only cover entries the leader has shown to be in its own log.
+# Raft (Figure 2, AppendEntries step 5): commitIndex = min(leaderCommit, index of the last *new*
+# entry), and only after the consistency check on prevLogIndex/prevLogTerm passed. pysyncobj
+# instead sets it to min(leaderCommit, last index of the local log) at the end of every accepted
+# append_entries message, including the chunks of a snapshot transfer, which carry no
+# prevLogIdx and check nothing. A deposed leader still holding its own uncommitted entries then
+# *applies* them as soon as the new leader starts sending it a snapshot, and the callbacks of
+# those entries report success (same index, same term as proposed): the commit is acknowledged,
+# then the snapshot replaces the state and the entries are gone for good (chaos seed 90413; see
+# docs/raft-hazards.md, H6). The keep-matching-entries fix above widens
+# the same hole on the regular path: entries beyond the message are kept, unverified.
+# Here, after pysyncobj has handled the message, the commit index is brought back to what the
+# message verified; and proposals a received snapshot skipped are answered "unknown" (pysyncobj
+# would never call them back).
+def _verified_index(sync_obj: SyncObj, message: dict[str, Any], applied_before: int) -> int | None:
+    """The last index an accepted append_entries message proved to match the leader's log."""
+    if "prevLogIdx" in message:
+        transmission = message.get("transmission")
+        if transmission in ("start", "process"):
+            return None  # pysyncobj returned before touching the commit index
+        if transmission == "finish":
+            return int(message["prevLogIdx"]) + 1  # one large entry, reassembled
+        entries = message.get("entries") or ()
+        return int(entries[-1][1]) if entries else int(message["prevLogIdx"])
+    last_applied = int(sync_obj.raftLastApplied)
+    if "serialized" in message and last_applied != applied_before:
+        return last_applied  # a snapshot was installed: the log is now exactly the snapshot
+    return None  # a snapshot chunk (not the last) or a heartbeat of one: nothing verified
+
+
+def _bound_commit_index(sync_obj: SyncObj, message: dict[str, Any], commit_before: int,
+                        applied_before: int) -> None:
+    commit_now = int(sync_obj.raftCommitIndex)
+    if commit_now <= commit_before:
+        return
+    verified = _verified_index(sync_obj, message, applied_before)
+    bound = max(commit_before, verified if verified is not None else 0)
+    if commit_now > bound:
+        sync_obj._SyncObj__raftCommitIndex = bound  # type: ignore[attr-defined]
+        sync_obj._SyncObj__raftLog.setRaftCommitIndex(bound)  # type: ignore[attr-defined]
+
+
+def _answer_proposals_skipped_by_snapshot(sync_obj: SyncObj, applied_before: int) -> None:
+    last_applied = int(sync_obj.raftLastApplied)
+    if last_applied == applied_before:
+        return
+    waiting = sync_obj._SyncObj__commandsWaitingCommit  # type: ignore[attr-defined]
+    for index in [i for i in waiting if i <= last_applied]:
+        for _term, callback in waiting.pop(index):
+            callback(None, FAIL_REASON.UNKNOWN_OUTCOME)
+
+
+def _on_message_received_with_fixes(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_message_received(self: SyncObj, node: Any, message: Any) -> Any:
         setattr(self, _TRUNCATE_FROM, None)
+        is_append = isinstance(message, dict) and message.get("type") == "append_entries"
+        commit_before = int(self.raftCommitIndex)
+        applied_before = int(self.raftLastApplied)
         try:
             return original(self, node, message)
         finally:
             setattr(self, _TRUNCATE_FROM, None)
+            if is_append:
+                _bound_commit_index(self, message, commit_before, applied_before)
+                _answer_proposals_skipped_by_snapshot(self, applied_before)
 
     return on_message_received
 
@@ -148,10 +206,28 @@ class _DropMisleadingTruncationLine(logging.Filter):
 # construction, so they must be in place before any SyncObj is built (import time, once).
 if not getattr(SyncObj, "_rcq_matching_entries_fix", False):
     SyncObj._SyncObj__deleteEntriesFrom = _deferred_delete_entries_from  # type: ignore[attr-defined]
-    SyncObj._SyncObj__onMessageReceived = _on_message_received_with_matching_fix(  # type: ignore[attr-defined]
+    SyncObj._SyncObj__onMessageReceived = _on_message_received_with_fixes(  # type: ignore[attr-defined]
         SyncObj._SyncObj__onMessageReceived)  # type: ignore[attr-defined]
     SyncObj._rcq_matching_entries_fix = True  # type: ignore[attr-defined]
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
+
+
+def _leads_term_of_entry(sync_obj: SyncObj, index: int) -> bool:
+    """Is this node the leader of the term of its log entry ``index``, now?
+
+    A leader of term T appended every term-T entry itself and moved its commit index only by
+    counting its followers' acknowledgements, so an entry it applies while still leading T is
+    committed. Any other node applying an entry it once proposed depends on the commit index a
+    leader sent it; a proposal answered from there is answered "unknown" (safe: the client asks
+    again and the new leader answers from the replicated outcome), never "committed".
+    """
+    if not sync_obj._isLeader():
+        return False
+    journal = _journal_of(sync_obj)
+    position = index - int(journal[0][1]) if len(journal) else -1
+    if not 0 <= position < len(journal):
+        return False
+    return int(journal[position][2]) == int(sync_obj.raftCurrentTerm)
 
 
 class _QueueConsumer(SyncObjConsumer):
@@ -169,13 +245,18 @@ class _QueueConsumer(SyncObjConsumer):
         self._state_machine = state_machine
         self._lock = lock
         self._on_applied = on_applied
+        # Whether the entry applied last was applied by the leader of its own term. pysyncobj
+        # calls a proposal's callback right after applying the proposal's entry, so the submit
+        # callback reads this for its own entry (both on the tick thread).
+        self.applied_by_its_leader = False
 
     @replicated
     def apply_command(self, raw: Any) -> ApplyResult:
         # raftLastApplied is incremented only after this returns, so +1 is the
-        # index of the entry being applied (verified in the note, section 1).
+        # index of the entry being applied.
         index = self._syncObj.raftLastApplied + 1
-        # R2: an exception escaping a replicated method is re-applied on every
+        self.applied_by_its_leader = _leads_term_of_entry(self._syncObj, index)
+        # H2: an exception escaping a replicated method is re-applied on every
         # tick for ever and wedges the node (on every node, if deterministic).
         # sm.apply never raises; this guard is for the lock or a future bug.
         try:
@@ -205,7 +286,7 @@ def repair_interrupted_compaction(journal_path: str | os.PathLike[str],
                                   snapshot_path: str | os.PathLike[str]) -> CompactionRepair:
     """Finish a log compaction that a crash interrupted, before pysyncobj opens the files.
 
-    R1: compaction renames the new snapshot into place and only then trims the
+    H1 (docs/raft-hazards.md): compaction renames the new snapshot into place and only then trims the
     journal so that it starts at the snapshot's previous entry. After a crash
     between the two, pysyncobj sees ``journal[0:2] != (prevEntry, lastEntry)``
     on load and clears the whole journal, entries after the snapshot included:
@@ -299,7 +380,7 @@ def _check_bindable(raft_address: str) -> None:
 
 
 def _resolve(future: asyncio.Future[tuple[Any, int]], result: Any, fail_reason: int) -> None:
-    """Complete a submit's future on the loop; must never raise (R2)."""
+    """Complete a submit's future on the loop; must never raise (H2)."""
     if not future.done():  # e.g. cancelled by the submit's timeout
         future.set_result((result, fail_reason))
 
@@ -307,7 +388,7 @@ def _resolve(future: asyncio.Future[tuple[Any, int]], result: Any, fail_reason: 
 def _journal_of(sync_obj: SyncObj) -> Any:
     """The ONLY access to pysyncobj's private state: its FileJournal, to msync it and size it.
 
-    pysyncobj never fsyncs or msyncs its journal (hazard 1); FileJournal.flush()
+    pysyncobj never fsyncs or msyncs its journal (H8); FileJournal.flush()
     does (mmap.flush). pysyncobj triggers compaction by entry count only, while
     it keeps every entry in RAM and in the mmap'd journal: the journal's byte
     offset is what bounds that memory. Called from the tick thread only, which
@@ -323,13 +404,16 @@ def _journal_bytes(journal: Any) -> int:
 class RaftReplicator:
     """One node's Raft replication of a QueueStateMachine. Started once, stopped once."""
 
-    def __init__(self, config: NodeConfig, state_machine: QueueStateMachine) -> None:
+    def __init__(self, config: NodeConfig, state_machine: QueueStateMachine, *, auto_tick: bool = True) -> None:
+        """``auto_tick=False`` runs no tick thread: the caller drives Raft with :meth:`tick`, on the
+        loop's thread. Deterministic tests use it to play an exact sequence of Raft events."""
         if config.cluster_secret is None and not config.insecure:
-            # hazard 7 / section 5: without a password any peer message is unpickled: RCE.
+            # H10: without a password any peer message is unpickled: RCE.
             raise InvalidRequest("cluster_secret is required (Raft traffic is pickled and would "
                                  "run code for anyone reaching the port); set insecure only for development")
         self._config = config
         self._state_machine = state_machine
+        self._auto_tick = auto_tick
         self._lock = threading.Lock()
         self._consumer = _QueueConsumer(state_machine, self._lock, self._on_applied)
         self._peer_urls = config.peer_url_by_raft_address()
@@ -363,7 +447,10 @@ class RaftReplicator:
             self._sync_obj = SyncObj(self._config.raft_address, [p.raft_address for p in self._config.peers],
                                      conf=conf, consumers=[self._consumer])
         try:
-            await asyncio.to_thread(self._sync_obj.waitBinded)
+            if self._auto_tick:
+                await asyncio.to_thread(self._sync_obj.waitBinded)
+            else:
+                self.tick()  # binds the Raft port
         except SyncObjException as exc:
             await self.stop()
             raise Unavailable(f"cannot bind the Raft address {self._config.raft_address}") from exc
@@ -375,15 +462,15 @@ class RaftReplicator:
     def _build_conf(self, writer: ForkingSnapshotWriter) -> SyncObjConf:
         config = self._config
         conf = SyncObjConf(
-            password=config.cluster_secret,  # hazard 7: encrypts and authenticates peers
+            password=config.cluster_secret,  # H10: encrypts and authenticates peers
             bindAddress=config.raft_address,  # pysyncobj would otherwise bind 0.0.0.0
-            autoTick=True,
+            autoTick=self._auto_tick,
             autoTickPeriod=config.auto_tick_period_s,
             # Mandatory: without it acked writes and terms are lost (the unsafe option exists
             # only so the chaos harness can show that it catches exactly that loss).
             journalFile=None if config.unsafe_memory_journal else str(config.journal_path),
             fullDumpFile=str(config.snapshot_path),
-            # hazard 6: snapshots written in the tick thread stop heartbeats; fork instead.
+            # H9: snapshots written in the tick thread stop heartbeats; fork instead.
             serializer=writer.serialize,
             serializeChecker=lambda: _SNAPSHOT_STATES[writer.check()],
             deserializer=writer.deserialize,
@@ -393,7 +480,7 @@ class RaftReplicator:
             appendEntriesPeriod=config.append_entries_period_s,
             raftMinTimeout=config.raft_min_timeout_s,
             raftMaxTimeout=config.raft_max_timeout_s,
-            # R3: below raftMinTimeout, so a partitioned leader steps down before a new one exists.
+            # H3: below raftMinTimeout, so a partitioned leader steps down before a new one exists.
             leaderFallbackTimeout=config.leader_fallback_timeout_s,
             connectionTimeout=config.connection_timeout_s,
             # Only the node with the greater address dials; after a peer restarts it
@@ -401,7 +488,7 @@ class RaftReplicator:
             # keeps a restarted peer's return about as fast as a failover.
             connectionRetryTime=config.raft_min_timeout_s,
             commandsQueueSize=config.commands_queue_size,
-            # R8 / DESIGN: no leader means fail now, not a command applied after our timeout.
+            # H7 / DESIGN: no leader means fail now, not a command applied after our timeout.
             commandsWaitLeader=False,
             logCompactionMinEntries=config.log_compaction_min_entries,
             logCompactionMinTime=config.log_compaction_min_time_s,
@@ -410,7 +497,7 @@ class RaftReplicator:
             # the log grows in RAM. Snapshots are written by a forked child, so nodes
             # snapshotting at the same time cost CPU, not heartbeats.
             logCompactionSplit=False,
-            dynamicMembershipChange=False,  # R10
+            dynamicMembershipChange=False,  # H11
             onStateChanged=self._on_state_changed,
             bindRetryTime=BIND_RETRY_INTERVAL_S,
             maxBindRetries=BIND_RETRIES_MAX,
@@ -433,11 +520,22 @@ class RaftReplicator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._role_task
         if self._sync_obj is not None:
-            await asyncio.to_thread(self._sync_obj.destroy_synchronous)
+            if self._auto_tick:
+                await asyncio.to_thread(self._sync_obj.destroy_synchronous)
+            else:
+                self._sync_obj.destroy()
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close, SNAPSHOT_CHILD_WAIT_S)
         for future in list(self._pending):
             _resolve(future, None, FAIL_REASON.UNKNOWN_OUTCOME)
+
+    def tick(self) -> None:
+        """One pysyncobj tick on this thread (only with ``auto_tick=False``): receive what the
+        sockets hold, apply what is committed, propose what was submitted."""
+        sync_obj, _loop = self._running()
+        if self._auto_tick:
+            raise RuntimeError("tick() is for a replicator started with auto_tick=False")
+        sync_obj.doTick(0.0)
 
     # -------------------------------------------------------------- submit
     async def submit(self, command: Command, timeout_s: float) -> ApplyResult:
@@ -447,7 +545,7 @@ class RaftReplicator:
         """Propose an already encoded entry (tests use it to feed malformed entries)."""
         sync_obj, loop = self._running()
         if not sync_obj._isLeader():
-            # R8: never let pysyncobj forward to the leader; a forwarded command's
+            # H7: never let pysyncobj forward to the leader; a forwarded command's
             # outcome can only be "unknown".
             raise self._not_leader_error()
         future: asyncio.Future[tuple[Any, int]] = loop.create_future()
@@ -455,15 +553,19 @@ class RaftReplicator:
         def on_done(result: Any, fail_reason: int) -> None:
             # Tick thread, or this thread for QUEUE_FULL (pysyncobj calls back
             # synchronously then); call_soon_threadsafe is right for both.
+            if fail_reason == FAIL_REASON.SUCCESS and not self._consumer.applied_by_its_leader:
+                # Raft's rule: only the leader that proposed an entry, still leading that term,
+                # answers "committed" for it (see _leads_term_of_entry).
+                fail_reason = FAIL_REASON.UNKNOWN_OUTCOME
             try:
                 loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
-            except RuntimeError:  # loop closed: never raise into pysyncobj (R2)
+            except RuntimeError:  # loop closed: never raise into pysyncobj (H2)
                 pass
 
         self._pending.add(future)
         try:
             self._consumer.apply_command(raw, callback=on_done)
-            # Callbacks are not guaranteed to fire (section 1): always bound the wait.
+            # Callbacks are not guaranteed to fire (H7): always bound the wait.
             result, fail_reason = await asyncio.wait_for(future, timeout_s)
         except TimeoutError as exc:
             raise CommitOutcomeUnknown(f"no commit answer within {timeout_s} s; the entry may "
@@ -482,7 +584,7 @@ class RaftReplicator:
         if fail_reason == FAIL_REASON.NOT_LEADER:
             return self._not_leader_error()
         if fail_reason == FAIL_REASON.DISCARDED:
-            # R8: the entry's log slot went to another leader's entry.
+            # H7: the entry's log slot went to another leader's entry.
             return LeaderChanged("the leader changed before the commit; it was not applied")
         name = _FAIL_REASON_NAMES.get(fail_reason, str(fail_reason))
         return CommitOutcomeUnknown(f"Raft reported {name}; the commit may still apply")
@@ -595,7 +697,7 @@ class RaftReplicator:
                 logger.exception("role listener failed")
 
     def _on_applied(self, index: int, raw: Any, result: ApplyResult) -> None:
-        # Tick thread, inside apply; must never raise (R2). Scheduled before
+        # Tick thread, inside apply; must never raise (H2). Scheduled before
         # pysyncobj runs the submit's callback, so the loop sees this entry
         # before the submit returns (FIFO of call_soon_threadsafe).
         loop, listener = self._loop, self._apply_listener

@@ -10,12 +10,12 @@ so the file must stand alone. Layout, all in the main database:
 * ``m:raft`` -> pickle of pysyncobj's ``raftData`` ``(last entry, previous
   entry, cluster nodes)``. Pickle, not JSON or msgpack: pysyncobj compares the
   entries with ``!=`` against its journal and wipes the journal when they are
-  lists instead of tuples (notes/pysyncobj.md, section 2).
+  lists instead of tuples (docs/raft-hazards.md, H12).
 
 :class:`ForkingSnapshotWriter` provides pysyncobj's ``serializer``,
 ``serializeChecker`` and ``deserializer`` hooks. A custom serializer runs in
 pysyncobj's tick thread, and writing a big state there stops heartbeats long
-enough to cause elections (hazard 6), so the writer forks and the child writes
+enough to cause elections (docs/raft-hazards.md, H9), so the writer forks and the child writes
 the file from its copy-on-write image of the state.
 
 This is the only module that imports lmdb. Must not import: pysyncobj (it is

@@ -35,6 +35,32 @@ def test_a_short_seeded_run_with_kill_pause_and_partition_is_valid(tmp_path):
     assert document["valid"], describe(document)
 
 
+def nemesis_lines(out, f: str, phase: str) -> list[dict]:
+    lines = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
+    return [line["value"] for line in lines
+            if line.get("process") == "nemesis" and line.get("f") == f and line["value"].get("phase") == phase]
+
+
+@pytest.mark.timeout(420)
+def test_a_leader_deposed_with_commits_in_flight_and_healed_into_a_snapshot_install_acknowledges_nothing_lost(
+        tmp_path):
+    """The pattern of chaos seed 90413, made on purpose: a leader cut off from its peers (clients
+    still reach it, so its commits are in flight), lossy links among the others, a new leader
+    that compacts its log, the old leader rejoining through a snapshot install."""
+    config = RunConfig(nodes=3, time_limit_s=60, nemesis=["deposed-leader"], seed=CI_SEED + 1, out=tmp_path,
+                       workers=5)
+    document = run(config, Progress(quiet=True))
+    results = document["results"]
+    stops = nemesis_lines(tmp_path, "deposed-leader", "stop")
+    assert len(stops) >= 3, describe(document)
+    assert any(stop.get("snapshot_installed") for stop in stops), stops
+    assert results["stats"]["client_ops"] > 100, describe(document)
+    assert results["runtime"]["drain"]["complete"], describe(document)
+    for name in SAFETY_CHECKERS:
+        assert results[name]["valid"], describe(document)
+    assert document["valid"], describe(document)
+
+
 @pytest.mark.timeout(300)
 def test_the_checker_catches_a_node_that_loses_acknowledged_commits(tmp_path):
     """Teeth: one node with an in-memory journal and no snapshots, killed during the run and at

@@ -1,4 +1,4 @@
-"""R5: a follower keeps log entries that match a repeated append_entries (pysyncobj deleted them).
+"""H5 (docs/raft-hazards.md): a follower keeps log entries that match a repeated append_entries (pysyncobj deleted them).
 
 Drives pysyncobj's message handler directly on a follower with a real (file) journal and no
 tick thread, with the messages a leader sends when it re-sends entries it already sent.

@@ -248,7 +248,7 @@ async def test_start_fails_when_the_raft_port_is_taken(work_dir: Path) -> None:
     assert not [t for t in threading.enumerate() if "_autoTickThread" in t.name]
 
 
-# ------------------------------------------------- interrupted compaction (R1)
+# ------------------------------------------------- interrupted compaction (H1)
 def _crash_right_after_snapshot_rename(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """From the next finished snapshot on, pysyncobj never hears back, as if the process died.
 
@@ -623,7 +623,7 @@ def test_a_node_with_the_wrong_secret_never_joins_and_a_cut_off_leader_times_out
     follower.pause()
     with pytest.raises(CommitOutcomeUnknown):
         leader.call("submit", "cut-off", (b"?",), 0.3)
-    # R3: it steps down after leader_fallback_timeout_s instead of leading alone.
+    # H3: it steps down after leader_fallback_timeout_s instead of leading alone.
     wait_until(lambda: not leader.status()["is_leader"], 3, "the cut-off leader to step down")
 
     follower.resume()
