@@ -54,11 +54,12 @@ def run_one(seed: int, out: Path, chaos_args: list[str]) -> dict[str, Any]:
     if not results_path.is_file():
         row["verdict"] = "NO RESULT"
         return row
-    results = json.loads(results_path.read_text())
-    row["verdict"] = "valid" if results.get("valid") else "INVALID"
+    document = json.loads(results_path.read_text())
+    results = document.get("results", {})
+    row["verdict"] = "valid" if document.get("valid") else "INVALID"
     row["ops"] = results.get("stats", {}).get("client_ops")
     row["checkers"] = {name: results[name].get("valid") for name in CHECKERS if name in results}
-    if not results.get("valid"):
+    if not document.get("valid"):
         summary = (out / "summary.txt").read_text() if (out / "summary.txt").is_file() else ""
         row["why"] = [line.strip() for line in summary.splitlines() if line.strip().startswith("INVALID")]
     return row

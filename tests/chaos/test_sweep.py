@@ -32,3 +32,21 @@ def test_a_sweep_whose_runs_cannot_start_is_not_valid(tmp_path, capsys):
     # --nodes 0 makes every run exit before it writes results: the sweep must say so, not pass.
     assert main(["--seeds", "1", "--out", str(tmp_path), "--nodes", "0", "--time-limit-s", "1"]) == 1
     assert "NO RESULT" in (tmp_path / "sweep.md").read_text()
+
+
+def test_a_run_row_reads_the_results_document(tmp_path, monkeypatch):
+    from chaos import sweep
+
+    def fake_run(command, stdout, stderr, check):
+        out = tmp_path / "seed-3-0"
+        out.mkdir()
+        (out / "results.json").write_text(
+            '{"valid": false, "seed": 3, "parameters": {}, "results": {"valid": false, "stats": {"client_ops": 42},'
+            ' "total_queue": {"valid": false}, "convergence": {"valid": true}}}')
+        (out / "summary.txt").write_text("rcq chaos run: INVALID\n  INVALID total_queue: lost 1\n")
+        return type("Done", (), {"returncode": 1})()
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    row = sweep.run_one(3, tmp_path / "seed-3-0", [])
+    assert (row["verdict"], row["ops"], row["checkers"]) == ("INVALID", 42, {"total_queue": False, "convergence": True})
+    assert row["why"] == ["INVALID total_queue: lost 1"]
