@@ -3,7 +3,7 @@
     python -m cluster up [--nodes N] [--base-port P] [--data-dir DIR] [--insecure] [--keep]
                          [--demo [--stay]] [--log-level LEVEL]
 
-Starts N node processes (a :class:`rcq.local_cluster.LocalCluster`), waits for a
+Starts N node processes (a :class:`rcq.testing.cluster.LocalCluster`), waits for a
 serving leader, prints every node's URL and pid and which one leads, then runs
 until Ctrl-C or SIGTERM, when it stops every node and exits 0. ``--demo`` runs a
 short walk through the queue semantics with the async client (:mod:`rcq.client`)
@@ -28,7 +28,7 @@ from types import FrameType
 
 from rcq.client import RcqClient
 from rcq.errors import RcqError
-from rcq.local_cluster import MANIFEST_NAME, LocalCluster, NodeStartError
+from rcq.testing.cluster import MANIFEST_NAME, LocalCluster, NodeStartError
 
 LEADER_TIMEOUT_S = 60.0
 DEMO_QUEUE = "demo"

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cluster = None
     if args.urls is None:
-        from rcq.local_cluster import LocalCluster
+        from rcq.testing.cluster import LocalCluster
 
         cluster = LocalCluster(nodes=3)
         cluster.start()

@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 
 from rcq.client import RcqClient
-from rcq.local_cluster import LocalCluster
+from rcq.testing.cluster import LocalCluster
 
 ITEM_100_BYTES = b"x" * 100
 PREFILL_BATCH_ITEMS = 1000

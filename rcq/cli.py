@@ -5,15 +5,13 @@ find the cluster from ``--url`` (repeatable) or ``RCQ_URLS`` (comma-separated), 
 for people by default and JSON with ``--json``. Errors print ``rcq: <code>: <message>``
 on stderr and exit 2; ``status`` exits 1 when a node does not answer.
 
-Must not import: pysyncobj, lmdb (``serve`` reaches them through rcq.node).
+Must not import: pysyncobj, lmdb (``serve`` reaches them through rcq.server.node).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import os
@@ -22,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from rcq.config import load_config
+from rcq.encoding import decode_item, encode_item
 from rcq.errors import InvalidRequest, RcqError
 
 
@@ -60,12 +58,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     secret = os.environ.get("RCQ_CLUSTER_SECRET")
     if args.secret_file is not None:
         secret = args.secret_file.read_text().strip()
+    try:  # the server is an extra: pip install 'rcq[server]'
+        from rcq.server.config import load_config
+        from rcq.server.node import run_node
+    except ImportError as exc:
+        raise InvalidRequest(f"rcq serve needs the server extra (pip install 'rcq[server]'): {exc}") from exc
     config = load_config(
         args.config, node_id=args.node_id, http_host=args.http_host, http_port=args.http_port,
         advertise_url=args.advertise_url, raft_address=args.raft_address, peers=args.peer,
         data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure)
-    from rcq.node import run_node
-
     asyncio.run(run_node(config))
     return 0
 
@@ -122,10 +123,8 @@ def _with_client(args: argparse.Namespace, verb: Callable[[Any], Awaitable[int]]
 
 
 def _wire(value: bytes) -> dict[str, str]:
-    try:
-        return {"value": value.decode("utf-8"), "encoding": "utf-8"}
-    except UnicodeDecodeError:
-        return {"value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
+    text, used = encode_item(value)
+    return {"value": text, "encoding": used}
 
 
 def _print_items(args: argparse.Namespace, values: list[bytes]) -> None:
@@ -150,8 +149,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     items: list[bytes | str] = list(args.items)
     if args.base64:
         try:
-            items = [base64.b64decode(i, validate=True) for i in args.items]
-        except (binascii.Error, ValueError) as exc:
+            items = [decode_item(i, "base64") for i in args.items]
+        except ValueError as exc:
             raise InvalidRequest(f"an ITEM is not valid base64: {exc}") from exc
 
     async def verb(client: Any) -> int:

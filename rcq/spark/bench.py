@@ -33,7 +33,7 @@ from typing import Any
 
 from rcq.bench import run_scenario
 from rcq.client import RcqClient
-from rcq.local_cluster import LocalCluster
+from rcq.testing.cluster import LocalCluster
 
 
 def make_spark(master: str) -> Any:

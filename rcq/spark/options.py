@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rcq.models import QUEUE_NAME_PATTERN
+from rcq.names import QUEUE_NAME_PATTERN
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 VALUE_TYPES = ("binary", "string")

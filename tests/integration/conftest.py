@@ -1,6 +1,6 @@
 """Fixtures for tests against real multi-process rcq clusters.
 
-``cluster``: one 3-node :class:`~rcq.local_cluster.LocalCluster` per test
+``cluster``: one 3-node :class:`~rcq.testing.cluster.LocalCluster` per test
 module, with a serving leader. ``healthy_cluster``: the same cluster, with every
 node resumed or restarted and a leader found again before the test, for tests
 that kill, pause or stop nodes.
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from rcq.client import RcqClient
-from rcq.local_cluster import LocalCluster
 from rcq.testing import wait_until
+from rcq.testing.cluster import LocalCluster
 
 LEADER_TIMEOUT_S = 60.0
 

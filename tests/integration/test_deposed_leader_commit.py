@@ -30,14 +30,15 @@ from typing import Any
 import pytest
 from pysyncobj import SyncObj
 
-from rcq import replicator as replicator_module
-from rcq.commands import CommitBatch, CommitUnit, TransactionWrite, encode
-from rcq.config import NodeConfig, PeerConfig
 from rcq.errors import CommitOutcomeUnknown
-from rcq.replicator import RaftReplicator
-from rcq.snapshots import write_snapshot
-from rcq.state_machine import QueueStateMachine
-from rcq.transactions import CommitResult, TransactionManager
+from rcq.server.config import NodeConfig, PeerConfig
+from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, encode
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.leader.transactions import CommitResult, TransactionManager
+from rcq.server.raft import patches
+from rcq.server.raft import replicator as replicator_module
+from rcq.server.raft.replicator import RaftReplicator
+from rcq.server.raft.snapshots import write_snapshot
 
 QUEUE = "q"
 SECRET = "correct horse battery staple"
@@ -207,7 +208,7 @@ async def test_each_layer_alone_prevents_the_false_acknowledgement(tmp_path: Pat
     if layer == "commit index bound":  # the other layer off: any applied proposal would succeed
         monkeypatch.setattr(replicator_module, "_leads_term_of_entry", lambda sync_obj, index: True)
     else:
-        monkeypatch.setattr(replicator_module, "_bound_commit_index", lambda *args: None)
+        monkeypatch.setattr(patches, "_bound_commit_index", lambda *args: None)
     async with deposable_leader(tmp_path / "node") as (raft, manager, _state_machine):
         commit, index = await commit_one_item(raft, manager)
         snapshot = new_leaders_snapshot(tmp_path / "theirs.lmdb", index + 3)
@@ -224,7 +225,7 @@ async def test_without_the_workaround_pysyncobj_acknowledges_the_lost_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """The dependency's bug, shown: if this fails, pysyncobj changed; revisit the workaround."""
     monkeypatch.setattr(replicator_module, "_leads_term_of_entry", lambda sync_obj, index: True)
-    monkeypatch.setattr(replicator_module, "_bound_commit_index", lambda *args: None)
+    monkeypatch.setattr(patches, "_bound_commit_index", lambda *args: None)
     async with deposable_leader(tmp_path / "node") as (raft, manager, state_machine):
         commit, index = await commit_one_item(raft, manager)
         snapshot = new_leaders_snapshot(tmp_path / "theirs.lmdb", index + 3)

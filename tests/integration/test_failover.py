@@ -31,8 +31,8 @@ from rcq.client import (
     Transaction,
     TransactionAborted,
 )
-from rcq.local_cluster import LocalCluster
 from rcq.testing import wait_until
+from rcq.testing.cluster import LocalCluster
 from tests.integration.conftest import drain_until_empty, running_cluster
 
 pytestmark = pytest.mark.cluster

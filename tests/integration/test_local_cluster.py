@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rcq.local_cluster import (
+from rcq.testing.cluster import (
     STOP_TIMEOUT_S,
     LocalCluster,
     NodeStartError,

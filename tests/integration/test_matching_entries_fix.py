@@ -13,7 +13,7 @@ import pytest
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 
-import rcq.replicator  # noqa: F401  (installs the fix on pysyncobj's SyncObj)
+import rcq.server.raft.replicator  # noqa: F401  (installs the fixes on pysyncobj's SyncObj)
 
 
 def free_port() -> int:

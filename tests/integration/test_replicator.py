@@ -29,10 +29,6 @@ from typing import Any
 import pytest
 from pysyncobj import FAIL_REASON
 
-from rcq import replicator as replicator_module
-from rcq import snapshots
-from rcq.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, TransactionWrite
-from rcq.config import NodeConfig, PeerConfig
 from rcq.errors import (
     ERRORS_BY_CODE,
     CommitOutcomeUnknown,
@@ -43,9 +39,14 @@ from rcq.errors import (
     RcqError,
     Unavailable,
 )
-from rcq.replicator import CompactionRepair, RaftReplicator, repair_interrupted_compaction
-from rcq.snapshots import ForkingSnapshotWriter, SnapshotState
-from rcq.state_machine import QueueStateMachine
+from rcq.server.config import NodeConfig, PeerConfig
+from rcq.server.core.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, TransactionWrite
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft import replicator as replicator_module
+from rcq.server.raft import snapshots
+from rcq.server.raft.journal import CompactionRepair, repair_interrupted_compaction
+from rcq.server.raft.replicator import RaftReplicator
+from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
 
 QUEUE = "q"
 SECRET = "correct horse battery staple"
@@ -217,7 +218,7 @@ async def test_pysyncobj_failures_become_rcq_errors(work_dir: Path, monkeypatch:
 async def test_journal_is_flushed_periodically_when_configured(work_dir: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     flushes: list[float] = []
-    real_journal_of = replicator_module._journal_of
+    real_journal_of = replicator_module.journal_of
 
     class CountingJournal:
         def __init__(self, journal: Any) -> None:
@@ -227,7 +228,7 @@ async def test_journal_is_flushed_periodically_when_configured(work_dir: Path,
             flushes.append(time.monotonic())
             self.journal.flush()
 
-    monkeypatch.setattr(replicator_module, "_journal_of", lambda so: CountingJournal(real_journal_of(so)))
+    monkeypatch.setattr(replicator_module, "journal_of", lambda so: CountingJournal(real_journal_of(so)))
     async with running(single_node_config(work_dir / "off")):
         await asyncio.sleep(0)
     assert flushes == []

@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 
 from rcq.client import Enqueue, RcqClient, TransactionAborted
-from rcq.local_cluster import LocalCluster
 from rcq.testing import wait_until
+from rcq.testing.cluster import LocalCluster
 from tests.integration.conftest import drain_until_empty, running_cluster
 
 pytestmark = pytest.mark.cluster

@@ -22,8 +22,8 @@ from rcq.client import (
     RcqClient,
     TransactionExpired,
 )
-from rcq.local_cluster import LocalCluster
 from rcq.testing import wait_until
+from rcq.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rcq.local_cluster import LocalCluster
+from rcq.testing.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 LEADER_TIMEOUT_S = 60.0

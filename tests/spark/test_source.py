@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rcq.local_cluster import LocalCluster
+from rcq.testing.cluster import LocalCluster
 from tests.spark.helpers import (
     duplicates,
     enqueue_values,

@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rcq.config import NodeConfig
-from rcq.node import Node
+from rcq.server.config import NodeConfig
+from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rcq.cli import main
-from rcq.config import NodeConfig
-from rcq.node import Node
+from rcq.server.config import NodeConfig
+from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
 
 

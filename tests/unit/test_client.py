@@ -36,10 +36,10 @@ from rcq.client import (
     Unavailable,
     encode_items,
 )
-from rcq.coalescer import COALESCE_PARTS_MAX
-from rcq.config import NodeConfig
-from rcq.node import Node
-from rcq.state_machine import QueueStateMachine
+from rcq.client.coalescer import COALESCE_PARTS_MAX
+from rcq.server.config import NodeConfig
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
 
 UNKNOWN_TRANSACTION_ID = "1." + "0" * 24

@@ -1,4 +1,4 @@
-"""rcq.commands: encode/decode round trips, and decode rejects garbage with MalformedCommand only."""
+"""rcq.server.core.commands: encode/decode round trips, and decode rejects garbage with MalformedCommand only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rcq.commands import (
+from rcq.server.core.commands import (
     COMMAND_VERSION,
     KIND_BARRIER,
     KIND_COMMIT,

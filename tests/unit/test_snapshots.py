@@ -13,10 +13,10 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from rcq import snapshots
-from rcq.commands import CommitBatch, CommitUnit, TransactionWrite, encode
-from rcq.snapshots import ForkingSnapshotWriter, SnapshotError, SnapshotState
-from rcq.state_machine import QueueStateMachine
+from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, encode
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft import snapshots
+from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotError, SnapshotState
 
 # What pysyncobj hands the serializer: (last applied entry, previous entry, cluster nodes).
 RAFT_DATA = ((b"\x00\x80\x02payload", 41, 3), (b"\x01", 40, 3), frozenset({"127.0.0.1:1", "127.0.0.1:2"}))

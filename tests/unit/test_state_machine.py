@@ -23,8 +23,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-import rcq.state_machine as sm_module
-from rcq.commands import (
+import rcq.server.core.state_machine as sm_module
+from rcq.server.core.commands import (
     COMMAND_VERSION,
     KIND_BARRIER,
     KIND_COMMIT,
@@ -40,7 +40,7 @@ from rcq.commands import (
     UnitOutcome,
     encode,
 )
-from rcq.state_machine import QueueStateMachine
+from rcq.server.core.state_machine import QueueStateMachine
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from rcq.config import NodeConfig
 from rcq.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
@@ -22,8 +21,9 @@ from rcq.errors import (
     TransactionExpired,
     TransactionNotFound,
 )
+from rcq.server.config import NodeConfig
+from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
-from rcq.transactions import TransactionManager
 
 
 def make_config(**overrides: object) -> NodeConfig:
@@ -268,7 +268,7 @@ async def test_a_commit_of_items_another_leader_removed_is_rejected_whole(setup)
     items = await manager.dequeue(tx.transaction_id, "q", max_items=2)
     manager.enqueue(tx.transaction_id, "out", [b"z"])
     # Another transaction's entry removes one of the items behind this leader's back.
-    from rcq.commands import CommitBatch, CommitUnit, TransactionWrite, encode
+    from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, encode
     replicator.apply_raw(encode(CommitBatch(term=1, now_ms=1, units=(CommitUnit((TransactionWrite(
         "1.aaaaaaaaaaaaaaaaaaaaaaaa", dequeues=(("q", (items[0].item_id,)),)),)),))))
     with pytest.raises(CommitConflict):
@@ -334,7 +334,7 @@ async def test_a_fenced_entry_of_a_deposed_leader_does_not_free_items_this_leade
     holder = manager.begin()
     [item] = await manager.dequeue(holder.transaction_id, "q")
     # The old leader's commit of the same item reaches the log after the new barrier: fenced.
-    from rcq.commands import CommitBatch, CommitUnit, TransactionWrite, encode
+    from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, encode
     result = replicator.apply_raw(encode(CommitBatch(term=1, now_ms=1, units=(CommitUnit((TransactionWrite(
         "1.bbbbbbbbbbbbbbbbbbbbbbbb", dequeues=(("q", (item.item_id,)),)),)),))))
     assert result.outcomes[0].reason == "stale_leader"
@@ -348,7 +348,7 @@ async def test_an_item_removed_behind_the_views_back_is_never_handed_out(setup):
     manager, replicator = setup
     await enqueue_committed(manager, "q", b"a", b"b")
     first_id = replicator.state_machine.item_ids("q")[0]
-    from rcq.commands import CommitBatch, CommitUnit, TransactionWrite, encode
+    from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, encode
     replicator.apply_raw(encode(CommitBatch(term=1, now_ms=1, units=(CommitUnit((TransactionWrite(
         "1.cccccccccccccccccccccccc", dequeues=(("q", (first_id,)),)),)),))))
     tx = manager.begin()

@@ -1,7 +1,7 @@
 """GroupCommitter: many transactions' commits share one Raft entry.
 
 Commit units that arrive while the loop is busy are gathered and proposed as
-one :class:`~rcq.commands.CommitBatch` at the next loop iteration, bounded in
+one :class:`~rcq.server.core.commands.CommitBatch` at the next loop iteration, bounded in
 units and bytes per entry; up to ``commits_in_flight_max`` entries are in
 flight at once. Each unit's future gets its own outcome; bookkeeping of the
 queues happens elsewhere, from the stream of applied entries.
@@ -16,9 +16,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from rcq.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, UnitOutcome
 from rcq.errors import InternalError, LeaderChanged, RcqError
-from rcq.replication import Replicator
+from rcq.server.core.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, UnitOutcome
+from rcq.server.raft.protocol import Replicator
 
 
 @dataclass(slots=True)

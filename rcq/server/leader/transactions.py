@@ -28,19 +28,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from rcq.commands import (
-    ApplyResult,
-    Barrier,
-    BarrierResult,
-    BatchResult,
-    CommitBatch,
-    CommitUnit,
-    MalformedCommand,
-    TransactionWrite,
-    UnitOutcome,
-    decode,
-)
-from rcq.config import NodeConfig
 from rcq.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
@@ -58,10 +45,23 @@ from rcq.errors import (
     TransactionExpired,
     TransactionNotFound,
 )
-from rcq.group_commit import GroupCommitter
-from rcq.models import check_queue_name
-from rcq.queue_view import QueueView
-from rcq.replication import Replicator
+from rcq.names import check_queue_name
+from rcq.server.config import NodeConfig
+from rcq.server.core.commands import (
+    ApplyResult,
+    Barrier,
+    BarrierResult,
+    BatchResult,
+    CommitBatch,
+    CommitUnit,
+    MalformedCommand,
+    TransactionWrite,
+    UnitOutcome,
+    decode,
+)
+from rcq.server.leader.group_commit import GroupCommitter
+from rcq.server.leader.queue_view import QueueView
+from rcq.server.raft.protocol import Replicator
 
 log = logging.getLogger(__name__)
 

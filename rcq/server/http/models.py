@@ -1,4 +1,4 @@
-"""Wire models of the HTTP API v1 (pydantic), and the item encodings.
+"""Wire models of the HTTP API v1 (pydantic).
 
 Requests are validated here; responses are plain dicts built by the API
 handlers (see README for their shapes). Items are bytes inside rcq; on the
@@ -12,27 +12,21 @@ Must not import: pysyncobj, lmdb.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from rcq.errors import InvalidQueueName, InvalidRequest, PayloadTooLarge
+from rcq.encoding import Encoding, decode_item
+from rcq.errors import InvalidRequest, PayloadTooLarge
+from rcq.names import DOT_SEGMENTS, QUEUE_NAME_PATTERN
 
-QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
-_QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
-# "." and ".." match the pattern but are path segments in /v1/queues/{queue}: refused.
-_DOT_SEGMENTS = (".", "..")
 TRANSACTION_ID_PATTERN = r"^[0-9a-f]{1,16}\.[0-9a-f]{24}$"
 LABEL_MAX_CHARS = 256
 KEY_MAX_CHARS = 256
 ITEMS_PER_REQUEST_MAX = 100_000
 
-Encoding = Literal["utf-8", "base64"]
 def _queue_name_is_not_a_dot_segment(name: str) -> str:
-    if name in _DOT_SEGMENTS:
+    if name in DOT_SEGMENTS:
         raise ValueError("'.' and '..' are not queue names")
     return name
 
@@ -41,40 +35,19 @@ QueueName = Annotated[str, Field(pattern=QUEUE_NAME_PATTERN), AfterValidator(_qu
 OptionalKey = Annotated[str | None, Field(default=None, min_length=1, max_length=KEY_MAX_CHARS)]
 
 
-def check_queue_name(name: str) -> str:
-    if not isinstance(name, str) or not _QUEUE_NAME_RE.match(name) or name in _DOT_SEGMENTS:
-        raise InvalidQueueName(f"bad queue name {name!r}: use 1 to 128 characters of [A-Za-z0-9._-], not . or ..")
-    return name
-
-
 def decode_items(items: list[str], encoding: Encoding, item_bytes_max: int) -> list[bytes]:
     """Wire strings -> item bytes; every item is checked before anything is used."""
     out: list[bytes] = []
     for position, text in enumerate(items):
-        if encoding == "base64":
-            try:
-                value = base64.b64decode(text, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise InvalidRequest(f"items[{position}] is not valid base64") from exc
-        else:
-            try:
-                value = text.encode("utf-8")
-            except UnicodeEncodeError as exc:  # lone surrogates
-                raise InvalidRequest(f"items[{position}] is not valid UTF-8 text") from exc
+        try:
+            value = decode_item(text, encoding)
+        except ValueError as exc:
+            raise InvalidRequest(f"items[{position}] is {exc}") from exc
         if len(value) > item_bytes_max:
             raise PayloadTooLarge(
                 f"items[{position}] is {len(value)} bytes; the limit is {item_bytes_max}")
         out.append(value)
     return out
-
-
-def encode_item(value: bytes, preferred: Encoding) -> tuple[str, Encoding]:
-    if preferred == "utf-8":
-        try:
-            return value.decode("utf-8"), "utf-8"
-        except UnicodeDecodeError:
-            pass
-    return base64.b64encode(value).decode("ascii"), "base64"
 
 
 class _Model(BaseModel):

@@ -41,7 +41,7 @@ from typing import Any
 
 import lmdb
 
-from rcq.state_machine import QueueStateMachine
+from rcq.server.core.state_machine import QueueStateMachine
 
 logger = logging.getLogger(__name__)
 

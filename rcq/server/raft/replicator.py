@@ -1,10 +1,11 @@
-"""RaftReplicator: the :class:`~rcq.replication.Replicator` protocol on pysyncobj 0.3.17.
+"""RaftReplicator: the :class:`~rcq.server.raft.protocol.Replicator` protocol on pysyncobj 0.3.17.
 
 Responsibility: propose encoded commands through Raft on the leader, apply
-committed entries to the :class:`~rcq.state_machine.QueueStateMachine`, bridge
+committed entries to the :class:`~rcq.server.core.state_machine.QueueStateMachine`, bridge
 results and leadership changes from pysyncobj's tick thread to the asyncio
-loop, snapshot through :mod:`rcq.snapshots`, and repair what a crash in the
-middle of a log compaction leaves behind.
+loop, and answer each proposal by Raft's rule (H6). Its neighbours: ``patches`` (fixes on
+pysyncobj's class), ``internals`` (every access to pysyncobj's private state), ``journal``
+(start-up repair), ``settings`` (NodeConfig -> SyncObjConf), ``snapshots`` (LMDB).
 
 Threads: pysyncobj's own tick thread (``autoTick``) applies entries, runs
 callbacks and writes snapshots; everything public here is called on the event
@@ -14,202 +15,47 @@ snapshot restore and :meth:`RaftReplicator.read`.
 Every workaround below names its hazard in docs/raft-hazards.md (H1..H12),
 which says what pysyncobj does, why it matters and what rcq does about it.
 
-This is the only module that imports pysyncobj. Must not import: lmdb (use
-rcq.snapshots), aiohttp.
+Must not import: lmdb (rcq.server.raft.snapshots does), aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
 import socket
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pysyncobj import (
-    FAIL_REASON,
-    SERIALIZER_STATE,
-    SyncObj,
-    SyncObjConf,
-    SyncObjConsumer,
-    SyncObjException,
-    replicated,
-)
-from pysyncobj.journal import FileJournal
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConsumer, SyncObjException, replicated
 
-from rcq.commands import ApplyFailed, ApplyResult, Command, encode
-from rcq.config import NodeConfig
 from rcq.errors import CommitOutcomeUnknown, InvalidRequest, LeaderChanged, NoLeader, NotLeader, Unavailable
-from rcq.replication import ApplyListener, RaftStatus, RoleListener
-from rcq.snapshots import (
-    ForkingSnapshotWriter,
-    SnapshotState,
-    read_raft_data,
-    remove_stale_files,
-    replace_durably,
-)
-from rcq.state_machine import QueueStateMachine
+from rcq.server.config import NodeConfig
+from rcq.server.core.commands import ApplyFailed, ApplyResult, Command, encode
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft import patches
+from rcq.server.raft.internals import entry_term, journal_bytes, journal_of
+from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
+from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
+from rcq.server.raft.settings import build_conf
+from rcq.server.raft.snapshots import ForkingSnapshotWriter
+
+# pysyncobj binds its message handler as a transport callback when a SyncObj is built: the
+# fixes must be on the class before any is (H5, H6).
+patches.install()
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 ROLE_POLL_INTERVAL_S = 0.05
-# A bind that keeps failing (port taken) fails start() after about 5 s instead of
-# pysyncobj's default of retrying for ever.
-BIND_RETRY_INTERVAL_S = 0.5
-BIND_RETRIES_MAX = 10
+ROLE_POLL_INTERVAL_S = 0.05
 SNAPSHOT_CHILD_WAIT_S = 60.0
 
 _ROLE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
-_SNAPSHOT_STATES = {
-    SnapshotState.IDLE: SERIALIZER_STATE.NOT_SERIALIZING,
-    SnapshotState.WRITING: SERIALIZER_STATE.SERIALIZING,
-    SnapshotState.SUCCEEDED: SERIALIZER_STATE.SUCCESS,
-    SnapshotState.FAILED: SERIALIZER_STATE.FAILED,
-}
 _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if name.isupper()}
-
-
-# ------------------------------------------------------------------ consumer
-# ---------------------------------------------------------------------------------------------
-# H5 (docs/raft-hazards.md): pysyncobj's follower deletes every entry after prevLogIdx on each append_entries message
-# and re-adds the message's entries, even when they match (it logs CRITICAL "truncating
-# already-applied log entries" when it does). A duplicate or reordered message then leaves the
-# follower with a log *shorter* than what it already acknowledged; if the leader counted those
-# entries towards a commit and dies in that window, an acknowledged commit can be lost. The chaos
-# harness saw the truncation 90 times in one 240 s run. Raft (§5.3) only deletes from the first
-# *conflicting* entry. The fix, in this one place: the delete is deferred, and the journal's add
-# keeps an entry that matches (same index and term), deletes from the first conflict, and appends
-# what is new. Entries beyond the message are kept, as Raft requires; the acknowledgement still
-# names only the message's last entry.
-_TRUNCATE_FROM = "_rcq_truncate_from"
-
-
-def _deferred_delete_entries_from(self: SyncObj, from_index: int) -> None:
-    # pysyncobj calls this only on the append_entries path, right before adding the new entries.
-    _guard_journal(self)
-    setattr(self, _TRUNCATE_FROM, from_index)
-
-
-def _guard_journal(sync_obj: SyncObj) -> None:
-    journal = sync_obj._SyncObj__raftLog  # type: ignore[attr-defined]
-    if getattr(journal, "_rcq_guarded", False):
-        return
-    add = journal.add
-
-    def add_keeping_matching_entries(command: Any, index: int, term: int) -> None:
-        start = getattr(sync_obj, _TRUNCATE_FROM, None)
-        if start is not None and len(journal) and index >= start:
-            first, last = journal[0][1], journal[-1][1]
-            if index < first:
-                return  # inside the snapshot: committed, hence matching
-            if index <= last:
-                if journal[index - first][2] == term:
-                    return  # the same entry: keep it
-                if index <= sync_obj.raftLastApplied:
-                    logger.critical("deleting applied log entries from index %d after a term conflict "
-                                    "(last applied %d): this replica may have diverged",
-                                    index, sync_obj.raftLastApplied)
-                journal.deleteEntriesFrom(index - first)
-        add(command, index, term)
-
-    journal.add = add_keeping_matching_entries
-    journal._rcq_guarded = True
-
-
-# ---------------------------------------------------------------------------------------------
-# A follower's commit index may only cover entries the leader has shown to be in its own log.
-# Raft (Figure 2, AppendEntries step 5): commitIndex = min(leaderCommit, index of the last *new*
-# entry), and only after the consistency check on prevLogIndex/prevLogTerm passed. pysyncobj
-# instead sets it to min(leaderCommit, last index of the local log) at the end of every accepted
-# append_entries message, including the chunks of a snapshot transfer, which carry no
-# prevLogIdx and check nothing. A deposed leader still holding its own uncommitted entries then
-# *applies* them as soon as the new leader starts sending it a snapshot, and the callbacks of
-# those entries report success (same index, same term as proposed): the commit is acknowledged,
-# then the snapshot replaces the state and the entries are gone for good (chaos seed 90413; see
-# docs/raft-hazards.md, H6). The keep-matching-entries fix above widens
-# the same hole on the regular path: entries beyond the message are kept, unverified.
-# Here, after pysyncobj has handled the message, the commit index is brought back to what the
-# message verified; and proposals a received snapshot skipped are answered "unknown" (pysyncobj
-# would never call them back).
-def _verified_index(sync_obj: SyncObj, message: dict[str, Any], applied_before: int) -> int | None:
-    """The last index an accepted append_entries message proved to match the leader's log."""
-    if "prevLogIdx" in message:
-        transmission = message.get("transmission")
-        if transmission in ("start", "process"):
-            return None  # pysyncobj returned before touching the commit index
-        if transmission == "finish":
-            return int(message["prevLogIdx"]) + 1  # one large entry, reassembled
-        entries = message.get("entries") or ()
-        return int(entries[-1][1]) if entries else int(message["prevLogIdx"])
-    last_applied = int(sync_obj.raftLastApplied)
-    if "serialized" in message and last_applied != applied_before:
-        return last_applied  # a snapshot was installed: the log is now exactly the snapshot
-    return None  # a snapshot chunk (not the last) or a heartbeat of one: nothing verified
-
-
-def _bound_commit_index(sync_obj: SyncObj, message: dict[str, Any], commit_before: int,
-                        applied_before: int) -> None:
-    commit_now = int(sync_obj.raftCommitIndex)
-    if commit_now <= commit_before:
-        return
-    verified = _verified_index(sync_obj, message, applied_before)
-    bound = max(commit_before, verified if verified is not None else 0)
-    if commit_now > bound:
-        sync_obj._SyncObj__raftCommitIndex = bound  # type: ignore[attr-defined]
-        sync_obj._SyncObj__raftLog.setRaftCommitIndex(bound)  # type: ignore[attr-defined]
-
-
-def _answer_proposals_skipped_by_snapshot(sync_obj: SyncObj, applied_before: int) -> None:
-    last_applied = int(sync_obj.raftLastApplied)
-    if last_applied == applied_before:
-        return
-    waiting = sync_obj._SyncObj__commandsWaitingCommit  # type: ignore[attr-defined]
-    for index in [i for i in waiting if i <= last_applied]:
-        for _term, callback in waiting.pop(index):
-            callback(None, FAIL_REASON.UNKNOWN_OUTCOME)
-
-
-def _on_message_received_with_fixes(original: Callable[..., Any]) -> Callable[..., Any]:
-    def on_message_received(self: SyncObj, node: Any, message: Any) -> Any:
-        setattr(self, _TRUNCATE_FROM, None)
-        is_append = isinstance(message, dict) and message.get("type") == "append_entries"
-        commit_before = int(self.raftCommitIndex)
-        applied_before = int(self.raftLastApplied)
-        try:
-            return original(self, node, message)
-        finally:
-            setattr(self, _TRUNCATE_FROM, None)
-            if is_append:
-                _bound_commit_index(self, message, commit_before, applied_before)
-                _answer_proposals_skipped_by_snapshot(self, applied_before)
-
-    return on_message_received
-
-
-class _DropMisleadingTruncationLine(logging.Filter):
-    """pysyncobj logs CRITICAL before every deferred delete; with the fix nothing matching is
-    deleted, and a real conflict is logged by add_keeping_matching_entries instead."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("truncating already-applied log entries")
-
-
-# Class-level patches: pysyncobj binds __onMessageReceived as a transport callback at
-# construction, so they must be in place before any SyncObj is built (import time, once).
-if not getattr(SyncObj, "_rcq_matching_entries_fix", False):
-    SyncObj._SyncObj__deleteEntriesFrom = _deferred_delete_entries_from  # type: ignore[attr-defined]
-    SyncObj._SyncObj__onMessageReceived = _on_message_received_with_fixes(  # type: ignore[attr-defined]
-        SyncObj._SyncObj__onMessageReceived)  # type: ignore[attr-defined]
-    SyncObj._rcq_matching_entries_fix = True  # type: ignore[attr-defined]
-    logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
 
 
 def _leads_term_of_entry(sync_obj: SyncObj, index: int) -> bool:
@@ -221,13 +67,7 @@ def _leads_term_of_entry(sync_obj: SyncObj, index: int) -> bool:
     leader sent it; a proposal answered from there is answered "unknown" (safe: the client asks
     again and the new leader answers from the replicated outcome), never "committed".
     """
-    if not sync_obj._isLeader():
-        return False
-    journal = _journal_of(sync_obj)
-    position = index - int(journal[0][1]) if len(journal) else -1
-    if not 0 <= position < len(journal):
-        return False
-    return int(journal[position][2]) == int(sync_obj.raftCurrentTerm)
+    return bool(sync_obj._isLeader()) and entry_term(sync_obj, index) == int(sync_obj.raftCurrentTerm)
 
 
 class _QueueConsumer(SyncObjConsumer):
@@ -236,7 +76,7 @@ class _QueueConsumer(SyncObjConsumer):
     A consumer rather than a SyncObj subclass: it is complete before SyncObj
     starts the tick thread, which may replay the journal into it at once.
     Replicated calls are pickled method calls, so the log carries only
-    ``apply_command(raw)`` with our own plain-tuple encoding (rcq.commands).
+    ``apply_command(raw)`` with our own plain-tuple encoding (rcq.server.core.commands).
     """
 
     def __init__(self, state_machine: QueueStateMachine, lock: threading.Lock,
@@ -269,105 +109,12 @@ class _QueueConsumer(SyncObjConsumer):
         return result
 
 
-# ------------------------------------------------------ start-up journal repair
-@dataclasses.dataclass(frozen=True, slots=True)
-class CompactionRepair:
-    """What :func:`repair_interrupted_compaction` found and did."""
-
-    removed_files: tuple[str, ...] = ()
-    snapshot_last_index: int | None = None
-    journal_first_index: int | None = None  # before the repair
-    dropped_entries: int = 0
-    # False: pysyncobj will replace the journal by the snapshot's two entries on load
-    journal_matches_snapshot: bool = True
-
-
-def repair_interrupted_compaction(journal_path: str | os.PathLike[str],
-                                  snapshot_path: str | os.PathLike[str]) -> CompactionRepair:
-    """Finish a log compaction that a crash interrupted, before pysyncobj opens the files.
-
-    H1 (docs/raft-hazards.md): compaction renames the new snapshot into place and only then trims the
-    journal so that it starts at the snapshot's previous entry. After a crash
-    between the two, pysyncobj sees ``journal[0:2] != (prevEntry, lastEntry)``
-    on load and clears the whole journal, entries after the snapshot included:
-    acknowledged writes are lost and replicas diverge. Here, if the journal
-    holds exactly the snapshot's two entries further in, the entries before them
-    are dropped, which is the trim the crash prevented. Any other mismatch (a
-    journal behind or diverging from the snapshot) is left for pysyncobj to
-    reset, which is right then. Also removes temporary files of an interrupted
-    snapshot write or transfer.
-    """
-    journal_path, snapshot_path = os.fspath(journal_path), os.fspath(snapshot_path)
-    removed = tuple(remove_stale_files(snapshot_path))
-    if not (os.path.isfile(snapshot_path) and os.path.isfile(journal_path)):
-        return CompactionRepair(removed_files=removed)
-    last_entry, previous_entry = read_raft_data(snapshot_path)[:2]
-    entries = _read_journal(journal_path)
-    report = CompactionRepair(removed_files=removed, snapshot_last_index=last_entry[1],
-                              journal_first_index=entries[0][1] if entries else None)
-    if entries[:2] == [previous_entry, last_entry]:
-        return report
-    position = previous_entry[1] - entries[0][1] if entries else -1
-    if 0 < position < len(entries) - 1 and entries[position:position + 2] == [previous_entry, last_entry]:
-        _rewrite_journal(journal_path, entries[position:])
-        logger.warning("finished an interrupted log compaction: dropped %d journal entries before %d",
-                       position, previous_entry[1])
-        return dataclasses.replace(report, dropped_entries=position)
-    logger.warning("journal (entries %s..%s) does not contain snapshot entries %d..%d: "
-                   "pysyncobj will restart the log from the snapshot",
-                   report.journal_first_index, entries[-1][1] if entries else None,
-                   previous_entry[1], last_entry[1])
-    return dataclasses.replace(report, journal_matches_snapshot=False)
-
-
-@contextlib.contextmanager
-def _quiet_journal_open() -> Iterator[None]:
-    """Open pysyncobj journals without its ResourceWarning.
-
-    FileJournal's MetaStorer reads ``<journal>.meta`` with ``open(path).read()``
-    and never closes the file; the warning fires at once (refcounting), inside
-    the constructor. Harmless, but fatal under ``-W error`` (our pytest config).
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=ResourceWarning)
-        yield
-
-
-def _read_journal(journal_path: str) -> list[tuple[Any, int, int]]:
-    with _quiet_journal_open():
-        journal = FileJournal(journal_path)
-    try:
-        return [journal[i] for i in range(len(journal))]
-    finally:
-        journal._destroy()
-
-
-def _rewrite_journal(journal_path: str, entries: list[tuple[Any, int, int]]) -> None:
-    # A new file renamed over the old one: pysyncobj's own deleteEntriesTo
-    # rewrites in place, and a crash inside it would lose the journal's tail.
-    temporary = journal_path + ".repair"
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(temporary)
-    journal = FileJournal(temporary)
-    try:
-        for command, index, term in entries:
-            journal.add(command, index, term)
-    finally:
-        journal._destroy()
-    fd = os.open(temporary, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    replace_durably(temporary, journal_path)
-
-
 # ------------------------------------------------------------- the replicator
 def _check_bindable(raft_address: str) -> None:
     """Fail fast and clearly when the Raft port is taken.
 
-    pysyncobj would retry the bind in its tick thread (for ever by default, here
-    BIND_RETRIES_MAX times) and leak a socket per failed attempt.
+    pysyncobj would retry the bind in its tick thread (for ever by default; here a few times,
+    see rcq.server.raft.settings) and leak a socket per failed attempt.
     """
     host, port = raft_address.rsplit(":", 1)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -383,22 +130,6 @@ def _resolve(future: asyncio.Future[tuple[Any, int]], result: Any, fail_reason: 
     """Complete a submit's future on the loop; must never raise (H2)."""
     if not future.done():  # e.g. cancelled by the submit's timeout
         future.set_result((result, fail_reason))
-
-
-def _journal_of(sync_obj: SyncObj) -> Any:
-    """The ONLY access to pysyncobj's private state: its FileJournal, to msync it and size it.
-
-    pysyncobj never fsyncs or msyncs its journal (H8); FileJournal.flush()
-    does (mmap.flush). pysyncobj triggers compaction by entry count only, while
-    it keeps every entry in RAM and in the mmap'd journal: the journal's byte
-    offset is what bounds that memory. Called from the tick thread only, which
-    owns the journal.
-    """
-    return sync_obj._SyncObj__raftLog
-
-
-def _journal_bytes(journal: Any) -> int:
-    return int(getattr(journal, "_FileJournal__currentOffset", 0))
 
 
 class RaftReplicator:
@@ -437,13 +168,14 @@ class RaftReplicator:
         self._loop = asyncio.get_running_loop()
         _check_bindable(self._config.raft_address)
         self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock)
-        conf = self._build_conf(self._writer)
+        conf = build_conf(self._config, self._writer, auto_tick=self._auto_tick,
+                          on_state_changed=self._on_state_changed)
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         self.repair = repair_interrupted_compaction(self._config.journal_path, self._config.snapshot_path)
         self._snapshot_loads_at_start = int(self._config.snapshot_path.is_file())
         # Constructed on the loop's thread: pysyncobj's tick thread stops when the
         # thread that built SyncObj ends, and the loop's thread lives as long as we do.
-        with _quiet_journal_open():
+        with quiet_journal_open():
             self._sync_obj = SyncObj(self._config.raft_address, [p.raft_address for p in self._config.peers],
                                      conf=conf, consumers=[self._consumer])
         try:
@@ -458,57 +190,6 @@ class RaftReplicator:
             self._sync_obj.addOnTickCallback(self._flush_journal_if_due)
         self._sync_obj.addOnTickCallback(self._compact_if_journal_large)
         self._role_task = self._loop.create_task(self._poll_role(), name="rcq-raft-role")
-
-    def _build_conf(self, writer: ForkingSnapshotWriter) -> SyncObjConf:
-        config = self._config
-        conf = SyncObjConf(
-            password=config.cluster_secret,  # H10: encrypts and authenticates peers
-            bindAddress=config.raft_address,  # pysyncobj would otherwise bind 0.0.0.0
-            autoTick=self._auto_tick,
-            autoTickPeriod=config.auto_tick_period_s,
-            # Mandatory: without it acked writes and terms are lost (the unsafe option exists
-            # only so the chaos harness can show that it catches exactly that loss).
-            journalFile=None if config.unsafe_memory_journal else str(config.journal_path),
-            fullDumpFile=str(config.snapshot_path),
-            # H9: snapshots written in the tick thread stop heartbeats; fork instead.
-            serializer=writer.serialize,
-            serializeChecker=lambda: _SNAPSHOT_STATES[writer.check()],
-            deserializer=writer.deserialize,
-            # Group commit already packs concurrent commits into one entry; sending each entry
-            # at once (a pipe wakes the tick thread) saves up to a whole period of latency.
-            appendEntriesUseBatch=config.append_entries_batched,
-            appendEntriesPeriod=config.append_entries_period_s,
-            raftMinTimeout=config.raft_min_timeout_s,
-            raftMaxTimeout=config.raft_max_timeout_s,
-            # H3: below raftMinTimeout, so a partitioned leader steps down before a new one exists.
-            leaderFallbackTimeout=config.leader_fallback_timeout_s,
-            connectionTimeout=config.connection_timeout_s,
-            # Only the node with the greater address dials; after a peer restarts it
-            # redials every connectionRetryTime (default 5 s). One election timeout
-            # keeps a restarted peer's return about as fast as a failover.
-            connectionRetryTime=config.raft_min_timeout_s,
-            commandsQueueSize=config.commands_queue_size,
-            # H7 / DESIGN: no leader means fail now, not a command applied after our timeout.
-            commandsWaitLeader=False,
-            logCompactionMinEntries=config.log_compaction_min_entries,
-            logCompactionMinTime=config.log_compaction_min_time_s,
-            # Not split: pysyncobj's split makes a node wait for its time slot (up to
-            # logCompactionMinTime, 300 s) even past the entry threshold or when forced, while
-            # the log grows in RAM. Snapshots are written by a forked child, so nodes
-            # snapshotting at the same time cost CPU, not heartbeats.
-            logCompactionSplit=False,
-            dynamicMembershipChange=False,  # H11
-            onStateChanged=self._on_state_changed,
-            bindRetryTime=BIND_RETRY_INTERVAL_S,
-            maxBindRetries=BIND_RETRIES_MAX,
-        )
-        try:
-            conf.validate()
-        except AssertionError as exc:
-            raise InvalidRequest("the Raft settings are inconsistent (raft_min_timeout_s must exceed "
-                                 "3 x append_entries_period_s, leader_fallback_timeout_s must exceed "
-                                 "append_entries_period_s)") from exc
-        return conf
 
     async def stop(self) -> None:
         """Stop Raft, join its thread, wait for a snapshot child; pending submits end as unknown."""
@@ -719,7 +400,7 @@ class RaftReplicator:
         if sync_obj is None:
             return
         try:
-            if _journal_bytes(_journal_of(sync_obj)) > self._config.log_compaction_bytes:
+            if journal_bytes(journal_of(sync_obj)) > self._config.log_compaction_bytes:
                 sync_obj.forceLogCompaction()
         except Exception:  # never end a tick with an exception
             logger.exception("journal size check failed")
@@ -732,6 +413,6 @@ class RaftReplicator:
         interval_s = self._config.journal_flush_interval_s or 0.0
         self._next_journal_flush_s = now + interval_s
         try:
-            _journal_of(self._sync_obj).flush()
+            journal_of(self._sync_obj).flush()
         except Exception:  # an exception here would end this tick; log and go on
             logger.exception("journal flush failed")

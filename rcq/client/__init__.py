@@ -46,8 +46,6 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import io
 import json
 import logging
@@ -62,7 +60,8 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 import yarl
 
-from rcq.coalescer import BACKOFF_FIRST_S, BACKOFF_MAX_S, Attempts, Coalescer
+from rcq import encoding
+from rcq.client.coalescer import BACKOFF_FIRST_S, BACKOFF_MAX_S, Attempts, Coalescer
 from rcq.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
@@ -88,7 +87,7 @@ from rcq.errors import (
     Unavailable,
     error_from_body,
 )
-from rcq.models import check_queue_name
+from rcq.names import check_queue_name
 
 __all__ = [
     "CommitConflict", "CommitInfo", "CommitOutcomeUnknown", "Dequeue", "Enqueue", "ExecuteResult",
@@ -181,22 +180,15 @@ def _as_bytes(value: ItemValue) -> bytes:
 
 def encode_items(items: Iterable[ItemValue]) -> tuple[list[str], str]:
     """Items -> (wire strings, encoding): UTF-8 text when all are valid UTF-8, else base64."""
-    values = [_as_bytes(item) for item in items]
-    try:
-        return [v.decode("utf-8") for v in values], "utf-8"
-    except UnicodeDecodeError:
-        return [base64.b64encode(v).decode("ascii") for v in values], "base64"
+    return encoding.encode_items([_as_bytes(item) for item in items])
 
 
 def _decode_item(entry: Mapping[str, Any]) -> Item:
     text = entry["value"]
-    if entry.get("encoding") == "base64":
-        try:
-            value = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InternalError(f"the server sent an item that is not base64: {text[:32]!r}") from exc
-    else:
-        value = text.encode("utf-8")
+    try:
+        value = encoding.decode_item(text, "base64" if entry.get("encoding") == "base64" else "utf-8")
+    except ValueError as exc:
+        raise InternalError(f"the server sent an item that is {exc}: {text[:32]!r}") from exc
     return Item(int(entry["item_id"]), str(entry["queue"]), value)
 
 

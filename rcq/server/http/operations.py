@@ -1,6 +1,6 @@
 """What each API verb does, apart from HTTP: validated model in, (status, JSON body) out.
 
-The REST handlers of :mod:`rcq.api` and the sub-requests of ``POST /v1/batch``
+The REST handlers of :mod:`rcq.server.http.api` and the sub-requests of ``POST /v1/batch``
 both call these, so a verb behaves the same whichever way it arrives. Errors
 are raised as :mod:`rcq.errors` classes; the caller renders them.
 
@@ -12,23 +12,22 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rcq.config import NodeConfig
+from rcq.encoding import Encoding, encode_item
 from rcq.errors import RcqError
-from rcq.models import (
+from rcq.server.config import NodeConfig
+from rcq.server.http.models import (
     BeginRequest,
     CommitManyRequest,
     CommitRequest,
     DequeueOperation,
     DequeueRequest,
-    Encoding,
     EnqueueOperation,
     EnqueueRequest,
     ExecuteRequest,
     ExtendRequest,
     decode_items,
-    encode_item,
 )
-from rcq.transactions import CommitResult, DequeuedItem, TransactionManager
+from rcq.server.leader.transactions import CommitResult, DequeuedItem, TransactionManager
 
 Answer = tuple[int, dict[str, Any]]
 

@@ -6,7 +6,7 @@ in the command as the leader's ``now_ms``), no randomness, and no iteration
 over sets whose order could reach a result or a snapshot.
 
 :meth:`QueueStateMachine.apply` never raises: a malformed entry or a bug
-becomes an :class:`~rcq.commands.ApplyFailed` value, because an exception in a
+becomes an :class:`~rcq.server.core.commands.ApplyFailed` value, because an exception in a
 replicated method would be re-applied by pysyncobj on every tick, for ever.
 
 Each queue is a deque of item ids in id order plus a dict id -> value. Ids are
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rcq.commands import (
+from rcq.server.core.commands import (
     ApplyFailed,
     ApplyResult,
     Barrier,

@@ -1,12 +1,12 @@
 """The seam between the transaction layer and Raft: the Replicator protocol.
 
-``rcq.replicator`` implements it with pysyncobj (the only module that knows
+``rcq.server.raft.replicator`` implements it with pysyncobj (the only module that knows
 pysyncobj); ``rcq.testing.InMemoryReplicator`` implements it in memory for
 tests of everything above Raft.
 
 Contract of :meth:`Replicator.submit`:
 
-* returns the :class:`~rcq.commands.ApplyResult` computed when the entry was
+* returns the :class:`~rcq.server.core.commands.ApplyResult` computed when the entry was
   applied on this node, only after a majority has it in its log;
 * raises :class:`~rcq.errors.NotLeader` / :class:`~rcq.errors.NoLeader` /
   :class:`~rcq.errors.Unavailable` when the command was definitely not proposed;
@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from rcq.commands import ApplyResult, Command
-from rcq.state_machine import QueueStateMachine
+from rcq.server.core.commands import ApplyResult, Command
+from rcq.server.core.state_machine import QueueStateMachine
 
 T = TypeVar("T")
 

@@ -21,8 +21,6 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from rcq import operations
-from rcq.config import NodeConfig
 from rcq.errors import (
     InternalError,
     InvalidQueueName,
@@ -33,7 +31,10 @@ from rcq.errors import (
     RcqError,
     RouteNotFound,
 )
-from rcq.models import (
+from rcq.names import check_queue_name
+from rcq.server.config import NodeConfig
+from rcq.server.http import operations
+from rcq.server.http.models import (
     BatchAbort,
     BatchBegin,
     BatchCommit,
@@ -56,10 +57,9 @@ from rcq.models import (
     ExtendRequest,
     QueueDequeueRequest,
     QueueEnqueueRequest,
-    check_queue_name,
 )
-from rcq.replication import Replicator
-from rcq.transactions import TransactionManager
+from rcq.server.leader.transactions import TransactionManager
+from rcq.server.raft.protocol import Replicator
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ import signal
 
 from aiohttp import web
 
-from rcq.api import create_app
-from rcq.config import NodeConfig
-from rcq.replication import Replicator
-from rcq.state_machine import QueueStateMachine
-from rcq.transactions import TransactionManager
+from rcq.server.config import NodeConfig
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.http.api import create_app
+from rcq.server.leader.transactions import TransactionManager
+from rcq.server.raft.protocol import Replicator
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class Node:
         self.config = config
         self.state_machine = QueueStateMachine()
         if replicator is None:
-            from rcq.replicator import RaftReplicator  # the only door to pysyncobj
+            from rcq.server.raft.replicator import RaftReplicator  # the only door to pysyncobj
 
             replicator = RaftReplicator(config, self.state_machine)
         self.replicator = replicator

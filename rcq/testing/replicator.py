@@ -1,7 +1,7 @@
-"""Test support shipped with rcq: an in-memory replicator and ``wait_until``.
+"""An in-memory Replicator for tests of everything above Raft.
 
 ``InMemoryReplicator`` implements the Replicator protocol of
-:mod:`rcq.replication` in one process with no Raft: submitted commands are
+:mod:`rcq.server.raft.protocol` in one process with no Raft: submitted commands are
 applied on the event loop at the next iteration, in order, so everything above
 the replication seam (transactions, HTTP API, client) can be tested fast and
 deterministically. Tests can depose and elect it, and make submits time out.
@@ -12,14 +12,13 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from rcq.commands import ApplyResult, Command, encode
 from rcq.errors import CommitOutcomeUnknown, NoLeader
-from rcq.replication import ApplyListener, RaftStatus, RoleListener
-from rcq.state_machine import QueueStateMachine
+from rcq.server.core.commands import ApplyResult, Command, encode
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
 
 T = TypeVar("T")
 
@@ -107,24 +106,3 @@ class InMemoryReplicator:
         self._leader = True
         if self._role_listener is not None:
             self._role_listener(True, self._term)
-
-
-async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float,
-                     interval_s: float = 0.02, message: str = "condition") -> None:
-    """Poll ``predicate`` until it is true; raise TimeoutError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last_error: BaseException | None = None
-    while True:
-        try:
-            value = predicate()
-            if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
-                value = await value
-            if value:
-                return
-            last_error = None
-        except Exception as exc:  # the predicate may fail while a cluster settles
-            last_error = exc
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{message} not reached within {timeout_s} s"
-                               + (f"; last error: {last_error!r}" if last_error else ""))
-        await asyncio.sleep(interval_s)

@@ -1,0 +1,166 @@
+"""Fixes installed on pysyncobj's SyncObj class: how a follower handles append_entries.
+
+* H5: keep log entries that match a repeated message instead of deleting and re-adding them;
+* H6: bound the commit index to what the message verified, and answer "unknown" to proposals a
+  received snapshot skipped.
+
+Both are explained in docs/raft-hazards.md, and tested in tests/integration
+(test_matching_entries_fix.py, test_deposed_leader_commit.py), each with a test showing what
+pysyncobj does without them.
+
+Must not import: anything of rcq's but rcq.server.raft.internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pysyncobj import FAIL_REASON, SyncObj
+
+from rcq.server.raft.internals import (
+    journal_of,
+    proposals_waiting,
+    replace_syncobj_method,
+    set_commit_index,
+    syncobj_method,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# H5 (docs/raft-hazards.md): pysyncobj's follower deletes every entry after prevLogIdx on each append_entries message
+# and re-adds the message's entries, even when they match (it logs CRITICAL "truncating
+# already-applied log entries" when it does). A duplicate or reordered message then leaves the
+# follower with a log *shorter* than what it already acknowledged; if the leader counted those
+# entries towards a commit and dies in that window, an acknowledged commit can be lost. The chaos
+# harness saw the truncation 90 times in one 240 s run. Raft (§5.3) only deletes from the first
+# *conflicting* entry. The fix, in this one place: the delete is deferred, and the journal's add
+# keeps an entry that matches (same index and term), deletes from the first conflict, and appends
+# what is new. Entries beyond the message are kept, as Raft requires; the acknowledgement still
+# names only the message's last entry.
+_TRUNCATE_FROM = "_rcq_truncate_from"
+
+
+def _deferred_delete_entries_from(self: SyncObj, from_index: int) -> None:
+    # pysyncobj calls this only on the append_entries path, right before adding the new entries.
+    _guard_journal(self)
+    setattr(self, _TRUNCATE_FROM, from_index)
+
+
+def _guard_journal(sync_obj: SyncObj) -> None:
+    journal = journal_of(sync_obj)
+    if getattr(journal, "_rcq_guarded", False):
+        return
+    add = journal.add
+
+    def add_keeping_matching_entries(command: Any, index: int, term: int) -> None:
+        start = getattr(sync_obj, _TRUNCATE_FROM, None)
+        if start is not None and len(journal) and index >= start:
+            first, last = journal[0][1], journal[-1][1]
+            if index < first:
+                return  # inside the snapshot: committed, hence matching
+            if index <= last:
+                if journal[index - first][2] == term:
+                    return  # the same entry: keep it
+                if index <= sync_obj.raftLastApplied:
+                    logger.critical("deleting applied log entries from index %d after a term conflict "
+                                    "(last applied %d): this replica may have diverged",
+                                    index, sync_obj.raftLastApplied)
+                journal.deleteEntriesFrom(index - first)
+        add(command, index, term)
+
+    journal.add = add_keeping_matching_entries
+    journal._rcq_guarded = True
+
+
+# ---------------------------------------------------------------------------------------------
+# A follower's commit index may only cover entries the leader has shown to be in its own log.
+# Raft (Figure 2, AppendEntries step 5): commitIndex = min(leaderCommit, index of the last *new*
+# entry), and only after the consistency check on prevLogIndex/prevLogTerm passed. pysyncobj
+# instead sets it to min(leaderCommit, last index of the local log) at the end of every accepted
+# append_entries message, including the chunks of a snapshot transfer, which carry no
+# prevLogIdx and check nothing. A deposed leader still holding its own uncommitted entries then
+# *applies* them as soon as the new leader starts sending it a snapshot, and the callbacks of
+# those entries report success (same index, same term as proposed): the commit is acknowledged,
+# then the snapshot replaces the state and the entries are gone for good (chaos seed 90413; see
+# docs/raft-hazards.md, H6). The keep-matching-entries fix (H5) widens
+# the same hole on the regular path: entries beyond the message are kept, unverified.
+# Here, after pysyncobj has handled the message, the commit index is brought back to what the
+# message verified; and proposals a received snapshot skipped are answered "unknown" (pysyncobj
+# would never call them back).
+def _verified_index(sync_obj: SyncObj, message: dict[str, Any], applied_before: int) -> int | None:
+    """The last index an accepted append_entries message proved to match the leader's log."""
+    if "prevLogIdx" in message:
+        transmission = message.get("transmission")
+        if transmission in ("start", "process"):
+            return None  # pysyncobj returned before touching the commit index
+        if transmission == "finish":
+            return int(message["prevLogIdx"]) + 1  # one large entry, reassembled
+        entries = message.get("entries") or ()
+        return int(entries[-1][1]) if entries else int(message["prevLogIdx"])
+    last_applied = int(sync_obj.raftLastApplied)
+    if "serialized" in message and last_applied != applied_before:
+        return last_applied  # a snapshot was installed: the log is now exactly the snapshot
+    return None  # a snapshot chunk (not the last) or a heartbeat of one: nothing verified
+
+
+def _bound_commit_index(sync_obj: SyncObj, message: dict[str, Any], commit_before: int,
+                        applied_before: int) -> None:
+    commit_now = int(sync_obj.raftCommitIndex)
+    if commit_now <= commit_before:
+        return
+    verified = _verified_index(sync_obj, message, applied_before)
+    bound = max(commit_before, verified if verified is not None else 0)
+    if commit_now > bound:
+        set_commit_index(sync_obj, bound)
+
+
+def _answer_proposals_skipped_by_snapshot(sync_obj: SyncObj, applied_before: int) -> None:
+    last_applied = int(sync_obj.raftLastApplied)
+    if last_applied == applied_before:
+        return
+    waiting = proposals_waiting(sync_obj)
+    for index in [i for i in waiting if i <= last_applied]:
+        for _term, callback in waiting.pop(index):
+            callback(None, FAIL_REASON.UNKNOWN_OUTCOME)
+
+
+def _on_message_received_with_fixes(original: Callable[..., Any]) -> Callable[..., Any]:
+    def on_message_received(self: SyncObj, node: Any, message: Any) -> Any:
+        setattr(self, _TRUNCATE_FROM, None)
+        is_append = isinstance(message, dict) and message.get("type") == "append_entries"
+        commit_before = int(self.raftCommitIndex)
+        applied_before = int(self.raftLastApplied)
+        try:
+            return original(self, node, message)
+        finally:
+            setattr(self, _TRUNCATE_FROM, None)
+            if is_append:
+                _bound_commit_index(self, message, commit_before, applied_before)
+                _answer_proposals_skipped_by_snapshot(self, applied_before)
+
+    return on_message_received
+
+
+class _DropMisleadingTruncationLine(logging.Filter):
+    """pysyncobj logs CRITICAL before every deferred delete; with the fix nothing matching is
+    deleted, and a real conflict is logged by add_keeping_matching_entries instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("truncating already-applied log entries")
+
+
+# Class-level patches: pysyncobj binds __onMessageReceived as a transport callback at
+# construction, so they must be in place before any SyncObj is built (import time, once).
+def install() -> None:
+    """Patch SyncObj once (idempotent); the replicator calls it when imported."""
+    if getattr(SyncObj, "_rcq_fixes_installed", False):
+        return
+    replace_syncobj_method("deleteEntriesFrom", _deferred_delete_entries_from)
+    replace_syncobj_method("onMessageReceived", _on_message_received_with_fixes(syncobj_method("onMessageReceived")))
+    SyncObj._rcq_fixes_installed = True  # type: ignore[attr-defined]
+    logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
+
+

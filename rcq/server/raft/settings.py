@@ -1,0 +1,79 @@
+"""NodeConfig -> pysyncobj's SyncObjConf: every Raft setting rcq gives pysyncobj, and why.
+
+Must not import: anything of rcq's but config, errors and the snapshot writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pysyncobj import SERIALIZER_STATE, SyncObjConf
+
+from rcq.errors import InvalidRequest
+from rcq.server.config import NodeConfig
+from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
+
+# A bind that keeps failing (port taken) fails start() after about 5 s instead of
+# pysyncobj's default of retrying for ever.
+BIND_RETRY_INTERVAL_S = 0.5
+BIND_RETRIES_MAX = 10
+
+_SNAPSHOT_STATES = {
+    SnapshotState.IDLE: SERIALIZER_STATE.NOT_SERIALIZING,
+    SnapshotState.WRITING: SERIALIZER_STATE.SERIALIZING,
+    SnapshotState.SUCCEEDED: SERIALIZER_STATE.SUCCESS,
+    SnapshotState.FAILED: SERIALIZER_STATE.FAILED,
+}
+
+
+def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: bool,
+               on_state_changed: Callable[[int, int], None]) -> SyncObjConf:
+    conf = SyncObjConf(
+        password=config.cluster_secret,  # H10: encrypts and authenticates peers
+        bindAddress=config.raft_address,  # pysyncobj would otherwise bind 0.0.0.0
+        autoTick=auto_tick,
+        autoTickPeriod=config.auto_tick_period_s,
+        # Mandatory: without it acked writes and terms are lost (the unsafe option exists
+        # only so the chaos harness can show that it catches exactly that loss).
+        journalFile=None if config.unsafe_memory_journal else str(config.journal_path),
+        fullDumpFile=str(config.snapshot_path),
+        # H9: snapshots written in the tick thread stop heartbeats; fork instead.
+        serializer=writer.serialize,
+        serializeChecker=lambda: _SNAPSHOT_STATES[writer.check()],
+        deserializer=writer.deserialize,
+        # Group commit already packs concurrent commits into one entry; sending each entry
+        # at once (a pipe wakes the tick thread) saves up to a whole period of latency.
+        appendEntriesUseBatch=config.append_entries_batched,
+        appendEntriesPeriod=config.append_entries_period_s,
+        raftMinTimeout=config.raft_min_timeout_s,
+        raftMaxTimeout=config.raft_max_timeout_s,
+        # H3: below raftMinTimeout, so a partitioned leader steps down before a new one exists.
+        leaderFallbackTimeout=config.leader_fallback_timeout_s,
+        connectionTimeout=config.connection_timeout_s,
+        # Only the node with the greater address dials; after a peer restarts it
+        # redials every connectionRetryTime (default 5 s). One election timeout
+        # keeps a restarted peer's return about as fast as a failover.
+        connectionRetryTime=config.raft_min_timeout_s,
+        commandsQueueSize=config.commands_queue_size,
+        # H7 / DESIGN: no leader means fail now, not a command applied after our timeout.
+        commandsWaitLeader=False,
+        logCompactionMinEntries=config.log_compaction_min_entries,
+        logCompactionMinTime=config.log_compaction_min_time_s,
+        # Not split: pysyncobj's split makes a node wait for its time slot (up to
+        # logCompactionMinTime, 300 s) even past the entry threshold or when forced, while
+        # the log grows in RAM. Snapshots are written by a forked child, so nodes
+        # snapshotting at the same time cost CPU, not heartbeats.
+        logCompactionSplit=False,
+        dynamicMembershipChange=False,  # H11
+        onStateChanged=on_state_changed,
+        bindRetryTime=BIND_RETRY_INTERVAL_S,
+        maxBindRetries=BIND_RETRIES_MAX,
+    )
+    try:
+        conf.validate()
+    except AssertionError as exc:
+        raise InvalidRequest("the Raft settings are inconsistent (raft_min_timeout_s must exceed "
+                             "3 x append_entries_period_s, leader_fallback_timeout_s must exceed "
+                             "append_entries_period_s)") from exc
+    return conf
+

@@ -1,0 +1,29 @@
+"""Test support shipped with rcq.
+
+* :class:`InMemoryReplicator` (``rcq.testing.replicator``): the Replicator protocol in memory,
+  so transactions, the HTTP API and the client are tested fast and deterministically;
+* :func:`wait_until` (``rcq.testing.waits``): poll a condition with a deadline, never a bare sleep;
+* ``rcq.testing.cluster``: real multi-process loopback clusters (tests, chaos, bench, launcher).
+
+``rcq.testing`` itself imports only the waits; the replicator is loaded on first use so that
+a client-only install (no server extra) can still use the cluster harness and the waits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rcq.testing.waits import wait_until
+
+if TYPE_CHECKING:
+    from rcq.testing.replicator import InMemoryReplicator
+
+__all__ = ["InMemoryReplicator", "wait_until"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "InMemoryReplicator":
+        from rcq.testing.replicator import InMemoryReplicator
+
+        return InMemoryReplicator
+    raise AttributeError(f"module 'rcq.testing' has no attribute {name!r}")
