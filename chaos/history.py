@@ -209,7 +209,7 @@ def pair_ops(history: Iterable[dict[str, Any]]) -> list[PairedOp]:
     pairs: dict[int, PairedOp] = {}
     for op in history:
         process = op.get("process")
-        if not is_client_process(process):
+        if process is None or not is_client_process(process):
             continue
         op_type = op.get("type")
         if op_type == "invoke":

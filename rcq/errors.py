@@ -186,24 +186,23 @@ class MethodNotAllowed(InvalidRequest):
 
 
 def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:
-    found = []
+    found: list[type[RcqError]] = []
     for sub in cls.__subclasses__():
         found.append(sub)
         found.extend(_all_subclasses(sub))
     return found
 
 
-ERRORS_BY_CODE: dict[str, type[RcqError]] = {
-    cls.code: cls for cls in [RcqError, *_all_subclasses(RcqError)]
-}
+_ERROR_CLASSES: list[type[RcqError]] = [RcqError, *_all_subclasses(RcqError)]
+ERRORS_BY_CODE: dict[str, type[RcqError]] = {cls.code: cls for cls in _ERROR_CLASSES}
 
 
 def error_from_body(status: int, body: Any) -> RcqError:
     """Rebuild the typed error from a server's error body (client side)."""
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
-        cls = Unavailable if status in (502, 503) else InternalError
-        return cls(f"HTTP {status} without an rcq error body")
+        bare: type[RcqError] = Unavailable if status in (502, 503) else InternalError
+        return bare(f"HTTP {status} without an rcq error body")
     cls = ERRORS_BY_CODE.get(str(error.get("code")), InternalError)
     return cls(str(error.get("message") or cls.__doc__),
                leader_url=error.get("leader_url"), details=error.get("details"))

@@ -66,7 +66,8 @@ def fault_windows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for op in history:
         if op.get("process") != NEMESIS_PROCESS:
             continue
-        value = op.get("value") if isinstance(op.get("value"), dict) else {}
+        raw_value = op.get("value")
+        value: dict[str, Any] = raw_value if isinstance(raw_value, dict) else {}
         fault = str(op.get("f"))
         if value.get("phase") == "start":
             window = {"f": fault, "start_s": float(op["time_s"]), "stop_s": end_s, "stopped": False,

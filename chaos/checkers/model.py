@@ -108,8 +108,9 @@ def value_key(value: Any) -> Hashable:
 
 def build_model(history: Iterable[dict[str, Any]] | list[PairedOp]) -> QueueModel:
     items = list(history)
-    ops = items if items and isinstance(items[0], PairedOp) else pair_ops(items)
-    model = QueueModel(ops=ops)  # type: ignore[arg-type]
+    ops = ([op for op in items if isinstance(op, PairedOp)] if items and isinstance(items[0], PairedOp)
+           else pair_ops(op for op in items if isinstance(op, dict)))
+    model = QueueModel(ops=ops)
     pending_moves: list[tuple[PairedOp, str, str, tuple[Hashable, ...]]] = []
     for op in model.ops:
         value = op.value if isinstance(op.value, dict) else {}
@@ -144,10 +145,10 @@ def build_model(history: Iterable[dict[str, Any]] | list[PairedOp]) -> QueueMode
         op = sighting.op
         if op.f not in REMOVING_FS:
             continue
-        committed = {"ok": True, "fail": False}.get(op.type)
+        removed: bool | None = {"ok": True, "fail": False}.get(op.type)
         if op.f == "move" and op.invoke_index in committed_moves:
-            committed = True
-        model.removals.append(Removal(sighting.value, sighting.queue, op, committed, sighting.position))
+            removed = True
+        model.removals.append(Removal(sighting.value, sighting.queue, op, removed, sighting.position))
     return model
 
 

@@ -55,8 +55,9 @@ class Node:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, backlog=1024)
         await site.start()
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
-        self.port = sockets[0].getsockname()[1] if sockets else self.config.http_port
+        # http_port 0 binds a free port: read back which one (the runner knows its sockets).
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else self.config.http_port
         # Long-lived objects (code, config, the app) need no more GC passes; a young-generation
         # threshold well above the default keeps collection pauses (measured up to 0.45 s under
         # load in the pysyncobj study) short and rare, so heartbeats are not delayed.

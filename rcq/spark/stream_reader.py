@@ -77,7 +77,7 @@ async def take_items(client: RcqClient, options: RcqOptions, partition: ReadPart
     items: list[Item] = []
     chunk = 0
     while len(items) < partition.max_items:
-        wants = []
+        wants: list[int] = []
         left = partition.max_items - len(items)
         while left > 0 and len(wants) < options.requests_in_flight:
             wants.append(min(options.batch_size, left))

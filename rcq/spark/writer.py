@@ -88,8 +88,8 @@ async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable
             in_flight.add(asyncio.create_task(transactions[-1].enqueue_batch(options.queue, chunk)))
             transaction_bytes += size
             rows += len(chunk)
-        for task in asyncio.as_completed(in_flight):
-            await task
+        for finished in asyncio.as_completed(in_flight):
+            await finished
     except BaseException:
         for task in in_flight:
             task.cancel()

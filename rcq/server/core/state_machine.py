@@ -342,9 +342,9 @@ class QueueStateMachine:
             queue.stats.enqueued_total = enqueued_total
             queue.stats.dequeued_total = dequeued_total
         for name, item_id, value in items:
-            queue = queues.get(name)
-            if queue is None:
-                queue = queues[name] = _Queue()
+            if name not in queues:
+                queues[name] = _Queue()
+            queue = queues[name]
             queue.ids.append(item_id)
             queue.items[item_id] = value
             queue.stats.bytes += len(value)
@@ -365,14 +365,9 @@ class QueueStateMachine:
 def coalesce_ranges(item_ids: Iterable[int]) -> list[tuple[int, int]]:
     """Turn increasing ids into [first, end) ranges of consecutive ids."""
     ranges: list[tuple[int, int]] = []
-    first = end = None
     for item_id in item_ids:
-        if item_id == end:
-            end += 1
-            continue
-        if first is not None:
-            ranges.append((first, end))
-        first, end = item_id, item_id + 1
-    if first is not None:
-        ranges.append((first, end))
+        if ranges and item_id == ranges[-1][1]:
+            ranges[-1] = (ranges[-1][0], item_id + 1)
+        else:
+            ranges.append((item_id, item_id + 1))
     return ranges

@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 CONFIG = web.AppKey("config", NodeConfig)
 MANAGER = web.AppKey("manager", TransactionManager)
-REPLICATOR = web.AppKey("replicator", Replicator)  # type: ignore[type-abstract]
+REPLICATOR = web.AppKey("replicator", Replicator)
 
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

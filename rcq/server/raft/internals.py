@@ -20,7 +20,7 @@ from pysyncobj import SyncObj
 def journal_of(sync_obj: SyncObj) -> Any:
     """The FileJournal. Its ``flush()`` msyncs it (pysyncobj never does, H8). Use it from the
     tick thread only, which owns the journal."""
-    return sync_obj._SyncObj__raftLog  # type: ignore[attr-defined]
+    return sync_obj._SyncObj__raftLog
 
 
 def journal_bytes(journal: Any) -> int:
@@ -41,18 +41,18 @@ def entry_term(sync_obj: SyncObj, index: int) -> int | None:
 
 
 def set_commit_index(sync_obj: SyncObj, index: int) -> None:
-    sync_obj._SyncObj__raftCommitIndex = index  # type: ignore[attr-defined]
+    sync_obj._SyncObj__raftCommitIndex = index
     journal_of(sync_obj).setRaftCommitIndex(index)
 
 
 def proposals_waiting(sync_obj: SyncObj) -> dict[int, list[tuple[int, Callable[[Any, int], None]]]]:
     """index -> [(term, callback)] of proposals made here, waiting for their entry to apply."""
-    return sync_obj._SyncObj__commandsWaitingCommit  # type: ignore[attr-defined, no-any-return]
+    return sync_obj._SyncObj__commandsWaitingCommit
 
 
 def syncobj_method(name: str) -> Callable[..., Any]:
     """SyncObj's private method ``__<name>``, as the class holds it."""
-    return getattr(SyncObj, f"_SyncObj__{name}")  # type: ignore[no-any-return]
+    return getattr(SyncObj, f"_SyncObj__{name}")
 
 
 def replace_syncobj_method(name: str, method: Callable[..., Any]) -> None:

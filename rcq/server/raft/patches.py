@@ -160,7 +160,7 @@ def install() -> None:
         return
     replace_syncobj_method("deleteEntriesFrom", _deferred_delete_entries_from)
     replace_syncobj_method("onMessageReceived", _on_message_received_with_fixes(syncobj_method("onMessageReceived")))
-    SyncObj._rcq_fixes_installed = True  # type: ignore[attr-defined]
+    SyncObj._rcq_fixes_installed = True
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
 
 

@@ -254,7 +254,7 @@ class RaftReplicator:
         finally:
             self._pending.discard(future)
         if fail_reason == FAIL_REASON.SUCCESS:
-            return result  # type: ignore[no-any-return]
+            return result
         raise self._error_for(fail_reason)
 
     def _error_for(self, fail_reason: int) -> Exception:

@@ -152,7 +152,8 @@ def _read_items(cursor: lmdb.Cursor) -> Iterator[tuple[str, int, bytes]]:
     unpack = _ITEM_ID.unpack
     name_key = b""
     name = ""
-    for key, value in cursor:
+    for key, value in cursor:  # bytes: the transaction is opened with buffers=False
+        key, value = bytes(key), bytes(value)
         if not key.startswith(ITEM_PREFIX):
             break
         if key[:-8] != name_key:  # decode each queue name once
