@@ -59,9 +59,9 @@ class InMemoryReplicator:
     def apply_raw(self, raw: Any) -> ApplyResult:
         """Apply an entry as if committed (also usable to inject entries of other leaders)."""
         self._index += 1
-        result = self.state_machine.apply(raw, self._index)
+        command, result = self.state_machine.decode_and_apply(raw, self._index)
         if self._apply_listener is not None:
-            self._apply_listener(self._index, raw, result)
+            self._apply_listener(self._index, command, result)
         return result
 
     def is_leader(self) -> bool:

@@ -34,7 +34,8 @@ from rcq.errors import CommitOutcomeUnknown
 from rcq.server.config import NodeConfig, PeerConfig
 from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, encode
 from rcq.server.core.state_machine import QueueStateMachine
-from rcq.server.leader.transactions import CommitResult, TransactionManager
+from rcq.server.leader.session import CommitResult
+from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft import patches
 from rcq.server.raft import replicator as replicator_module
 from rcq.server.raft.replicator import RaftReplicator

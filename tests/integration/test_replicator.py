@@ -174,10 +174,10 @@ async def test_single_node_commits_reports_status_and_stops_cleanly(work_dir: Pa
 
 async def test_an_apply_that_raises_does_not_wedge_the_node(work_dir: Path) -> None:
     class ExplodingStateMachine(QueueStateMachine):
-        def apply(self, raw_command: Any, index: int) -> Any:
+        def decode_and_apply(self, raw_command: Any, index: int) -> Any:
             if raw_command == ("explode",):
                 raise RuntimeError("boom")
-            return super().apply(raw_command, index)
+            return super().decode_and_apply(raw_command, index)
 
     async with running(single_node_config(work_dir), ExplodingStateMachine()) as replicator:
         exploded = await replicator._submit_raw(("explode",), timeout_s=5)

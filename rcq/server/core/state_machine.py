@@ -33,6 +33,7 @@ from rcq.server.core.commands import (
     Barrier,
     BarrierResult,
     BatchResult,
+    Command,
     CommitBatch,
     CommitUnit,
     EnqueuedRange,
@@ -97,11 +98,19 @@ class QueueStateMachine:
     # ------------------------------------------------------------------ apply
     def apply(self, raw_command: Any, index: int) -> ApplyResult:
         """Apply one committed log entry at ``index``. Never raises."""
+        return self.decode_and_apply(raw_command, index)[1]
+
+    def decode_and_apply(self, raw_command: Any, index: int) -> tuple[Command | None, ApplyResult]:
+        """:meth:`apply`, also returning the decoded command (None when malformed), so that
+        whoever follows the stream of applied entries never decodes an entry twice."""
         try:
             command = decode(raw_command)
         except MalformedCommand as exc:
             self._last_index = max(self._last_index, index)
-            return ApplyFailed(reason="malformed_command", details={"error": str(exc)})
+            return None, ApplyFailed(reason="malformed_command", details={"error": str(exc)})
+        return command, self._apply_command(command, index)
+
+    def _apply_command(self, command: Command, index: int) -> ApplyResult:
         try:
             self._now_ms = max(self._now_ms, command.now_ms)
             # Expire first: a key past its retention at this entry's time is forgotten by it.

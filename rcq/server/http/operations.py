@@ -27,7 +27,8 @@ from rcq.server.http.models import (
     ExtendRequest,
     decode_items,
 )
-from rcq.server.leader.transactions import CommitResult, DequeuedItem, TransactionManager
+from rcq.server.leader.session import CommitResult, DequeuedItem
+from rcq.server.leader.transactions import TransactionManager
 
 Answer = tuple[int, dict[str, Any]]
 

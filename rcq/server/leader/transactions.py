@@ -10,7 +10,13 @@ locked, so they are back at the head of their queues.
 
 Transaction ids carry the term that created them (``<term hex>.<random>``),
 so any later leader can say "aborted: leader changed" about a transaction it
-never saw, or "committed" if the replicated outcomes say so.
+never saw, or "committed" if the replicated outcomes say so (see answers.py).
+
+Its neighbours: ``session`` (one transaction's state), ``deadlines`` (the reaper),
+``answers`` (what a closed transaction answers), ``group_commit``, ``queue_view``.
+Over 400 lines on purpose: leadership (epochs, the barrier), the verbs and the stream of
+applied entries share one invariant — a queue view's locks are exactly the items this
+epoch's open or committing sessions hold — and splitting them would spread it over files.
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
@@ -18,14 +24,10 @@ Must not import: pysyncobj, lmdb, aiohttp.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from rcq.errors import (
@@ -42,7 +44,6 @@ from rcq.errors import (
     TransactionAborted,
     TransactionBusy,
     TransactionCommitted,
-    TransactionExpired,
     TransactionNotFound,
 )
 from rcq.names import check_queue_name
@@ -52,80 +53,20 @@ from rcq.server.core.commands import (
     Barrier,
     BarrierResult,
     BatchResult,
+    Command,
     CommitBatch,
     CommitUnit,
-    MalformedCommand,
     TransactionWrite,
     UnitOutcome,
-    decode,
 )
+from rcq.server.leader.answers import ClosedTransactions
+from rcq.server.leader.deadlines import DeadlineReaper
 from rcq.server.leader.group_commit import GroupCommitter
 from rcq.server.leader.queue_view import QueueView
+from rcq.server.leader.session import CommitResult, DequeuedItem, Session, State
 from rcq.server.raft.protocol import Replicator
 
 log = logging.getLogger(__name__)
-
-
-class State(StrEnum):
-    OPEN = "open"
-    COMMITTING = "committing"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
-    UNKNOWN = "unknown"  # commit proposed, outcome not known yet
-
-
-@dataclass(eq=False)
-class Transaction:
-    transaction_id: str
-    term: int
-    epoch: int
-    label: str | None
-    timeout_s: float
-    deadline: float  # loop time
-    created_ms: int
-    state: State = State.OPEN
-    enqueues: dict[str, list[bytes]] = field(default_factory=dict)
-    enqueued_bytes: int = 0
-    dequeued: dict[str, list[int]] = field(default_factory=dict)
-    dequeue_keys: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
-    enqueue_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (queue, items)
-    commit_future: asyncio.Future[CommitResult] | None = None
-
-    def describe(self, now: float) -> dict[str, Any]:
-        return {
-            "transaction_id": self.transaction_id,
-            "state": self.state.value,
-            "label": self.label,
-            "timeout_s": self.timeout_s,
-            "expires_in_s": round(max(0.0, self.deadline - now), 3),
-            "created_ms": self.created_ms,
-            "enqueued": sum(len(v) for v in self.enqueues.values()),
-            "dequeued": sum(len(v) for v in self.dequeued.values()),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class CommitResult:
-    transaction_ids: tuple[str, ...]
-    index: int
-    duplicate: bool  # an earlier commit with the same idempotency key / ids already applied
-    enqueued: int
-    dequeued: int
-
-
-@dataclass(frozen=True, slots=True)
-class DequeuedItem:
-    item_id: int
-    queue: str
-    value: bytes
-
-
-def _term_of(transaction_id: str) -> int | None:
-    head, _, _ = transaction_id.partition(".")
-    try:
-        return int(head, 16)
-    except ValueError:
-        return None
 
 
 class TransactionManager:
@@ -134,10 +75,10 @@ class TransactionManager:
         self._config = config
         self._replicator = replicator
         self._leader_url = leader_url
-        self._transactions: dict[str, Transaction] = {}
-        self._closed: OrderedDict[str, tuple[State, str]] = OrderedDict()
+        self._transactions: dict[str, Session] = {}
+        self._closed = ClosedTransactions(config.closed_transactions_remembered)
         self._views: dict[str, QueueView] = {}
-        self._deadlines: list[tuple[float, str]] = []
+        self._deadlines = DeadlineReaper(find=self._open_session, expire=self._expire)
         self._epoch = 0
         self._serving_term = 0  # term whose barrier is applied; 0 = not serving
         self._leader_term = 0
@@ -149,12 +90,10 @@ class TransactionManager:
             timeout_s=config.commit_timeout_s,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._reaper: asyncio.Task[None] | None = None
-        self._reaper_wakeup = asyncio.Event()
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
+        self._deadlines.start()
         self._replicator.set_role_listener(self.on_role_change)
         self._replicator.set_apply_listener(self.on_applied)
         if self._replicator.is_leader():
@@ -162,12 +101,10 @@ class TransactionManager:
 
     async def stop(self) -> None:
         self._reset(LeaderChanged("the node is shutting down"))
-        if self._reaper is not None:
-            self._reaper.cancel()
-        for task in [*self._tasks, *([self._reaper] if self._reaper else [])]:
+        await self._deadlines.stop()
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *([self._reaper] if self._reaper else []),
-                             return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._committer.close()
 
     @property
@@ -203,7 +140,7 @@ class TransactionManager:
         for view in self._views.values():
             view.fail_waiters(error)
         self._views = {}
-        self._deadlines = []
+        self._deadlines.clear()
 
     async def _establish(self, term: int, epoch: int) -> None:
         """Propose a barrier for ``term`` until it is applied (see on_applied)."""
@@ -218,7 +155,7 @@ class TransactionManager:
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 1.0)
 
-    def on_applied(self, index: int, raw_command: Any, result: ApplyResult) -> None:
+    def on_applied(self, index: int, command: Command | None, result: ApplyResult) -> None:
         """Every applied entry, in apply order, on the loop thread: keep the views in step."""
         if isinstance(result, BarrierResult):
             if (result.term == self._leader_term and not self._serving_term
@@ -232,10 +169,6 @@ class TransactionManager:
                 log.info("serving as leader of term %d from index %d", result.term, index)
             return
         if not self._serving_term or not isinstance(result, BatchResult):
-            return
-        try:
-            command = decode(raw_command)
-        except MalformedCommand:
             return
         if isinstance(command, CommitBatch) and len(command.units) == len(result.outcomes):
             for unit, outcome in zip(command.units, result.outcomes, strict=True):
@@ -252,14 +185,14 @@ class TransactionManager:
             raise NotLeader(leader_url=url)
         raise NoLeader()
 
-    def _get(self, transaction_id: str) -> Transaction:
+    def _get(self, transaction_id: str) -> Session:
         self.require_serving()
         transaction = self._transactions.get(transaction_id)
         if transaction is not None:
             return transaction
         raise self._closed_error(transaction_id)
 
-    def _get_open(self, transaction_id: str) -> Transaction:
+    def _get_open(self, transaction_id: str) -> Session:
         transaction = self._get(transaction_id)
         if transaction.state is State.OPEN:
             return transaction
@@ -271,27 +204,10 @@ class TransactionManager:
 
     def _closed_error(self, transaction_id: str) -> RcqError:
         outcome = self._replicator.read(lambda sm: sm.outcome(transaction_id))
-        if outcome is not None:
-            if outcome.status == "committed":
-                return TransactionCommitted(details={"index": outcome.index})
-            return CommitConflict(f"the commit was rejected: {outcome.reason}")
-        closed = self._closed.get(transaction_id)
-        if closed is not None:
-            state, reason = closed
-            if reason == "expired":
-                return TransactionExpired()
-            if reason == "leader_changed":
-                return LeaderChanged()
-            if state is State.COMMITTED:
-                return TransactionCommitted()
-            return TransactionAborted(f"the transaction was aborted ({reason})")
-        term = _term_of(transaction_id)
-        if term is not None and 0 < term < self._serving_term:
-            return LeaderChanged()
-        return TransactionNotFound(f"no transaction {transaction_id!r}")
+        return self._closed.error_for(transaction_id, outcome, self._serving_term)
 
     # ------------------------------------------------------------ sessions
-    def begin(self, timeout_s: float | None = None, label: str | None = None) -> Transaction:
+    def begin(self, timeout_s: float | None = None, label: str | None = None) -> Session:
         self.require_serving()
         if len(self._transactions) >= self._config.transactions_open_max:
             raise TooManyTransactions(
@@ -299,7 +215,7 @@ class TransactionManager:
                 f"{self._config.transactions_open_max}")
         timeout_s = self._timeout(timeout_s)
         now = asyncio.get_running_loop().time()
-        transaction = Transaction(
+        transaction = Session(
             transaction_id=f"{self._serving_term:x}.{secrets.token_hex(12)}",
             term=self._serving_term, epoch=self._epoch, label=label, timeout_s=timeout_s,
             deadline=now + timeout_s, created_ms=int(time.time() * 1000))
@@ -315,7 +231,7 @@ class TransactionManager:
                                  f"{self._config.transaction_timeout_max_s}")
         return timeout_s
 
-    def extend(self, transaction_id: str, timeout_s: float) -> Transaction:
+    def extend(self, transaction_id: str, timeout_s: float) -> Session:
         transaction = self._get_open(transaction_id)
         transaction.timeout_s = self._timeout(timeout_s)
         transaction.deadline = asyncio.get_running_loop().time() + transaction.timeout_s
@@ -417,7 +333,7 @@ class TransactionManager:
         values = self._replicator.read(lambda sm: sm.values(queue, ids))
         return [DequeuedItem(i, queue, v) for i, v in zip(ids, values, strict=True) if v is not None]
 
-    def _drop_missing(self, transaction: Transaction, queue: str, items: list[DequeuedItem],
+    def _drop_missing(self, transaction: Session, queue: str, items: list[DequeuedItem],
                       ids: list[int]) -> None:
         """Ids the view offered that the replicated queue no longer holds: never commit them."""
         if len(items) == len(ids):
@@ -469,7 +385,7 @@ class TransactionManager:
             return CommitResult(tuple(transaction_ids), int(committed_index or 0), True, 0, 0)
         return await self._commit_unit(transactions, idempotency_key)
 
-    async def _commit_unit(self, transactions: list[Transaction],
+    async def _commit_unit(self, transactions: list[Session],
                            idempotency_key: str | None) -> CommitResult:
         writes = [self._write_of(t) for t in transactions]
         ids = tuple(t.transaction_id for t in transactions)
@@ -516,7 +432,7 @@ class TransactionManager:
         return result
 
     @staticmethod
-    def _write_of(transaction: Transaction) -> TransactionWrite:
+    def _write_of(transaction: Session) -> TransactionWrite:
         return TransactionWrite(
             transaction_id=transaction.transaction_id,
             enqueues=tuple((q, tuple(v)) for q, v in transaction.enqueues.items() if v),
@@ -553,7 +469,7 @@ class TransactionManager:
                 self._forget_transaction(transaction, state, outcome.reason or outcome.status)
 
     # ------------------------------------------------------------- closing
-    def _close(self, transaction: Transaction, state: State, reason: str) -> None:
+    def _close(self, transaction: Session, state: State, reason: str) -> None:
         """End an open transaction without a commit: its locked items go back to the head."""
         if transaction.epoch == self._epoch:
             for queue, ids in transaction.dequeued.items():
@@ -562,39 +478,21 @@ class TransactionManager:
                     view.give_back(ids)
         self._forget_transaction(transaction, state, reason)
 
-    def _forget_transaction(self, transaction: Transaction, state: State, reason: str) -> None:
+    def _forget_transaction(self, transaction: Session, state: State, reason: str) -> None:
         transaction.state = state
         self._transactions.pop(transaction.transaction_id, None)
-        self._closed[transaction.transaction_id] = (state, reason)
-        while len(self._closed) > self._config.closed_transactions_remembered:
-            self._closed.popitem(last=False)
+        self._closed.remember(transaction.transaction_id, state, reason)
 
     # ----------------------------------------------------------- deadlines
-    def _schedule_deadline(self, transaction: Transaction) -> None:
-        first = self._deadlines[0][0] if self._deadlines else None
-        heapq.heappush(self._deadlines, (transaction.deadline, transaction.transaction_id))
-        if first is None or transaction.deadline < first:
-            self._reaper_wakeup.set()
+    def _schedule_deadline(self, transaction: Session) -> None:
+        self._deadlines.schedule(transaction)
 
-    async def _reap_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            now = loop.time()
-            while self._deadlines and self._deadlines[0][0] <= now:
-                _deadline, transaction_id = heapq.heappop(self._deadlines)
-                transaction = self._transactions.get(transaction_id)
-                if (transaction is not None and transaction.state is State.OPEN
-                        and transaction.deadline <= now):
-                    self._close(transaction, State.ABORTED, "expired")
-            wait_s = min(1.0, self._deadlines[0][0] - now) if self._deadlines else 1.0
-            self._reaper_wakeup.clear()
-            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancellation that
-            # arrives just as the event is set, and the reaper would never stop.
-            try:
-                async with asyncio.timeout(max(wait_s, 0.001)):
-                    await self._reaper_wakeup.wait()
-            except TimeoutError:
-                pass
+    def _open_session(self, transaction_id: str) -> Session | None:
+        transaction = self._transactions.get(transaction_id)
+        return transaction if transaction is not None and transaction.state is State.OPEN else None
+
+    def _expire(self, transaction: Session) -> None:
+        self._close(transaction, State.ABORTED, "expired")
 
     # --------------------------------------------------------------- stats
     def locked_count(self, queue: str) -> int | None:

@@ -19,7 +19,8 @@ The role listener is called on the event loop's thread, with
 ``(is_leader, term)``, whenever either changes.
 
 The apply listener is called on the event loop's thread with
-``(index, raw_command, result)`` for every entry applied to the state machine,
+``(index, command, result)`` (``command`` decoded once, None when malformed) for every entry
+applied to the state machine,
 in apply order, and for an entry this node submitted *before* its ``submit``
 returns. The transaction manager keeps its view of the queues from this
 stream, so late, lost or forwarded callbacks cannot make it drift.
@@ -39,7 +40,7 @@ from rcq.server.core.state_machine import QueueStateMachine
 T = TypeVar("T")
 
 RoleListener = Callable[[bool, int], None]
-ApplyListener = Callable[[int, Any, ApplyResult], None]
+ApplyListener = Callable[[int, Command | None, ApplyResult], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,7 @@ class _QueueConsumer(SyncObjConsumer):
     """
 
     def __init__(self, state_machine: QueueStateMachine, lock: threading.Lock,
-                 on_applied: Callable[[int, Any, ApplyResult], None]) -> None:
+                 on_applied: Callable[[int, Command | None, ApplyResult], None]) -> None:
         super().__init__()
         self._state_machine = state_machine
         self._lock = lock
@@ -101,11 +101,11 @@ class _QueueConsumer(SyncObjConsumer):
         # sm.apply never raises; this guard is for the lock or a future bug.
         try:
             with self._lock:
-                result: ApplyResult = self._state_machine.apply(raw, index)
+                command, result = self._state_machine.decode_and_apply(raw, index)
         except Exception as exc:
             logger.exception("apply of entry %d raised", index)
-            result = ApplyFailed(reason="apply_error", details={"error": repr(exc)})
-        self._on_applied(index, raw, result)
+            command, result = None, ApplyFailed(reason="apply_error", details={"error": repr(exc)})
+        self._on_applied(index, command, result)
         return result
 
 
@@ -377,7 +377,7 @@ class RaftReplicator:
             except Exception:
                 logger.exception("role listener failed")
 
-    def _on_applied(self, index: int, raw: Any, result: ApplyResult) -> None:
+    def _on_applied(self, index: int, command: Command | None, result: ApplyResult) -> None:
         # Tick thread, inside apply; must never raise (H2). Scheduled before
         # pysyncobj runs the submit's callback, so the loop sees this entry
         # before the submit returns (FIFO of call_soon_threadsafe).
@@ -385,12 +385,12 @@ class RaftReplicator:
         if loop is None or listener is None:
             return
         with contextlib.suppress(RuntimeError):  # loop closed
-            loop.call_soon_threadsafe(self._deliver_applied, listener, index, raw, result)
+            loop.call_soon_threadsafe(self._deliver_applied, listener, index, command, result)
 
     @staticmethod
-    def _deliver_applied(listener: ApplyListener, index: int, raw: Any, result: ApplyResult) -> None:
+    def _deliver_applied(listener: ApplyListener, index: int, command: Command | None, result: ApplyResult) -> None:
         try:
-            listener(index, raw, result)
+            listener(index, command, result)
         except Exception:
             logger.exception("apply listener failed on entry %d", index)
 

@@ -1,0 +1,60 @@
+"""Answers about transactions that are no longer open on this leader.
+
+A verb on a closed transaction must say what happened to it, never just "not found" when
+something is known. In order of authority: the replicated outcome (committed or rejected,
+identical on every node); this leader's memory of how it closed a transaction (aborted,
+expired, leader changed; bounded); the term in the id (a transaction of an earlier term whose
+commit never applied before this leader's barrier can never commit: "leader changed").
+
+Must not import: pysyncobj, lmdb, aiohttp.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from rcq.errors import (
+    CommitConflict,
+    LeaderChanged,
+    RcqError,
+    TransactionAborted,
+    TransactionCommitted,
+    TransactionExpired,
+    TransactionNotFound,
+)
+from rcq.server.core.state_machine import TransactionOutcome
+from rcq.server.leader.session import State, term_of
+
+
+class ClosedTransactions:
+    """How this leader closed recent transactions (the last ``remembered_max``), and the answer rules."""
+
+    def __init__(self, remembered_max: int) -> None:
+        self._remembered_max = remembered_max
+        self._closed: OrderedDict[str, tuple[State, str]] = OrderedDict()
+
+    def remember(self, transaction_id: str, state: State, reason: str) -> None:
+        self._closed[transaction_id] = (state, reason)
+        while len(self._closed) > self._remembered_max:
+            self._closed.popitem(last=False)
+
+    def error_for(self, transaction_id: str, outcome: TransactionOutcome | None, serving_term: int) -> RcqError:
+        """The error a verb on ``transaction_id`` (not open here) answers; ``outcome`` is the replicated one."""
+        if outcome is not None:
+            if outcome.status == "committed":
+                return TransactionCommitted(details={"index": outcome.index})
+            return CommitConflict(f"the commit was rejected: {outcome.reason}")
+        closed = self._closed.get(transaction_id)
+        if closed is not None:
+            state, reason = closed
+            if reason == "expired":
+                return TransactionExpired()
+            if reason == "leader_changed":
+                return LeaderChanged()
+            if state is State.COMMITTED:
+                return TransactionCommitted()
+            return TransactionAborted(f"the transaction was aborted ({reason})")
+        term = term_of(transaction_id)
+        if term is not None and 0 < term < serving_term:
+            return LeaderChanged()
+        return TransactionNotFound(f"no transaction {transaction_id!r}")

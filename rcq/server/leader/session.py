@@ -1,0 +1,79 @@
+"""One open transaction on the leader (a Session), its states, and what its verbs return.
+
+A transaction is a server-side session: it buffers enqueues, holds the ids of the items it
+dequeued (locked in the leader's queue views), and has a deadline. Ids carry the term that
+created them (``<term hex>.<random>``), so any later leader can answer about a transaction it
+never saw.
+
+Must not import: pysyncobj, lmdb, aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class State(StrEnum):
+    OPEN = "open"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    UNKNOWN = "unknown"  # commit proposed, outcome not known yet
+
+
+@dataclass(eq=False)
+class Session:
+    transaction_id: str
+    term: int
+    epoch: int
+    label: str | None
+    timeout_s: float
+    deadline: float  # loop time
+    created_ms: int
+    state: State = State.OPEN
+    enqueues: dict[str, list[bytes]] = field(default_factory=dict)
+    enqueued_bytes: int = 0
+    dequeued: dict[str, list[int]] = field(default_factory=dict)
+    dequeue_keys: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    enqueue_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (queue, items)
+    commit_future: asyncio.Future[CommitResult] | None = None
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "transaction_id": self.transaction_id,
+            "state": self.state.value,
+            "label": self.label,
+            "timeout_s": self.timeout_s,
+            "expires_in_s": round(max(0.0, self.deadline - now), 3),
+            "created_ms": self.created_ms,
+            "enqueued": sum(len(v) for v in self.enqueues.values()),
+            "dequeued": sum(len(v) for v in self.dequeued.values()),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    transaction_ids: tuple[str, ...]
+    index: int
+    duplicate: bool  # an earlier commit with the same idempotency key / ids already applied
+    enqueued: int
+    dequeued: int
+
+
+@dataclass(frozen=True, slots=True)
+class DequeuedItem:
+    item_id: int
+    queue: str
+    value: bytes
+
+
+def term_of(transaction_id: str) -> int | None:
+    """The term encoded in a transaction id (``<term hex>.<random>``), None if it has none."""
+    head, _, _ = transaction_id.partition(".")
+    try:
+        return int(head, 16)
+    except ValueError:
+        return None
