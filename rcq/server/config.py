@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rcq import limits
 from rcq.errors import InvalidRequest
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
@@ -52,10 +53,11 @@ class NodeConfig(BaseModel):
 
     # --- transactions
     transaction_timeout_default_s: float = Field(30.0, gt=0, description="deadline of a transaction that asks for none")
-    transaction_timeout_max_s: float = Field(3600.0, gt=0, description="longest deadline a transaction may ask for")
+    transaction_timeout_max_s: float = Field(
+        limits.TRANSACTION_TIMEOUT_MAX_S, gt=0, description="longest deadline a transaction may ask for")
     transactions_open_max: int = Field(10_000, ge=1, description="open transactions on the leader before 429")
     dequeue_wait_max_ms: int = Field(30_000, ge=0, description="longest a dequeue may wait for an item")
-    dequeue_items_max: int = Field(10_000, ge=1, description="most items one dequeue may return")
+    dequeue_items_max: int = Field(limits.DEQUEUE_ITEMS_MAX, ge=1, description="most items one dequeue may return")
     closed_transactions_remembered: int = Field(50_000, ge=0, description="recently aborted/expired ids kept for status answers")
 
     # --- sizes
@@ -65,7 +67,8 @@ class NodeConfig(BaseModel):
     # --- commits
     commit_timeout_s: float = Field(10.0, gt=0, description="after this, a commit's outcome is reported unknown (504)")
     commit_batch_units_max: int = Field(4096, ge=1, description="most commit units grouped into one Raft entry")
-    commit_batch_bytes_max: int = Field(8 << 20, ge=1024, description="most item bytes grouped into one Raft entry")
+    commit_batch_bytes_max: int = Field(
+        limits.COMMIT_BATCH_BYTES_MAX, ge=1024, description="most item bytes grouped into one Raft entry")
     commit_unit_bytes_max: int = Field(
         64 << 20, ge=1024, description="most item bytes one commit (or commit_many) may carry: it is one Raft entry")
     commits_in_flight_max: int = Field(32, ge=1, description="Raft entries proposed but not yet applied")

@@ -15,13 +15,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rcq import limits
 from rcq.names import QUEUE_NAME_PATTERN
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 VALUE_TYPES = ("binary", "string")
-DEQUEUE_ITEMS_MAX = 10_000  # the server's default dequeue_items_max
-TRANSACTION_TIMEOUT_MAX_S = 3600.0  # the server's default transaction_timeout_max_s
-TRANSACTION_BYTES_MAX = 8 << 20  # the server's default commit_batch_bytes_max (per transaction)
+DEQUEUE_ITEMS_MAX = limits.DEQUEUE_ITEMS_MAX
+TRANSACTION_TIMEOUT_MAX_S = limits.TRANSACTION_TIMEOUT_MAX_S
+TRANSACTION_BYTES_MAX = limits.COMMIT_BATCH_BYTES_MAX  # per transaction
 
 
 class RcqOptionError(ValueError):

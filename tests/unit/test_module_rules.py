@@ -3,7 +3,8 @@
 * ``rcq/server/core`` (commands, state machine) is pure: it imports only itself, ``rcq.errors``
   and standard modules without I/O, clock, randomness or concurrency;
 * only ``rcq/server/raft`` imports pysyncobj and lmdb;
-* the client side (``rcq/client``, ``rcq/errors.py``, ``rcq/names.py``, ``rcq/encoding.py``)
+* the client side (``rcq/client``, ``rcq/errors.py``, ``rcq/names.py``, ``rcq/encoding.py``,
+  ``rcq/limits.py``, and the Spark connector, which runs where only the client is installed)
   imports nothing from ``rcq.server``: ``pip install rcq`` has no server;
 * the chaos harness talks to rcq as any user would: ``rcq.client``, ``rcq.errors`` and the
   cluster harness of ``rcq.testing`` only.
@@ -28,8 +29,9 @@ PURE_ALLOWED_RCQ = ("rcq.server.core", "rcq.errors")
 PURE_FORBIDDEN = frozenset({"asyncio", "aiohttp", "pysyncobj", "lmdb", "time", "random", "uuid", "os",
                             "threading", "socket", "pydantic"})
 EXCLUSIVE = {"pysyncobj": "rcq/server/raft/", "lmdb": "rcq/server/raft/"}
-CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py")
-CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.testing.cluster", "rcq.testing.waits")
+CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py", "rcq/limits.py", "rcq/spark/")
+CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.testing.cluster", "rcq.testing.nodes", "rcq.testing.polls",
+                     "rcq.testing.waits")
 
 
 # ====================================================================== the checker

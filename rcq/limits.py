@@ -1,0 +1,11 @@
+"""The server's default limits that clients check before they ask, defined once.
+
+``NodeConfig`` takes its defaults from here, and the Spark data source validates its options
+against the same values (a node configured lower still refuses with a clear error).
+
+Must not import: anything of rcq (the client installs without the server).
+"""
+
+DEQUEUE_ITEMS_MAX = 10_000  # most items one dequeue may return
+TRANSACTION_TIMEOUT_MAX_S = 3600.0  # longest deadline a transaction may ask for
+COMMIT_BATCH_BYTES_MAX = 8 << 20  # most item bytes in one Raft entry, hence in one transaction
