@@ -1,4 +1,4 @@
-"""The queue semantics of DESIGN §1, against one real 3-node cluster.
+"""The queue semantics of docs/design.md §1, against one real 3-node cluster.
 
 Every test here leaves the nodes running, so the module shares one cluster
 (small item and open-transaction limits, so the 413 and 429 cases are cheap)

@@ -1,4 +1,4 @@
-"""TransactionManager over the in-memory replicator: the session semantics of DESIGN.md §1."""
+"""TransactionManager over the in-memory replicator: the session semantics of docs/design.md §1."""
 
 from __future__ import annotations
 

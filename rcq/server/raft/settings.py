@@ -55,7 +55,7 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
         # keeps a restarted peer's return about as fast as a failover.
         connectionRetryTime=config.raft_min_timeout_s,
         commandsQueueSize=config.commands_queue_size,
-        # H7 / DESIGN: no leader means fail now, not a command applied after our timeout.
+        # H7 / docs/design.md §2: no leader means fail now, not a command applied after our timeout.
         commandsWaitLeader=False,
         logCompactionMinEntries=config.log_compaction_min_entries,
         logCompactionMinTime=config.log_compaction_min_time_s,
