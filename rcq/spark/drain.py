@@ -67,7 +67,7 @@ def drain(spark: Any, url: str, queue: str, max_items: int, **options: Any) -> I
         yield spark.read.format("rcq").options(**raw, transactionId=transaction_id).load()
     except BaseException:
         stop.set()
-        call(parsed, lambda client: client.attach(transaction_id)._abort_quietly(), "aborting a drain")
+        call(parsed, lambda client: client.attach(transaction_id).abort_quietly(), "aborting a drain")
         raise
     finally:
         stop.set()

@@ -91,7 +91,7 @@ async def take_items(client: RcqClient, options: RcqOptions, partition: ReadPart
         if any(len(got) < want for got, want in zip(answers, wants, strict=True)):
             break
     if not items and partition.transaction_id is None:
-        await transaction._abort_quietly()  # nothing to commit; a retry may begin afresh
+        await transaction.abort_quietly()  # nothing to commit; a retry may begin afresh
     return transaction.transaction_id, items
 
 
@@ -132,7 +132,7 @@ async def settle(client: RcqClient, consumer_id: str, done_batch: int) -> int:
             continue
         (to_commit if batch <= done_batch else to_abort).append(described["transaction_id"])
     for transaction_id in to_abort:
-        await client.attach(transaction_id)._abort_quietly()
+        await client.attach(transaction_id).abort_quietly()
     if not to_commit:
         return 0
     try:

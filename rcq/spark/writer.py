@@ -95,7 +95,7 @@ async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable
             task.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
         for transaction in transactions:
-            await transaction._abort_quietly()
+            await transaction.abort_quietly()
         raise
     return [t.transaction_id for t in transactions], rows
 
@@ -130,7 +130,7 @@ def abort_all(options: RcqOptions, messages: Iterable[WriterCommitMessage | None
 
     async def abort(client: RcqClient) -> None:
         for transaction_id in ids:
-            await client.attach(transaction_id)._abort_quietly()
+            await client.attach(transaction_id).abort_quietly()
 
     if ids:
         try:

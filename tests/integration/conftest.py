@@ -69,7 +69,7 @@ async def drain_until_empty(client: RcqClient, queue: str, timeout_s: float = 60
     drained: list[str] = []
 
     async def empty() -> bool:
-        async with client.transaction(timeout=30) as tx:
+        async with client.transaction(timeout_s=30) as tx:
             drained.extend(v.decode() for v in await tx.dequeue_batch(queue, 1000))
         return await client.count(queue) == 0
 

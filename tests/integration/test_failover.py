@@ -89,7 +89,7 @@ async def producer(client: RcqClient, queue: str, name: str, history: History, s
         value = f"{name}-{n}"
         began = time.monotonic()
         try:
-            tx = await client.begin(timeout=30)
+            tx = await client.begin(timeout_s=30)
         except RcqError:
             continue  # nothing was buffered anywhere
         try:
@@ -112,7 +112,7 @@ async def consumer(client: RcqClient, queue: str, name: str, history: History, s
     while not stop.is_set():
         began = time.monotonic()
         try:
-            tx = await client.begin(timeout=30)
+            tx = await client.begin(timeout_s=30)
         except RcqError:
             continue
         try:
@@ -153,7 +153,7 @@ async def kill_the_leader(cluster: LocalCluster, client: RcqClient, history: His
     item = f"w-item-{round_number}"
     await client.enqueue(witness_queue, item)
     # A transaction open on the old leader when it dies: it holds a lock and a buffered enqueue.
-    witness = await client.begin(timeout=120)
+    witness = await client.begin(timeout_s=120)
     assert await witness.dequeue_batch(witness_queue, 10) == [item.encode()]
     await witness.enqueue(witness_queue, f"w-never-{round_number}")
 
@@ -278,7 +278,7 @@ async def commit_with_followers_paused(cluster: LocalCluster) -> tuple[int, list
     followers = [i for i in range(3) if i != leader]
     async with RcqClient(cluster.urls, request_timeout_s=3.0, retry_timeout_s=3.0) as client:
         await client.enqueue(queue, "kept", "moved")
-        tx = await client.begin(timeout=120)
+        tx = await client.begin(timeout_s=120)
         assert await tx.dequeue(queue) == b"kept"
         await tx.enqueue(queue, "added")
         for i in followers:

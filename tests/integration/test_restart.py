@@ -50,7 +50,7 @@ def fresh_queue(name: str = "q") -> str:
 
 async def contents(client: RcqClient, queue: str) -> list[tuple[int, bytes]]:
     """Every item of ``queue`` as (item id, value), head first, without consuming (dequeue + abort)."""
-    tx = await client.begin(timeout=30)
+    tx = await client.begin(timeout_s=30)
     try:
         return [(item.item_id, item.value) for item in await tx.dequeue_items(queue, 10_000)]
     finally:

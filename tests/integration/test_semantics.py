@@ -119,7 +119,7 @@ async def test_parallel_dequeuers_never_receive_the_same_item_and_together_take_
 
     async def dequeuer(step: int) -> list[bytes]:
         taken: list[bytes] = []
-        async with client.transaction(timeout=60) as tx:
+        async with client.transaction(timeout_s=60) as tx:
             await all_open.wait()  # eight transactions hold locks at the same time
             while batch := await tx.dequeue_batch(queue, step):
                 taken.extend(batch)
@@ -195,7 +195,7 @@ async def test_a_move_between_queues_is_one_atomic_commit_and_an_aborted_move_ch
 async def test_an_expired_transaction_returns_its_items_to_the_head(client: RcqClient) -> None:
     queue = fresh_queue()
     await fill(client, queue, ["a", "b", "c"])
-    tx = await client.begin(timeout=1)
+    tx = await client.begin(timeout_s=1)
     assert await tx.dequeue(queue) == b"a"
 
     async def expired() -> bool:

@@ -199,7 +199,7 @@ async def test_an_abort_failure_does_not_mask_the_original_exception(client: Rcq
 
 
 async def test_explicit_begin_commit_and_status(client: RcqClient):
-    tx = await client.begin(timeout=20, label="explicit")
+    tx = await client.begin(timeout_s=20, label="explicit")
     await tx.enqueue("q", "x")
     status = await tx.status()
     assert status["state"] == "open" and status["label"] == "explicit" and status["enqueued"] == 1
@@ -340,7 +340,7 @@ async def test_closed_transactions_raise_the_matching_409(client: RcqClient):
     with pytest.raises(TransactionCommitted):
         await committed.extend(10)
 
-    expiring = await client.begin(timeout=0.1)
+    expiring = await client.begin(timeout_s=0.1)
     await wait_until(lambda: expired(client, expiring.transaction_id), 5, message="expired")
     with pytest.raises(TransactionExpired):
         await expiring.dequeue("q")
@@ -601,3 +601,103 @@ async def test_coalesced_interactive_transactions_share_requests(node: Node, wir
         assert sorted(values) == sorted(f"i{i}".encode() for i in range(20))
         assert len(recorder.requests) - before == 3  # begin, dequeue, commit: one batch each
         assert await client.count("q") == 0
+
+
+# ------------------------------------------------------- one transport, one retry engine
+async def test_a_coalesced_batch_whose_answer_was_lost_is_resent_once_as_one_batch(node: Node, wire):
+    recorder, session = wire
+    async with RcqClient(url_of(node), coalesce=True, session=session) as client:
+        first, second = await asyncio.gather(client.begin(), client.begin())
+        await asyncio.gather(first.enqueue("q", b"from-first"), second.enqueue("q", b"from-second"))
+        before = recorder.count("/v1/batch")
+        recorder.lose["/v1/batch"] = 1
+        infos = await asyncio.gather(first.commit(), second.commit(), client.enqueue("q", b"one-request"))
+        # one engine: the lost batch is re-sent once, its parts together; no part is retried again inside it
+        assert recorder.count("/v1/batch") - before == 2
+        assert all(info.duplicate for info in infos)
+        assert (first.state, second.state) == ("committed", "committed")
+        assert sorted(await client.dequeue("q", max_items=10)) == [b"from-first", b"from-second", b"one-request"]
+
+
+async def test_a_coalesced_batch_follows_a_redirect_once(pair, wire):
+    a, b = pair
+    recorder, session = wire
+    async with RcqClient(url_of(b), coalesce=True, session=session) as client:
+        await asyncio.gather(client.enqueue("q", b"1"), client.enqueue("q", b"2"))
+        assert recorder.count("/v1/batch", b.port) == 1 and recorder.count("/v1/batch", a.port) == 1
+        assert client.leader_url == url_of(a)
+        assert await client.count("q") == 2
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["rest", "coalesced"])
+async def test_lost_answers_fail_a_request_the_same_way_coalesced_or_not(node: Node, wire, coalesce: bool):
+    recorder, session = wire
+    async with RcqClient(url_of(node), coalesce=coalesce, retry_timeout_s=0.3, session=session) as client:
+        tx = await client.begin()
+        await tx.enqueue("q", b"x")
+        recorder.lose.update({suffix: 1_000_000 for suffix in ("/v1/batch", "/v1/transactions", "/commit", "/enqueue")})
+        with pytest.raises(Unavailable) as raised:
+            await client.begin()
+        assert type(raised.value) is Unavailable  # a lost begin is not a commit whose outcome is unknown
+        with pytest.raises(CommitOutcomeUnknown):
+            await tx.commit()
+        assert tx.state == "unknown"
+        with pytest.raises(CommitOutcomeUnknown):
+            await client.enqueue("q", b"y")
+
+
+async def test_a_coalesced_commit_that_stays_unknown_is_retried_then_raises_commit_outcome_unknown(tmp_path: Path, wire):
+    recorder, session = wire
+    replicator = InMemoryReplicator()
+    async with (running_node(tmp_path, replicator, commit_timeout_s=0.2) as node,
+                RcqClient(url_of(node), coalesce=True, retry_timeout_s=1.0, session=session) as client):
+        tx = await client.begin()
+        await tx.enqueue("q", b"x")
+        before = recorder.count("/v1/batch")
+        replicator.hold_submits = True
+        with pytest.raises(CommitOutcomeUnknown):
+            await tx.commit()
+        assert tx.state == "unknown" and recorder.count("/v1/batch") - before >= 2
+
+
+async def test_waiting_dequeues_are_never_coalesced(node: Node, wire):
+    recorder, session = wire
+    async with RcqClient(url_of(node), coalesce=True, session=session) as client:
+        await client.enqueue("q", b"1", b"2")
+        async with client.transaction() as tx:
+            assert await tx.dequeue("q", wait_ms=50) == b"1"
+        assert await client.dequeue("q", wait_ms=50) == [b"2"]
+        assert recorder.count("/v1/transactions/" + tx.transaction_id + "/dequeue") == 1
+        assert recorder.count("/v1/queues/q/dequeue") == 1
+
+
+# ------------------------------------------------------------------- public names
+async def test_the_old_timeout_arguments_still_work_with_a_deprecation_warning(client: RcqClient):
+    with pytest.warns(DeprecationWarning, match="timeout_s"):
+        tx = await client.begin(timeout=20)
+    assert 10 < (await tx.status())["expires_in_s"] <= 20
+    with pytest.warns(DeprecationWarning, match="timeout_s"):
+        extended = await tx.extend(timeout=120)
+    assert extended["expires_in_s"] > 60
+    with pytest.raises(TypeError):
+        await tx.extend(timeout_s=10, timeout=10)
+    await tx.abort()
+    with pytest.warns(DeprecationWarning, match="timeout_s"):
+        context = client.transaction(timeout=20)
+    async with context as other:
+        assert 10 < (await other.status())["expires_in_s"] <= 20
+
+
+def test_every_name_importable_before_the_split_still_is():
+    import rcq.client
+
+    before_the_split = {
+        "CommitConflict", "CommitInfo", "CommitOutcomeUnknown", "Dequeue", "Enqueue", "ExecuteResult",
+        "InternalError", "InvalidQueueName", "InvalidRequest", "Item", "LeaderChanged", "MethodNotAllowed",
+        "NoLeader", "NotLeader", "NotReady", "OperationResult", "PayloadTooLarge", "RcqClient", "RcqError",
+        "RouteNotFound", "TooManyQueues", "TooManyTransactions", "Transaction", "TransactionAborted",
+        "TransactionBusy", "TransactionClosed", "TransactionCommitted", "TransactionExpired",
+        "TransactionNotFound", "Unavailable", "encode_items", "ItemValue", "PEEK_TIMEOUT_S", "CONNECTIONS_MAX",
+    }
+    assert before_the_split <= set(rcq.client.__all__)
+    assert all(hasattr(rcq.client, name) for name in rcq.client.__all__)

@@ -1,0 +1,203 @@
+"""The public API of the client: :class:`RcqClient`, an rcq cluster seen from one program.
+
+Each method builds its request (the REST form and, where the server has one, the
+``/v1/batch`` form) and hands it to the transport, which chooses between them, finds the
+leader and retries (see :mod:`rcq.client.transport`); answers are decoded by
+:mod:`rcq.client.wire`. Interactive transactions are :class:`Transaction` handles.
+
+Must not import: rcq.server, pysyncobj, lmdb (``pip install rcq`` has no server).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from rcq.client.transaction import Transaction, TransactionContext, timeout_s_of
+from rcq.client.transport import COMMIT, SAFE, WRITE, Attempts, Request, Transport
+from rcq.client.wire import (
+    CommitInfo,
+    Dequeue,
+    Enqueue,
+    ExecuteResult,
+    ItemValue,
+    begin_body,
+    commit_info,
+    enqueue_body,
+    execute_result,
+    operation_body,
+    operations_wait_ms,
+    queue_path,
+)
+from rcq.errors import CommitOutcomeUnknown, TransactionAborted, TransactionCommitted
+from rcq.names import check_queue_name
+
+PEEK_TIMEOUT_S = 10.0  # how long a peeked item stays locked if the peek's abort is lost
+
+
+class RcqClient:
+    """An rcq cluster seen from one program. One instance per event loop; close it (or use
+    ``async with``). ``urls``: any nodes of the cluster; the leader is found from them."""
+
+    def __init__(self, urls: str | Sequence[str], *, request_timeout_s: float = 30.0,
+                 retry_timeout_s: float = 15.0, coalesce: bool = False,
+                 session: aiohttp.ClientSession | None = None) -> None:
+        self._transport = Transport(urls, request_timeout_s=request_timeout_s, retry_timeout_s=retry_timeout_s,
+                                    coalesce=coalesce, session=session)
+
+    # ----------------------------------------------------------- lifecycle
+    @property
+    def urls(self) -> list[str]:
+        return self._transport.urls
+
+    @property
+    def leader_url(self) -> str | None:
+        """The leader's URL as last learnt (None: unknown)."""
+        return self._transport.leader_url
+
+    async def __aenter__(self) -> RcqClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    # -------------------------------------------------------- transactions
+    def transaction(self, timeout_s: float | None = None, label: str | None = None, *,
+                    timeout: float | None = None) -> TransactionContext:
+        """``async with client.transaction() as tx``: begins; commits on a clean exit; aborts on an
+        exception (an abort failure is logged, never raised over the original exception).
+        ``timeout``: the deprecated name of ``timeout_s``."""
+        seconds = timeout_s_of(timeout_s, timeout, "transaction")
+        return TransactionContext(lambda: self.begin(seconds, label))
+
+    async def begin(self, timeout_s: float | None = None, label: str | None = None, *,
+                    timeout: float | None = None) -> Transaction:
+        """Open a transaction whose deadline is ``timeout_s`` seconds away (node default if None).
+        ``timeout``: the deprecated name of ``timeout_s``."""
+        body = begin_body(timeout_s_of(timeout_s, timeout, "begin"), label)
+        answer = await self._transport.request(
+            Request("POST", "/v1/transactions", body, SAFE, batch_operation={"op": "begin", **body}))
+        return Transaction(self._transport, answer["transaction_id"], label=answer.get("label"))
+
+    def attach(self, transaction_id: str, label: str | None = None) -> Transaction:
+        """A handle on a transaction begun elsewhere (to commit, abort or ask about it)."""
+        return Transaction(self._transport, transaction_id, label=label)
+
+    async def commit_many(self, transactions_or_ids: Iterable[Transaction | str],
+                          idempotency_key: str | None = None) -> CommitInfo:
+        """Commit several open transactions atomically, as one unit."""
+        handles = list(transactions_or_ids)
+        ids = [handle.transaction_id if isinstance(handle, Transaction) else str(handle) for handle in handles]
+        body: dict[str, Any] = {"transaction_ids": ids}
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        try:
+            info = await self._commit_many(body, ids)
+        except (TransactionAborted, CommitOutcomeUnknown) as exc:
+            state = "aborted" if isinstance(exc, TransactionAborted) else "unknown"
+            for handle in handles:
+                if isinstance(handle, Transaction):
+                    handle.state = state
+            raise
+        for handle in handles:
+            if isinstance(handle, Transaction):
+                handle.state, handle.commit_info = "committed", info
+        return info
+
+    async def _commit_many(self, body: dict[str, Any], ids: list[str]) -> CommitInfo:
+        attempts = Attempts()
+        try:
+            # not coalesced, as before the client was split up
+            answer = await self._transport.request(Request("POST", "/v1/commit", body, COMMIT), attempts=attempts)
+        except TransactionCommitted as exc:
+            # /v1/commit answers a retry with 409 transaction_committed instead of "duplicate"
+            if attempts.ambiguous:
+                return CommitInfo(int(exc.details.get("index", 0)), True, 0, 0, tuple(ids))
+            raise
+        return commit_info(answer)
+
+    async def transactions(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
+        """The leader's open transactions, optionally only those whose label starts with a prefix."""
+        params = {"label_prefix": label_prefix} if label_prefix is not None else None
+        answer = await self._transport.request(Request("GET", "/v1/transactions", params=params))
+        return list(answer["transactions"])
+
+    async def transaction_status(self, transaction_id: str) -> dict[str, Any]:
+        """``state``: open, committing, unknown, committed or aborted (with ``reason``)."""
+        return await self.attach(transaction_id).status()
+
+    # ------------------------------------------------- one-request transactions
+    async def enqueue(self, queue: str, *items: ItemValue, idempotency_key: str | None = None) -> CommitInfo:
+        """Enqueue and commit in one request. Exactly once under retries (idempotency key)."""
+        operation = {"op": "enqueue", **enqueue_body(queue, items)}
+        key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
+        rest_body = {"items": operation["items"], "encoding": operation["encoding"], "idempotency_key": key}
+        batch_operation = {"op": "execute", "idempotency_key": key, "operations": [operation]}
+        answer = await self._transport.request(
+            Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE, batch_operation=batch_operation))
+        return commit_info(answer)
+
+    async def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[bytes]:
+        """Dequeue and commit in one request: **at most once**. A failed attempt is re-sent; if the
+        lost attempt had committed, the items it took are lost. Use a transaction for at least once."""
+        check_queue_name(queue)
+        batch_operation = {"op": "execute", "operations": [{"op": "dequeue", "queue": queue, "max_items": max_items}]}
+        answer = await self._transport.request(
+            Request("POST", queue_path(queue, "dequeue"), {"max_items": max_items, "wait_ms": wait_ms}, WRITE,
+                    batch_operation=batch_operation, wait_ms=wait_ms))
+        return [item.value for result in execute_result(answer).results for item in result.items]
+
+    async def execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]],
+                      idempotency_key: str | None = None) -> ExecuteResult:
+        """Run the operations in one transaction and commit it, in one request. Enqueues are
+        exactly once under retries (an idempotency key is generated if None); dequeues are at
+        most once, and a ``duplicate`` answer carries no items."""
+        bodies = [operation_body(operation) for operation in operations]
+        body = {"operations": bodies,
+                "idempotency_key": idempotency_key if idempotency_key is not None else secrets.token_hex(16)}
+        answer = await self._transport.request(
+            Request("POST", "/v1/execute", body, WRITE, batch_operation={"op": "execute", **body},
+                    wait_ms=operations_wait_ms(bodies)))
+        return execute_result(answer)
+
+    # ------------------------------------------------------------- queues
+    async def peek(self, queue: str) -> bytes | None:
+        """The head item without consuming it (begin, dequeue, abort). While the peek runs the
+        item is invisible to other dequeuers; if the abort is lost it stays so for PEEK_TIMEOUT_S."""
+        transaction = await self.begin(PEEK_TIMEOUT_S, "rcq.peek")
+        try:
+            return await transaction.dequeue(queue)
+        finally:
+            await transaction.abort_quietly()
+
+    async def queue_info(self, queue: str) -> dict[str, Any]:
+        """``count`` (replicated, includes locked items), ``locked`` and ``available`` (leader only)."""
+        return dict(await self._transport.request(Request("GET", queue_path(queue))))
+
+    async def count(self, queue: str) -> int:
+        return int((await self.queue_info(queue))["count"])
+
+    async def stats(self, queue: str) -> dict[str, Any]:
+        return dict(await self._transport.request(Request("GET", queue_path(queue, "stats"))))
+
+    async def queues(self) -> list[dict[str, Any]]:
+        """Every queue with its ``count`` and ``locked`` items."""
+        return list((await self._transport.request(Request("GET", "/v1/queues")))["queues"])
+
+    # ------------------------------------------------------------ cluster
+    async def cluster(self, url: str | None = None) -> dict[str, Any]:
+        """A node's view of the cluster: the leader's (or any node's) if ``url`` is None, else
+        exactly that node's, asked once (raises Unavailable if it does not answer)."""
+        if url is None:
+            return dict(await self._transport.request(Request("GET", "/v1/cluster")))
+        return await self._transport.ask_node(url, "/v1/cluster")
+
+    async def wait_for_leader(self, timeout_s: float = 30.0) -> str:
+        """Poll every known node until one is a serving leader; remember and return its URL."""
+        return await self._transport.wait_for_leader(timeout_s)

@@ -1,0 +1,90 @@
+"""One HTTP exchange with one node, and nothing more: no retry, no leader, no policy.
+
+The transport (:mod:`rcq.client.transport`) decides where a request goes and whether it is sent
+again; this module sends it once and is the one place that translates what aiohttp raises into
+rcq errors, telling a failure before the request left (it cannot have executed) from one after
+(it may have).
+
+Must not import: the other client modules (the transport builds on this, not the reverse),
+rcq.server, pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import yarl
+
+from rcq.errors import InvalidRequest, RcqError, Unavailable
+
+CONNECTIONS_MAX = 256
+RETRY_AFTER_MIN_S = 0.1  # a server's Retry-After is bounded: 0 would spin, a large one would stall a failover
+RETRY_AFTER_MAX_S = 5.0
+STREAMED_BODY_MIN_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    payload: Any  # the JSON body; None when there is none or it is not JSON
+    retry_after_s: float | None
+    location: str | None
+
+
+class ExchangeFailed(Exception):
+    """No answer. ``maybe_sent``: the request may have reached the node (and executed)."""
+
+    def __init__(self, error: RcqError, maybe_sent: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.maybe_sent = maybe_sent
+
+
+def new_session() -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=CONNECTIONS_MAX, limit_per_host=0, keepalive_timeout=30)
+    return aiohttp.ClientSession(connector=connector)
+
+
+async def exchange(session: aiohttp.ClientSession, node_url: str, method: str, path: str, data: bytes | None,
+                   params: Mapping[str, str] | None, timeout_s: float) -> Answer:
+    """``method path`` on the node at ``node_url``, once; no answer raises :class:`ExchangeFailed`."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    headers = {"Content-Type": "application/json"} if data is not None else None
+    # aiohttp warns (ResourceWarning) about raw bodies over 1 MiB; a stream of one buffer is the same
+    body: bytes | io.BytesIO | None = (
+        io.BytesIO(data) if data is not None and len(data) >= STREAMED_BODY_MIN_BYTES else data)
+    try:
+        url = yarl.URL(node_url + path, encoded=True)  # paths are built pre-encoded (see rcq.client.wire)
+        async with session.request(method, url, data=body, params=params, headers=headers,
+                                   allow_redirects=False, timeout=timeout) as response:
+            raw = await response.read()
+            status, headers_in = response.status, response.headers
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        raise ExchangeFailed(Unavailable(f"cannot connect to {node_url}: {exc}"), maybe_sent=False) from exc
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ExchangeFailed(Unavailable(f"no answer from {node_url} to {method} {path}: {exc!r}"),
+                             maybe_sent=True) from exc
+    try:
+        payload = json.loads(raw) if raw else None
+    except ValueError:  # e.g. a proxy's HTML error page: judged by its status alone
+        payload = None
+    return Answer(status, payload, _retry_after_s(headers_in.get("Retry-After")), headers_in.get("Location"))
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise InvalidRequest(f"bad URL {url!r}: expected http://host:port")
+    return url
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    try:
+        return min(max(float(value), RETRY_AFTER_MIN_S), RETRY_AFTER_MAX_S) if value is not None else None
+    except ValueError:  # an HTTP date: not worth parsing, the backoff ceiling stays
+        return None

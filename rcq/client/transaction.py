@@ -1,0 +1,161 @@
+"""The handle on one server-side transaction: its verbs, its state, and ``async with`` (commit or abort).
+
+A :class:`Transaction` builds each verb's request (the REST form and, where the server has one,
+the ``/v1/batch`` form) and hands it to :meth:`Transport.request`, which chooses between them
+and retries (see :mod:`rcq.client.transport` for what is safe to re-send, and why).
+
+Must not import: rcq.client.client (a transaction talks to the transport, never to the
+client's internals), rcq.server, pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import warnings
+from collections.abc import Awaitable, Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+from rcq.client.transport import COMMIT, SAFE, Request, RetryPolicy, Transport
+from rcq.client.wire import CommitInfo, Item, ItemValue, commit_info, enqueue_body, item_from_wire, transaction_path
+from rcq.errors import CommitOutcomeUnknown, RcqError, TransactionAborted
+from rcq.names import check_queue_name
+
+log = logging.getLogger(__name__)
+
+
+def timeout_s_of(timeout_s: float | None, timeout: float | None, where: str) -> float | None:
+    """``timeout_s``, or the value of the deprecated ``timeout`` it replaced (with a DeprecationWarning)."""
+    if timeout is None:
+        return timeout_s
+    if timeout_s is not None:
+        raise TypeError(f"{where}() takes timeout_s, not both timeout_s and timeout")
+    # stacklevel 3: the warning names the caller's line, not this helper's or the method's
+    warnings.warn(f"{where}(timeout=...) is deprecated: use timeout_s=...", DeprecationWarning, stacklevel=3)
+    return timeout
+
+
+class Transaction:
+    """An open server-side transaction. Use as ``async with`` to commit on a clean exit."""
+
+    def __init__(self, transport: Transport, transaction_id: str, *, label: str | None = None) -> None:
+        self._transport = transport
+        self.transaction_id = transaction_id
+        self.label = label
+        self.state = "open"  # open, committed, aborted, unknown (commit outcome unknown)
+        self.commit_info: CommitInfo | None = None
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.transaction_id!r}, state={self.state!r})"
+
+    def _request(self, verb: str, body: dict[str, Any] | None, policy: RetryPolicy = SAFE, *,
+                 wait_ms: int = 0, coalescable: bool = True) -> Request:
+        """``POST /v1/transactions/{id}/{verb}``, and the same as a sub-request of ``/v1/batch``."""
+        operation = {"op": verb, "transaction_id": self.transaction_id, **(body or {})} if coalescable else None
+        return Request("POST", transaction_path(self.transaction_id, verb), body, policy,
+                       batch_operation=operation, wait_ms=wait_ms)
+
+    async def enqueue(self, queue: str, item: ItemValue) -> int:
+        """Buffer one item; returns the transaction's buffered item count (retry-safe: keyed)."""
+        return await self.enqueue_batch(queue, [item])
+
+    async def enqueue_batch(self, queue: str, items: Iterable[ItemValue]) -> int:
+        # The key makes a re-sent enqueue buffer nothing twice, so it is safe to retry.
+        body = {**enqueue_body(queue, items), "key": secrets.token_hex(12)}
+        answer = await self._transport.request(self._request("enqueue", body))
+        return int(answer["buffered"])
+
+    async def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0,
+                            key: str | None = None) -> list[Item]:
+        """Take up to ``max_items``, waiting up to ``wait_ms`` for the first; ``key`` makes a retry
+        return the same items (one is generated when None)."""
+        body = {"queue": check_queue_name(queue), "max_items": max_items, "wait_ms": wait_ms,
+                "key": key if key is not None else secrets.token_hex(12)}
+        answer = await self._transport.request(self._request("dequeue", body, wait_ms=wait_ms))
+        return [item_from_wire(entry) for entry in answer["items"]]
+
+    async def dequeue_batch(self, queue: str, max_items: int, wait_ms: int = 0, key: str | None = None) -> list[bytes]:
+        return [item.value for item in await self.dequeue_items(queue, max_items, wait_ms, key)]
+
+    async def dequeue(self, queue: str, wait_ms: int = 0, key: str | None = None) -> bytes | None:
+        items = await self.dequeue_items(queue, 1, wait_ms, key)
+        return items[0].value if items else None
+
+    async def commit(self, idempotency_key: str | None = None) -> CommitInfo:
+        """Commit; retried with the same transaction id until definite. Raises TransactionAborted
+        and its subclasses when definitely not committed, CommitOutcomeUnknown when it cannot know."""
+        body = {} if idempotency_key is None else {"idempotency_key": idempotency_key}
+        try:
+            answer = await self._transport.request(self._request("commit", body, COMMIT))
+        except TransactionAborted:
+            self.state = "aborted"
+            raise
+        except CommitOutcomeUnknown:
+            self.state = "unknown"
+            raise
+        self.state, self.commit_info = "committed", commit_info(answer)
+        return self.commit_info
+
+    async def abort(self) -> int:
+        """Abort: dequeued items return to the head of their queues. Returns how many did.
+        An already aborted (or expired) transaction is not an error; a committed one is."""
+        try:
+            answer = await self._transport.request(self._request("abort", None))
+        except TransactionAborted:
+            self.state = "aborted"
+            return 0
+        self.state = "aborted"
+        return int(answer.get("returned", 0))
+
+    async def extend(self, timeout_s: float | None = None, *, timeout: float | None = None) -> dict[str, Any]:
+        """Move the deadline to ``timeout_s`` seconds from now (``timeout``: its deprecated name)."""
+        seconds = timeout_s_of(timeout_s, timeout, "extend")
+        if seconds is None:
+            raise TypeError("extend() missing its argument timeout_s")
+        # not coalesced, as before the client was split up; the batch form exists if that should change
+        request = self._request("extend", {"timeout_s": seconds}, coalescable=False)
+        return dict(await self._transport.request(request))
+
+    async def status(self) -> dict[str, Any]:
+        """``state``: open, committing, unknown, committed or aborted (with ``reason``)."""
+        return dict(await self._transport.request(Request("GET", transaction_path(self.transaction_id))))
+
+    async def abort_quietly(self) -> None:
+        """Abort, logging instead of raising a failure: for cleanup, where the transaction expires anyway."""
+        try:
+            await self.abort()
+        except (RcqError, OSError) as exc:  # it expires on the server anyway
+            log.warning("abort of %s failed (%s); it will expire", self.transaction_id, exc)
+
+
+    async def __aenter__(self) -> Transaction:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        if self.state != "open":
+            return
+        if exc is None:
+            await self.commit()
+        elif isinstance(exc, Exception):
+            await self.abort_quietly()
+        else:  # cancelled: do not hold the cancellation up; abort in the background
+            self._transport.spawn(self.abort_quietly())
+
+
+class TransactionContext:
+    """``async with client.transaction() as tx``: begins on entry, then as :class:`Transaction`."""
+
+    def __init__(self, begin: Callable[[], Awaitable[Transaction]]) -> None:
+        self._begin = begin
+        self._transaction: Transaction | None = None
+
+    async def __aenter__(self) -> Transaction:
+        self._transaction = await self._begin()
+        return self._transaction
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        assert self._transaction is not None, "__aexit__ without __aenter__"
+        await self._transaction.__aexit__(exc_type, exc, traceback)

@@ -1,0 +1,397 @@
+"""The client's one transport: where a request goes, when it is sent again, and coalescing.
+
+Every request of :mod:`rcq.client` goes through :meth:`Transport.request`. It alone decides
+whether a request leaves on its own (REST) or shares a ``POST /v1/batch``, and it alone retries.
+
+**Where requests go.** The transport remembers the leader's URL. A ``307 not_leader``
+means the request was not executed: it is re-sent to ``leader_url`` at once.
+Connection errors, timeouts and 503 (``no_leader``, ``not_ready``,
+``unavailable``) rotate through the known URLs with jittered exponential
+backoff (50 ms doubling up to 1 s; a ``Retry-After`` becomes the ceiling, so
+repeated 503s settle at the server's pace while the first retries stay quick
+enough for a failover) until ``retry_timeout_s`` has passed.
+
+**What is re-sent after a failure that may have executed** (the connection
+broke after the request was sent, a timeout, a 504): everything, because every request is
+safe to re-send:
+
+* reads, ``begin`` (a lost one leaves an empty transaction that expires),
+  ``abort``, ``extend``, and transactional dequeues and enqueues: each carries
+  a key (one is generated per call); the server answers a repeated dequeue key
+  with the same items and buffers nothing more for a repeated enqueue key;
+* commits: a retried commit with the same transaction id is never applied
+  twice (the server answers ``duplicate``); until the answer is definite the
+  client keeps asking, then raises :class:`CommitOutcomeUnknown`;
+* one-request ``enqueue``/``execute``: they carry an idempotency key (one is
+  generated per call), so a retry answers ``duplicate`` instead of applying
+  twice; the dequeues of a duplicate answer are dropped (they were returned to
+  their queues, and what the first attempt took is unknown);
+* one-request ``dequeue`` is **at most once**: if the answer of an attempt that
+  committed is lost, the items it took are gone and the retry takes others.
+
+**Coalescing** (``coalesce=True``). A request with a batch form that does not wait (a waiting
+dequeue would hold the whole batch up) is submitted to the :class:`Coalescer`, which sends the
+requests of one loop iteration as one batch, once. The batch's failure, or else each part's own
+answer, comes back to each part's retry loop here and is judged exactly as a REST answer; a
+part sent again is submitted again and shares a batch with whatever else is pending. Parts that
+failed together pause until the same instant, so a failed batch goes out again as one batch.
+
+Must not import: rcq.client.client, rcq.client.transaction (the transport knows no API verb),
+rcq.server, pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from rcq.client.coalescer import Coalescer
+from rcq.client.exchange import ExchangeFailed, exchange, new_session, normalize_url
+from rcq.client.wire import dumps, estimated_item_bytes
+from rcq.errors import (
+    CommitOutcomeUnknown,
+    InvalidRequest,
+    NoLeader,
+    NotLeader,
+    PayloadTooLarge,
+    RcqError,
+    TransactionNotFound,
+    Unavailable,
+    error_from_body,
+)
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+
+# ---------------------------------------------------------------------- the policy
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """What an attempt that may have executed means for a kind of request."""
+
+    maybe_committed: bool  # giving up after such an attempt raises CommitOutcomeUnknown
+    # After such an attempt these answers mean "still unknown", not a definite failure: a
+    # leader answers a commit whose Raft outcome is pending with 404.
+    unknown_after_ambiguous: tuple[type[RcqError], ...] = ()
+
+
+SAFE = RetryPolicy(maybe_committed=False)  # reads and keyed transaction verbs
+WRITE = RetryPolicy(maybe_committed=True)  # one-request transactions
+COMMIT = RetryPolicy(maybe_committed=True, unknown_after_ambiguous=(TransactionNotFound,))
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request. ``batch_operation``: the same request as a sub-request of ``POST /v1/batch``
+    (None: it is never coalesced). ``wait_ms``: how long the server may hold it before answering."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+    policy: RetryPolicy = SAFE
+    params: Mapping[str, str] | None = None
+    batch_operation: dict[str, Any] | None = None
+    wait_ms: int = 0
+
+
+@dataclass(slots=True)
+class Attempts:
+    ambiguous: bool = False  # an attempt may have executed
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """One failed attempt of one request, as the retry engine judges it."""
+
+    node_url: str
+    error: RcqError
+    finished_at: float  # loop time; with jitter, shared by the parts of one batch so they retry together
+    jitter: float
+    maybe_executed: bool = False
+    retryable: bool = False  # the server (or the connection) says a retry can help
+    rotate: bool = False  # try the next node
+    retry_after_s: float | None = None
+    location: str | None = None
+
+
+_Outcome = dict[str, Any] | _Failure  # an attempt's answer, or why it failed
+
+
+class Transport:
+    """The nodes of one cluster as one leader: leader tracking, the retry engine, coalescing, the HTTP session."""
+
+    def __init__(self, urls: str | Sequence[str], *, request_timeout_s: float, retry_timeout_s: float,
+                 coalesce: bool, session: aiohttp.ClientSession | None) -> None:
+        listed = [urls] if isinstance(urls, str) else list(urls)
+        self._urls = list(dict.fromkeys(
+            normalize_url(url) for part in listed for url in part.split(",") if url.strip()))
+        if not self._urls:
+            raise InvalidRequest("no URL given: pass at least one http://host:port")
+        if request_timeout_s <= 0 or retry_timeout_s < 0:
+            raise InvalidRequest("request_timeout_s must be positive and retry_timeout_s not negative")
+        self.request_timeout_s = request_timeout_s
+        self._retry_timeout_s = retry_timeout_s
+        self._session = session
+        self._owns_session = session is None
+        self._leader: str | None = None
+        self._next_url = 0
+        self._coalescer = Coalescer(self._send_batch, self.spawn) if coalesce else None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    # ----------------------------------------------------------- lifecycle
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    @property
+    def leader_url(self) -> str | None:
+        return self._leader
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._coalescer is not None:
+            self._coalescer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+        self._session = None
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` in the background until it ends or the transport closes."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("rcq client background task failed", exc_info=task.exception())
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise Unavailable("the client is closed")
+        if self._session is None:
+            self._session = new_session()
+        return self._session
+
+    # ------------------------------------------------------- the retry engine
+    async def request(self, request: Request, *, attempts: Attempts | None = None) -> dict[str, Any]:
+        """The answer of ``request`` from the leader, retried as its policy allows until the deadline.
+        ``attempts`` tells the caller whether an attempt may have executed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._retry_timeout_s
+        attempts = attempts if attempts is not None else Attempts()
+        # The one place that decides: a request with a batch form that does not wait is coalesced
+        # (a waiting one would hold the whole batch up).
+        batch_operation = request.batch_operation if request.wait_ms == 0 else None
+        coalescer = self._coalescer if batch_operation is not None else None
+        size_bytes = estimated_item_bytes(batch_operation) if batch_operation is not None else 0
+        data = None if coalescer is not None or request.body is None else dumps(request.body)
+        delay_s, failures, redirects, sent = BACKOFF_FIRST_S, 0, 0, 0
+        while True:
+            sent += 1
+            if coalescer is not None and batch_operation is not None:
+                outcome = await coalescer.submit(batch_operation, size_bytes)
+            else:
+                outcome = await self._attempt(request, data)
+            if not isinstance(outcome, _Failure):
+                return outcome
+            error = outcome.error
+            if isinstance(error, NotLeader):
+                leader = self._learn(error.leader_url or _origin(outcome.location))
+                redirects += 1
+                if leader is not None and leader != outcome.node_url and redirects <= len(self._urls) + 1:
+                    self._leader = leader  # not executed: re-send there at once
+                    continue
+                self._leader = None
+            ambiguous = outcome.maybe_executed or (
+                attempts.ambiguous and isinstance(error, request.policy.unknown_after_ambiguous))
+            if not ambiguous and not outcome.retryable:
+                raise error
+            if ambiguous:
+                attempts.ambiguous = True
+            failures += 1
+            if outcome.rotate:
+                self._demote(outcome.node_url)
+            # Another node is worth a try at once; the same one (or every one) only after a pause.
+            pause_s = 0.0 if outcome.rotate and failures < len(self._urls) else delay_s * outcome.jitter
+            resume_at = outcome.finished_at + pause_s
+            if resume_at >= deadline:
+                if attempts.ambiguous and request.policy.maybe_committed:
+                    raise CommitOutcomeUnknown(
+                        f"gave up after {sent} attempts, one with an unknown outcome: {error.message}") from error
+                raise error
+            if pause_s:
+                await _sleep_until(resume_at)
+                ceiling_s = outcome.retry_after_s if outcome.retry_after_s is not None else BACKOFF_MAX_S
+                delay_s = min(delay_s * 2, ceiling_s)
+                failures, redirects = 0 if outcome.rotate else failures, 0
+
+    # --------------------------------------------------------------- attempts
+    async def _attempt(self, request: Request, data: bytes | None) -> _Outcome:
+        """One REST exchange with the current target."""
+        node_url = self._target()
+        timeout_s = self.request_timeout_s + request.wait_ms / 1000  # the server may hold it that long
+        try:
+            answer = await exchange(self._http(), node_url, request.method, request.path, data, request.params, timeout_s)
+        except ExchangeFailed as exc:
+            return _failed_exchange(node_url, exc)
+        if 200 <= answer.status < 300 and isinstance(answer.payload, dict):
+            if request.method != "GET":  # only the serving leader executes a POST; any node answers a GET
+                self._leader = node_url
+            return answer.payload
+        return _judge(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
+
+    async def _send_batch(self, operations: list[dict[str, Any]]) -> list[_Outcome]:
+        """One ``POST /v1/batch`` exchange (the coalescer's send): one outcome per operation."""
+        node_url = self._target()
+        try:
+            answer = await exchange(self._http(), node_url, "POST", "/v1/batch", dumps({"requests": operations}),
+                                    None, self.request_timeout_s)
+        except ExchangeFailed as exc:
+            return [_failed_exchange(node_url, exc)] * len(operations)
+        if not (200 <= answer.status < 300 and isinstance(answer.payload, dict)):
+            outcome = _judge(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
+            if isinstance(outcome.error, InvalidRequest | PayloadTooLarge) and len(operations) > 1:
+                # One part spoils the whole body: each part goes alone, so each caller gets its own answer.
+                alone = await asyncio.gather(*(self._send_batch([operation]) for operation in operations))
+                return [outcome for outcomes in alone for outcome in outcomes]
+            return [outcome] * len(operations)
+        self._leader = node_url
+        responses = answer.payload.get("responses")
+        loop_time, jitter = asyncio.get_running_loop().time(), random.uniform(0.5, 1.0)
+        if not isinstance(responses, list) or len(responses) != len(operations):
+            # the server broke the protocol after executing who knows what: give up, outcome unknown
+            error = CommitOutcomeUnknown("/v1/batch answered with a malformed body")
+            return [_Failure(node_url, error, loop_time, jitter)] * len(operations)
+        outcomes: list[_Outcome] = []
+        for response in responses:
+            status = int(response.get("status") or 500) if isinstance(response, dict) else 500
+            body = response.get("body") if isinstance(response, dict) else None
+            if status < 300:
+                outcomes.append(body if isinstance(body, dict) else {})
+            else:  # one jitter and one clock reading for all: the parts that fail retry together
+                outcomes.append(_judge(node_url, status, body, None, None, loop_time, jitter))
+        return outcomes
+
+    # ------------------------------------------------------- leader tracking
+    def _target(self) -> str:
+        return self._leader or self._urls[self._next_url % len(self._urls)]
+
+    def _learn(self, url: str) -> str | None:
+        try:
+            url = normalize_url(url)
+        except InvalidRequest:
+            return None
+        if url not in self._urls:
+            self._urls.append(url)
+        return url
+
+    def _demote(self, url: str) -> None:
+        """``url`` failed: forget it as the leader and move the rotation past it."""
+        if self._leader == url:
+            self._leader = None
+        if url in self._urls:
+            self._next_url = self._urls.index(url) + 1
+
+    async def ask_node(self, url: str, path: str) -> dict[str, Any]:
+        """``GET path`` from exactly the node at ``url``, once (Unavailable if it does not answer)."""
+        try:
+            answer = await exchange(self._http(), normalize_url(url), "GET", path, None, None, self.request_timeout_s)
+        except ExchangeFailed as exc:
+            raise exc.error from exc
+        if answer.status != 200 or not isinstance(answer.payload, dict):
+            raise error_from_body(answer.status, answer.payload)
+        return answer.payload
+
+    async def wait_for_leader(self, timeout_s: float) -> str:
+        """Poll every known node until one is a serving leader; remember and return its URL."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pause_s = 0.02
+        while True:
+            urls = list(self._urls)
+            views = await asyncio.gather(*(self._probe(url, deadline) for url in urls))
+            for url, view in zip(urls, views, strict=True):
+                if view is None:
+                    continue
+                if view.get("role") == "leader" and view.get("serving"):
+                    self._leader = url
+                    return url
+                if view.get("leader_url"):
+                    self._learn(view["leader_url"])
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                raise NoLeader(f"no serving leader among {', '.join(self._urls)} within {timeout_s} s")
+            await asyncio.sleep(min(pause_s, remaining_s))
+            pause_s = min(pause_s * 2, 0.5)
+
+    async def _probe(self, url: str, deadline: float) -> dict[str, Any] | None:
+        # short: a dead node must not hold up the nodes that answer
+        timeout_s = max(0.05, min(self.request_timeout_s, 2.0, deadline - asyncio.get_running_loop().time()))
+        try:
+            answer = await exchange(self._http(), url, "GET", "/v1/cluster", None, None, timeout_s)
+        except ExchangeFailed:
+            return None
+        return answer.payload if answer.status == 200 and isinstance(answer.payload, dict) else None
+
+
+# ------------------------------------------------------------------ judging answers
+def _failed_exchange(node_url: str, exc: ExchangeFailed) -> _Failure:
+    return _Failure(node_url, exc.error, asyncio.get_running_loop().time(), random.uniform(0.5, 1.0),
+                    maybe_executed=exc.maybe_sent, retryable=True, rotate=True)
+
+
+def _judge(node_url: str, status: int, payload: Any, retry_after_s: float | None, location: str | None,
+           finished_at: float | None = None, jitter: float | None = None) -> _Failure:
+    """An error answer (of a request or of one part of a batch) as the retry engine sees it."""
+    error = error_from_body(status, payload)
+    has_body = isinstance(payload, dict) and isinstance(payload.get("error"), dict)
+    return _Failure(
+        node_url,
+        error,
+        finished_at if finished_at is not None else asyncio.get_running_loop().time(),
+        jitter if jitter is not None else random.uniform(0.5, 1.0),
+        # a proxy's 502-504 (no rcq body) or a 504 commit_outcome_unknown: it may have executed
+        maybe_executed=(status in (502, 503, 504) and not has_body) or isinstance(error, CommitOutcomeUnknown),
+        retryable=error.retryable and has_body,
+        rotate=isinstance(error, Unavailable | NotLeader) or not has_body,
+        retry_after_s=retry_after_s,
+        location=location,
+    )
+
+
+async def _sleep_until(when: float) -> None:
+    # call_at, not asyncio.sleep: parts that compute the same instant wake in the same loop
+    # iteration, so they are submitted together and share one batch again.
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+    handle = loop.call_at(when, _wake, woken)
+    try:
+        await woken
+    finally:
+        handle.cancel()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _origin(location: str | None) -> str:
+    if not location:
+        return ""
+    parts = urlsplit(location)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
