@@ -1,10 +1,12 @@
 """chaos: a Jepsen-style harness that tries hard to make rcq lose, duplicate or invent items.
 
 Run it as ``python -m chaos --nodes 5 --time-limit-s 600 --nemesis all --seed 42 --out DIR``.
-The parts: ``netproxy`` (fault-injecting TCP proxy), ``cluster`` (real node processes
-wired through it), ``nemesis`` (faults), ``workload`` (seeded client ops),
-``history`` (the JSONL record), ``checker``/``checkers`` (verdicts), ``runner`` (phases
-and report), ``docker`` target in ``__main__``.
+The parts: ``target`` (what a cluster under test must offer), ``cluster`` (rcq's cluster
+harness with every link through ``netproxy``, the fault-injecting TCP proxy),
+``docker_cluster`` (the same protocol on docker-compose), ``nemesis`` (faults),
+``workload`` (seeded client ops), ``history`` (the JSONL record), ``checkers`` (verdicts),
+``runner`` (phases and report), ``sweep`` (many seeds, one table).
 
-A black box: nothing here imports rcq but rcq.client and rcq.errors.
+A black box: nothing here imports rcq but rcq.client, rcq.errors and the cluster harness of
+rcq.testing (real node processes, their polls and waits).
 """

@@ -36,11 +36,12 @@ status polls (it counts as not live meanwhile and is not waited for).
 Nodes run with the compose file's configuration (no ``--node-override``) on
 the fixed host ports 127.0.0.1:7001..7003, so one such project runs at a time.
 
-The HTTP views and waits are :class:`chaos.cluster.ChaosCluster`'s (they need
-only ``nodes`` with ``direct_url``/``client_url``/``running``/``live``); this
-class replaces everything that touches processes, directories or the proxy.
+The HTTP views and bounded waits are the cluster harness's own
+(:class:`rcq.testing.polls.PolledCluster`, asking the published ports); this
+module adds only the docker CLI behind each action. It implements
+:class:`chaos.target.ChaosTarget` with whole-node isolation and no per-link faults.
 
-Must not import: any rcq module but rcq.client and rcq.errors (it needs neither).
+Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from chaos.cluster import START_TIMEOUT_S, ChaosCluster
+from chaos.target import TARGET_START_TIMEOUT_S
+from rcq.testing.polls import PolledCluster
 
 COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 COMPOSE_NODES = 3  # the services docker-compose.yml defines: node-0..node-2
@@ -128,12 +130,19 @@ class DockerNode:
     def live(self) -> bool:
         return self.running() and not self.paused and not self.isolated
 
+    def describe(self) -> str:
+        container = self.container or "no container"
+        return f"{container} {self.state}" + (" paused" if self.paused else "") + (" isolated" if self.isolated else "")
 
-class DockerCluster(ChaosCluster):
+
+class DockerCluster(PolledCluster[DockerNode]):
     """docker-compose.yml's three nodes as the compose project ``project`` (see the module docstring)."""
 
+    target = "docker"
+    start_timeout_s = TARGET_START_TIMEOUT_S
+
     def __init__(self, nodes: int = COMPOSE_NODES, base_dir: Path | None = None, project: str = "rcq-chaos",
-                 compose_file: Path = COMPOSE_FILE) -> None:  # no super().__init__: no proxy, no node dirs
+                 compose_file: Path = COMPOSE_FILE) -> None:
         if nodes != COMPOSE_NODES:
             raise ValueError(f"the docker target runs docker-compose.yml's {COMPOSE_NODES} nodes, not {nodes}; "
                              "use --target local for other sizes")
@@ -142,7 +151,7 @@ class DockerCluster(ChaosCluster):
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd() / f"{project}-logs"
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._secret = secrets.token_urlsafe(32)
-        self.nodes: list[DockerNode] = [DockerNode(i) for i in range(nodes)]  # type: ignore[assignment]
+        self.nodes = [DockerNode(i) for i in range(nodes)]
         self._closed = False
         self._started = False
 
@@ -173,7 +182,7 @@ class DockerCluster(ChaosCluster):
         return node.container
 
     # ---------------------------------------------------------- processes
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+    def start(self, timeout_s: float | None = None) -> None:
         if self._closed:
             raise RuntimeError("the cluster is closed")
         self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S)  # a same-named project's leftovers
@@ -186,7 +195,7 @@ class DockerCluster(ChaosCluster):
             node.starts += 1
         self.wait_for_http([n.index for n in self.nodes], timeout_s)
 
-    def start_node(self, i: int, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> int:
+    def start_node(self, i: int, wait: bool = True, timeout_s: float | None = None) -> int:
         if self._closed:
             raise RuntimeError("the cluster is closed")
         node = self.nodes[i]
@@ -258,7 +267,7 @@ class DockerCluster(ChaosCluster):
                 self.resume_node(node.index)
         self.reconnect_nodes([node.index for node in self.nodes])
 
-    def heal_processes(self, timeout_s: float = START_TIMEOUT_S) -> list[int]:
+    def heal(self, timeout_s: float | None = None) -> list[int]:
         """Resume paused nodes, reconnect isolated ones, start stopped ones; returns the indices started."""
         self.heal_network()
         stopped = [node.index for node in self.nodes if not node.running()]
@@ -268,15 +277,15 @@ class DockerCluster(ChaosCluster):
             self.wait_for_http(stopped, timeout_s)
         return stopped
 
-    def wait_for_http(self, indices: Iterable[int], timeout_s: float = START_TIMEOUT_S) -> None:
-        """As the local cluster's, but an isolated node is not waited for: its port is unpublished until healed."""
-        reachable = [i for i in indices if not self.nodes[i].isolated]
+    def wait_for_http(self, indices: Iterable[int] | None = None, timeout_s: float | None = None) -> None:
+        """As the harness's, but an isolated node is not waited for: its port is unpublished until healed."""
+        reachable = [i for i in (self.live_indices() if indices is None else indices) if not self.nodes[i].isolated]
         if reachable:
             super().wait_for_http(reachable, timeout_s)
 
-    def close(self, keep: bool = True) -> None:
-        """Save every node's log into ``base_dir``, then ``docker compose down -v``. The project's
-        volumes go whatever ``keep`` says (the logs are what is kept)."""
+    def close(self) -> None:
+        """Save every node's log into ``base_dir``, then ``docker compose down -v`` (containers,
+        network and volumes go; the logs are what is kept)."""
         if self._closed:
             return
         self._closed = True
@@ -291,6 +300,23 @@ class DockerCluster(ChaosCluster):
         self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S)
 
     # -------------------------------------------------------------- views
+    @property
+    def client_urls(self) -> list[str]:
+        return [node.client_url for node in self.nodes]
+
+    @property
+    def urls(self) -> list[str]:
+        return self.client_urls  # what each node advertises (--advertise-url in docker-compose.yml)
+
+    def poll_url(self, i: int) -> str:
+        return self.nodes[i].direct_url
+
+    def link_faults(self) -> None:
+        return None  # a container is on the compose network or off it: no per-link control
+
+    def node_isolation(self) -> DockerCluster:
+        return self
+
     def unexpected_exits(self) -> dict[int, int | None]:
         """Nodes the harness started whose container has exited anyway, with its exit code."""
         running = [n for n in self.nodes if n.running() and n.container is not None]

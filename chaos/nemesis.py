@@ -36,13 +36,17 @@ Kinds (the CLI's ``--nemesis`` names; ``all`` is every one):
 The order and kind of faults, their durations and random targets come from
 ``random.Random(f"{seed}/nemesis")``; "the leader" is whoever leads then.
 
-On the docker target (``proxy`` None, a :class:`chaos.docker_cluster.DockerCluster`)
-there is no proxy: ``kill``, ``pause``, ``wipe`` and ``snapshot`` act on containers,
-and ``partition`` isolates whole nodes from the compose network (the leader, or
-a random minority; no ring). ``one-way``, ``client-partition``, ``delay`` and
-``loss`` need per-link control and are refused (:func:`check_target`).
+The nemesis drives any :class:`chaos.target.ChaosTarget` and chooses by its
+capabilities, never by its class. With ``link_faults()`` (the local target's
+proxy) every kind works. Without it (the docker target) ``kill``, ``pause``,
+``wipe`` and ``snapshot`` act on nodes all the same, ``partition`` takes whole
+nodes off the network through ``node_isolation()`` (the leader, or a random
+minority; no ring), and ``one-way``, ``client-partition``, ``delay``, ``loss``
+and ``deposed-leader`` need per-link control and are refused
+(:func:`unsupported_kinds`, :func:`check_target` for the CLI).
 
-Must not import: any rcq module but rcq.client and rcq.errors (it needs neither).
+Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness
+(for its bounded polls); nor a target's module (it sees targets through chaos.target).
 """
 
 from __future__ import annotations
@@ -54,9 +58,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from chaos.cluster import ChaosCluster, client_link, raft_link
-from chaos.docker_cluster import DockerCluster
-from chaos.netproxy import HEALTHY, LinkFault, ProxyThread
+from chaos.netproxy import HEALTHY, LinkFault
+from chaos.target import ChaosTarget, LinkFaults, client_link, raft_link
+from rcq.testing.polls import poll_until
 
 
 def combine_link_faults(faults: Any) -> LinkFault:
@@ -72,7 +76,8 @@ def combine_link_faults(faults: Any) -> LinkFault:
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "wipe", "snapshot",
          "deposed-leader")
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss")
-DOCKER_KINDS = ("kill", "pause", "partition", "wipe", "snapshot")  # no proxy: no per-link faults
+NEEDS_LINK_FAULTS = ("one-way", "client-partition", "delay", "loss", "deposed-leader")
+DOCKER_KINDS = tuple(k for k in KINDS if k not in NEEDS_LINK_FAULTS)  # whole-node isolation, no per-link faults
 QUIET_S = (1.0, 4.0)
 FAULT_S = (2.0, 8.0)
 PAUSE_S = (2.0, 5.0)  # above raft_max_timeout_s (1.6 s): the others elect a new leader meanwhile
@@ -96,17 +101,32 @@ def parse_kinds(text: str) -> list[str]:
     return names
 
 
-def check_target(kinds: list[str], target: str) -> None:
-    """ValueError when ``target`` cannot make one of ``kinds``."""
-    if target != "docker":
+def unsupported_kinds(kinds: list[str], *, link_faults: bool, node_isolation: bool) -> list[str]:
+    """The kinds a target with these capabilities cannot make."""
+    if link_faults:
+        return []
+    return [k for k in kinds if k in NEEDS_LINK_FAULTS or (k == "partition" and not node_isolation)]
+
+
+def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node_isolation: bool) -> None:
+    """ValueError naming the kinds of ``kinds`` that ``target`` cannot make, and why."""
+    unsupported = unsupported_kinds(kinds, link_faults=link_faults, node_isolation=node_isolation)
+    if not unsupported:
         return
-    unsupported = [k for k in kinds if k not in DOCKER_KINDS]
-    if unsupported:
-        raise ValueError(
-            f"nemesis {', '.join(unsupported)} not supported with --target docker: a compose network partition "
-            "is whole-node (a container is on the network or off it), so one-way drops, delay, loss and "
-            "client-only partitions need the local target's proxy; docker supports "
-            f"{', '.join(DOCKER_KINDS)} (use --target local for the rest)")
+    partitions = ("its partitions are whole-node (a node is on the network or off it)" if node_isolation
+                  else "it cannot partition nodes at all")
+    supported = [k for k in KINDS if not unsupported_kinds([k], link_faults=link_faults, node_isolation=node_isolation)]
+    raise ValueError(
+        f"nemesis {', '.join(unsupported)} not supported with --target {target}: {partitions}, so one-way "
+        "drops, delay, loss, client-only partitions and a deposed leader need per-link faults (the local "
+        f"target's proxy); {target} supports {', '.join(supported)} (use --target local for the rest)")
+
+
+def check_target(kinds: list[str], target: str) -> None:
+    """ValueError when ``target`` cannot make one of ``kinds``: the CLI's check, before any
+    cluster exists (docker isolates whole nodes and has no per-link faults)."""
+    docker = target == "docker"
+    refuse_unsupported(kinds, target, link_faults=not docker, node_isolation=docker)
 
 
 @dataclasses.dataclass
@@ -121,14 +141,11 @@ class Fault:
 class Nemesis:
     """Starts and stops faults on ``cluster`` until told to stop, writing each to ``history``."""
 
-    def __init__(self, cluster: ChaosCluster, proxy: ProxyThread | None, history: Any, seed: int, kinds: list[str],
+    def __init__(self, cluster: ChaosTarget, history: Any, seed: int, kinds: list[str],
                  progress: Callable[[str], None] = lambda _: None) -> None:
-        if proxy is None:  # the docker target
-            if not isinstance(cluster, DockerCluster):
-                raise ValueError("a nemesis without a proxy needs a DockerCluster")
-            check_target(kinds, "docker")
+        self.links: LinkFaults | None = cluster.link_faults()
+        self._check(kinds, cluster)
         self.cluster = cluster
-        self.proxy = proxy
         self.history = history
         self.random = random.Random(f"{seed}/nemesis")
         self.kinds = [k for k in kinds if k != "snapshot"]
@@ -224,12 +241,8 @@ class Nemesis:
         """Undo every fault: stop the active ones, heal every link, resume and start every node."""
         await self.stop_all()
         async with self._lock:
-            if self.proxy is not None:
-                self._link_layers.clear()
-                await asyncio.to_thread(self.proxy.heal)
-            else:
-                await asyncio.to_thread(self._docker().heal_network)
-            await asyncio.to_thread(self.cluster.heal_processes)
+            self._link_layers.clear()  # the target's heal clears every link
+            await asyncio.to_thread(self.cluster.heal)
 
     def _record(self, f: str, phase: str, nodes: list[int], extra: dict[str, Any]) -> None:
         op = self.history.info("nemesis", f, {"phase": phase, "nodes": self._names(nodes), **extra})
@@ -252,14 +265,14 @@ class Nemesis:
             return leader
         return rng.choice(among) if among else None
 
-    def _begin(self, kind: str, rng: random.Random) -> Fault | None:
-        if self.proxy is None:
-            check_target([kind], "docker")
-        return getattr(self, "_begin_" + kind.replace("-", "_"))(rng)
+    @staticmethod
+    def _check(kinds: list[str], cluster: ChaosTarget) -> None:
+        refuse_unsupported(kinds, cluster.target, link_faults=cluster.link_faults() is not None,
+                           node_isolation=cluster.node_isolation() is not None)
 
-    def _docker(self) -> DockerCluster:
-        assert isinstance(self.cluster, DockerCluster)
-        return self.cluster
+    def _begin(self, kind: str, rng: random.Random) -> Fault | None:
+        self._check([kind], self.cluster)
+        return getattr(self, "_begin_" + kind.replace("-", "_"))(rng)
 
     def _begin_kill(self, rng: random.Random) -> Fault | None:
         cluster = self.cluster
@@ -315,8 +328,8 @@ class Nemesis:
         return {raft_link(a, b): LinkFault(drop_forward=True, drop_backward=True) for a, b in pairs if a != b}
 
     def _links_fault(self, f: str, nodes: list[int], faults: dict[str, LinkFault], details: dict[str, Any]) -> Fault:
-        proxy = self.proxy
-        assert proxy is not None, "link faults need the proxy"
+        proxy = self.links
+        assert proxy is not None, "link faults need a target with link_faults()"
         layer = self._next_layer
         self._next_layer += 1
         for name, fault in faults.items():
@@ -332,11 +345,12 @@ class Nemesis:
 
         return Fault(f, nodes, stop, {**details, "links": names})
 
-    def _docker_partition(self, rng: random.Random) -> Fault | None:
-        """Whole nodes off the compose network: the leader, or a random minority (also cut from
-        each other and, their published ports gone, from clients)."""
-        cluster = self._docker()
-        n = len(cluster.nodes)
+    def _whole_node_partition(self, rng: random.Random) -> Fault | None:
+        """Whole nodes off the network: the leader, or a random minority (also cut from each
+        other and, on docker, their published ports gone, from clients)."""
+        isolation = self.cluster.node_isolation()
+        assert isolation is not None, "checked when the nemesis was made"
+        n = len(self.cluster.nodes)
         everyone = list(range(n))
         variant = rng.choice(["partition-leader", "partition-halves"])
         if variant == "partition-leader":
@@ -346,19 +360,19 @@ class Nemesis:
         else:
             isolated = sorted(rng.sample(everyone, n // 2))
         try:
-            cluster.isolate_nodes(isolated)
+            isolation.isolate_nodes(isolated)
         except Exception:
-            cluster.reconnect_nodes(isolated)  # those already cut (the final heal retries too)
+            isolation.reconnect_nodes(isolated)  # those already cut (the final heal retries too)
             raise
-        return Fault(variant, isolated, lambda: cluster.reconnect_nodes(isolated),
+        return Fault(variant, isolated, lambda: isolation.reconnect_nodes(isolated),
                      {"isolated": [f"node-{i}" for i in isolated], "whole_node": True})
 
     def _begin_partition(self, rng: random.Random) -> Fault | None:
         n = len(self.cluster.nodes)
         if n < 2:
             return None
-        if self.proxy is None:
-            return self._docker_partition(rng)
+        if self.links is None:
+            return self._whole_node_partition(rng)
         everyone = list(range(n))
         variant = rng.choice(["partition-leader", "partition-halves", "partition-ring"])
         if variant == "partition-leader":
@@ -478,21 +492,21 @@ class Nemesis:
     def _compact_behind(self, old_leader: int, outcome: dict[str, Any]) -> None:
         """Once the others have a new leader, make each of them snapshot and compact its log."""
         cluster = self.cluster
-        outcome["new_leader"] = cluster.wait_for(
-            DEPOSED_LEADER_WAIT_S, lambda: next((i for i in [cluster.leader()] if i not in (None, old_leader)), None),
-            "no new leader while the old one was cut off")
+        outcome["new_leader"] = poll_until(
+            lambda: next((i for i in [cluster.leader()] if i not in (None, old_leader)), None),
+            DEPOSED_LEADER_WAIT_S, "no new leader while the old one was cut off")
         others = [i for i in cluster.live_indices() if i != old_leader]
-        before = {i: int(v["snapshot_count"]) for i, v in cluster.poll(cluster.status, others).items()}
+        before = {i: int(v["snapshot_count"]) for i, v in cluster.statuses(others).items()}
         outcome["old_leader_snapshots_before"] = int(cluster.status(old_leader).get("snapshots_received", 0))
         for i in before:
             with contextlib.suppress(OSError, ValueError):
                 cluster.request_snapshot(i)
 
         def compacted() -> bool | None:
-            now = cluster.poll(cluster.status, list(before))
+            now = cluster.statuses(list(before))
             return True if all(int(now.get(i, {}).get("snapshot_count", -1)) > before[i] for i in before) else None
 
-        cluster.wait_for(DEPOSED_LEADER_WAIT_S, compacted, "the others did not snapshot")
+        poll_until(compacted, DEPOSED_LEADER_WAIT_S, "the others did not snapshot")
 
     def _snapshot_received(self, old_leader: int, outcome: dict[str, Any]) -> bool:
         """Wait (bounded) for the old leader to install a snapshot from the new leader."""
@@ -507,6 +521,6 @@ class Nemesis:
             return None
 
         try:
-            return bool(self.cluster.wait_for(DEPOSED_LEADER_WAIT_S, received, "no snapshot install"))
+            return poll_until(received, DEPOSED_LEADER_WAIT_S, "no snapshot install")
         except TimeoutError:
             return False

@@ -1,8 +1,9 @@
 """One chaos run, phase by phase, and its report.
 
-1. start the cluster under test (real processes, every link through the proxy;
-   or, with ``target="docker"``, docker-compose.yml's project, no proxy: see
-   chaos.docker_cluster) and wait for a leader;
+1. start the cluster under test, a :class:`chaos.target.ChaosTarget`: real
+   processes with every link through the proxy (chaos.cluster), or, with
+   ``target="docker"``, docker-compose.yml's project (chaos.docker_cluster);
+   and wait for a leader;
 2. run the workload and the nemesis together for the time limit, sampling who
    leads (for the liveness checker) and printing progress;
 3. heal everything (stop faults, heal links, resume and restart nodes) and wait
@@ -33,8 +34,8 @@ from chaos.cluster import ChaosCluster
 from chaos.docker_cluster import DockerCluster
 from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
 from chaos.nemesis import Nemesis
-from chaos.netproxy import ProxyThread
 from chaos.report import summary_text, write_results
+from chaos.target import ChaosTarget
 from chaos.workload import Generator, drain, make_client, queue_names, run_worker
 
 LEADER_SAMPLE_EVERY_S = 0.25
@@ -59,7 +60,7 @@ class RunConfig:
     log_level: str = "INFO"
     target: str = "local"  # or "docker": docker-compose.yml's 3 nodes (chaos.docker_cluster)
     # A callback between phase 2 and the heal; tests use it to crash nodes on purpose.
-    before_heal: Callable[[ChaosCluster], None] | None = None
+    before_heal: Callable[[ChaosTarget], None] | None = None
 
 
 class Progress:
@@ -85,44 +86,45 @@ def run(config: RunConfig, progress: Progress | None = None) -> dict[str, Any]:
 
     def now_s() -> float:
         return time.monotonic() - history_start
-    if config.target not in ("local", "docker"):
-        raise ValueError(f"unknown target {config.target!r}: local or docker")
-    proxy = ProxyThread(config.seed) if config.target == "local" else None
-    cluster: ChaosCluster | None = None
+    cluster: ChaosTarget | None = None
     extra: dict[str, Any] = {}
     try:
-        if proxy is None:
-            if config.node_overrides:
-                raise ValueError("the docker target runs docker-compose.yml's node configuration: no node overrides")
-            cluster = DockerCluster(config.nodes, out / "cluster", project=f"rcq-chaos-{config.seed}")
-            progress(f"starting compose project {cluster.project} ({config.nodes} nodes); logs in {cluster.base_dir}")
-        else:
-            cluster = ChaosCluster(config.nodes, proxy, out / "cluster", config.node_overrides, config.log_level)
-            progress(f"starting {config.nodes} nodes in {cluster.base_dir}")
+        cluster = open_target(config, out / "cluster", progress)
         cluster.start()
         leader = cluster.wait_for_leader(config.recovery_timeout_s)
         progress(f"leader: node-{leader}; workload {config.workers} workers x {config.time_limit_s:.0f} s, "
                  f"nemesis {','.join(config.nemesis) or 'none'}, seed {config.seed}")
         timings["start_s"] = time.monotonic() - started
-        extra = asyncio.run(_main_phases(config, cluster, proxy, history, progress, timings, now_s))
+        extra = asyncio.run(_main_phases(config, cluster, history, progress, timings, now_s))
     finally:
         history.close()
-        try:
-            if cluster is not None:
-                cluster.close(keep=True)
-        finally:
-            if proxy is not None:
-                proxy.close()
+        if cluster is not None:
+            cluster.close()
     timings["total_before_check_s"] = time.monotonic() - started
     return _report(config, out, extra, timings, progress)
 
 
-async def _main_phases(config: RunConfig, cluster: ChaosCluster, proxy: ProxyThread | None, history: HistoryWriter,
+def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosTarget:
+    """The cluster under test, not started yet (its logs go under ``base_dir``)."""
+    if config.target == "docker":
+        if config.node_overrides:
+            raise ValueError("the docker target runs docker-compose.yml's node configuration: no node overrides")
+        docker = DockerCluster(config.nodes, base_dir, project=f"rcq-chaos-{config.seed}")
+        progress(f"starting compose project {docker.project} ({config.nodes} nodes); logs in {docker.base_dir}")
+        return docker
+    if config.target != "local":
+        raise ValueError(f"unknown target {config.target!r}: local or docker")
+    local = ChaosCluster(config.nodes, config.seed, base_dir, config.node_overrides, config.log_level)
+    progress(f"starting {config.nodes} nodes in {local.base_dir}")
+    return local
+
+
+async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: HistoryWriter,
                        progress: Progress, timings: dict[str, float], now_s: Callable[[], float]) -> dict[str, Any]:
     queues = queue_names(config.queues)
     urls = cluster.client_urls
     counts: dict[str, int] = {}
-    nemesis = Nemesis(cluster, proxy, history, config.seed, config.nemesis, progress)
+    nemesis = Nemesis(cluster, history, config.seed, config.nemesis, progress)
     leaders: list[dict[str, Any]] = []
     stop = asyncio.Event()
     sampling = asyncio.Event()
@@ -176,28 +178,39 @@ async def _main_phases(config: RunConfig, cluster: ChaosCluster, proxy: ProxyThr
 
     t0 = time.monotonic()
     await _record_open_transactions(urls, history)
-    try:
-        digests: dict[str, Any] = await asyncio.to_thread(cluster.wait_for_convergence, config.convergence_timeout_s)
-    except TimeoutError:
-        digests = await asyncio.to_thread(cluster.digests)
+    digests, agreed = await asyncio.to_thread(_final_digests, cluster, config.convergence_timeout_s)
+    if not agreed:
         progress(f"nodes did not converge: {digests}")
     history.info(CHECKER_INPUT_PROCESS, "digests", digests)
     sampling.set()
     await sampler
     history.info(CHECKER_INPUT_PROCESS, "leaders", leaders)
     timings["convergence_s"] = time.monotonic() - t0
+    links = cluster.link_faults()
     return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
-            "proxy": proxy.stats() if proxy is not None else {"target": "docker"}, "unexpected_exits": cluster.unexpected_exits(),
-            "logs": [str(p) for p in cluster.log_paths()]}
+            "proxy": links.stats() if links is not None else {"target": cluster.target},
+            "unexpected_exits": dict(cluster.unexpected_exits()), "logs": [str(p) for p in cluster.log_paths()]}
 
 
-async def _sample_leaders(cluster: ChaosCluster, now_s: Callable[[], float], leaders: list[dict[str, Any]],
+def _final_digests(cluster: ChaosTarget, timeout_s: float) -> tuple[dict[str, str | None], bool]:
+    """Every node's ``"<digest>@<applied_index>"`` (None: no answer), the convergence checker's
+    input, and whether they all agreed within ``timeout_s`` (if not: as they are then)."""
+    try:
+        agreed = cluster.wait_for_convergence(timeout_s, indices=range(len(cluster.nodes)))
+    except TimeoutError:
+        answers = cluster.digests()
+        return {node.node_id: f"{answers[i]['digest']}@{answers[i]['applied_index']}" if i in answers else None
+                for i, node in enumerate(cluster.nodes)}, False
+    return dict.fromkeys((node.node_id for node in cluster.nodes), f"{agreed['digest']}@{agreed['applied_index']}"), True
+
+
+async def _sample_leaders(cluster: ChaosTarget, now_s: Callable[[], float], leaders: list[dict[str, Any]],
                           stop: asyncio.Event) -> None:
     """Every node that says it is a serving leader, with its term, at every sample (so the
     checker sees when a leader is there again after a fault, not only when one changes).
     Times are the history's."""
     while not stop.is_set():
-        views = await asyncio.to_thread(cluster.poll, cluster.status, cluster.live_indices())
+        views = await asyncio.to_thread(cluster.statuses)
         now = round(now_s(), 6)
         for i, view in sorted(views.items()):
             if view.get("role") == "leader" and view.get("serving"):

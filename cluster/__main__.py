@@ -28,7 +28,8 @@ from types import FrameType
 
 from rcq.client import RcqClient
 from rcq.errors import RcqError
-from rcq.testing.cluster import MANIFEST_NAME, LocalCluster, NodeStartError
+from rcq.testing.cluster import MANIFEST_NAME, LocalCluster
+from rcq.testing.polls import NodeStartError
 
 LEADER_TIMEOUT_S = 60.0
 DEMO_QUEUE = "demo"
@@ -121,7 +122,7 @@ async def run_demo(cluster: LocalCluster, leader: int) -> None:
 
         say("\n== demo: the async client against the cluster ==")
         say(f"1. a transaction enqueues three items into {DEMO_QUEUE!r}")
-        async with client.transaction(timeout=30) as tx:
+        async with client.transaction(timeout_s=30) as tx:
             await tx.enqueue_batch(DEMO_QUEUE, ["apple", "banana", "cherry"])
             say(f"    transaction {tx.transaction_id}: 3 items buffered")
             await show_count("<- before commit: enqueues are invisible")
@@ -133,14 +134,14 @@ async def run_demo(cluster: LocalCluster, leader: int) -> None:
         say(f"    head of {DEMO_QUEUE!r}: {_text(await client.peek(DEMO_QUEUE))} (left in place)")
 
         say("3. dequeue, then abort: the item returns to the head")
-        tx = await client.begin(timeout=30)
+        tx = await client.begin(timeout_s=30)
         say(f"    dequeued {_text(await tx.dequeue(DEMO_QUEUE))}")
         await show_count("<- locked by the open transaction, invisible to others")
         say(f"    aborted: {await tx.abort()} item returned")
         await show_count()
 
         say("4. dequeue, then commit: the item is gone for good")
-        async with client.transaction(timeout=30) as tx:
+        async with client.transaction(timeout_s=30) as tx:
             value = await tx.dequeue(DEMO_QUEUE)
         assert tx.commit_info is not None
         say(f"    dequeued {_text(value)} (the head again) and committed at index {tx.commit_info.index}")

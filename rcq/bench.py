@@ -266,7 +266,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 async def run(args: argparse.Namespace, cluster: LocalCluster | None) -> dict[str, Any]:
-    urls = args.urls.split(",") if args.urls else cluster.urls  # type: ignore[union-attr]
+    urls = cluster.urls if cluster is not None else args.urls.split(",")
     async with RcqClient(urls) as client:
         await client.wait_for_leader(60)
     report: dict[str, Any] = {"config": {

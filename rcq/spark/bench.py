@@ -31,9 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rcq.bench import run_scenario
+from rcq.bench import fresh_cluster, run_scenario
 from rcq.client import RcqClient
-from rcq.testing.cluster import LocalCluster
 
 
 def make_spark(master: str) -> Any:
@@ -103,12 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rcq-duration-s", type=float, default=5.0)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
-    cluster = None
-    if not args.urls:
-        cluster = LocalCluster(3, log_level="WARNING")
-        cluster.start()
-        cluster.wait_for_leader(60)
-    urls = args.urls or ",".join(cluster.urls)  # type: ignore[union-attr]
+    cluster = None if args.urls else fresh_cluster(3)
+    urls = ",".join(cluster.urls) if cluster is not None else args.urls
     config = {"rows": args.rows, "item_bytes": 100, "batch_size": args.batch_size, "partitions": args.partitions,
               "items_per_partition": args.items_per_partition, "master": args.master,
               "nodes": len(urls.split(",")), "cpus": os.cpu_count(), "python": platform.python_version(),

@@ -3,7 +3,8 @@
 * :class:`InMemoryReplicator` (``rcq.testing.replicator``): the Replicator protocol in memory,
   so transactions, the HTTP API and the client are tested fast and deterministically;
 * :func:`wait_until` (``rcq.testing.waits``): poll a condition with a deadline, never a bare sleep;
-* ``rcq.testing.cluster``: real multi-process loopback clusters (tests, chaos, bench, launcher).
+* ``rcq.testing.cluster`` (with ``nodes`` and ``polls``): real multi-process loopback clusters,
+  the one harness of the tests, chaos, the benchmark and the launcher.
 
 ``rcq.testing`` itself imports only the waits; the replicator is loaded on first use so that
 a client-only install (no server extra) can still use the cluster harness and the waits.

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 import chaos.__main__ as chaos_main
-from chaos.cluster import ChaosCluster
 from chaos.docker_cluster import COMPOSE_FILE, DockerCluster, DockerError, run_docker
 from chaos.nemesis import DOCKER_KINDS, KINDS, Nemesis, check_target
+from chaos.target import ChaosTarget
+from rcq.testing.polls import PolledCluster
 
 PROJECT = "rcq-chaos-test"
 PREFIX = ["compose", "-f", str(COMPOSE_FILE), "-p", PROJECT]
@@ -94,7 +95,8 @@ def fake(tmp_path, monkeypatch) -> Fake:
 def http_waits(monkeypatch) -> list[list[int]]:
     """No HTTP: the nodes the harness would wait for are recorded instead."""
     waited: list[list[int]] = []
-    monkeypatch.setattr(ChaosCluster, "wait_for_http", lambda self, indices, timeout_s=0: waited.append(list(indices)))
+    monkeypatch.setattr(PolledCluster, "wait_for_http",
+                        lambda self, indices=None, timeout_s=None: waited.append(list(indices)))
     return waited
 
 
@@ -121,7 +123,7 @@ def test_start_brings_the_compose_project_up_and_waits_for_every_node(fake, http
     assert http_waits == [[0, 1, 2]]
     assert cluster.client_urls == ["http://127.0.0.1:7001", "http://127.0.0.1:7002", "http://127.0.0.1:7003"]
     assert cluster.live_indices() == [0, 1, 2]
-    assert cluster.status.__func__ is ChaosCluster.status  # HTTP views straight to the published ports
+    assert cluster.status.__func__ is PolledCluster.status  # HTTP views straight to the published ports
     assert cluster.nodes[2].direct_url == "http://127.0.0.1:7003"
 
 
@@ -184,12 +186,12 @@ def test_logs_come_from_compose(cluster, fake):
     assert fake.calls() == [["compose", "logs", "--no-color", "node-0"]]
 
 
-def test_heal_processes_resumes_reconnects_and_restarts(cluster, fake, http_waits):
+def test_heal_resumes_reconnects_and_restarts(cluster, fake, http_waits):
     cluster.pause_node(0)
     cluster.isolate_nodes([1])
     cluster.kill_node(2)
     fake.calls()
-    assert cluster.heal_processes() == [2]
+    assert cluster.heal() == [2]
     assert fake.calls() == [
         ["unpause", "cid-node-0"],
         ["network", "connect", "--alias", "node-1", NETWORK, "cid-node-1"],
@@ -237,6 +239,11 @@ def test_every_command_has_a_timeout(fake, monkeypatch):
         run_docker(["ps"], timeout_s=0.3)
 
 
+def test_it_is_a_chaos_target_with_whole_node_isolation_and_no_link_faults(cluster):
+    assert isinstance(cluster, ChaosTarget) and cluster.target == "docker"
+    assert cluster.link_faults() is None and cluster.node_isolation() is cluster
+
+
 def test_only_the_compose_files_three_nodes(tmp_path):
     with pytest.raises(ValueError, match="3 nodes, not 5"):
         DockerCluster(5, tmp_path)
@@ -254,7 +261,7 @@ class History:
 
 def test_the_nemesis_partitions_docker_nodes_whole_and_heals_them(cluster, fake, monkeypatch):
     monkeypatch.setattr(DockerCluster, "leader", lambda self: 1)
-    nemesis = Nemesis(cluster, None, History(), 5, ["partition"])
+    nemesis = Nemesis(cluster, History(), 5, ["partition"])
     seen = set()
     for salt in range(12):
         fault = nemesis._begin("partition", random.Random(salt))
@@ -273,7 +280,7 @@ def test_the_nemesis_partitions_docker_nodes_whole_and_heals_them(cluster, fake,
 def test_the_nemesis_heal_on_docker_reconnects_resumes_and_restarts(cluster, fake, http_waits, monkeypatch):
     monkeypatch.setattr(DockerCluster, "leader", lambda self: 0)
     history = History()
-    nemesis = Nemesis(cluster, None, history, 1, ["kill", "pause", "partition"])
+    nemesis = Nemesis(cluster, history, 1, ["kill", "pause", "partition"])
 
     async def faults_then_heal() -> None:
         await nemesis._start("partition", random.Random(0))
@@ -294,7 +301,7 @@ def test_the_nemesis_heal_on_docker_reconnects_resumes_and_restarts(cluster, fak
 @pytest.mark.parametrize("kind", ["one-way", "client-partition", "delay", "loss"])
 def test_the_nemesis_refuses_faults_docker_cannot_make(cluster, kind):
     with pytest.raises(ValueError, match=f"nemesis {kind} not supported with --target docker: .*whole-node"):
-        Nemesis(cluster, None, History(), 1, ["kill", kind])
+        Nemesis(cluster, History(), 1, ["kill", kind])
 
 
 def test_the_docker_kinds():

@@ -22,8 +22,9 @@ class RecordingProxy:
 
 
 def make_nemesis(proxy: RecordingProxy) -> Nemesis:
-    cluster: Any = SimpleNamespace(nodes=[0, 1, 2])
-    return Nemesis(cluster, proxy, history=None, seed=1, kinds=["partition", "delay"])  # type: ignore[arg-type]
+    cluster: Any = SimpleNamespace(nodes=[0, 1, 2], target="local", link_faults=lambda: proxy,
+                                   node_isolation=lambda: None)
+    return Nemesis(cluster, history=None, seed=1, kinds=["partition", "delay"])
 
 
 def test_a_delay_started_during_a_partition_does_not_heal_it() -> None:

@@ -1,7 +1,7 @@
 """The LocalCluster harness tested on its own: its waits must be able to fail as well as succeed.
 
-The pure decisions (who is leader, have the nodes converged) are tested on
-made-up views; the waits, signals and restarts on real node processes.
+The pure decisions (who is leader, have the nodes converged) and the bounded poll are tested
+on made-up views; the waits, signals and restarts on real node processes.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -18,14 +20,9 @@ from typing import Any
 
 import pytest
 
-from rcq.testing.cluster import (
-    STOP_TIMEOUT_S,
-    LocalCluster,
-    NodeStartError,
-    converged,
-    free_ports,
-    leader_from_views,
-)
+from rcq.testing.cluster import LocalCluster
+from rcq.testing.nodes import STOP_TIMEOUT_S, free_ports
+from rcq.testing.polls import NodeStartError, converged, deadline_loop, leader_from_views, poll_until
 
 URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
 LEADER_TIMEOUT_S = 60.0
@@ -105,6 +102,32 @@ def test_converged_needs_every_live_node_to_answer_the_same_digest_at_the_same_i
     assert not converged({}, [])
 
 
+def test_poll_until_returns_the_first_answer_that_is_not_none() -> None:
+    answers = iter([None, None, 0, 5])
+    assert poll_until(lambda: next(answers), timeout_s=5, what="an answer", interval_s=0.001) == 0
+
+
+def test_poll_until_gives_up_at_its_deadline_and_says_what_it_waited_for() -> None:
+    calls = []
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^nothing came within 0.2 s$"):
+        poll_until(lambda: calls.append(1), timeout_s=0.2, what="nothing came", interval_s=0.01)
+    assert 0.2 <= time.monotonic() - started < 2
+    assert len(calls) >= 2  # asked again until the deadline, not once
+
+
+def test_a_deadline_loop_runs_at_least_once_even_with_no_time_left() -> None:
+    assert sum(1 for _ in deadline_loop(0.0)) == 1
+
+
+def test_the_harness_loads_nothing_of_the_server_nor_its_libraries() -> None:
+    # It starts `python -m rcq serve` processes and talks HTTP: a client-only install must do.
+    code = ("import sys, rcq.testing.cluster; print(sorted({m.split('.')[0] if not m.startswith('rcq.') else m"
+            " for m in sys.modules if m.startswith(('rcq.server', 'pysyncobj', 'lmdb', 'aiohttp'))}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def test_free_ports_are_distinct_and_bindable() -> None:
     ports = free_ports(8)
     assert len(set(ports)) == 8
@@ -153,6 +176,45 @@ def test_a_paused_node_is_neither_asked_nor_waited_for(healthy_cluster: LocalClu
     healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
     assert count_on(healthy_cluster, old, queue) == 2
     assert healthy_cluster.status(old)["leader_url"] == healthy_cluster.url(new)
+
+
+@pytest.mark.cluster
+def test_leader_is_one_poll_and_none_without_a_majority(healthy_cluster: LocalCluster) -> None:
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    healthy_cluster.wait_for_applied(LEADER_TIMEOUT_S)  # every follower names it by now
+    assert healthy_cluster.leader() == leader
+    assert set(healthy_cluster.statuses()) == {0, 1, 2}
+    followers = [i for i in range(3) if i != leader]
+    for i in followers:
+        healthy_cluster.pause_node(i)
+    assert set(healthy_cluster.statuses()) == {leader}  # paused nodes are not asked
+    assert healthy_cluster.leader() is None  # its own view is no majority
+
+
+@pytest.mark.cluster
+def test_a_convergence_wait_on_given_nodes_waits_for_a_paused_one(healthy_cluster: LocalCluster) -> None:
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    follower = (leader + 1) % 3
+    healthy_cluster.pause_node(follower)
+    enqueue(healthy_cluster, leader, fresh_queue(), ["p"])
+    healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)  # the live nodes agree
+    with pytest.raises(TimeoutError, match=r"nodes \[0, 1, 2\] did not converge") as raised:
+        healthy_cluster.wait_for_convergence(0.3, indices=range(3))
+    assert "paused" in str(raised.value)
+    healthy_cluster.resume_node(follower)
+    agreed = healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S, indices=range(3))
+    assert {(d["digest"], d["applied_index"]) for d in healthy_cluster.digests().values()} == {
+        (agreed["digest"], agreed["applied_index"])}
+
+
+@pytest.mark.cluster
+def test_a_requested_snapshot_is_taken(healthy_cluster: LocalCluster) -> None:
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    enqueue(healthy_cluster, leader, fresh_queue(), ["s"])
+    before = int(healthy_cluster.status(leader)["snapshot_count"])
+    healthy_cluster.request_snapshot(leader)
+    poll_until(lambda: True if int(healthy_cluster.status(leader)["snapshot_count"]) > before else None,
+               LEADER_TIMEOUT_S, "no snapshot")
 
 
 @pytest.mark.cluster

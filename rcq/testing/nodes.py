@@ -1,0 +1,221 @@
+"""One node of a loopback cluster: its ports, its files and its ``python -m rcq serve`` process.
+
+A :class:`LocalNode` is a node's fixed identity (id, HTTP and Raft ports, directory; stable
+across restarts) plus the process running it now, if any. Its methods are the process
+mechanics: start it in its own session with its output appended to its log file, signal its
+whole process group (so kill -9, SIGSTOP and SIGCONT reach it and anything it forked, and
+nothing else), stop it, forget it. Also here: free loopback ports, files only their owner
+may read, the tail of a log.
+
+What a cluster does with its nodes (configs, the manifest, heal, close) is
+:mod:`rcq.testing.cluster`; what nodes say over HTTP and the waits on it is
+:mod:`rcq.testing.polls`.
+
+Must not import: rcq.server (a node is a separate process), pysyncobj, lmdb, aiohttp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL after this
+LOG_TAIL_BYTES = 6_000
+
+
+# ------------------------------------------------------------------ free ports
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports the OS reports free (all bound at once, so no repeats)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((HOST, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def check_ports_free(ports: Iterable[int]) -> None:
+    """Raise OSError naming the first port something listens on (TIME_WAIT leftovers are fine:
+    the nodes bind with SO_REUSEADDR too)."""
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((HOST, port))
+            except OSError as exc:
+                raise OSError(f"port {HOST}:{port} is not free: {exc}") from exc
+
+
+# ------------------------------------------------------------------ files
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only, from the first byte on."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
+    os.chmod(tmp, 0o600)  # O_CREAT's mode does not apply when the file already existed
+    os.replace(tmp, path)
+
+
+def read_tail(path: Path, tail_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``tail_bytes`` of a log file, without reading the whole file."""
+    try:
+        with open(path, "rb") as log_file:
+            log_file.seek(0, os.SEEK_END)
+            size = log_file.tell()
+            log_file.seek(max(0, size - tail_bytes))
+            text = log_file.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return "(no log yet)"
+    return ("...\n" if size > tail_bytes else "") + text
+
+
+# ------------------------------------------------------------------ a node
+@dataclasses.dataclass
+class LocalNode:
+    """One node's fixed identity (stable across restarts) and its current process.
+
+    A node is *live* when its process runs and is not paused: only live nodes are polled.
+    """
+
+    index: int
+    node_id: str
+    http_port: int
+    raft_port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        """Its own HTTP port (what the harness polls; clients may be given another URL)."""
+        return f"http://{HOST}:{self.http_port}"
+
+    @property
+    def raft_address(self) -> str:
+        return f"{HOST}:{self.raft_port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "config.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "node.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def running(self) -> bool:
+        """Its process exists and has not exited (it may be paused)."""
+        return self.process is not None and self.process.poll() is None
+
+    def live(self) -> bool:
+        return self.running() and not self.paused
+
+    def describe(self) -> str:
+        if self.process is None:
+            return "stopped"
+        code = self.process.poll()
+        if code is not None:
+            return f"exited with {code}"
+        return f"pid {self.process.pid}" + (" paused" if self.paused else "")
+
+    # ------------------------------------------------------------ process
+    def spawn(self, log_level: str) -> int:
+        """Start ``python -m rcq serve`` on its config file; returns the pid."""
+        if self.running():
+            raise RuntimeError(f"{self.node_id} is already running ({self.describe()})")
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env = {k: v for k, v in os.environ.items() if k != "RCQ_CLUSTER_SECRET"}  # the config file decides
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self.log_path, "ab") as log_file:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log_file.write(f"===== {stamp} start #{self.starts + 1} of {self.node_id} =====\n".encode())
+            log_file.flush()
+            # Its own session: a signal sent to the test runner or the launcher's terminal never
+            # reaches it, and its process group holds exactly it and what it forks.
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rcq", "serve", "--config", str(self.config_path), "--log-level", log_level],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True, env=env, cwd=self.directory)
+        self.paused = False
+        self.starts += 1
+        log.debug("started %s pid %d", self.node_id, self.process.pid)
+        return self.process.pid
+
+    def signal_group(self, signum: signal.Signals) -> None:
+        # The node leads its own session and process group, so the group id is its pid.
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signum)
+
+    def pause(self) -> None:
+        """SIGSTOP: it keeps its sockets but answers nothing until resumed."""
+        if not self.running():
+            raise RuntimeError(f"{self.node_id} is not running ({self.describe()})")
+        self.signal_group(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.running():
+            self.signal_group(signal.SIGCONT)
+        self.paused = False
+
+    def kill(self) -> int | None:
+        """SIGKILL it and anything it forked, as a crash would; returns its exit code."""
+        if self.process is None:
+            return None
+        self.signal_group(signal.SIGKILL)
+        self.process.wait(STOP_TIMEOUT_S)
+        return self.forget()
+
+    def request_stop(self) -> None:
+        """SIGTERM, without waiting (so a cluster's nodes shut down in parallel)."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        if self.paused:  # a stopped process would hold SIGTERM until continued
+            self.resume()
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+
+    def finish_stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """Wait up to ``timeout_s`` for it to exit, SIGKILL it if it has not; returns its exit code."""
+        if self.process is None:
+            return None
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s ignored SIGTERM for %.1f s; killing it", self.node_id, timeout_s)
+        self.signal_group(signal.SIGKILL)  # also a forked snapshot writer, which must not outlive it
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(STOP_TIMEOUT_S)
+        return self.forget()
+
+    def forget(self) -> int | None:
+        """Drop the process (it has exited); returns its exit code."""
+        code = self.process.returncode if self.process is not None else None
+        self.process = None
+        self.paused = False
+        return code

@@ -1,0 +1,291 @@
+"""What a cluster's nodes say over HTTP, and the bounded waits built on it.
+
+:class:`PolledCluster` is the part of a cluster harness that only asks: each node's
+``/v1/cluster``, ``/v1/cluster/digest`` and ``/healthz``, polled in parallel with a short
+socket timeout; who leads; and the waits (nodes answering, a serving leader, every node has
+applied, every node has the same state digest). Every wait is bounded by a deadline and
+fails with a ``TimeoutError`` showing what each node said last. Subclasses supply the nodes
+and how to reach them: :class:`rcq.testing.cluster.LocalCluster` (processes on loopback) and
+the chaos harness's docker-compose target.
+
+Everything is synchronous (``urllib``, one thread per node polled), so it works from plain
+pytest fixtures, scripts and the worker threads of an asyncio program alike. Only *live*
+nodes (running, not paused, reachable) are polled: asking a SIGSTOPped node would only
+cost a socket timeout per poll.
+
+Must not import: rcq.server, pysyncobj, lmdb, aiohttp (standard-library HTTP only).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+
+POLL_TIMEOUT_S = 1.0  # socket timeout of one poll: a stuck node must not stall a wait
+POLL_INTERVAL_S = 0.05
+START_TIMEOUT_S = 30.0
+WAIT_TIMEOUT_S = 30.0
+# Keys of /v1/cluster worth showing in a TimeoutError (the whole body is noisy).
+STATUS_SUMMARY_KEYS = ("role", "term", "leader_id", "serving", "commit_index", "last_applied", "has_quorum")
+
+
+class NodeStartError(RuntimeError):
+    """A node exited while the harness waited for it to answer (its log tail is in the message)."""
+
+
+# ------------------------------------------------------------------ HTTP
+# No proxy: an http_proxy variable in the environment must not route loopback polls elsewhere.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_json(url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET") -> dict[str, Any]:
+    """One request straight to a node, decoding its JSON body; error statuses with a JSON body
+    (``/readyz``'s 503, say) are answers too."""
+    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=timeout_s) as response:
+            return dict(json.loads(response.read()))
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            return dict(json.loads(body))
+        except ValueError:
+            raise exc from None
+
+
+# ------------------------------------------------------- decisions (pure, tested)
+def majority(size: int) -> int:
+    return size // 2 + 1
+
+
+def leader_from_views(views: dict[int, dict[str, Any]], urls: Sequence[str]) -> int | None:
+    """The node that says it is leader and serving, whose URL a majority of the whole cluster
+    (``len(urls)``) names as leader in ``views`` (index -> /v1/cluster body); else None.
+
+    ``urls`` are the URLs the nodes advertise (what they put in ``leader_url``). The majority
+    is of the cluster, not of the nodes that answered: a node cut off from the others may
+    still call itself leader for a while, and its own view alone must not count.
+    """
+    for index, view in views.items():
+        if view.get("role") != "leader" or not view.get("serving"):
+            continue
+        agreeing = sum(1 for other in views.values() if other.get("leader_url") == urls[index])
+        if agreeing >= majority(len(urls)):
+            return index
+    return None
+
+
+def converged(digests: dict[int, dict[str, Any] | None], wanted: Iterable[int]) -> bool:
+    """True when every wanted node answered, all with the same digest at the same applied index."""
+    answers = [digests.get(i) for i in wanted]
+    if not answers or any(a is None for a in answers):
+        return False
+    return len({(a["digest"], a["applied_index"]) for a in answers if a is not None}) == 1
+
+
+# ------------------------------------------------------------------ deadlines
+def deadline_loop(timeout_s: float, interval_s: float = POLL_INTERVAL_S) -> Iterator[None]:
+    """Yield until ``timeout_s`` has passed (always at least once), sleeping between iterations."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        yield
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval_s)
+
+
+def poll_until(attempt: Callable[[], T | None], timeout_s: float, what: str,
+               interval_s: float = POLL_INTERVAL_S) -> T:
+    """The first result of ``attempt`` that is not None; ``TimeoutError("{what} within ...")``
+    once ``timeout_s`` has passed without one."""
+    for _ in deadline_loop(timeout_s, interval_s):
+        result = attempt()
+        if result is not None:
+            return result
+    raise TimeoutError(f"{what} within {timeout_s} s")
+
+
+# ------------------------------------------------------------------ the nodes
+class PolledNode(Protocol):
+    """What polling needs to know of a node besides its URL."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    def running(self) -> bool: ...
+
+    def live(self) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+N = TypeVar("N", bound=PolledNode)
+
+
+class PolledCluster(Generic[N]):
+    """HTTP views of ``nodes`` and the waits on them; see the module docstring.
+
+    A subclass sets ``nodes`` and implements :attr:`urls`, :meth:`poll_url` and :meth:`log_tail`.
+    """
+
+    nodes: list[N]
+    start_timeout_s: float = START_TIMEOUT_S  # a node's start, up to answering /healthz
+    poll_interval_s: float = POLL_INTERVAL_S
+
+    @property
+    def urls(self) -> list[str]:
+        """The URL each node advertises: clients use them, and a node names its leader by one."""
+        raise NotImplementedError
+
+    def poll_url(self, i: int) -> str:
+        """Where the harness itself asks node ``i`` (straight to it, past anything clients cross)."""
+        raise NotImplementedError
+
+    def log_tail(self, i: int) -> str:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- views
+    def live_indices(self) -> list[int]:
+        return [i for i, node in enumerate(self.nodes) if node.live()]
+
+    def running_indices(self) -> list[int]:
+        return [i for i, node in enumerate(self.nodes) if node.running()]
+
+    def status(self, i: int, timeout_s: float = POLL_TIMEOUT_S) -> dict[str, Any]:
+        """Node ``i``'s GET /v1/cluster (raises OSError if it does not answer)."""
+        return http_json(self.poll_url(i) + "/v1/cluster", timeout_s)
+
+    def digest(self, i: int, timeout_s: float = POLL_TIMEOUT_S) -> dict[str, Any]:
+        """Node ``i``'s GET /v1/cluster/digest: ``digest`` and ``applied_index``."""
+        return http_json(self.poll_url(i) + "/v1/cluster/digest", timeout_s)
+
+    def request_snapshot(self, i: int, timeout_s: float = POLL_TIMEOUT_S) -> dict[str, Any]:
+        """Ask node ``i`` to snapshot and compact its log now (POST /v1/admin/snapshot)."""
+        return http_json(self.poll_url(i) + "/v1/admin/snapshot", timeout_s, method="POST")
+
+    def poll(self, fetch: Callable[[int], T], indices: Sequence[int]) -> tuple[dict[int, T], dict[int, str]]:
+        """Call ``fetch`` on each node in parallel: (answers, errors) by index."""
+        answers: dict[int, T] = {}
+        errors: dict[int, str] = {}
+        if not indices:
+            return answers, errors
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(indices)) as pool:
+            futures = {i: pool.submit(fetch, i) for i in indices}
+            for i, future in futures.items():
+                try:
+                    answers[i] = future.result()
+                except (OSError, ValueError) as exc:  # refused, timed out, garbled
+                    errors[i] = f"{type(exc).__name__}: {exc}"
+        return answers, errors
+
+    def statuses(self, indices: Sequence[int] | None = None) -> dict[int, dict[str, Any]]:
+        """/v1/cluster of the given nodes (default: the live ones) that answered."""
+        return self.poll(self.status, self.live_indices() if indices is None else indices)[0]
+
+    def digests(self, indices: Sequence[int] | None = None) -> dict[int, dict[str, Any]]:
+        """/v1/cluster/digest of the given nodes (default: the live ones) that answered."""
+        return self.poll(self.digest, self.live_indices() if indices is None else indices)[0]
+
+    def leader(self) -> int | None:
+        """The serving leader a majority of the cluster names, from one poll of the live nodes."""
+        return leader_from_views(self.statuses(), self.urls)
+
+    def describe_seen(self, answers: dict[int, dict[str, Any]], errors: dict[int, str],
+                      keys: Sequence[str] = STATUS_SUMMARY_KEYS) -> str:
+        """One line per node: its state here and what it answered last (for a TimeoutError)."""
+        lines = []
+        for i, node in enumerate(self.nodes):
+            if i in answers:
+                seen = ", ".join(f"{k}={answers[i].get(k)!r}" for k in keys)
+            elif i in errors:
+                seen = f"no answer: {errors[i]}"
+            else:
+                seen = "not polled"
+            lines.append(f"  {node.node_id} {self.poll_url(i)} [{node.describe()}]: {seen}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------- waits
+    def wait_for_http(self, indices: Iterable[int] | None = None, timeout_s: float | None = None) -> None:
+        """Wait until the given nodes (default: the live ones) answer GET /healthz.
+
+        Raises NodeStartError at once if one of them is no longer running, with its log tail.
+        """
+        timeout_s = self.start_timeout_s if timeout_s is None else timeout_s
+        pending = set(self.live_indices() if indices is None else indices)
+        errors: dict[int, str] = {}
+        for _ in deadline_loop(timeout_s, self.poll_interval_s):
+            for i in sorted(pending):
+                node = self.nodes[i]
+                if not node.running():
+                    raise NodeStartError(f"{node.node_id} {node.describe()} while starting; its log:\n"
+                                         + self.log_tail(i))
+            answers, errors = self.poll(lambda i: http_json(self.poll_url(i) + "/healthz"), sorted(pending))
+            pending -= set(answers)
+            if not pending:
+                return
+        raise TimeoutError(f"nodes {sorted(pending)} did not answer /healthz within {timeout_s} s:\n"
+                           + self.describe_seen({}, errors))
+
+    def wait_for_leader(self, timeout_s: float = WAIT_TIMEOUT_S) -> int:
+        """Index of the node that is leader *and* serving, named as leader by a majority of the
+        cluster among the live nodes' /v1/cluster views. Paused and stopped nodes are not asked.
+        """
+        answers: dict[int, dict[str, Any]] = {}
+        errors: dict[int, str] = {}
+        for _ in deadline_loop(timeout_s, self.poll_interval_s):
+            answers, errors = self.poll(self.status, self.live_indices())
+            leader = leader_from_views(answers, self.urls)
+            if leader is not None:
+                return leader
+        raise TimeoutError(f"no serving leader agreed by {majority(len(self.nodes))} of {len(self.nodes)} "
+                           f"nodes within {timeout_s} s; last seen:\n" + self.describe_seen(answers, errors))
+
+    def wait_for_applied(self, timeout_s: float = WAIT_TIMEOUT_S) -> int:
+        """Wait until every live node has applied the commit index the leader reported when it
+        was first found by this call; returns that index. Finding the leader counts against the
+        same deadline.
+        """
+        target: int | None = None
+        answers: dict[int, dict[str, Any]] = {}
+        errors: dict[int, str] = {}
+        for _ in deadline_loop(timeout_s, self.poll_interval_s):
+            live = self.live_indices()
+            answers, errors = self.poll(self.status, live)
+            if target is None:
+                leader = leader_from_views(answers, self.urls)
+                if leader is None:
+                    continue
+                target = int(answers[leader]["commit_index"])
+            if all(i in answers and int(answers[i]["last_applied"]) >= target for i in live):
+                return target
+        what = "no serving leader was found" if target is None else f"live nodes did not apply index {target}"
+        raise TimeoutError(f"{what} within {timeout_s} s; last seen:\n" + self.describe_seen(answers, errors))
+
+    def wait_for_convergence(self, timeout_s: float = WAIT_TIMEOUT_S,
+                             indices: Iterable[int] | None = None) -> dict[str, Any]:
+        """Wait until the given nodes (default: every live one, whichever they are at each poll)
+        report the same state digest at the same applied index; returns ``{"digest",
+        "applied_index"}``. A given node that is not live counts as not converged yet.
+        """
+        fixed = None if indices is None else sorted(indices)
+        answers: dict[int, dict[str, Any]] = {}
+        errors: dict[int, str] = {}
+        wanted: list[int] = []
+        for _ in deadline_loop(timeout_s, self.poll_interval_s):
+            live = self.live_indices()
+            wanted = live if fixed is None else fixed
+            answers, errors = self.poll(self.digest, [i for i in wanted if i in live])
+            if converged(dict(answers), wanted):
+                first = answers[wanted[0]]
+                return {"digest": first["digest"], "applied_index": first["applied_index"]}
+        who = "live nodes" if fixed is None else f"nodes {wanted}"
+        raise TimeoutError(f"{who} did not converge within {timeout_s} s; last seen:\n"
+                           + self.describe_seen(answers, errors, ("applied_index", "digest")))
