@@ -1,6 +1,6 @@
 """The run's verdict for people and for machines: a text summary and a results JSON.
 
-``summary_text`` turns ``chaos.checker.check``'s result into a few lines:
+``summary_text`` turns ``chaos.checkers.check``'s result into a few lines:
 VALID or INVALID, the seed that reproduces the run, and one line per
 checker with its counts and first offenders. ``write_results`` stores the
 whole result with the run's parameters as JSON. The PNG timeline is the

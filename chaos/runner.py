@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaos.checker import check
+from chaos.checkers import check
 from chaos.cluster import ChaosCluster
 from chaos.docker_cluster import DockerCluster
 from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
@@ -284,7 +284,7 @@ def plot_timeline(history: list[dict[str, Any]], path: Path, title: str = "rcq c
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from chaos.checker import fault_windows
+    from chaos.checkers import fault_windows
     from chaos.history import pair_ops
 
     pairs = [p for p in pair_ops(history) if p.completion is not None]

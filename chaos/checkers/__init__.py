@@ -1,6 +1,71 @@
-"""The chaos checkers, one module per concern; ``chaos.checker.check`` runs them all.
+"""The chaos checkers: ``check(history) -> dict`` runs them all, with an overall ``"valid"``.
 
-Each checker is ``check_x(history) -> dict`` with a ``"valid"`` key, counts
-and at most 20 sample offenders per kind. Pure Python: imports nothing
-from rcq.
+Jepsen's protocol: a checker reads the whole history after the run (after the final heal and
+drain) and says whether it is valid. One module per concern (``queue``: lost, duplicated,
+unexpected items and atomicity; ``aborts``: aborted items come back; ``cluster``: convergence
+and liveness; ``ordering``), each ``check_x(...) -> dict`` with a ``"valid"`` key, counts and at
+most 20 sample offenders per kind; ``model`` parses the history once for them. Ordering and the
+liveness timings are metrics: only stuck transactions make liveness invalid, nothing makes
+ordering so. ``python -m chaos.checkers history.jsonl`` re-checks a saved history.
+
+Pure Python: imports nothing from rcq.
 """
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from chaos.checkers.aborts import check_aborted_return
+from chaos.checkers.cluster import check_convergence, check_liveness, fault_windows
+from chaos.checkers.model import build_model
+from chaos.checkers.ordering import check_ordering
+from chaos.checkers.queue import check_atomicity, check_total_queue
+from chaos.history import NEMESIS_PROCESS, read_history
+
+__all__ = [
+    "CHECKER_NAMES",
+    "check",
+    "check_aborted_return",
+    "check_atomicity",
+    "check_convergence",
+    "check_file",
+    "check_liveness",
+    "check_ordering",
+    "check_total_queue",
+    "fault_windows",
+]
+
+CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "convergence", "liveness", "ordering")
+
+
+def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Run every checker; ``valid`` is true only when all of them are."""
+    history = list(history)
+    model = build_model(history)  # parsed once, shared by the queue checkers
+    results: dict[str, Any] = {
+        "total_queue": check_total_queue(model),
+        "atomicity": check_atomicity(model),
+        "aborted_return": check_aborted_return(model),
+        "convergence": check_convergence(history),
+        "liveness": check_liveness(history),
+        "ordering": check_ordering(model),
+    }
+    op_counts = Counter(f"{op.f}:{op.type}" for op in model.ops)
+    return {
+        "valid": all(results[name]["valid"] for name in CHECKER_NAMES),
+        "invalid_checkers": [name for name in CHECKER_NAMES if not results[name]["valid"]],
+        **results,
+        "stats": {
+            "history_lines": len(history),
+            "client_ops": len(model.ops),
+            "nemesis_lines": sum(1 for op in history if op.get("process") == NEMESIS_PROCESS),
+            "ops_by_f_and_type": dict(sorted(op_counts.items())),
+        },
+    }
+
+
+def check_file(path: str | Path) -> dict[str, Any]:
+    return check(read_history(path))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from chaos.checker import (
+from chaos.checkers import (
     check,
     check_aborted_return,
     check_atomicity,
@@ -25,8 +25,8 @@ from chaos.checker import (
     check_liveness,
     check_ordering,
     check_total_queue,
-    main,
 )
+from chaos.checkers.__main__ import main
 from chaos.checkers.ordering import _count_inversions
 from chaos.history import HistoryError, HistoryWriter, pair_ops, read_history
 from chaos.report import summary_text, write_results
