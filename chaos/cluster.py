@@ -44,8 +44,8 @@ POLL_INTERVAL_S = 0.1  # the harness's polls share two cores with the nodes and 
 # snapshot installs happen *during* faults.
 CHAOS_NODE_OVERRIDES: dict[str, Any] = {
     "transaction_timeout_default_s": 10.0,
-    "log_compaction_min_entries": 200,
-    "log_compaction_min_time_s": 5.0,
+    "log_compaction_entries_min": 200,
+    "log_compaction_interval_s": 5.0,
     "commit_timeout_s": 5.0,
 }
 

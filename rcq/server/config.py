@@ -21,6 +21,15 @@ from rcq.errors import InvalidRequest
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 HOST_PORT_PATTERN = r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$"
+# Fields renamed so that units and qualifiers come last: an old config file gets a clear error.
+RENAMED_FIELDS = {
+    "raft_min_timeout_s": "raft_timeout_min_s",
+    "raft_max_timeout_s": "raft_timeout_max_s",
+    "log_compaction_min_entries": "log_compaction_entries_min",
+    "log_compaction_min_time_s": "log_compaction_interval_s",
+    "commands_queue_size": "commands_queued_max",
+    "closed_transactions_remembered": "closed_transactions_remembered_max",
+}
 
 
 class PeerConfig(BaseModel):
@@ -58,7 +67,8 @@ class NodeConfig(BaseModel):
     transactions_open_max: int = Field(10_000, ge=1, description="open transactions on the leader before 429")
     dequeue_wait_max_ms: int = Field(30_000, ge=0, description="longest a dequeue may wait for an item")
     dequeue_items_max: int = Field(limits.DEQUEUE_ITEMS_MAX, ge=1, description="most items one dequeue may return")
-    closed_transactions_remembered: int = Field(50_000, ge=0, description="recently aborted/expired ids kept for status answers")
+    closed_transactions_remembered_max: int = Field(
+        50_000, ge=0, description="recently aborted/expired ids kept for status answers")
 
     # --- sizes
     item_bytes_max: int = Field(1 << 20, ge=1, description="largest item")
@@ -74,21 +84,21 @@ class NodeConfig(BaseModel):
     commits_in_flight_max: int = Field(32, ge=1, description="Raft entries proposed but not yet applied")
 
     # --- Raft (see README: why these values)
-    raft_min_timeout_s: float = Field(0.8, gt=0, description="minimum election timeout")
-    raft_max_timeout_s: float = Field(1.6, gt=0, description="maximum election timeout")
+    raft_timeout_min_s: float = Field(0.8, gt=0, description="minimum election timeout")
+    raft_timeout_max_s: float = Field(1.6, gt=0, description="maximum election timeout")
     leader_fallback_timeout_s: float = Field(
-        0.6, gt=0, description="a leader without a majority steps down after this; must be below raft_min_timeout_s")
+        0.6, gt=0, description="a leader without a majority steps down after this; must be below raft_timeout_min_s")
     append_entries_batched: bool = Field(
         False, description="hold entries for append_entries_period_s and send them together (pysyncobj's "
                            "appendEntriesUseBatch); off: send each entry at once, rcq's group commit batches")
     append_entries_period_s: float = Field(0.02, gt=0, description="heartbeat period; with batching, how often entries go out")
     auto_tick_period_s: float = Field(0.005, gt=0, description="pysyncobj tick thread period")
-    connection_timeout_s: float = Field(3.5, gt=0, description="peer connection timeout; at least raft_max_timeout_s")
-    log_compaction_min_entries: int = Field(50_000, ge=2, description="snapshot once the log holds this many entries")
-    log_compaction_min_time_s: float = Field(300.0, gt=0, description="...or this long after the last snapshot")
+    connection_timeout_s: float = Field(3.5, gt=0, description="peer connection timeout; at least raft_timeout_max_s")
+    log_compaction_entries_min: int = Field(50_000, ge=2, description="snapshot once the log holds this many entries")
+    log_compaction_interval_s: float = Field(300.0, gt=0, description="...or this long after the last snapshot")
     log_compaction_bytes: int = Field(
         64 << 20, ge=1 << 16, description="...or once the journal holds this many bytes (bounds the log kept in RAM)")
-    commands_queue_size: int = Field(20_000, ge=100, description="pysyncobj's queue of proposed commands")
+    commands_queued_max: int = Field(20_000, ge=100, description="pysyncobj's queue of proposed commands")
     unsafe_memory_journal: bool = Field(
         False, description="keep the Raft log in memory only: a crash loses acknowledged commits. Exists so "
                            "the chaos harness can prove it detects loss; never use it for data you keep")
@@ -100,13 +110,13 @@ class NodeConfig(BaseModel):
         if self.cluster_secret is None and not self.insecure:
             raise ValueError("cluster_secret is required (Raft traffic is pickled); "
                              "set insecure=true only for local development")
-        if self.raft_min_timeout_s >= self.raft_max_timeout_s:
-            raise ValueError("raft_min_timeout_s must be below raft_max_timeout_s")
-        if self.leader_fallback_timeout_s >= self.raft_min_timeout_s:
-            raise ValueError("leader_fallback_timeout_s must be below raft_min_timeout_s, "
+        if self.raft_timeout_min_s >= self.raft_timeout_max_s:
+            raise ValueError("raft_timeout_min_s must be below raft_timeout_max_s")
+        if self.leader_fallback_timeout_s >= self.raft_timeout_min_s:
+            raise ValueError("leader_fallback_timeout_s must be below raft_timeout_min_s, "
                              "or a partitioned leader serves beside the new one")
-        if self.connection_timeout_s < self.raft_max_timeout_s:
-            raise ValueError("connection_timeout_s must be at least raft_max_timeout_s")
+        if self.connection_timeout_s < self.raft_timeout_max_s:
+            raise ValueError("connection_timeout_s must be at least raft_timeout_max_s")
         if self.transaction_timeout_default_s > self.transaction_timeout_max_s:
             raise ValueError("transaction_timeout_default_s must not exceed transaction_timeout_max_s")
         if self.item_bytes_max > self.body_bytes_max:
@@ -148,6 +158,10 @@ def load_config(path: Path | None = None, **overrides: Any) -> NodeConfig:
         except (OSError, json.JSONDecodeError) as exc:
             raise InvalidRequest(f"cannot read config {path}: {exc}") from exc
     data.update({k: v for k, v in overrides.items() if v is not None})
+    renamed = sorted(set(data) & set(RENAMED_FIELDS))
+    if renamed:
+        raise InvalidRequest("invalid node configuration: renamed fields (units and qualifiers last): "
+                             + ", ".join(f"{old} is now {RENAMED_FIELDS[old]}" for old in renamed))
     try:
         return NodeConfig.model_validate(data)
     except ValidationError as exc:

@@ -50,7 +50,7 @@ def test_every_link_goes_through_the_proxy_and_the_greater_address_dials(unstart
         assert config["advertise_url"] == unstarted.client_urls[i] != node.url  # clients cross the proxy
         assert config["raft_address"] == node.raft_address
         assert config["commit_timeout_s"] == 7.0  # an override wins over chaos's own
-        assert config["log_compaction_min_entries"] == CHAOS_NODE_OVERRIDES["log_compaction_min_entries"]
+        assert config["log_compaction_entries_min"] == CHAOS_NODE_OVERRIDES["log_compaction_entries_min"]
         for peer in config["peers"]:
             j = int(peer["node_id"].removeprefix("node-"))
             assert peer["http_url"] == unstarted.client_urls[j]

@@ -67,8 +67,8 @@ def test_the_checker_catches_a_node_that_loses_acknowledged_commits(tmp_path):
     its end, comes back empty: every acknowledged enqueue still queued is lost."""
     config = RunConfig(
         nodes=1, time_limit_s=15, nemesis=["kill"], seed=7, out=tmp_path, workers=4,
-        node_overrides={"unsafe_memory_journal": True, "log_compaction_min_entries": 1_000_000_000,
-                        "log_compaction_min_time_s": 86_400.0},
+        node_overrides={"unsafe_memory_journal": True, "log_compaction_entries_min": 1_000_000_000,
+                        "log_compaction_interval_s": 86_400.0},
         before_heal=lambda cluster: cluster.kill_node(0))
     document = run(config, Progress(quiet=True))
     total = document["results"]["total_queue"]

@@ -58,7 +58,7 @@ def config_of(data_dir: Path) -> NodeConfig:
     peers = tuple(PeerConfig(node_id=f"peer{i}", raft_address=f"127.0.0.1:{free_port()}",
                              http_url=f"http://127.0.0.1:{free_port()}") for i in (1, 2))
     return NodeConfig(node_id="deposed", http_port=0, raft_address=f"127.0.0.1:{free_port()}", peers=peers,
-                      data_dir=data_dir, cluster_secret=SECRET, raft_min_timeout_s=300, raft_max_timeout_s=600,
+                      data_dir=data_dir, cluster_secret=SECRET, raft_timeout_min_s=300, raft_timeout_max_s=600,
                       leader_fallback_timeout_s=200, connection_timeout_s=600, commit_timeout_s=300)
 
 

@@ -256,8 +256,8 @@ async def test_a_killed_leader_restarted_rejoins_as_a_follower_and_converges(
 # A commit answers "unknown" after 2 s. A leader cut off from its followers steps down after
 # leader_fallback_timeout_s: 1.5 s (not 0.6 s) so that on a loaded machine the commit surely reaches
 # it while it still leads; the Raft timeouts must stay above it.
-SHORT_COMMITS = {"commit_timeout_s": 2.0, "leader_fallback_timeout_s": 1.5, "raft_min_timeout_s": 1.8,
-                 "raft_max_timeout_s": 3.0, "connection_timeout_s": 3.5}
+SHORT_COMMITS = {"commit_timeout_s": 2.0, "leader_fallback_timeout_s": 1.5, "raft_timeout_min_s": 1.8,
+                 "raft_timeout_max_s": 3.0, "connection_timeout_s": 3.5}
 
 
 def process_stopped(pid: int | None) -> bool:

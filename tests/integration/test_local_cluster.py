@@ -310,7 +310,7 @@ def test_close_stops_every_node_even_a_paused_one_and_removes_its_temp_dir() -> 
 def test_wait_for_convergence_times_out_while_a_live_node_lags_then_succeeds() -> None:
     # Slow elections hold a restarted node behind for seconds. (A paused follower would not do:
     # the kernel keeps receiving the leader's entries for it, and it applies them on SIGCONT.)
-    slow_elections = {"raft_min_timeout_s": 5.0, "raft_max_timeout_s": 6.0, "connection_timeout_s": 6.0}
+    slow_elections = {"raft_timeout_min_s": 5.0, "raft_timeout_max_s": 6.0, "connection_timeout_s": 6.0}
     with LocalCluster(nodes=3, node_overrides=slow_elections) as local_cluster:
         queue = fresh_queue()
         leader = local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
@@ -319,7 +319,7 @@ def test_wait_for_convergence_times_out_while_a_live_node_lags_then_succeeds() -
         enqueue(local_cluster, leader, queue, ["1", "2", "3"])
         local_cluster.wait_for_applied(LEADER_TIMEOUT_S)  # `other` has applied the items
         # With the leader paused, the restarted node cannot catch up until `other` wins an
-        # election, at least raft_min_timeout_s (5 s) from now: the two live nodes differ meanwhile.
+        # election, at least raft_timeout_min_s (5 s) from now: the two live nodes differ meanwhile.
         local_cluster.pause_node(leader)
         local_cluster.start_node(lagging)
         with pytest.raises(TimeoutError, match="did not converge") as raised:

@@ -51,7 +51,7 @@ from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
 QUEUE = "q"
 SECRET = "correct horse battery staple"
 # Short timeouts keep the tests fast; they still satisfy NodeConfig's cross-field rules.
-FAST_RAFT = dict(raft_min_timeout_s=0.5, raft_max_timeout_s=1.0, leader_fallback_timeout_s=0.4,
+FAST_RAFT = dict(raft_timeout_min_s=0.5, raft_timeout_max_s=1.0, leader_fallback_timeout_s=0.4,
                  connection_timeout_s=1.0, append_entries_period_s=0.02, auto_tick_period_s=0.005)
 
 
@@ -275,7 +275,7 @@ def _crash_right_after_snapshot_rename(monkeypatch: pytest.MonkeyPatch) -> threa
 
 async def _build_crash_state(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[NodeConfig, str]:
     """Snapshot renamed into place, journal untrimmed, entries after the snapshot; returns the full digest."""
-    config = single_node_config(data_dir, log_compaction_min_entries=100_000, log_compaction_min_time_s=0.5)
+    config = single_node_config(data_dir, log_compaction_entries_min=100_000, log_compaction_interval_s=0.5)
     async with running(config) as replicator:
         term = replicator.term
         await asyncio.gather(*(replicator.submit(commit_batch(term, f"before-{i}", b"b"), 5) for i in range(10)))
@@ -552,7 +552,7 @@ def _submit(node: Node, transaction_id: str, timeout_s: float = 5.0) -> BatchRes
 @pytest.mark.cluster
 def test_cluster_replicates_fails_over_restarts_and_installs_snapshots(
         cluster_factory: Callable[..., Cluster]) -> None:
-    cluster = cluster_factory([SECRET] * 3, log_compaction_min_entries=20, log_compaction_min_time_s=1.0)
+    cluster = cluster_factory([SECRET] * 3, log_compaction_entries_min=20, log_compaction_interval_s=1.0)
     leader = cluster.leader()
     followers = [n for n in cluster.nodes if n is not leader]
     for i in range(15):

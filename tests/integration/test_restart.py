@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cluster
 
 LEADER_TIMEOUT_S = 60.0
 WAIT_S = 60.0  # bound of every wait: generous, the box is shared
-SNAPSHOT_OVERRIDES = {"log_compaction_min_entries": 200, "log_compaction_min_time_s": 2.0}
+SNAPSHOT_OVERRIDES = {"log_compaction_entries_min": 200, "log_compaction_interval_s": 2.0}
 
 
 @pytest.fixture

@@ -76,7 +76,7 @@ class TransactionManager:
         self._replicator = replicator
         self._leader_url = leader_url
         self._transactions: dict[str, Session] = {}
-        self._closed = ClosedTransactions(config.closed_transactions_remembered)
+        self._closed = ClosedTransactions(config.closed_transactions_remembered_max)
         self._views: dict[str, QueueView] = {}
         self._deadlines = DeadlineReaper(find=self._open_session, expire=self._expire)
         self._epoch = 0

@@ -45,20 +45,20 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
         # at once (a pipe wakes the tick thread) saves up to a whole period of latency.
         appendEntriesUseBatch=config.append_entries_batched,
         appendEntriesPeriod=config.append_entries_period_s,
-        raftMinTimeout=config.raft_min_timeout_s,
-        raftMaxTimeout=config.raft_max_timeout_s,
+        raftMinTimeout=config.raft_timeout_min_s,
+        raftMaxTimeout=config.raft_timeout_max_s,
         # H3: below raftMinTimeout, so a partitioned leader steps down before a new one exists.
         leaderFallbackTimeout=config.leader_fallback_timeout_s,
         connectionTimeout=config.connection_timeout_s,
         # Only the node with the greater address dials; after a peer restarts it
         # redials every connectionRetryTime (default 5 s). One election timeout
         # keeps a restarted peer's return about as fast as a failover.
-        connectionRetryTime=config.raft_min_timeout_s,
-        commandsQueueSize=config.commands_queue_size,
+        connectionRetryTime=config.raft_timeout_min_s,
+        commandsQueueSize=config.commands_queued_max,
         # H7 / docs/design.md §2: no leader means fail now, not a command applied after our timeout.
         commandsWaitLeader=False,
-        logCompactionMinEntries=config.log_compaction_min_entries,
-        logCompactionMinTime=config.log_compaction_min_time_s,
+        logCompactionMinEntries=config.log_compaction_entries_min,
+        logCompactionMinTime=config.log_compaction_interval_s,
         # Not split: pysyncobj's split makes a node wait for its time slot (up to
         # logCompactionMinTime, 300 s) even past the entry threshold or when forced, while
         # the log grows in RAM. Snapshots are written by a forked child, so nodes
@@ -72,7 +72,7 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
     try:
         conf.validate()
     except AssertionError as exc:
-        raise InvalidRequest("the Raft settings are inconsistent (raft_min_timeout_s must exceed "
+        raise InvalidRequest("the Raft settings are inconsistent (raft_timeout_min_s must exceed "
                              "3 x append_entries_period_s, leader_fallback_timeout_s must exceed "
                              "append_entries_period_s)") from exc
     return conf

@@ -1,0 +1,55 @@
+"""NodeConfig: defaults, cross-field rules whose messages name both fields, renamed fields."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rcq import limits
+from rcq.errors import InvalidRequest
+from rcq.server.config import RENAMED_FIELDS, NodeConfig, load_config
+
+BASE = {"node_id": "n0", "http_port": 0, "raft_address": "127.0.0.1:7100", "data_dir": "/tmp/rcq-n0",
+        "cluster_secret": "a-secret-of-sixteen-or-more"}
+
+
+def test_defaults_come_from_one_place():
+    config = load_config(None, **BASE)
+    assert (config.dequeue_items_max, config.transaction_timeout_max_s, config.commit_batch_bytes_max) == (
+        limits.DEQUEUE_ITEMS_MAX, limits.TRANSACTION_TIMEOUT_MAX_S, limits.COMMIT_BATCH_BYTES_MAX)
+    assert config.leader_fallback_timeout_s < config.raft_timeout_min_s < config.raft_timeout_max_s
+
+
+@pytest.mark.parametrize(("overrides", "both_fields"), [
+    ({"raft_timeout_min_s": 2.0, "raft_timeout_max_s": 1.0}, ("raft_timeout_min_s", "raft_timeout_max_s")),
+    ({"leader_fallback_timeout_s": 0.9}, ("leader_fallback_timeout_s", "raft_timeout_min_s")),
+    ({"connection_timeout_s": 1.0}, ("connection_timeout_s", "raft_timeout_max_s")),
+    ({"item_bytes_max": 2048, "body_bytes_max": 1024}, ("item_bytes_max", "body_bytes_max")),
+])
+def test_a_cross_field_error_names_both_fields(overrides, both_fields):
+    with pytest.raises(InvalidRequest) as raised:
+        load_config(None, **{**BASE, **overrides})
+    assert all(field in raised.value.message for field in both_fields), raised.value.message
+
+
+def test_a_renamed_field_says_what_it_is_called_now(tmp_path: Path):
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps({**BASE, "raft_min_timeout_s": 0.8, "commands_queue_size": 100}))
+    with pytest.raises(InvalidRequest) as raised:
+        load_config(path)
+    assert "raft_min_timeout_s is now raft_timeout_min_s" in raised.value.message
+    assert "commands_queue_size is now commands_queued_max" in raised.value.message
+
+
+def test_every_renamed_field_exists_under_its_new_name():
+    assert set(RENAMED_FIELDS.values()) <= set(NodeConfig.model_fields)
+    assert not set(RENAMED_FIELDS) & set(NodeConfig.model_fields)
+
+
+def test_no_cluster_secret_needs_insecure():
+    fields = {k: v for k, v in BASE.items() if k != "cluster_secret"}
+    with pytest.raises(InvalidRequest, match="cluster_secret is required"):
+        load_config(None, **fields)
+    assert load_config(None, **fields, insecure=True).insecure
