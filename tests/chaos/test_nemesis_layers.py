@@ -9,7 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from chaos.nemesis import Nemesis, combine_link_faults
+from chaos.faults import combine_link_faults
+from chaos.nemesis import Nemesis
 from chaos.netproxy import HEALTHY, LinkFault
 
 
@@ -30,8 +31,9 @@ def make_nemesis(proxy: RecordingProxy) -> Nemesis:
 def test_a_delay_started_during_a_partition_does_not_heal_it() -> None:
     proxy = RecordingProxy()
     nemesis = make_nemesis(proxy)
-    partition = nemesis._links_fault("partition-leader", [0], {"raft:a": LinkFault(drop_forward=True, drop_backward=True)}, {})
-    delay = nemesis._links_fault("delay", [0, 1, 2], {"raft:a": LinkFault(delay_s=0.1), "raft:b": LinkFault(delay_s=0.1)}, {})
+    faults = nemesis.faults
+    partition = faults._links_fault("partition-leader", [0], {"raft:a": LinkFault(drop_forward=True, drop_backward=True)}, {})
+    delay = faults._links_fault("delay", [0, 1, 2], {"raft:a": LinkFault(delay_s=0.1), "raft:b": LinkFault(delay_s=0.1)}, {})
     assert proxy.links["raft:a"].partitioned and proxy.links["raft:a"].delay_s == 0.1
     delay.stop()
     assert proxy.links["raft:a"] == LinkFault(drop_forward=True, drop_backward=True)

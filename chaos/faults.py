@@ -1,0 +1,324 @@
+"""The fault makers: each starts one kind of fault on a cluster at once and returns a Fault
+whose ``stop`` undoes it. They run in a thread (they block on processes and polls); the
+nemesis (chaos/nemesis.py) decides when, which and for how long, and records them.
+
+Link faults are layered: faults active at once may touch the same link (a partition and a
+delay); each keeps its own layer and the link gets their combination, so stopping one never
+undoes another.
+
+Must not import: any rcq module but rcq.testing's cluster harness (for its bounded polls); nor a
+target's module (targets are seen through chaos.target).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+from collections.abc import Callable
+from typing import Any
+
+from chaos.netproxy import HEALTHY, LinkFault
+from chaos.target import ChaosTarget, LinkFaults, client_link, raft_link
+from rcq.testing.polls import poll_until
+
+PAUSE_S = (2.0, 5.0)  # above raft_timeout_max_s (1.6 s): the others elect a new leader meanwhile
+WIPE_CATCH_UP_S = 60.0
+DEPOSED_LEADER_LOSS = (0.03, 0.15)
+DEPOSED_LEADER_WAIT_S = 15.0  # for the new leader, the compactions and the snapshot install, each
+
+
+def combine_link_faults(faults: Any) -> LinkFault:
+    """What a link does under several faults at once: drops if any drops, the worst delay and loss."""
+    faults = list(faults)
+    if not faults:
+        return HEALTHY
+    return LinkFault(drop_forward=any(f.drop_forward for f in faults),
+                     drop_backward=any(f.drop_backward for f in faults),
+                     delay_s=max(f.delay_s for f in faults), jitter_s=max(f.jitter_s for f in faults),
+                     loss=max(f.loss for f in faults))
+
+@dataclasses.dataclass
+class Fault:
+    f: str
+    nodes: list[int]
+    stop: Callable[[], None]
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    outcome: dict[str, Any] = dataclasses.field(default_factory=dict)  # what stop() saw, for its history line
+
+
+class FaultMaker:
+    """Starts faults of every kind on ``cluster``; ``others_active`` says whether any fault runs now."""
+
+    def __init__(self, cluster: ChaosTarget, others_active: Callable[[], bool]) -> None:
+        self.cluster = cluster
+        self.links: LinkFaults | None = cluster.link_faults()
+        self._others_active = others_active
+        self._link_layers: dict[str, dict[int, LinkFault]] = {}
+        self._next_layer = 0
+
+    def begin(self, kind: str, rng: random.Random) -> Fault | None:
+        """Start a fault of ``kind`` (a nemesis name) now; None when there is nothing to do it to."""
+        maker: Callable[[random.Random], Fault | None] = getattr(self, "_begin_" + kind.replace("-", "_"))
+        return maker(rng)
+
+    def forget_link_layers(self) -> None:
+        """After a target's heal, which resets every link: no layer is left."""
+        self._link_layers.clear()
+
+    def _leader_or_any(self, rng: random.Random, among: list[int]) -> int | None:
+        leader = self.cluster.leader()
+        if leader is not None and leader in among:
+            return leader
+        return rng.choice(among) if among else None
+
+    def _begin_kill(self, rng: random.Random) -> Fault | None:
+        cluster = self.cluster
+        running = [i for i in cluster.running_indices() if not cluster.nodes[i].paused]
+        n = len(cluster.nodes)
+        variant = rng.choice(["kill-leader", "kill-follower", "kill-minority", "kill-all"])
+        leader = cluster.leader()
+        if variant == "kill-leader":
+            targets = [leader] if leader is not None and leader in running else running[:0]
+        elif variant == "kill-follower":
+            followers = [i for i in running if i != leader]
+            targets = [rng.choice(followers)] if followers else []
+        elif variant == "kill-minority":
+            targets = rng.sample(running, min(len(running), max(1, (n - 1) // 2)))
+        else:
+            targets = list(running)
+        if not targets:
+            return None
+        for i in targets:
+            cluster.kill_node(i)
+
+        def stop() -> None:
+            for i in targets:
+                if not cluster.nodes[i].running():
+                    cluster.start_node(i, wait=False)
+            cluster.wait_for_http(targets)
+
+        return Fault(variant, targets, stop)
+
+    def _begin_pause(self, rng: random.Random) -> Fault | None:
+        cluster = self.cluster
+        live = cluster.live_indices()
+        leader = cluster.leader()
+        variant = rng.choice(["pause-leader", "pause-follower"])
+        if variant == "pause-leader" and leader is not None and leader in live:
+            targets = [leader]
+        else:
+            variant = "pause-follower"
+            followers = [i for i in live if i != leader]
+            targets = [rng.choice(followers)] if followers else []
+        if not targets:
+            return None
+        for i in targets:
+            cluster.pause_node(i)
+
+        def stop() -> None:
+            for i in targets:
+                cluster.resume_node(i)
+
+        return Fault(variant, targets, stop)
+
+    def _cut(self, pairs: list[tuple[int, int]]) -> dict[str, LinkFault]:
+        return {raft_link(a, b): LinkFault(drop_forward=True, drop_backward=True) for a, b in pairs if a != b}
+
+    def _links_fault(self, f: str, nodes: list[int], faults: dict[str, LinkFault], details: dict[str, Any]) -> Fault:
+        proxy = self.links
+        assert proxy is not None, "link faults need a target with link_faults()"
+        layer = self._next_layer
+        self._next_layer += 1
+        for name, fault in faults.items():
+            self._link_layers.setdefault(name, {})[layer] = fault
+        names = list(faults)
+        proxy.set_faults({name: combine_link_faults(self._link_layers[name].values()) for name in names})
+
+        def stop() -> None:
+            for name in names:
+                self._link_layers.get(name, {}).pop(layer, None)
+            proxy.set_faults({name: combine_link_faults(self._link_layers.get(name, {}).values())
+                              for name in names})
+
+        return Fault(f, nodes, stop, {**details, "links": names})
+
+    def _whole_node_partition(self, rng: random.Random) -> Fault | None:
+        """Whole nodes off the network: the leader, or a random minority (also cut from each
+        other and, on docker, their published ports gone, from clients)."""
+        isolation = self.cluster.node_isolation()
+        assert isolation is not None, "checked when the nemesis was made"
+        n = len(self.cluster.nodes)
+        everyone = list(range(n))
+        variant = rng.choice(["partition-leader", "partition-halves"])
+        if variant == "partition-leader":
+            leader = self._leader_or_any(rng, everyone)
+            assert leader is not None
+            isolated = [leader]
+        else:
+            isolated = sorted(rng.sample(everyone, n // 2))
+        try:
+            isolation.isolate_nodes(isolated)
+        except Exception:
+            isolation.reconnect_nodes(isolated)  # those already cut (the final heal retries too)
+            raise
+        return Fault(variant, isolated, lambda: isolation.reconnect_nodes(isolated),
+                     {"isolated": [f"node-{i}" for i in isolated], "whole_node": True})
+
+    def _begin_partition(self, rng: random.Random) -> Fault | None:
+        n = len(self.cluster.nodes)
+        if n < 2:
+            return None
+        if self.links is None:
+            return self._whole_node_partition(rng)
+        everyone = list(range(n))
+        variant = rng.choice(["partition-leader", "partition-halves", "partition-ring"])
+        if variant == "partition-leader":
+            leader = self._leader_or_any(rng, everyone)
+            assert leader is not None
+            return self._links_fault(variant, [leader], self._cut([(leader, j) for j in everyone]),
+                                     {"isolated": [f"node-{leader}"]})
+        if variant == "partition-halves":
+            shuffled = rng.sample(everyone, n)
+            small, large = shuffled[: n // 2], shuffled[n // 2:]
+            return self._links_fault(variant, everyone, self._cut([(a, b) for a in small for b in large]),
+                                     {"halves": [[f"node-{i}" for i in sorted(small)], [f"node-{i}" for i in sorted(large)]]})
+        order = rng.sample(everyone, n)
+        if n == 3:  # a bridge: the middle node sees both ends, the ends do not see each other
+            cut = [(order[0], order[2])]
+        else:
+            neighbours = {frozenset((order[k], order[(k + 1) % n])) for k in range(n)}
+            cut = [(a, b) for a in everyone for b in everyone if a < b and frozenset((a, b)) not in neighbours]
+        return self._links_fault(variant, everyone, self._cut(cut), {"ring": [f"node-{i}" for i in order]})
+
+    def _direction(self, source: int, target: int) -> tuple[str, LinkFault]:
+        """The link between two nodes and the fault dropping what ``source`` sends ``target``."""
+        forward = source > target  # the greater dials: forward is dialler -> acceptor
+        return raft_link(source, target), LinkFault(drop_forward=forward, drop_backward=not forward)
+
+    def _begin_one_way(self, rng: random.Random) -> Fault | None:
+        n = len(self.cluster.nodes)
+        if n < 2:
+            return None
+        variant = rng.choice(["pair", "leader-deaf", "leader-mute"])
+        everyone = list(range(n))
+        if variant == "pair":
+            source, target = rng.sample(everyone, 2)
+            pairs = [(source, target)]
+        else:
+            leader = self._leader_or_any(rng, everyone)
+            assert leader is not None
+            others = [j for j in everyone if j != leader]
+            pairs = [(j, leader) for j in others] if variant == "leader-deaf" else [(leader, j) for j in others]
+        faults = dict(self._direction(s, t) for s, t in pairs)
+        nodes = sorted({i for pair in pairs for i in pair})
+        return self._links_fault("one-way", nodes, faults,
+                                 {"variant": variant, "dropped": [f"node-{s}->node-{t}" for s, t in pairs]})
+
+    def _begin_client_partition(self, rng: random.Random) -> Fault | None:
+        n = len(self.cluster.nodes)
+        everyone = list(range(n))
+        variant = rng.choice(["leader", "random", "majority"])
+        if variant == "leader":
+            leader = self._leader_or_any(rng, everyone)
+            targets = [leader] if leader is not None else []
+        elif variant == "random":
+            targets = [rng.choice(everyone)]
+        else:
+            targets = rng.sample(everyone, n // 2 + 1)
+        faults = {client_link(i): LinkFault(drop_forward=True, drop_backward=True) for i in targets}
+        return self._links_fault("client-partition", targets, faults, {"variant": variant})
+
+    def _all_raft_links(self) -> list[str]:
+        n = len(self.cluster.nodes)
+        return [raft_link(a, b) for a in range(n) for b in range(a)]
+
+    def _begin_delay(self, rng: random.Random) -> Fault | None:
+        delay_s, jitter_s = rng.uniform(0.02, 0.2), rng.uniform(0.0, 0.05)
+        links = self._all_raft_links()
+        if rng.random() < 0.5:  # clients too
+            links += [client_link(i) for i in range(len(self.cluster.nodes))]
+        faults = dict.fromkeys(links, LinkFault(delay_s=delay_s, jitter_s=jitter_s))
+        return self._links_fault("delay", list(range(len(self.cluster.nodes))), faults,
+                                 {"delay_s": round(delay_s, 3), "jitter_s": round(jitter_s, 3)})
+
+    def _begin_loss(self, rng: random.Random) -> Fault | None:
+        loss = rng.uniform(0.05, 0.3)
+        faults = dict.fromkeys(self._all_raft_links(), LinkFault(loss=loss))
+        return self._links_fault("loss", list(range(len(self.cluster.nodes))), faults, {"loss": round(loss, 3)})
+
+    def _begin_wipe(self, rng: random.Random) -> Fault | None:
+        cluster = self.cluster
+        if self._others_active() or len(cluster.live_indices()) != len(cluster.nodes):
+            return None  # only from a whole, healthy cluster
+        leader = cluster.wait_for_leader(30.0)
+        cluster.wait_for_applied(30.0)  # every entry committed so far is on every node
+        target = rng.choice([i for i in range(len(cluster.nodes)) if i != leader])
+        cluster.kill_node(target)
+        cluster.wipe_node(target)
+        cluster.start_node(target)
+
+        def stop() -> None:
+            cluster.wait_for_applied(WIPE_CATCH_UP_S)  # the fault lasts until it has caught up
+
+        return Fault("wipe", [target], stop)
+
+    def _begin_deposed_leader(self, rng: random.Random) -> Fault | None:
+        cluster = self.cluster
+        n = len(cluster.nodes)
+        leader = cluster.leader()
+        if n < 3 or leader is None:
+            return None
+        loss = rng.uniform(*DEPOSED_LEADER_LOSS)
+        others = [i for i in range(n) if i != leader]
+        faults = self._cut([(leader, j) for j in others])
+        faults.update({raft_link(a, b): LinkFault(loss=loss) for a in others for b in others if a > b})
+        links = self._links_fault("deposed-leader", [leader], faults,
+                                  {"isolated": f"node-{leader}", "loss": round(loss, 3)})
+        heal_links = links.stop
+
+        def stop() -> None:
+            try:
+                self._compact_behind(leader, links.outcome)
+            finally:
+                heal_links()
+            links.outcome["snapshot_installed"] = self._snapshot_received(leader, links.outcome)
+
+        links.stop = stop
+        return links
+
+    def _compact_behind(self, old_leader: int, outcome: dict[str, Any]) -> None:
+        """Once the others have a new leader, make each of them snapshot and compact its log."""
+        cluster = self.cluster
+        outcome["new_leader"] = poll_until(
+            lambda: next((i for i in [cluster.leader()] if i not in (None, old_leader)), None),
+            DEPOSED_LEADER_WAIT_S, "no new leader while the old one was cut off")
+        others = [i for i in cluster.live_indices() if i != old_leader]
+        before = {i: int(v["snapshot_count"]) for i, v in cluster.statuses(others).items()}
+        outcome["old_leader_snapshots_before"] = int(cluster.status(old_leader).get("snapshots_received", 0))
+        for i in before:
+            with contextlib.suppress(OSError, ValueError):
+                cluster.request_snapshot(i)
+
+        def compacted() -> bool | None:
+            now = cluster.statuses(list(before))
+            return True if all(int(now.get(i, {}).get("snapshot_count", -1)) > before[i] for i in before) else None
+
+        poll_until(compacted, DEPOSED_LEADER_WAIT_S, "the others did not snapshot")
+
+    def _snapshot_received(self, old_leader: int, outcome: dict[str, Any]) -> bool:
+        """Wait (bounded) for the old leader to install a snapshot from the new leader."""
+        before = outcome.get("old_leader_snapshots_before")
+        if before is None:
+            return False
+
+        def received() -> bool | None:
+            with contextlib.suppress(OSError, ValueError):
+                if int(self.cluster.status(old_leader).get("snapshots_received", 0)) > before:
+                    return True
+            return None
+
+        try:
+            return poll_until(received, DEPOSED_LEADER_WAIT_S, "no snapshot install")
+        except TimeoutError:
+            return False
