@@ -7,6 +7,9 @@ Every scenario uses its own queue. "separate" callers each have their own
 client and connections; "coalesced" callers share one client with
 ``coalesce=True``, so their requests share HTTP requests and Raft entries.
 
+``--durability fsync os`` runs the scenarios on a fresh cluster per setting and prints
+them side by side; the machine's raw fdatasync rate is printed first.
+
 Scenarios: enqueue-1, dequeue-1, session, enqueue-100, dequeue-100 (each in
 both caller modes), failover (local clusters only: kill -9 the leader,
 time to a serving new leader and to the first commit after it) and memory
@@ -26,6 +29,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -258,14 +262,15 @@ async def _snapshot_stalls(cluster: LocalCluster, leader: int) -> dict[str, Any]
 
 # ---------------------------------------------------------------------- main
 def print_table(rows: list[dict[str, Any]]) -> None:
-    columns = ["scenario", "callers", "concurrency", "tx_per_s", "items_per_s", "p50_ms", "p99_ms", "errors"]
+    columns = ["durability", "scenario", "callers", "concurrency", "tx_per_s", "items_per_s", "p50_ms", "p99_ms",
+               "errors"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
     print("  ".join(c.rjust(widths[c]) for c in columns))
     for row in rows:
         print("  ".join(str(row[c]).rjust(widths[c]) for c in columns), flush=True)
 
 
-async def run(args: argparse.Namespace, cluster: LocalCluster | None) -> dict[str, Any]:
+async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability: str) -> dict[str, Any]:
     urls = cluster.urls if cluster is not None else args.urls.split(",")
     async with RcqClient(urls) as client:
         await client.wait_for_leader(60)
@@ -280,9 +285,9 @@ async def run(args: argparse.Namespace, cluster: LocalCluster | None) -> dict[st
             expected = rates.get(f"{producer}/{callers}", 2000.0)
             figures = await run_scenario(urls, name, callers, args.concurrency, args.duration_s, expected)
             rates[f"{name}/{callers}"] = figures.transactions_per_s
-            rows.append(figures.row())
-            print_table([figures.row()]) if len(rows) == 1 else print(
-                "  ".join(str(v) for v in figures.row().values()), flush=True)
+            rows.append({"durability": durability, **figures.row()})
+            print_table(rows[-1:]) if len(rows) == 1 else print(
+                "  ".join(str(v) for v in rows[-1].values()), flush=True)
     report["throughput"] = rows
     if rows:
         print()
@@ -293,8 +298,20 @@ async def run(args: argparse.Namespace, cluster: LocalCluster | None) -> dict[st
     return report
 
 
-def fresh_cluster(nodes: int) -> LocalCluster:
-    cluster = LocalCluster(nodes, log_level="WARNING")
+def raw_fsync_rate(writes: int = 200) -> dict[str, float]:
+    """The disk's own pace: small appends each followed by fdatasync, in a temporary file."""
+    with tempfile.NamedTemporaryFile(prefix="rcq-fsync-probe-", dir=tempfile.gettempdir()) as probe:
+        started = time.perf_counter()
+        for _ in range(writes):
+            probe.write(b"x" * 128)
+            probe.flush()
+            os.fdatasync(probe.fileno())
+        elapsed_s = time.perf_counter() - started
+    return {"per_s": round(writes / elapsed_s), "ms_each": round(elapsed_s / writes * 1000, 3)}
+
+
+def fresh_cluster(nodes: int, durability: str = "fsync") -> LocalCluster:
+    cluster = LocalCluster(nodes, log_level="WARNING", node_overrides={"durability": durability})
     try:
         cluster.start()
         cluster.wait_for_leader(60)
@@ -315,17 +332,28 @@ def main(argv: list[str] | None = None) -> int:
                         choices=[*SCENARIOS, "failover", "memory"])
     parser.add_argument("--failover-trials", type=int, default=3)
     parser.add_argument("--memory-items", type=int, default=1_000_000)
+    parser.add_argument("--durability", nargs="+", choices=["fsync", "os"], default=["fsync"],
+                        help="the nodes' durability setting; several: a fresh cluster each, side by side")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
-    cluster = None if args.urls else fresh_cluster(args.nodes)
-    try:
-        report = asyncio.run(run(args, cluster))
-    finally:
-        if cluster is not None:
-            cluster.close()
+    report: dict[str, Any] = {"fsync_rate": raw_fsync_rate()}
+    print(f"this machine's raw fdatasync rate: {report['fsync_rate']['per_s']}/s "
+          f"({report['fsync_rate']['ms_each']} ms each)", flush=True)
+    durabilities = ["(the cluster's own)"] if args.urls else args.durability
+    for durability in durabilities:
+        cluster = None if args.urls else fresh_cluster(args.nodes, durability)
+        try:
+            report[durability] = asyncio.run(run(args, cluster, durability))
+        finally:
+            if cluster is not None:
+                cluster.close()
+    rows = [row for d in durabilities for row in report[d]["throughput"]]
+    if len(durabilities) > 1 and rows:
+        print("\nside by side:")
+        print_table(rows)
     if not args.urls and "memory" in args.scenarios:
         # On a cluster of its own: the other scenarios leave items behind that would be counted.
-        cluster = fresh_cluster(args.nodes)
+        cluster = fresh_cluster(args.nodes, args.durability[0])
         try:
             report["memory"] = asyncio.run(measure_memory(cluster, args.memory_items))
         finally:

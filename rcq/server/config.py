@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -99,14 +99,23 @@ class NodeConfig(BaseModel):
     log_compaction_bytes: int = Field(
         64 << 20, ge=1 << 16, description="...or once the journal holds this many bytes (bounds the log kept in RAM)")
     commands_queued_max: int = Field(20_000, ge=100, description="pysyncobj's queue of proposed commands")
+    durability: Literal["fsync", "os"] = Field(
+        "fsync", description="fsync: a node makes Raft entries durable (fdatasync) before it acknowledges them, "
+                             "and term and vote before it votes; a power failure of every node loses no acknowledged "
+                             "commit. os: entries go to the page cache only (pysyncobj's mmap'd journal): a kill -9 "
+                             "loses nothing, a power failure of a majority loses recent acknowledged commits")
     unsafe_memory_journal: bool = Field(
         False, description="keep the Raft log in memory only: a crash loses acknowledged commits. Exists so "
                            "the chaos harness can prove it detects loss; never use it for data you keep")
     journal_flush_interval_s: float | None = Field(
-        None, gt=0, description="msync the Raft journal this often (None: never; the OS writes it back)")
+        None, gt=0, description="with durability=os: msync the Raft journal this often (None: never; the OS "
+                                "writes it back). Narrows the power-failure window, does not close it")
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> NodeConfig:
+        if self.journal_flush_interval_s is not None and self.durability != "os":
+            raise ValueError("journal_flush_interval_s applies to durability=os only (with fsync every "
+                             "acknowledged entry is already synced)")
         if self.cluster_secret is None and not self.insecure:
             raise ValueError("cluster_secret is required (Raft traffic is pickled); "
                              "set insecure=true only for local development")
@@ -139,7 +148,13 @@ class NodeConfig(BaseModel):
 
     @property
     def journal_path(self) -> Path:
-        return self.data_dir / "raft.journal"
+        """The Raft log: rcq's write-ahead log with durability=fsync, pysyncobj's journal with os."""
+        return self.data_dir / ("raft.wal" if self.durability == "fsync" else "raft.journal")
+
+    @property
+    def other_journal_path(self) -> Path:
+        """Where the other durability setting keeps its log: a node must not switch with data in place."""
+        return self.data_dir / ("raft.journal" if self.durability == "fsync" else "raft.wal")
 
     @property
     def snapshot_path(self) -> Path:

@@ -230,10 +230,10 @@ async def test_journal_is_flushed_periodically_when_configured(work_dir: Path,
             self.journal.flush()
 
     monkeypatch.setattr(replicator_module, "journal_of", lambda so: CountingJournal(real_journal_of(so)))
-    async with running(single_node_config(work_dir / "off")):
+    async with running(single_node_config(work_dir / "off", durability="os")):
         await asyncio.sleep(0)
     assert flushes == []
-    async with running(single_node_config(work_dir / "on", journal_flush_interval_s=0.05)):
+    async with running(single_node_config(work_dir / "on", durability="os", journal_flush_interval_s=0.05)):
         await async_wait_until(lambda: len(flushes) >= 3, 5, "three journal flushes")
     assert min(b - a for a, b in itertools.pairwise(flushes)) >= 0.04
 

@@ -53,3 +53,13 @@ def test_no_cluster_secret_needs_insecure():
     with pytest.raises(InvalidRequest, match="cluster_secret is required"):
         load_config(None, **fields)
     assert load_config(None, **fields, insecure=True).insecure
+
+
+def test_durability_is_fsync_unless_asked_and_picks_the_log_file():
+    config = load_config(None, **BASE)
+    assert config.durability == "fsync" and config.journal_path.name == "raft.wal"
+    assert load_config(None, **BASE, durability="os").journal_path.name == "raft.journal"
+    with pytest.raises(InvalidRequest, match="journal_flush_interval_s applies to durability=os only"):
+        load_config(None, **BASE, journal_flush_interval_s=0.05)
+    with pytest.raises(InvalidRequest):
+        load_config(None, **BASE, durability="sometimes")

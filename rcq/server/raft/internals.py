@@ -1,9 +1,11 @@
 """Every read or write of pysyncobj's private (name-mangled) state, in one place.
 
 pysyncobj 0.3.17 exposes no API for what rcq's workarounds need (docs/raft-hazards.md): the
-journal (to msync it, size it and read an entry's term), the commit index (to bound it, H6),
-the proposals waiting for their entry (to answer those a snapshot skipped, H7), and its
-message handler and follower delete (patched, H5 and H6). Reaching in anywhere else is a bug;
+journal (to sync it, size it and read an entry's term; and the seam where it is built, to give
+it rcq's durable one, H8), the commit index (to bound it, H6), the proposals waiting for their
+entry (to answer those a snapshot skipped, H7), the transport (to sync before an
+acknowledgement leaves, H8), and its message handler, follower delete and leader start
+(patched, H5, H6, H8). Reaching in anywhere else is a bug;
 a pysyncobj upgrade is checked here first.
 
 Must not import: anything of rcq.
@@ -15,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import SyncObj
+from pysyncobj import journal as journal_module
+from pysyncobj import syncobj as syncobj_module
 
 
 def journal_of(sync_obj: SyncObj) -> Any:
@@ -24,8 +28,11 @@ def journal_of(sync_obj: SyncObj) -> Any:
 
 
 def journal_bytes(journal: Any) -> int:
-    """Bytes written to the mmap'd journal: pysyncobj compacts by entry count only, and this is
-    what bounds the memory the log takes."""
+    """Bytes written to the journal: pysyncobj compacts by entry count only, and this is what
+    bounds the memory the log takes (rcq's DurableJournal says it; FileJournal keeps it private)."""
+    written = getattr(journal, "bytes_written", None)
+    if written is not None:
+        return int(written)
     return int(getattr(journal, "_FileJournal__currentOffset", 0))
 
 
@@ -58,3 +65,18 @@ def syncobj_method(name: str) -> Callable[..., Any]:
 def replace_syncobj_method(name: str, method: Callable[..., Any]) -> None:
     """Replace SyncObj's private method ``__<name>`` for every instance built afterwards."""
     setattr(SyncObj, f"_SyncObj__{name}", method)
+
+
+def use_journal_factory(factory: Callable[[str | None], Any]) -> None:
+    """Make SyncObj build its journal with ``factory(journalFile)`` (pysyncobj's createJournal seam)."""
+    syncobj_module.createJournal = factory
+
+
+def default_journal(journal_file: str | None) -> Any:
+    """pysyncobj's own choice: its in-memory journal for None, its mmap'd FileJournal otherwise."""
+    return journal_module.createJournal(journal_file)
+
+
+def transport_of(sync_obj: SyncObj) -> Any:
+    """The TCP transport; its ``send`` is how every Raft message leaves."""
+    return sync_obj._SyncObj__transport

@@ -18,6 +18,7 @@ from typing import Any
 
 from pysyncobj.journal import FileJournal
 
+from rcq.server.raft import wal
 from rcq.server.raft.files import fsync_path, replace_durably
 from rcq.server.raft.snapshots import read_raft_data, remove_stale_files
 
@@ -88,6 +89,8 @@ def quiet_journal_open() -> Iterator[None]:
 
 
 def _read_journal(journal_path: str) -> list[tuple[Any, int, int]]:
+    if _is_wal(journal_path):
+        return list(wal.read_entries(journal_path)[0])
     with quiet_journal_open():
         journal = FileJournal(journal_path)
     try:
@@ -99,6 +102,9 @@ def _read_journal(journal_path: str) -> list[tuple[Any, int, int]]:
 def _rewrite_journal(journal_path: str, entries: list[tuple[Any, int, int]]) -> None:
     # A new file renamed over the old one: pysyncobj's own deleteEntriesTo
     # rewrites in place, and a crash inside it would lose the journal's tail.
+    if _is_wal(journal_path):
+        wal.write_entries(journal_path, entries)
+        return
     temporary = journal_path + ".repair"
     with contextlib.suppress(FileNotFoundError):
         os.remove(temporary)
@@ -112,3 +118,6 @@ def _rewrite_journal(journal_path: str, entries: list[tuple[Any, int, int]]) -> 
     replace_durably(temporary, journal_path)
 
 
+def _is_wal(journal_path: str) -> bool:
+    """rcq's write-ahead log (durability=fsync) or pysyncobj's journal (durability=os)?"""
+    return journal_path.endswith(".wal")

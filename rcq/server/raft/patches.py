@@ -2,7 +2,9 @@
 
 * H5: keep log entries that match a repeated message instead of deleting and re-adding them;
 * H6: bound the commit index to what the message verified, and answer "unknown" to proposals a
-  received snapshot skipped.
+  received snapshot skipped;
+* H8: with durability=fsync, sync the journal before a follower acknowledges and right after a
+  leader appends.
 
 Both are explained in docs/raft-hazards.md, and tested in tests/integration
 (test_matching_entries_fix.py, test_deposed_leader_commit.py), each with a test showing what
@@ -154,12 +156,59 @@ class _DropMisleadingTruncationLine(logging.Filter):
 
 # Class-level patches: pysyncobj binds __onMessageReceived as a transport callback at
 # construction, so they must be in place before any SyncObj is built (import time, once).
+# ---------------------------------------------------------------------------------------------
+# H8: with rcq's DurableJournal (durability=fsync), an entry is durable before anyone counts it:
+# a follower syncs before it acknowledges (every successful next_node_idx leaves through
+# __sendNextNodeIdx), and a leader syncs right after appending (its no-op on election, the
+# commands it picked up in _checkCommandsToApply), before the next tick counts its own log toward
+# a majority. One sync covers everything appended since the last (group fsync). pysyncobj's
+# FileJournal has no sync(): with durability=os these are no-ops.
+def _sync_journal(sync_obj: SyncObj) -> None:
+    sync = getattr(journal_of(sync_obj), "sync", None)
+    if sync is None:
+        return
+    try:
+        sync()
+    except OSError as exc:
+        # Never acknowledge what is not durable: the exception stops this message or tick, and
+        # the replicator's handler (fail-stop) decides the rest.
+        on_failure = getattr(sync_obj, ON_SYNC_FAILURE, None)
+        if on_failure is not None:
+            on_failure(exc)
+        raise
+
+
+ON_SYNC_FAILURE = "_rcq_on_sync_failure"  # an instance attribute the replicator sets
+
+
+def _syncing_before_acknowledgement(original: Callable[..., Any]) -> Callable[..., Any]:
+    def send_next_node_index(self: SyncObj, node: Any, reset: bool = False, nextNodeIdx: Any = None,
+                             success: bool = False) -> Any:
+        if success:
+            _sync_journal(self)
+        return original(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+
+    return send_next_node_index
+
+
+def _syncing_after_append(original: Callable[..., Any]) -> Callable[..., Any]:
+    def append_then_sync(self: SyncObj, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        _sync_journal(self)
+        return result
+
+    return append_then_sync
+
+
 def install() -> None:
     """Patch SyncObj once (idempotent); the replicator calls it when imported."""
     if getattr(SyncObj, "_rcq_fixes_installed", False):
         return
     replace_syncobj_method("deleteEntriesFrom", _deferred_delete_entries_from)
     replace_syncobj_method("onMessageReceived", _on_message_received_with_fixes(syncobj_method("onMessageReceived")))
+    replace_syncobj_method("sendNextNodeIdx", _syncing_before_acknowledgement(syncobj_method("sendNextNodeIdx")))
+    replace_syncobj_method("onBecomeLeader", _syncing_after_append(syncobj_method("onBecomeLeader")))
+    SyncObj._checkCommandsToApply = _syncing_after_append(SyncObj._checkCommandsToApply)
     SyncObj._rcq_fixes_installed = True
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
 

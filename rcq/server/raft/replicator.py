@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -36,11 +37,13 @@ from rcq.server.config import NodeConfig
 from rcq.server.core.commands import ApplyFailed, ApplyResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import patches
-from rcq.server.raft.internals import entry_term, journal_bytes, journal_of
+from rcq.server.raft.internals import default_journal, entry_term, journal_bytes, journal_of, use_journal_factory
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
+from rcq.server.raft.patches import ON_SYNC_FAILURE
 from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
 from rcq.server.raft.settings import build_conf
 from rcq.server.raft.snapshots import ForkingSnapshotWriter
+from rcq.server.raft.wal import DurableJournal, JournalCorrupt
 
 # pysyncobj binds its message handler as a transport callback when a SyncObj is built: the
 # fixes must be on the class before any is (H5, H6).
@@ -53,6 +56,7 @@ T = TypeVar("T")
 ROLE_POLL_INTERVAL_S = 0.05
 ROLE_POLL_INTERVAL_S = 0.05
 SNAPSHOT_CHILD_WAIT_S = 60.0
+FSYNC_FAILED_EXIT_CODE = 75  # EX_TEMPFAIL: restart me (a supervisor does), after looking at the disk
 
 _ROLE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
 _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if name.isupper()}
@@ -167,13 +171,21 @@ class RaftReplicator:
         conf = build_conf(self._config, self._writer, auto_tick=self._auto_tick,
                           on_state_changed=self._on_state_changed)
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.repair = repair_interrupted_compaction(self._config.journal_path, self._config.snapshot_path)
+        self._refuse_the_other_durability()
         self._snapshot_loads_at_start = int(self._config.snapshot_path.is_file())
+        use_journal_factory(self._make_journal)
         # Constructed on the loop's thread: pysyncobj's tick thread stops when the
         # thread that built SyncObj ends, and the loop's thread lives as long as we do.
-        with quiet_journal_open():
-            self._sync_obj = SyncObj(self._config.raft_address, [p.raft_address for p in self._config.peers],
-                                     conf=conf, consumers=[self._consumer])
+        try:
+            self.repair = repair_interrupted_compaction(self._config.journal_path, self._config.snapshot_path)
+            with quiet_journal_open():
+                self._sync_obj = SyncObj(self._config.raft_address, [p.raft_address for p in self._config.peers],
+                                         conf=conf, consumers=[self._consumer])
+        except JournalCorrupt as exc:
+            raise Unavailable(f"node {self._config.node_id} cannot start: {exc}") from exc
+        finally:
+            use_journal_factory(default_journal)
+        setattr(self._sync_obj, ON_SYNC_FAILURE, self._on_sync_failure)
         try:
             if self._auto_tick:
                 await asyncio.to_thread(self._sync_obj.waitBinded)
@@ -186,6 +198,31 @@ class RaftReplicator:
             self._sync_obj.addOnTickCallback(self._flush_journal_if_due)
         self._sync_obj.addOnTickCallback(self._compact_if_journal_large)
         self._role_task = self._loop.create_task(self._poll_role(), name="rcq-raft-role")
+
+    def _make_journal(self, journal_file: str | None) -> Any:
+        """pysyncobj's journal for this node: rcq's DurableJournal with durability=fsync (H8)."""
+        if journal_file is not None and self._config.durability == "fsync":
+            return DurableJournal(journal_file)
+        return default_journal(journal_file)
+
+    def _refuse_the_other_durability(self) -> None:
+        other = self._config.other_journal_path
+        if other.is_file() and other.stat().st_size > 0 and not self._config.unsafe_memory_journal:
+            raise Unavailable(
+                f"node {self._config.node_id} is configured durability={self._config.durability}, but its data "
+                f"directory holds {other.name}, written with the other setting; a node does not switch with data "
+                "in place: wipe its data directory (it catches up from its peers) or keep the old setting")
+
+    def _on_sync_failure(self, error: OSError) -> None:
+        """An fsync failed (EIO, ENOSPC...): what was written may not be on disk, and retrying the
+        sync can report success for data the kernel already dropped. Fail-stop: never
+        acknowledge, never lead; restarting reads back only what is really durable."""
+        logger.critical("node %s: syncing the Raft log failed (%s); stopping so that nothing unsynced is "
+                        "acknowledged", self._config.node_id, error)
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(FSYNC_FAILED_EXIT_CODE)
 
     async def stop(self) -> None:
         """Stop Raft, join its thread, wait for a snapshot child; pending submits end as unknown."""

@@ -294,6 +294,10 @@ class ForkingSnapshotWriter:
             # still writing: that file is obsolete and must not be renamed later.
             self._stop_child(signal.SIGKILL, timeout_s=10.0)
             self._unreported_failure = True
+        # A received snapshot was written and renamed into place by pysyncobj without fsync; make
+        # it durable before it replaces the state and pysyncobj clears the journal for it (H8).
+        fsync_path(file_name)
+        fsync_path(os.path.dirname(os.path.abspath(file_name)))
         with self._lock:
             raft_data = read_snapshot(file_name, self._state_machine)
         self.loaded_count += 1
