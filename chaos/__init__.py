@@ -8,5 +8,6 @@ harness with every link through ``netproxy``, the fault-injecting TCP proxy),
 ``runner`` (phases and report), ``sweep`` (many seeds, one table).
 
 A black box: nothing here imports rcq but rcq.client, rcq.errors and the cluster harness of
-rcq.testing (real node processes, their polls and waits).
+rcq.testing (real node processes, their polls and waits, and powerfs: a disk that loses
+what was not synced).
 """

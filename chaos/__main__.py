@@ -3,16 +3,24 @@
     python -m chaos --nodes 5 --time-limit-s 600 --nemesis all --seed 42 --out DIR
     python -m chaos --nemesis kill,pause,partition --time-limit-s 60
     python -m chaos --target docker      # needs a Docker engine; says so plainly if there is none
+    python -m chaos --nemesis power      # power failures: each data directory on its own powerfs mount
 
 ``--target docker`` runs docker-compose.yml's 3 nodes as a compose project and
 injects faults with the docker CLI (kill, pause, whole-node network partitions,
 wipe, snapshot; see chaos.docker_cluster): no proxy, so one-way, client-partition,
 delay and loss are refused there, as are --node-override and --nodes other than 3.
 
+``--power-fs`` (implied by ``--nemesis power``; local target only) puts each node's data
+directory on its own powerfs mount (rcq.testing.powerfs, FUSE): a disk that keeps writes not
+made durable in memory, so the ``power`` nemesis can drop them. With it, ``all`` includes
+``power``; without it, it does not. It needs FUSE (/dev/fuse, libfuse3, mfusepy); the run
+refuses to start, saying why, when FUSE cannot work here.
+
 Exit status: 0 valid, 1 invalid (lost, duplicated, unexpected items, divergence...),
 2 the run could not be made (no Docker engine, bad arguments).
 
-Must not import: any rcq module but rcq.client and rcq.errors.
+Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness
+(with rcq.testing.powerfs, to say why FUSE cannot work).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pathlib import Path
 from chaos.docker_cluster import COMPOSE_NODES, DockerError, docker_compose_error
 from chaos.nemesis import DOCKER_KINDS, KINDS, check_target, parse_kinds
 from chaos.runner import RunConfig, run
+from rcq.testing.powerfs import fuse_unavailable_reason
 
 DOCKER_INFO_TIMEOUT_S = 20.0
 
@@ -49,6 +58,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node-override", action="append", default=[], metavar="FIELD=JSON",
                    help="extra NodeConfig field for every node, e.g. unsafe_memory_journal=true")
     p.add_argument("--log-level", default="INFO", help="the nodes' log level (local target only)")
+    p.add_argument("--power-fs", action="store_true",
+                   help="each node's data directory on its own powerfs mount, a disk that drops unsynced "
+                        "writes on a power cut (FUSE; local target only; implied by --nemesis power; "
+                        "with it, 'all' includes power)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -69,7 +82,7 @@ def docker_engine_error() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        kinds = parse_kinds(args.nemesis)
+        kinds = parse_kinds(args.nemesis, power_fs=args.power_fs)
         if args.target == "docker" and args.nemesis.strip() == "all":
             kinds = list(DOCKER_KINDS)
         check_target(kinds, args.target)
@@ -83,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
                                  f"--nodes {args.nodes} needs --target local")
             if overrides:
                 raise ValueError("--node-override needs --target local: docker-compose.yml fixes the nodes' configuration")
+            if args.power_fs:
+                raise ValueError("--power-fs needs --target local: each node's data directory becomes a FUSE mount")
+        elif args.power_fs or "power" in kinds:
+            reason = fuse_unavailable_reason()
+            if reason is not None:
+                raise ValueError(f"--power-fs / --nemesis power cannot work here: {reason}")
     except (ValueError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -98,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix=f"rcq-chaos-{seed}-"))
     config = RunConfig(nodes=args.nodes, time_limit_s=args.time_limit_s, nemesis=kinds, seed=seed, out=out,
                        workers=args.workers, queues=args.queues, node_overrides=overrides, log_level=args.log_level,
-                       target=args.target)
+                       target=args.target, power_fs=args.power_fs)
     print(f"chaos run: seed {seed}, output in {out}", file=sys.stderr, flush=True)
     from chaos.runner import Progress
 

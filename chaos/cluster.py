@@ -23,18 +23,34 @@ the nodes' Raft listeners, the smaller ones for HTTP and the links. Client traff
 node ``i`` through ``client->node-i``; every node advertises that URL, so the leader URLs
 nodes give clients go through the proxy too.
 
-Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness.
+**Power failures** (``power_fs=True``, the ``power`` nemesis): each node's data directory is
+its own powerfs mount (rcq.testing.powerfs: a disk whose writes not made durable live in memory
+only), so :meth:`ChaosCluster.lose_power` of one node drops that node's unsynced data and no
+other's. It kills the node and everything it forked, waits until none of them is left running
+(a dying process writes its dirty mmap pages back as it exits), then cuts. A wipe on such a
+disk is made durable (a new, empty disk). The mounts are closed after the nodes stop; the
+data on them is gone then (the logs are outside them).
+
+Must not import: any rcq module but rcq.client, rcq.errors, rcq.testing's cluster harness and
+rcq.testing.powerfs.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Self
 
 from chaos.netproxy import HOST, ProxyThread
 from chaos.target import TARGET_START_TIMEOUT_S, client_link, raft_link
 from rcq.testing.cluster import LocalCluster
-from rcq.testing.nodes import free_ports
+from rcq.testing.nodes import STOP_TIMEOUT_S, free_ports
+from rcq.testing.polls import poll_until
+from rcq.testing.powerfs import PowerFSError, PowerMount, close_all
+
+log = logging.getLogger(__name__)
 
 PORT_ALLOCATION_ATTEMPTS = 5
 POLL_INTERVAL_S = 0.1  # the harness's polls share two cores with the nodes and the workload
@@ -54,6 +70,23 @@ def address(port: int) -> str:
     return f"{HOST}:{port}"
 
 
+def groups_running(pgids: set[int]) -> set[int]:
+    """Those of the process groups ``pgids`` in which a process still runs (zombies have
+    finished exiting: their mappings are closed and their dirty pages written back)."""
+    running: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as stat_file:
+                fields = stat_file.read().rpartition(")")[2].split()
+        except OSError:  # it exited while we looked
+            continue
+        if len(fields) > 2 and int(fields[2]) in pgids and fields[0] not in ("Z", "X"):
+            running.add(int(fields[2]))
+    return running
+
+
 class ChaosCluster(LocalCluster):
     """``nodes`` rcq processes on 127.0.0.1, wired through a proxy of their own (seeded with
     ``seed``, closed with the cluster); see the module docstring. ``base_dir`` None: a
@@ -64,14 +97,21 @@ class ChaosCluster(LocalCluster):
     poll_interval_s = POLL_INTERVAL_S
 
     def __init__(self, nodes: int, seed: int = 0, base_dir: Path | None = None,
-                 node_overrides: dict[str, Any] | None = None, log_level: str = "INFO") -> None:
+                 node_overrides: dict[str, Any] | None = None, log_level: str = "INFO", *,
+                 power_fs: bool = False) -> None:
         self.proxy = ProxyThread(seed)
         self.raft_proxy_ports: dict[tuple[int, int], int] = {}  # (dialler, acceptor) -> link port
         self.client_ports: list[int] = []  # the link port in front of each node's HTTP port
+        self.power_mounts: list[PowerMount] = []  # node i's data directory, with power_fs
         try:
             super().__init__(nodes, base_dir, node_overrides={**CHAOS_NODE_OVERRIDES, **(node_overrides or {})},
                              log_level=log_level, keep=True)
+            if power_fs:
+                for node in self.nodes:
+                    node.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    self.power_mounts.append(PowerMount(node.data_dir, log_path=node.directory / "powerfs.log"))
         except BaseException:
+            close_all(self.power_mounts)
             self.proxy.close()
             raise
 
@@ -128,12 +168,42 @@ class ChaosCluster(LocalCluster):
     def node_isolation(self) -> None:
         return None  # link faults cut whole nodes and finer shapes alike
 
+    def power_failure(self) -> Self | None:
+        """Itself (:meth:`lose_power`) when its disks are powerfs mounts (chaos.faults.power_failure)."""
+        return self if self.power_mounts else None
+
+    def lose_power(self, indices: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """kill -9 nodes ``indices`` and what they forked, wait until none of it runs, then drop
+        everything their disks had not made durable; per node, what was dropped."""
+        if not self.power_mounts:
+            raise RuntimeError("no power failures without powerfs: make the cluster with power_fs=True")
+        groups: set[int] = set()
+        for i in indices:
+            pid = self.nodes[i].pid  # the node leads its process group
+            self.kill_node(i)
+            if pid is not None:
+                groups.add(pid)
+        if groups:
+            poll_until(lambda: True if not groups_running(groups) else None, STOP_TIMEOUT_S,
+                       f"process groups {sorted(groups)} still running after SIGKILL")
+        return {i: self.power_mounts[i].cut() for i in indices}
+
+    def wipe_node(self, i: int) -> None:
+        super().wipe_node(i)
+        if self.power_mounts:  # a wiped node is a new, empty disk: a later cut must not bring files back
+            self.power_mounts[i].sync()
+
     def heal(self, timeout_s: float | None = None) -> list[int]:
         self.proxy.heal()
         return super().heal(timeout_s)
 
     def close(self) -> None:
         try:
-            super().close()
+            super().close()  # the nodes first: a disk is unmounted once nothing uses it
         finally:
+            errors = close_all(self.power_mounts)
+            self.power_mounts = []
             self.proxy.close()
+            if errors:
+                log.error("powerfs mounts not closed cleanly: %s", errors)
+                raise PowerFSError("powerfs mounts not closed cleanly: " + "; ".join(errors))

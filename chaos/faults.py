@@ -6,6 +6,10 @@ Link faults are layered: faults active at once may touch the same link (a partit
 delay); each keeps its own layer and the link gets their combination, so stopping one never
 undoes another.
 
+A power failure needs a capability that only some targets have, so it is found by name, not in
+the ChaosTarget protocol: :func:`power_failure` returns the target's :class:`PowerFailure`
+(the local target whose data directories are powerfs mounts) or None.
+
 Must not import: any rcq module but rcq.testing's cluster harness (for its bounded polls); nor a
 target's module (targets are seen through chaos.target).
 """
@@ -15,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from chaos.netproxy import HEALTHY, LinkFault
 from chaos.target import ChaosTarget, LinkFaults, client_link, raft_link
@@ -26,6 +30,22 @@ PAUSE_S = (2.0, 5.0)  # above raft_timeout_max_s (1.6 s): the others elect a new
 WIPE_CATCH_UP_S = 60.0
 DEPOSED_LEADER_LOSS = (0.03, 0.15)
 DEPOSED_LEADER_WAIT_S = 15.0  # for the new leader, the compactions and the snapshot install, each
+
+
+class PowerFailure(Protocol):
+    """Power failures of whole nodes (chaos.cluster.ChaosCluster with ``power_fs``)."""
+
+    def lose_power(self, indices: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """kill -9 each node (and what it forked), then drop everything its disk had not made
+        durable; per node, what its disk dropped. The nodes stay down until started."""
+        ...
+
+
+def power_failure(cluster: object) -> PowerFailure | None:
+    """The target's power-failure control, or None when it has none (docker, or the local
+    target without powerfs mounts)."""
+    capability = getattr(cluster, "power_failure", None)
+    return capability() if callable(capability) else None
 
 
 def combine_link_faults(faults: Any) -> LinkFault:
@@ -53,6 +73,7 @@ class FaultMaker:
     def __init__(self, cluster: ChaosTarget, others_active: Callable[[], bool]) -> None:
         self.cluster = cluster
         self.links: LinkFaults | None = cluster.link_faults()
+        self.power: PowerFailure | None = power_failure(cluster)
         self._others_active = others_active
         self._link_layers: dict[str, dict[int, LinkFault]] = {}
         self._next_layer = 0
@@ -99,6 +120,39 @@ class FaultMaker:
             cluster.wait_for_http(targets)
 
         return Fault(variant, targets, stop)
+
+    def _begin_power(self, rng: random.Random) -> Fault | None:
+        cluster = self.cluster
+        power = self.power
+        assert power is not None, "checked when the nemesis was made"
+        n = len(cluster.nodes)
+        everyone = list(range(n))
+        leader = cluster.leader()
+        # Any node may lose power, a stopped one too: its disk still holds what it had not synced.
+        variant = rng.choice(["power-follower", "power-minority", "power-leader", "power-all"])
+        if variant == "power-leader":
+            target = self._leader_or_any(rng, everyone)
+            targets = [target] if target is not None else []
+        elif variant == "power-follower":
+            followers = [i for i in everyone if i != leader]
+            targets = [rng.choice(followers)] if followers else []
+        elif variant == "power-minority":
+            targets = sorted(rng.sample(everyone, max(1, (n - 1) // 2)))
+        else:
+            targets = everyone
+        if not targets:
+            return None
+        dropped = power.lose_power(targets)
+
+        def stop() -> None:
+            for i in targets:
+                if not cluster.nodes[i].running():
+                    cluster.start_node(i, wait=False)
+            cluster.wait_for_http(targets)
+
+        names = [cluster.nodes[i].node_id for i in targets]
+        return Fault(variant, targets, stop,
+                     {"lost_power": names, "dropped": {cluster.nodes[i].node_id: dropped.get(i, {}) for i in targets}})
 
     def _begin_pause(self, rng: random.Random) -> Fault | None:
         cluster = self.cluster

@@ -6,7 +6,8 @@ resume, heal). Each start and stop is a history line from process ``"nemesis"``:
 
     {"type": "info", "f": "kill-leader", "value": {"phase": "start", "nodes": ["node-1"], "id": 3}}
 
-Kinds (the CLI's ``--nemesis`` names; ``all`` is every one):
+Kinds (the CLI's ``--nemesis`` names; ``all`` is every one the target can make, and
+includes ``power`` only with ``--power-fs``):
 
 * ``kill``: kill -9 the leader, a random follower, a minority, or every node
   at once; restarted when the fault stops.
@@ -32,17 +33,26 @@ Kinds (the CLI's ``--nemesis`` names; ``all`` is every one):
   a new leader and compacted their logs, so the old leader rejoins through a
   snapshot install (the pattern of chaos seed 90413). Its stop line says
   whether the old leader received a snapshot. Never mixed; local target only.
+* ``power``: a power failure of one follower, a minority, the leader, or every node at once:
+  each is killed -9 (with what it forked), then everything its disk had not made durable is
+  dropped (each node's data directory is its own powerfs mount, rcq.testing.powerfs: unsynced
+  file data, and names not made durable by an fsync of their directory); restarted when the
+  fault stops. Its start line names the nodes that lost power (``lost_power``) and what each
+  disk dropped (``dropped``). Local target with ``--power-fs`` only (``--nemesis power``
+  implies it); a cut of one node never touches another node's disk.
 
 The order and kind of faults, their durations and random targets come from
 ``random.Random(f"{seed}/nemesis")``; "the leader" is whoever leads then.
 
 The nemesis drives any :class:`chaos.target.ChaosTarget` and chooses by its
 capabilities, never by its class. With ``link_faults()`` (the local target's
-proxy) every kind works. Without it (the docker target) ``kill``, ``pause``,
+proxy) every kind works but ``power``, which needs the target's
+``power_failure()`` (chaos.faults.power_failure: the local target with its
+disks on powerfs). Without link faults (the docker target) ``kill``, ``pause``,
 ``wipe`` and ``snapshot`` act on nodes all the same, ``partition`` takes whole
 nodes off the network through ``node_isolation()`` (the leader, or a random
 minority; no ring), and ``one-way``, ``client-partition``, ``delay``, ``loss``
-and ``deposed-leader`` need per-link control and are refused
+and ``deposed-leader`` need per-link control and are refused, as is ``power``
 (:func:`unsupported_kinds`, :func:`check_target` for the CLI).
 
 Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness
@@ -57,14 +67,16 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from chaos.faults import Fault, FaultMaker
+from chaos.faults import Fault, FaultMaker, power_failure
 from chaos.target import ChaosTarget
 
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "wipe", "snapshot",
-         "deposed-leader")
-MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss")
+         "deposed-leader", "power")
+MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "power")
 NEEDS_LINK_FAULTS = ("one-way", "client-partition", "delay", "loss", "deposed-leader")
-DOCKER_KINDS = tuple(k for k in KINDS if k not in NEEDS_LINK_FAULTS)  # whole-node isolation, no per-link faults
+NEEDS_POWER_FS = ("power",)  # each node's data directory on its own powerfs mount (local target, --power-fs)
+# Whole-node isolation, no per-link faults, no powerfs.
+DOCKER_KINDS = tuple(k for k in KINDS if k not in NEEDS_LINK_FAULTS and k not in NEEDS_POWER_FS)
 QUIET_S = (1.0, 4.0)
 FAULT_S = (2.0, 8.0)
 MIX_PROBABILITY = 0.3
@@ -72,10 +84,12 @@ SNAPSHOT_EVERY_S = (1.0, 4.0)
 STEP_TIMEOUT_S = 90.0
 
 
-def parse_kinds(text: str) -> list[str]:
+def parse_kinds(text: str, *, power_fs: bool = False) -> list[str]:
+    """Kind names from ``--nemesis``; ``all`` has ``power`` only with ``power_fs`` (a power
+    failure needs the powerfs mounts, and naming ``power`` alone turns them on)."""
     names = [k.strip() for k in text.split(",") if k.strip()]
     if names == ["all"]:
-        return list(KINDS)
+        return [k for k in KINDS if power_fs or k not in NEEDS_POWER_FS]
     if names == ["none"]:
         return []
     unknown = sorted(set(names) - set(KINDS))
@@ -84,32 +98,48 @@ def parse_kinds(text: str) -> list[str]:
     return names
 
 
-def unsupported_kinds(kinds: list[str], *, link_faults: bool, node_isolation: bool) -> list[str]:
-    """The kinds a target with these capabilities cannot make."""
-    if link_faults:
-        return []
-    return [k for k in kinds if k in NEEDS_LINK_FAULTS or (k == "partition" and not node_isolation)]
+def unsupported_kinds(kinds: list[str], *, link_faults: bool, node_isolation: bool,
+                      power_fs: bool = False) -> list[str]:
+    """The kinds a target with these capabilities cannot make (``power_fs``: power failures)."""
+    return [k for k in kinds
+            if (k in NEEDS_POWER_FS and not power_fs)
+            or (not link_faults and (k in NEEDS_LINK_FAULTS or (k == "partition" and not node_isolation)))]
 
 
-def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node_isolation: bool) -> None:
+def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node_isolation: bool,
+                       power_fs: bool = False) -> None:
     """ValueError naming the kinds of ``kinds`` that ``target`` cannot make, and why."""
-    unsupported = unsupported_kinds(kinds, link_faults=link_faults, node_isolation=node_isolation)
+    capabilities = {"link_faults": link_faults, "node_isolation": node_isolation, "power_fs": power_fs}
+    unsupported = unsupported_kinds(kinds, **capabilities)
     if not unsupported:
         return
-    partitions = ("its partitions are whole-node (a node is on the network or off it)" if node_isolation
-                  else "it cannot partition nodes at all")
-    supported = [k for k in KINDS if not unsupported_kinds([k], link_faults=link_faults, node_isolation=node_isolation)]
-    raise ValueError(
-        f"nemesis {', '.join(unsupported)} not supported with --target {target}: {partitions}, so one-way "
-        "drops, delay, loss, client-only partitions and a deposed leader need per-link faults (the local "
-        f"target's proxy); {target} supports {', '.join(supported)} (use --target local for the rest)")
+    supported = [k for k in KINDS if not unsupported_kinds([k], **capabilities)]
+    linked = [k for k in unsupported if k not in NEEDS_POWER_FS]
+    powered = [k for k in unsupported if k in NEEDS_POWER_FS]
+    reasons = []
+    if linked:
+        partitions = ("its partitions are whole-node (a node is on the network or off it)" if node_isolation
+                      else "it cannot partition nodes at all")
+        reasons.append(
+            f"nemesis {', '.join(linked)} not supported with --target {target}: {partitions}, so one-way "
+            "drops, delay, loss, client-only partitions and a deposed leader need per-link faults (the local "
+            "target's proxy)")
+    if powered:
+        where = "" if target == "local" else " (local target only)"
+        reasons.append(
+            f"nemesis {', '.join(powered)} not supported with --target {target}"
+            + (" without --power-fs" if target == "local" else "")
+            + f": a power failure needs each node's data directory on its own powerfs mount (--power-fs{where})")
+    raise ValueError("; ".join(reasons) + f"; {target} supports {', '.join(supported)}"
+                     + ("" if target == "local" else " (use --target local for the rest)"))
 
 
 def check_target(kinds: list[str], target: str) -> None:
     """ValueError when ``target`` cannot make one of ``kinds``: the CLI's check, before any
-    cluster exists (docker isolates whole nodes and has no per-link faults)."""
+    cluster exists (docker isolates whole nodes and has no per-link faults nor powerfs; the
+    local target mounts powerfs when ``power`` is chosen)."""
     docker = target == "docker"
-    refuse_unsupported(kinds, target, link_faults=not docker, node_isolation=docker)
+    refuse_unsupported(kinds, target, link_faults=not docker, node_isolation=docker, power_fs=not docker)
 
 
 class Nemesis:
@@ -232,7 +262,8 @@ class Nemesis:
     @staticmethod
     def _check(kinds: list[str], cluster: ChaosTarget) -> None:
         refuse_unsupported(kinds, cluster.target, link_faults=cluster.link_faults() is not None,
-                           node_isolation=cluster.node_isolation() is not None)
+                           node_isolation=cluster.node_isolation() is not None,
+                           power_fs=power_failure(cluster) is not None)
 
     def _begin(self, kind: str, rng: random.Random) -> Fault | None:
         self._check([kind], self.cluster)

@@ -59,6 +59,8 @@ class RunConfig:
     convergence_timeout_s: float = 60.0
     log_level: str = "INFO"
     target: str = "local"  # or "docker": docker-compose.yml's 3 nodes (chaos.docker_cluster)
+    # Each node's data directory on its own powerfs mount (local target; implied by the power nemesis).
+    power_fs: bool = False
     # A callback between phase 2 and the heal; tests use it to crash nodes on purpose.
     before_heal: Callable[[ChaosTarget], None] | None = None
 
@@ -106,7 +108,10 @@ def run(config: RunConfig, progress: Progress | None = None) -> dict[str, Any]:
 
 def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosTarget:
     """The cluster under test, not started yet (its logs go under ``base_dir``)."""
+    power_fs = config.power_fs or "power" in config.nemesis
     if config.target == "docker":
+        if power_fs:
+            raise ValueError("powerfs and the power nemesis need the local target (each node's data directory a FUSE mount)")
         if config.node_overrides:
             raise ValueError("the docker target runs docker-compose.yml's node configuration: no node overrides")
         docker = DockerCluster(config.nodes, base_dir, project=f"rcq-chaos-{config.seed}")
@@ -114,8 +119,10 @@ def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosT
         return docker
     if config.target != "local":
         raise ValueError(f"unknown target {config.target!r}: local or docker")
-    local = ChaosCluster(config.nodes, config.seed, base_dir, config.node_overrides, config.log_level)
-    progress(f"starting {config.nodes} nodes in {local.base_dir}")
+    local = ChaosCluster(config.nodes, config.seed, base_dir, config.node_overrides, config.log_level,
+                         power_fs=power_fs)
+    progress(f"starting {config.nodes} nodes in {local.base_dir}"
+             + (", each data directory on its own powerfs mount" if power_fs else ""))
     return local
 
 
@@ -257,6 +264,8 @@ def _report(config: RunConfig, out: Path, extra: dict[str, Any], timings: dict[s
                   "workers": config.workers, "queues": config.queues}
     if config.node_overrides:
         parameters["node_overrides"] = json.dumps(config.node_overrides, sort_keys=True)
+    if config.target == "local" and (config.power_fs or "power" in config.nemesis):
+        parameters["power_fs"] = True
     write_results(out / "results.json", results, config.seed, **parameters)
     summary = summary_text(results, config.seed, **parameters)
     recovery = extra.get("recovery", {})
