@@ -55,6 +55,7 @@ class Figures:
     items: int
     errors: int
     latencies_ms: list[float] = field(default_factory=list, repr=False)
+    error_codes: dict[str, int] = field(default_factory=dict)  # error code (or class) -> count
 
     @property
     def transactions_per_s(self) -> float:
@@ -74,7 +75,7 @@ class Figures:
         return {"scenario": self.scenario, "callers": self.callers, "concurrency": self.concurrency,
                 "tx_per_s": round(self.transactions_per_s), "items_per_s": round(self.items_per_s),
                 "p50_ms": round(self.percentile_ms(0.50), 1), "p99_ms": round(self.percentile_ms(0.99), 1),
-                "errors": self.errors}
+                "errors": self.errors, **({"error_codes": dict(self.error_codes)} if self.error_codes else {})}
 
 
 Operation = Callable[[RcqClient, str], Awaitable[int]]  # returns items moved; raises on failure
@@ -137,8 +138,10 @@ async def run_scenario(urls: list[str], name: str, callers: str, concurrency: in
             began = time.perf_counter()
             try:
                 moved = await operation(client, queue)
-            except Exception:
+            except Exception as exc:
                 figures.errors += 1
+                code = getattr(exc, "code", type(exc).__name__)
+                figures.error_codes[code] = figures.error_codes.get(code, 0) + 1
                 continue
             figures.latencies_ms.append((time.perf_counter() - began) * 1000)
             figures.transactions += 1
