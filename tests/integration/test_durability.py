@@ -107,3 +107,18 @@ async def test_a_node_does_not_switch_durability_with_data_in_place(tmp_path: Pa
     with pytest.raises(Unavailable, match=r"durability=fsync, but its data directory holds raft\.journal"):
         await replicator.start()
     await replicator.stop()
+
+
+async def test_a_failed_write_full_disk_stops_the_node_and_acknowledges_nothing(node, monkeypatch):
+    raft, journal, sent = node
+    failures: list[OSError] = []
+    monkeypatch.setattr(journal, "on_failure", failures.append)
+
+    def full_disk(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    with pytest.raises(OSError):
+        append_from_a_leader(raft)
+    assert [f.errno for f in failures] == [errno.ENOSPC]
+    assert acknowledgements(sent) == []

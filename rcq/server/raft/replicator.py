@@ -202,7 +202,9 @@ class RaftReplicator:
     def _make_journal(self, journal_file: str | None) -> Any:
         """pysyncobj's journal for this node: rcq's DurableJournal with durability=fsync (H8)."""
         if journal_file is not None and self._config.durability == "fsync":
-            return DurableJournal(journal_file)
+            journal = DurableJournal(journal_file)
+            journal.on_failure = self._on_sync_failure  # a failed write stops the node like a failed sync
+            return journal
         return default_journal(journal_file)
 
     def _refuse_the_other_durability(self) -> None:
@@ -214,8 +216,8 @@ class RaftReplicator:
                 "in place: wipe its data directory (it catches up from its peers) or keep the old setting")
 
     def _on_sync_failure(self, error: OSError) -> None:
-        """An fsync failed (EIO, ENOSPC...): what was written may not be on disk, and retrying the
-        sync can report success for data the kernel already dropped. Fail-stop: never
+        """A write or an fsync of the Raft log failed (EIO, ENOSPC...): what was written may not be
+        on disk, and retrying the sync can report success for data the kernel already dropped. Fail-stop: never
         acknowledge, never lead; restarting reads back only what is really durable."""
         logger.critical("node %s: syncing the Raft log failed (%s); stopping so that nothing unsynced is "
                         "acknowledged", self._config.node_id, error)

@@ -33,7 +33,7 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rcq.server.raft.files import replace_durably
@@ -119,6 +119,9 @@ class DurableJournal:
         self._meta = self._read_meta()
         self._meta_dirty = False
         self.syncs = 0
+        # Called with the OSError when a write fails (the replicator fail-stops the node; a failed
+        # sync reaches the same handler through rcq.server.raft.patches).
+        self.on_failure: Callable[[OSError], None] | None = None
 
     # ----------------------------------------------------------- durability
     def sync(self) -> None:
@@ -140,7 +143,12 @@ class DurableJournal:
     def add(self, command: Any, idx: int, term: int) -> None:
         command = bytes(command)
         record = _record(command, idx, term)
-        os.pwrite(self._fd, record, self._end)
+        try:
+            os.pwrite(self._fd, record, self._end)
+        except OSError as exc:  # ENOSPC, EIO: the entry is not in the log; nothing may acknowledge it
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            raise
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
