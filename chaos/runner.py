@@ -43,6 +43,8 @@ PROGRESS_EVERY_S = 5.0
 DRAIN_PROCESS = 100_000
 STOP_GRACE_S = 45.0  # workers finish their current op (each bounded by OP_TIMEOUT_S)
 
+HEAL_ERROR_CHARS_MAX = 4000  # a node's log tail rides along; enough to see why it did not start
+
 
 @dataclasses.dataclass
 class RunConfig:
@@ -163,8 +165,14 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
         await asyncio.to_thread(config.before_heal, cluster)
     progress("healing: every fault stopped, links healed, nodes resumed and restarted")
     t0 = time.monotonic()
-    await nemesis.heal()
     recovery: dict[str, Any] = {}
+    try:
+        await nemesis.heal()
+    except Exception as exc:
+        # A node that cannot restart from what its disk kept is a finding, not a harness failure:
+        # the run goes on, and the convergence checker finds its state missing.
+        recovery["heal_error"] = f"{type(exc).__name__}: {exc}"[:HEAL_ERROR_CHARS_MAX]
+        progress(f"heal could not restart every node: {recovery['heal_error'][:300]}")
     try:
         leader = await asyncio.to_thread(cluster.wait_for_leader, config.recovery_timeout_s)
         recovery["leader_after_heal_s"] = round(time.monotonic() - t0, 3)

@@ -24,7 +24,6 @@ from chaos.faults import power_failure
 from chaos.nemesis import DOCKER_KINDS, KINDS, Nemesis, check_target, parse_kinds
 from chaos.runner import Progress, RunConfig, open_target, run
 from chaos.target import ChaosTarget
-from rcq.testing.polls import NodeStartError
 from rcq.testing.powerfs import fuse_unavailable_reason, is_mounted
 
 FUSE_UNAVAILABLE = fuse_unavailable_reason()
@@ -127,13 +126,6 @@ def test_the_fault_cuts_the_power_of_the_chosen_nodes_and_restarts_them(monkeypa
 
 
 # ------------------------------------------------------------------ whole runs (issue 9)
-def server_has_durability_setting() -> bool:
-    """Whether the server has issue 9's ``durability`` setting (fsync / os) yet."""
-    from rcq.server.config import NodeConfig
-
-    return "durability" in NodeConfig.model_fields
-
-
 def describe(document: dict[str, Any]) -> str:
     return document["summary"] + "\nruntime: " + json.dumps(document["results"].get("runtime", {}), default=str)[:3000]
 
@@ -151,17 +143,16 @@ def cut_every_node(cluster: ChaosTarget) -> None:
     power.lose_power(list(range(len(cluster.nodes))))
 
 
-def power_run(tmp_path: Path, durability: str | None) -> tuple[dict[str, Any] | None, str | None]:
+def power_run(tmp_path: Path, durability: str) -> tuple[dict[str, Any], str | None]:
     """A short seeded run of the power nemesis, ending with every node losing power; returns its
-    document, or None and why a node could not restart. No mount may be left behind."""
-    overrides = {"durability": durability} if durability is not None else {}
+    document and, when the heal could not restart a node, why. No mount may be left behind."""
+    overrides = {"durability": durability}
+    # Short waits after the heal: with the unsynced journal no node may come back at all.
     config = RunConfig(nodes=3, time_limit_s=30, nemesis=["power"], seed=POWER_SEED, out=tmp_path, workers=5,
-                       node_overrides=overrides, before_heal=cut_every_node)
-    try:
-        document: dict[str, Any] | None = run(config, Progress(quiet=True))
-        failure = None
-    except NodeStartError as exc:  # the heal could not restart a node from what its disk kept
-        document, failure = None, str(exc)
+                       node_overrides=overrides, before_heal=cut_every_node, recovery_timeout_s=20.0,
+                       drain_timeout_s=30.0, convergence_timeout_s=15.0)
+    document: dict[str, Any] = run(config, Progress(quiet=True))
+    failure = document["results"]["runtime"]["recovery"].get("heal_error")
     mounts = [tmp_path / "cluster" / f"node-{i}" / "data" for i in range(3)]
     assert not any(is_mounted(m) for m in mounts), "a powerfs mount was left behind"
     starts = nemesis_starts(tmp_path, "power-")
@@ -176,31 +167,26 @@ def test_power_failures_lose_acknowledged_commits_when_the_journal_is_not_synced
     """The checker's teeth against power failures (issue 9). pysyncobj's journal is an mmap'd file
     never synced before an entry is acknowledged, and its term/vote file is replaced without fsync:
     a power failure must lose acknowledged commits, or leave a node unable to restart (a journal
-    of 0 bytes: "cannot mmap an empty file"). Once the server has issue 9's ``durability``
-    setting this runs with ``durability=os``, the unsynced journal, and must keep failing; the
-    durable server is the next test's."""
-    document, failure = power_run(tmp_path, "os" if server_has_durability_setting() else None)
-    if failure is not None:
-        assert "exited" in failure, failure
-        return
-    assert document is not None
-    total = document["results"]["total_queue"]
+    of 0 bytes: "cannot mmap an empty file"). It runs with ``durability=os``, the unsynced journal,
+    and must keep failing; the durable server is the next test's."""
+    document, failure = power_run(tmp_path, "os")
     assert not document["valid"], describe(document)
+    if failure is not None:  # the heal could not restart a node from what its disk kept
+        assert "exited" in failure, failure
+        assert not document["results"]["convergence"]["valid"], describe(document)
+        return
+    total = document["results"]["total_queue"]
     assert not total["valid"] and total["lost_count"] > 0, describe(document)
 
 
 @needs_fuse
 @pytest.mark.chaos
 @pytest.mark.timeout(420)
-@pytest.mark.skipif(not server_has_durability_setting(),
-                    reason="issue 9: the server has no durability setting yet, so power failures lose "
-                           "acknowledged commits (the test above); this one asserts they do not once it has")
 def test_with_durability_fsync_power_failures_lose_nothing(tmp_path):
     """Issue 9's promise: an acknowledged commit survives power failures of one node, a minority,
     the leader and every node at once, and every node restarts from what its disk kept."""
     document, failure = power_run(tmp_path, "fsync")
     assert failure is None, failure
-    assert document is not None
     results = document["results"]
     assert results["stats"]["client_ops"] > 100, describe(document)
     assert results["runtime"]["drain"]["complete"], describe(document)
