@@ -143,12 +143,12 @@ def cut_every_node(cluster: ChaosTarget) -> None:
     power.lose_power(list(range(len(cluster.nodes))))
 
 
-def power_run(tmp_path: Path, durability: str) -> tuple[dict[str, Any], str | None]:
+def power_run(tmp_path: Path, durability: str, seed: int = POWER_SEED) -> tuple[dict[str, Any], str | None]:
     """A short seeded run of the power nemesis, ending with every node losing power; returns its
     document and, when the heal could not restart a node, why. No mount may be left behind."""
     overrides = {"durability": durability}
     # Short waits after the heal: with the unsynced journal no node may come back at all.
-    config = RunConfig(nodes=3, time_limit_s=30, nemesis=["power"], seed=POWER_SEED, out=tmp_path, workers=5,
+    config = RunConfig(nodes=3, time_limit_s=30, nemesis=["power"], seed=seed, out=tmp_path, workers=5,
                        node_overrides=overrides, before_heal=cut_every_node, recovery_timeout_s=20.0,
                        drain_timeout_s=30.0, convergence_timeout_s=15.0)
     document: dict[str, Any] = run(config, Progress(quiet=True))
@@ -182,10 +182,11 @@ def test_power_failures_lose_acknowledged_commits_when_the_journal_is_not_synced
 @needs_fuse
 @pytest.mark.chaos
 @pytest.mark.timeout(420)
-def test_with_durability_fsync_power_failures_lose_nothing(tmp_path):
+@pytest.mark.parametrize("seed", [POWER_SEED, POWER_SEED + 1])
+def test_with_durability_fsync_power_failures_lose_nothing(tmp_path, seed):
     """Issue 9's promise: an acknowledged commit survives power failures of one node, a minority,
     the leader and every node at once, and every node restarts from what its disk kept."""
-    document, failure = power_run(tmp_path, "fsync")
+    document, failure = power_run(tmp_path, "fsync", seed)
     assert failure is None, failure
     results = document["results"]
     assert results["stats"]["client_ops"] > 100, describe(document)
