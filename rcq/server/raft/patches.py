@@ -154,8 +154,6 @@ class _DropMisleadingTruncationLine(logging.Filter):
         return not str(record.msg).startswith("truncating already-applied log entries")
 
 
-# Class-level patches: pysyncobj binds __onMessageReceived as a transport callback at
-# construction, so they must be in place before any SyncObj is built (import time, once).
 # ---------------------------------------------------------------------------------------------
 # H8: with rcq's DurableJournal (durability=fsync), an entry is durable before anyone counts it:
 # a follower syncs before it acknowledges (every successful next_node_idx leaves through
@@ -163,6 +161,9 @@ class _DropMisleadingTruncationLine(logging.Filter):
 # commands it picked up in _checkCommandsToApply), before the next tick counts its own log toward
 # a majority. One sync covers everything appended since the last (group fsync). pysyncobj's
 # FileJournal has no sync(): with durability=os these are no-ops.
+ON_SYNC_FAILURE = "_rcq_on_sync_failure"  # an instance attribute the replicator sets
+
+
 def _sync_journal(sync_obj: SyncObj) -> None:
     sync = getattr(journal_of(sync_obj), "sync", None)
     if sync is None:
@@ -176,9 +177,6 @@ def _sync_journal(sync_obj: SyncObj) -> None:
         if on_failure is not None:
             on_failure(exc)
         raise
-
-
-ON_SYNC_FAILURE = "_rcq_on_sync_failure"  # an instance attribute the replicator sets
 
 
 def _syncing_before_acknowledgement(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -200,6 +198,8 @@ def _syncing_after_append(original: Callable[..., Any]) -> Callable[..., Any]:
     return append_then_sync
 
 
+# Class-level patches: pysyncobj binds __onMessageReceived as a transport callback at
+# construction, so they must be in place before any SyncObj is built (import time, once).
 def install() -> None:
     """Patch SyncObj once (idempotent); the replicator calls it when imported."""
     if getattr(SyncObj, "_rcq_fixes_installed", False):
