@@ -26,7 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rcq.testing.polls import poll_until
-from rcq.testing.powerfs import PAGE_BYTES, PowerFSError, PowerModel, PowerMount, fuse_unavailable_reason, is_mounted
+from rcq.testing.powerfs import PowerFSError, PowerMount, fuse_unavailable_reason, is_mounted
+from rcq.testing.powerfs_model import PAGE_BYTES, PowerModel
 
 FUSE_UNAVAILABLE = fuse_unavailable_reason()
 needs_fuse = pytest.mark.skipif(FUSE_UNAVAILABLE is not None, reason=f"powerfs cannot mount here: {FUSE_UNAVAILABLE}")

@@ -32,8 +32,7 @@ from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, 
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.leader.session import CommitResult
 from rcq.server.leader.transactions import TransactionManager
-from rcq.server.raft import patches
-from rcq.server.raft import replicator as replicator_module
+from rcq.server.raft import consumer, patches
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.snapshots import write_snapshot
 from tests.integration.manual_raft import ManualRaft, config_of
@@ -140,7 +139,7 @@ async def test_a_deposed_leader_answers_unknown_and_ends_with_the_clusters_state
 async def test_each_layer_alone_prevents_the_false_acknowledgement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    how: str, layer: str) -> None:
     if layer == "commit index bound":  # the other layer off: any applied proposal would succeed
-        monkeypatch.setattr(replicator_module, "_leads_term_of_entry", lambda sync_obj, index: True)
+        monkeypatch.setattr(consumer, "_leads_term_of_entry", lambda sync_obj, index: True)
     else:
         monkeypatch.setattr(patches, "_bound_commit_index", lambda *args: None)
     async with deposable_leader(tmp_path / "node") as (raft, manager, _state_machine):
@@ -158,7 +157,7 @@ async def test_each_layer_alone_prevents_the_false_acknowledgement(tmp_path: Pat
 async def test_without_the_workaround_pysyncobj_acknowledges_the_lost_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """The dependency's bug, shown: if this fails, pysyncobj changed; revisit the workaround."""
-    monkeypatch.setattr(replicator_module, "_leads_term_of_entry", lambda sync_obj, index: True)
+    monkeypatch.setattr(consumer, "_leads_term_of_entry", lambda sync_obj, index: True)
     monkeypatch.setattr(patches, "_bound_commit_index", lambda *args: None)
     async with deposable_leader(tmp_path / "node") as (raft, manager, state_machine):
         commit, index = await commit_one_item(raft, manager)

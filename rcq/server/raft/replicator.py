@@ -30,14 +30,15 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConsumer, SyncObjException, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjException
 
 from rcq.errors import CommitOutcomeUnknown, LeaderChanged, NoLeader, NotLeader, Unavailable
 from rcq.server.config import NodeConfig
-from rcq.server.core.commands import ApplyFailed, ApplyResult, Command, encode
+from rcq.server.core.commands import ApplyResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import patches
-from rcq.server.raft.internals import default_journal, entry_term, journal_bytes, journal_of, use_journal_factory
+from rcq.server.raft.consumer import QueueConsumer
+from rcq.server.raft.internals import default_journal, journal_bytes, journal_of, use_journal_factory
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.patches import ON_SYNC_FAILURE
 from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
@@ -62,58 +63,6 @@ _ROLE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
 _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if name.isupper()}
 
 
-def _leads_term_of_entry(sync_obj: SyncObj, index: int) -> bool:
-    """Is this node the leader of the term of its log entry ``index``, now?
-
-    A leader of term T appended every term-T entry itself and moved its commit index only by
-    counting its followers' acknowledgements, so an entry it applies while still leading T is
-    committed. Any other node applying an entry it once proposed depends on the commit index a
-    leader sent it; a proposal answered from there is answered "unknown" (safe: the client asks
-    again and the new leader answers from the replicated outcome), never "committed".
-    """
-    return bool(sync_obj._isLeader()) and entry_term(sync_obj, index) == int(sync_obj.raftCurrentTerm)
-
-
-class _QueueConsumer(SyncObjConsumer):
-    """Holds the state machine; its one replicated method is the log's only entry point.
-
-    A consumer rather than a SyncObj subclass: it is complete before SyncObj
-    starts the tick thread, which may replay the journal into it at once.
-    Replicated calls are pickled method calls, so the log carries only
-    ``apply_command(raw)`` with our own plain-tuple encoding (rcq.server.core.commands).
-    """
-
-    def __init__(self, state_machine: QueueStateMachine, lock: threading.Lock,
-                 on_applied: Callable[[int, Command | None, ApplyResult], None]) -> None:
-        super().__init__()
-        self._state_machine = state_machine
-        self._lock = lock
-        self._on_applied = on_applied
-        # Whether the entry applied last was applied by the leader of its own term. pysyncobj
-        # calls a proposal's callback right after applying the proposal's entry, so the submit
-        # callback reads this for its own entry (both on the tick thread).
-        self.applied_by_its_leader = False
-
-    @replicated
-    def apply_command(self, raw: Any) -> ApplyResult:
-        # raftLastApplied is incremented only after this returns, so +1 is the
-        # index of the entry being applied.
-        index = self._syncObj.raftLastApplied + 1
-        self.applied_by_its_leader = _leads_term_of_entry(self._syncObj, index)
-        # H2: an exception escaping a replicated method is re-applied on every
-        # tick for ever and wedges the node (on every node, if deterministic).
-        # sm.apply never raises; this guard is for the lock or a future bug.
-        try:
-            with self._lock:
-                command, result = self._state_machine.decode_and_apply(raw, index)
-        except Exception as exc:
-            logger.exception("apply of entry %d raised", index)
-            command, result = None, ApplyFailed(reason="apply_error", details={"error": repr(exc)})
-        self._on_applied(index, command, result)
-        return result
-
-
-# ------------------------------------------------------------- the replicator
 def _check_bindable(raft_address: str) -> None:
     """Fail fast and clearly when the Raft port is taken.
 
@@ -146,7 +95,7 @@ class RaftReplicator:
         self._state_machine = state_machine
         self._auto_tick = auto_tick
         self._lock = threading.Lock()
-        self._consumer = _QueueConsumer(state_machine, self._lock, self._on_applied)
+        self._consumer = QueueConsumer(state_machine, self._lock, self._on_applied)
         self._peer_urls = config.peer_url_by_raft_address()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_obj: SyncObj | None = None
@@ -271,7 +220,7 @@ class RaftReplicator:
             # synchronously then); call_soon_threadsafe is right for both.
             if fail_reason == FAIL_REASON.SUCCESS and not self._consumer.applied_by_its_leader:
                 # Raft's rule: only the leader that proposed an entry, still leading that term,
-                # answers "committed" for it (see _leads_term_of_entry).
+                # answers "committed" for it (rcq.server.raft.consumer._leads_term_of_entry).
                 fail_reason = FAIL_REASON.UNKNOWN_OUTCOME
             try:
                 loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
