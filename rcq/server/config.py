@@ -11,6 +11,7 @@ Must not import: aiohttp, pysyncobj, lmdb.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,24 @@ RENAMED_FIELDS = {
     "commands_queue_size": "commands_queued_max",
     "closed_transactions_remembered": "closed_transactions_remembered_max",
 }
+
+
+def default_storage_bytes() -> int:
+    """A quarter of the memory this process may use: the machine's, or its cgroup's limit if lower."""
+    total = 0
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        total = int(pages) * int(page_size)
+    except (OSError, ValueError):
+        pass
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < (total or int(text) + 1):
+            total = int(text)
+    return max(total // 4, 64 << 20) if total else 1 << 30
 
 
 class PeerConfig(BaseModel):
@@ -70,9 +89,41 @@ class NodeConfig(BaseModel):
     closed_transactions_remembered_max: int = Field(
         50_000, ge=0, description="recently aborted/expired ids kept for status answers")
 
-    # --- sizes
+    transactions_open_per_client_max: int = Field(
+        1_000, ge=1, description="open transactions one client (peer address) may hold on the leader before 429")
+    transaction_lifetime_max_s: float = Field(
+        4 * 3600.0, gt=0, description="longest a transaction may live, extends included; past it an extend "
+                                      "is refused and the deadline aborts it")
+
+    # --- sizes and per-request bounds
     item_bytes_max: int = Field(1 << 20, ge=1, description="largest item")
     body_bytes_max: int = Field(32 << 20, ge=1024, description="largest HTTP request body")
+    request_items_max: int = Field(10_000, ge=1, description="most items one enqueue request may carry")
+    transaction_items_max: int = Field(
+        100_000, ge=1, description="most items one transaction may enqueue plus dequeue")
+    dequeue_answer_bytes_max: int = Field(
+        16 << 20, ge=1024, description="a dequeue returns at most this many item bytes (always at least one item)")
+    batch_requests_max: int = Field(
+        1_000, ge=1, description="most sub-requests in one /v1/batch or /v1/execute-batch, most ids in one commit_many")
+
+    # --- storage (what the replicated state may hold; every node holds all of it in RAM)
+    storage_bytes_max: int = Field(
+        default_factory=lambda: default_storage_bytes(), ge=1 << 20,
+        description="memory budget for queued items, counting each item's bookkeeping as well as its "
+                    "bytes; past it enqueues get 507 storage_full. Default: a quarter of the machine's "
+                    "memory (or of the cgroup's limit). Set the same on every node: the leader's applies")
+    queue_items_max_default: int = Field(
+        10_000_000, ge=1, description="most items in a queue that has no max_items of its own")
+    queue_bytes_max_default: int = Field(
+        1 << 30, ge=1, description="most item bytes (with bookkeeping) in a queue that has no max_bytes of its own")
+
+    # --- HTTP connections
+    http_connections_max: int | None = Field(
+        None, ge=1, description="open HTTP connections before new ones are refused; None: three quarters "
+                                "of the process's open-file limit")
+    http_header_timeout_s: float = Field(10.0, gt=0, description="a client must send a request's headers within this")
+    http_body_timeout_s: float = Field(30.0, gt=0, description="...and its body within this")
+    http_keepalive_s: float = Field(75.0, gt=0, description="an idle keep-alive connection is closed after this")
 
     # --- commits
     commit_timeout_s: float = Field(10.0, gt=0, description="after this, a commit's outcome is reported unknown (504)")
@@ -99,6 +150,11 @@ class NodeConfig(BaseModel):
     log_compaction_bytes: int = Field(
         64 << 20, ge=1 << 16, description="...or once the journal holds this many bytes (bounds the log kept in RAM)")
     commands_queued_max: int = Field(20_000, ge=100, description="pysyncobj's queue of proposed commands")
+    raft_handshake_frame_bytes_max: int = Field(
+        1 << 16, ge=1024, description="largest Raft frame accepted from a connection that has not yet "
+                                      "authenticated with the cluster secret; a bigger one closes the connection")
+    raft_frame_bytes_max: int = Field(
+        1 << 30, ge=1 << 20, description="largest Raft frame accepted from an authenticated peer")
     durability: Literal["fsync", "os"] = Field(
         "fsync", description="fsync: a node makes Raft entries durable (fdatasync) before it acknowledges them, "
                              "and term and vote before it votes; a power failure of every node loses no acknowledged "
@@ -128,6 +184,12 @@ class NodeConfig(BaseModel):
             raise ValueError("connection_timeout_s must be at least raft_timeout_max_s")
         if self.transaction_timeout_default_s > self.transaction_timeout_max_s:
             raise ValueError("transaction_timeout_default_s must not exceed transaction_timeout_max_s")
+        if self.transaction_timeout_max_s > self.transaction_lifetime_max_s:
+            raise ValueError("transaction_timeout_max_s must not exceed transaction_lifetime_max_s")
+        if self.transactions_open_per_client_max > self.transactions_open_max:
+            raise ValueError("transactions_open_per_client_max must not exceed transactions_open_max")
+        if self.raft_handshake_frame_bytes_max > self.raft_frame_bytes_max:
+            raise ValueError("raft_handshake_frame_bytes_max must not exceed raft_frame_bytes_max")
         if self.item_bytes_max > self.body_bytes_max:
             raise ValueError("item_bytes_max must not exceed body_bytes_max")
         if self.item_bytes_max > self.commit_batch_bytes_max:
