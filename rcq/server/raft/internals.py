@@ -5,7 +5,8 @@ journal (to sync it, size it and read an entry's term; and the seam where it is 
 it rcq's durable one, H8), the commit index (to bound it, H6), the proposals waiting for their
 entry (to answer those a snapshot skipped, H7), the transport (to sync before an
 acknowledgement leaves, H8), and its message handler, follower delete and leader start
-(patched, H5, H6, H8). Reaching in anywhere else is a bug;
+(patched, H5, H6, H8); and the TCP transport's connections, listener and methods (H13..H15:
+frame caps, linear buffers, a listener that survives EMFILE). Reaching in anywhere else is a bug;
 a pysyncobj upgrade is checked here first.
 
 Must not import: anything of rcq.
@@ -14,11 +15,16 @@ Must not import: anything of rcq.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj import journal as journal_module
+from pysyncobj import pickle as pickle_module
 from pysyncobj import syncobj as syncobj_module
+from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.tcp_server import TcpServer
+from pysyncobj.transport import TCPTransport
 
 
 def journal_of(sync_obj: SyncObj) -> Any:
@@ -80,3 +86,77 @@ def default_journal(journal_file: str | None) -> Any:
 def transport_of(sync_obj: SyncObj) -> Any:
     """The TCP transport; its ``send`` is how every Raft message leaves."""
     return sync_obj._SyncObj__transport
+
+
+# ---------------------------------------------------------------------------------------------
+# The TCP transport (H13..H15). TcpConnection and TcpServer keep their state in private
+# (name-mangled) attributes; TCPTransport in "_" ones.
+_OWNERS: dict[str, tuple[type, str]] = {
+    "SyncObj": (SyncObj, "_SyncObj__"),
+    "TcpConnection": (TcpConnection, "_TcpConnection__"),
+    "TcpServer": (TcpServer, "_TcpServer__"),
+    "TCPTransport": (TCPTransport, ""),  # its methods are not name-mangled
+}
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A method rcq replaced on one of pysyncobj's classes, and pysyncobj's own (for tests that
+    show what pysyncobj does without the fix: ``setattr(owner, attribute, original)``)."""
+
+    owner: object  # a class, or pysyncobj's pickle module
+    attribute: str
+    original: Any
+
+
+def replace_method(owner: str, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Replaced:
+    """Replace ``owner``'s method ``name`` (private ``__<name>`` for SyncObj, TcpConnection and
+    TcpServer) with ``make(current method)``, for every instance: those built afterwards, and
+    existing ones where pysyncobj looks the method up at each call."""
+    cls, prefix = _OWNERS[owner]
+    attribute = prefix + name
+    original = getattr(cls, attribute)
+    setattr(cls, attribute, make(original))
+    return Replaced(cls, attribute, original)
+
+
+def connection_private(connection: Any, name: str) -> Any:
+    """TcpConnection's private ``__<name>`` (readBuffer, socket, recvBufferSize, state...)."""
+    return getattr(connection, f"_TcpConnection__{name}")
+
+
+def set_connection_private(connection: Any, name: str, value: Any) -> None:
+    setattr(connection, f"_TcpConnection__{name}", value)
+
+
+def server_private(server: Any, name: str) -> Any:
+    """TcpServer's private ``__<name>`` (socket, fileno, poller, host, port, the accept handler...)."""
+    return getattr(server, f"_TcpServer__{name}")
+
+
+def transport_conf(transport: Any) -> Any:
+    """The SyncObjConf of the SyncObj a TCPTransport serves."""
+    return transport._syncObj.conf
+
+
+def transport_server(transport: Any) -> Any:
+    """The TcpServer of a TCPTransport (None on a read-only node)."""
+    return transport._server
+
+
+def transport_connection(transport: Any, node: Any) -> Any:
+    """The TcpConnection a TCPTransport keeps for ``node``, if any."""
+    return transport._connections.get(node)
+
+
+def connections_of(transport: Any) -> list[Any]:
+    """Every TcpConnection a TCPTransport holds: its nodes', and incoming ones that have not yet
+    named their node (in their handshake). Read from another thread, it may be torn: retry."""
+    return [*transport._connections.values(), *transport._unknownConnections]
+
+
+def replace_pickle_to_bytes(make: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> Replaced:
+    """Replace ``pysyncobj.pickle.to_bytes``, which its ``loads`` calls on whatever it is given."""
+    original = pickle_module.to_bytes
+    pickle_module.to_bytes = make(original)
+    return Replaced(pickle_module, "to_bytes", original)

@@ -8,9 +8,10 @@
 
 Both are explained in docs/raft-hazards.md, and tested in tests/integration
 (test_matching_entries_fix.py, test_deposed_leader_commit.py), each with a test showing what
-pysyncobj does without them.
+pysyncobj does without them. ``install`` also installs the transport's fixes (H13..H15,
+rcq.server.raft.transport_patches).
 
-Must not import: anything of rcq's but rcq.server.raft.internals.
+Must not import: anything of rcq's but rcq.server.raft.internals and rcq.server.raft.transport_patches.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj
 
+from rcq.server.raft import transport_patches
 from rcq.server.raft.internals import (
     journal_of,
     proposals_waiting,
@@ -211,5 +213,6 @@ def install() -> None:
     SyncObj._checkCommandsToApply = _syncing_after_append(SyncObj._checkCommandsToApply)
     SyncObj._rcq_fixes_installed = True
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
+    transport_patches.install()  # H13..H15; after the above: it wraps their message handler
 
 

@@ -1,6 +1,7 @@
 """NodeConfig -> pysyncobj's SyncObjConf: every Raft setting rcq gives pysyncobj, and why.
 
-Must not import: anything of rcq's but config, errors and the snapshot writer.
+Must not import: anything of rcq's but config, errors, the snapshot writer and the transport's
+frame limits.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pysyncobj import SERIALIZER_STATE, SyncObjConf
 from rcq.errors import InvalidRequest
 from rcq.server.config import NodeConfig
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
+from rcq.server.raft.transport_patches import FrameLimits, set_frame_limits
 
 # A bind that keeps failing (port taken) fails start() after about 5 s instead of
 # pysyncobj's default of retrying for ever.
@@ -69,6 +71,9 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
         bindRetryTime=BIND_RETRY_INTERVAL_S,
         maxBindRetries=BIND_RETRIES_MAX,
     )
+    # H13: the largest frame a connection may announce, before and after it authenticated.
+    set_frame_limits(conf, FrameLimits(handshake_bytes_max=config.raft_handshake_frame_bytes_max,
+                                       authenticated_bytes_max=config.raft_frame_bytes_max))
     try:
         conf.validate()
     except AssertionError as exc:

@@ -1,0 +1,343 @@
+"""Fixes installed on pysyncobj's TCP transport: what a peer's bytes and a busy host may cost a node.
+
+* H13: the length a frame announces is checked before any of it is buffered: at most
+  ``raft_handshake_frame_bytes_max`` until the connection has authenticated with the cluster
+  secret, ``raft_frame_bytes_max`` after; a bigger (or negative) one closes the connection;
+* H14: received bytes go to one bytearray consumed from the front, and an entry sent in parts
+  (pysyncobj's "transmission") is reassembled in one: linear, where pysyncobj's ``bytes +=`` is
+  quadratic;
+* H15: a listener whose ``accept()`` fails for lack of descriptors or memory pauses and retries,
+  instead of closing for good.
+
+Explained in docs/raft-hazards.md (H13..H15) and tested in tests/integration/test_raft_transport.py,
+each with a test showing what pysyncobj does without it (``REPLACED`` keeps pysyncobj's methods).
+rcq.server.raft.patches.install() installs these after its own fixes.
+
+Must not import: anything of rcq's but rcq.server.raft.internals.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import TcpConnection
+
+from rcq.server.raft.internals import (
+    Replaced,
+    connection_private,
+    replace_method,
+    replace_pickle_to_bytes,
+    server_private,
+    set_connection_private,
+    transport_conf,
+    transport_connection,
+    transport_server,
+)
+
+logger = logging.getLogger(__name__)
+
+# What install() replaced, by fix: pysyncobj's own methods, for the tests that show its behaviour.
+REPLACED: dict[str, list[Replaced]] = {"read path": [], "reassembly": [], "accept": []}
+
+
+# ---------------------------------------------------------------------------------------------
+# H13: pysyncobj buffers whatever length a frame's 4-byte prefix announces, from anyone who
+# reaches the Raft port and before they proved anything. With a password (H10), a connection
+# proves the cluster secret with the first frame that carries the nonce this side chose for it
+# (``recvRandKey``), sealed with the secret: the second frame on an incoming connection (the
+# first is the peer's own nonce: sealed, but it could be a replay), the first on an outgoing one.
+# Until then its frames are capped at the handshake size, whose frames are a nonce and an address.
+# Without a password (``insecure``) there is nothing to prove and only the larger cap applies.
+@dataclass(frozen=True)
+class FrameLimits:
+    """The largest frame a connection may announce; defaults are NodeConfig's."""
+
+    handshake_bytes_max: int = 1 << 16
+    authenticated_bytes_max: int = 1 << 30
+
+
+_LIMITS = "_rcq_frame_limits"  # on a SyncObjConf (settings.build_conf), and on each TcpConnection
+_AUTHENTICATED_BY = "_rcq_authenticated_by"  # on a TcpConnection: the nonce its peer proved
+_HEADER = struct.Struct("i")  # pysyncobj's length prefix: native, signed
+_REFUSED = -1
+
+
+def set_frame_limits(conf: Any, limits: FrameLimits) -> None:
+    """Give the connections of the SyncObj built with ``conf`` these limits."""
+    setattr(conf, _LIMITS, limits)
+
+
+def _stamping_incoming(original: Callable[..., Any]) -> Callable[..., Any]:
+    def on_new_incoming_connection(self: Any, conn: Any) -> Any:
+        setattr(conn, _LIMITS, getattr(transport_conf(self), _LIMITS, FrameLimits()))
+        return original(self, conn)
+
+    return on_new_incoming_connection
+
+
+def _stamping_outgoing(original: Callable[..., Any]) -> Callable[..., Any]:
+    def add_node(self: Any, node: Any) -> Any:
+        result = original(self, node)
+        conn = transport_connection(self, node)
+        if conn is not None:
+            setattr(conn, _LIMITS, getattr(transport_conf(self), _LIMITS, FrameLimits()))
+        return result
+
+    return add_node
+
+
+def _authenticated(conn: Any) -> bool:
+    if not conn.encryptor:
+        return True  # no password: nothing to prove (insecure mode, H10)
+    nonce = conn.recvRandKey  # None again after a disconnect, a new one on the next connection
+    return nonce is not None and getattr(conn, _AUTHENTICATED_BY, None) == nonce
+
+
+def _peer(conn: Any) -> str:
+    try:
+        host, port = connection_private(conn, "socket").getpeername()[:2]
+    except (OSError, AttributeError, ValueError):
+        return "(address unknown)"
+    return f"{host}:{port}"
+
+
+def _front_frame(conn: Any, buffer: bytearray) -> int | None:
+    """The length of the frame at the front of ``buffer``; None until its header is in; _REFUSED
+    (and the connection closed, its buffer dropped) when it announces more than it may."""
+    if len(buffer) < _HEADER.size:
+        return None
+    (length,) = _HEADER.unpack_from(buffer)
+    authenticated = _authenticated(conn)
+    limits: FrameLimits = getattr(conn, _LIMITS, FrameLimits())
+    limit = limits.authenticated_bytes_max if authenticated else limits.handshake_bytes_max
+    if 0 <= length <= limit:
+        return length
+    logger.warning("Raft connection with %s announced a frame of %d bytes, over the %d allowed %s: closing it",
+                   _peer(conn), length, limit, "to a peer" if authenticated else "before authentication")
+    conn.disconnect()
+    return _REFUSED
+
+
+# ---------------------------------------------------------------------------------------------
+# H14: pysyncobj appends every recv() to a bytes object (``readBuffer += incoming``) and cuts each
+# frame off the front with a slice of the rest: a copy of everything buffered, per recv and per
+# frame, so a 64 MiB frame costs about 32 GiB of copying. Here the buffer is a bytearray, extended
+# in place and consumed from the front (``del``, which CPython does without moving the rest).
+# Reading stops once the frame at the front is whole, so that the next frame's header is checked
+# (H13) only after the frames before it, the handshake's included, were handled; what follows
+# waits in the socket (pysyncobj's poller is level-triggered).
+def _read_buffer(conn: Any) -> bytearray:
+    buffer = connection_private(conn, "readBuffer")
+    if type(buffer) is not bytearray:  # pysyncobj resets it to bytes() on connect and disconnect
+        buffer = bytearray(buffer)
+        set_connection_private(conn, "readBuffer", buffer)
+    return buffer
+
+
+def _process_read(self: Any) -> bool:
+    """TcpConnection.__processRead: one recv() into the buffer; True to read on."""
+    sock = connection_private(self, "socket")
+    try:
+        incoming = sock.recv(connection_private(self, "recvBufferSize"))
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            self.disconnect()
+        return False
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) or not incoming:
+        self.disconnect()
+        return False
+    buffer = _read_buffer(self)
+    buffer += incoming
+    length = _front_frame(self, buffer)
+    if length is None:
+        return True
+    return length != _REFUSED and len(buffer) < _HEADER.size + length
+
+
+def _process_parse_message(self: Any) -> Any:
+    """TcpConnection.__processParseMessage: the message of the whole frame at the front, if any."""
+    buffer = _read_buffer(self)
+    length = _front_frame(self, buffer)
+    if length is None or length == _REFUSED or len(buffer) < _HEADER.size + length:
+        return None
+    end = _HEADER.size + length
+    with memoryview(buffer) as view:
+        frame = bytes(view[_HEADER.size:end])
+    nonce = self.recvRandKey
+    try:
+        message = _decode(self, frame)
+    except Exception:
+        self.disconnect()  # pysyncobj's answer to a frame it cannot read
+        return None
+    del buffer[:end]
+    if nonce:
+        setattr(self, _AUTHENTICATED_BY, nonce)  # the frame carried it, sealed: the peer has the secret
+    return message
+
+
+def _decode(conn: Any, frame: bytes) -> Any:
+    """pysyncobj's decoding of a frame, its two checks raised rather than asserted (python -O)."""
+    encryptor = conn.encryptor
+    if encryptor:
+        timestamp = encryptor.extract_timestamp(frame)
+        if timestamp < conn.recvLastTimestamp:
+            raise ValueError("a frame older than the previous one")
+        conn.recvLastTimestamp = timestamp
+        frame = encryptor.decrypt(frame)  # InvalidToken unless sealed with the cluster secret
+    message = pysyncobj_pickle.loads(zlib.decompress(frame))
+    if conn.recvRandKey:
+        rand_key, message = message
+        if rand_key != conn.recvRandKey:
+            raise ValueError("a frame without this connection's nonce")
+    return message
+
+
+# An entry of at least appendEntriesBatchSizeBytes (64 KiB) travels in parts: 'start', 'process'...,
+# 'finish'. pysyncobj reassembles it with ``self.__recvTransmission += message['data']``: a copy of
+# everything so far per part. Handing it the 'start' part as a bytearray makes its own ``+=``
+# extend in place, under its own rules (which messages count, when it starts over); its
+# ``pickle.loads`` then only has to take the bytearray as it is.
+def _reassembling_in_place(original: Callable[..., Any]) -> Callable[..., Any]:
+    def on_message_received(self: Any, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("transmission") == "start" \
+                and type(message.get("data")) is bytes:
+            message = {**message, "data": bytearray(message["data"])}
+        return original(self, node, message)
+
+    return on_message_received
+
+
+def _passing_bytearrays(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def to_bytes(data: Any) -> Any:
+        return data if isinstance(data, bytearray) else original(data)  # pickle reads a bytearray as is
+
+    return to_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# H15: when accept() fails with anything but EAGAIN, pysyncobj's TcpServer closes its listening
+# socket, and nothing ever binds it again: one moment without a free descriptor (EMFILE) and the
+# node never accepts a Raft connection again. Here running out of descriptors or memory only
+# stops accepting: the socket stays bound (connections wait in its backlog), the poller forgets
+# it (a pending connection would make it readable on every poll), and the transport's next tick
+# after ACCEPT_RETRY_S subscribes it again. Logged once per episode; other errors are pysyncobj's.
+ACCEPT_RETRY_S = 0.1
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_RESUME_AT = "_rcq_accept_resume_at"
+_FAILING_SINCE = "_rcq_accept_failing_since"
+
+
+def _on_new_connection(self: Any, descr: int, event: int) -> None:
+    """TcpServer.__onNewConnection, except for accept() failing for lack of resources."""
+    if event & POLL_EVENT_TYPE.READ:
+        try:
+            sock, _address = server_private(self, "socket").accept()
+        except OSError as exc:
+            if exc.errno in _OUT_OF_RESOURCES:
+                _pause_accepting(self, exc)
+                return
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self.unbind()  # pysyncobj's answer to any other error
+                return
+        else:
+            _accepting_again(self)
+            try:
+                _hand_over(self, sock)
+            except OSError as exc:
+                sock.close()
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    self.unbind()  # pysyncobj's answer, as above
+                    return
+    if event & POLL_EVENT_TYPE.ERROR:
+        self.unbind()
+
+
+def _hand_over(server: Any, sock: socket.socket) -> None:
+    """What pysyncobj does with an accepted socket."""
+    send_size, receive_size = server_private(server, "sendBufferSize"), server_private(server, "recvBufferSize")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_size)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_size)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    conn = TcpConnection(poller=server_private(server, "poller"), socket=sock,
+                         timeout=server_private(server, "connectionTimeout"), sendBufferSize=send_size,
+                         recvBufferSize=receive_size, keepalive=server_private(server, "keepalive"))
+    server_private(server, "onNewConnectionCallback")(conn)
+
+
+def _listener(server: Any) -> str:
+    return f"{server_private(server, 'host')}:{server_private(server, 'port')}"
+
+
+def _pause_accepting(server: Any, error: OSError) -> None:
+    server_private(server, "poller").unsubscribe(server_private(server, "fileno"))
+    setattr(server, _RESUME_AT, time.monotonic() + ACCEPT_RETRY_S)
+    if getattr(server, _FAILING_SINCE, None) is None:
+        setattr(server, _FAILING_SINCE, time.monotonic())
+        logger.warning("Raft listener %s cannot accept a connection (%s: %s); it keeps its port and tries "
+                       "again every %.1f s", _listener(server), errno.errorcode.get(error.errno or 0, error.errno),
+                       error.strerror, ACCEPT_RETRY_S)
+
+
+def _accepting_again(server: Any) -> None:
+    since = getattr(server, _FAILING_SINCE, None)
+    if since is not None:
+        setattr(server, _FAILING_SINCE, None)
+        logger.info("Raft listener %s accepts connections again, after %.1f s", _listener(server),
+                    time.monotonic() - since)
+
+
+def _resume_accepting_if_due(server: Any) -> None:
+    resume_at = getattr(server, _RESUME_AT, None)
+    if resume_at is None or time.monotonic() < resume_at:
+        return
+    setattr(server, _RESUME_AT, None)
+    fileno = server_private(server, "fileno")
+    if fileno is not None:  # None: unbound meanwhile (the node is stopping)
+        server_private(server, "poller").subscribe(fileno, server_private(server, "onNewConnection"),
+                                                   POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+
+
+def _resuming_accepts(original: Callable[..., Any]) -> Callable[..., Any]:
+    def on_tick(self: Any) -> Any:
+        server = transport_server(self)
+        if server is not None:
+            _resume_accepting_if_due(server)  # first: the rest of the tick may fail while descriptors lack
+        return original(self)
+
+    return on_tick
+
+
+# Class-level patches: pysyncobj binds the message handler, the tick callback and the accept
+# handler when it builds a SyncObj, its transport and its listener; they must be in place before.
+def install() -> None:
+    """Patch pysyncobj's transport once (idempotent), after rcq.server.raft.patches' own fixes:
+    REPLACED["reassembly"] then holds their message handler, so that putting it back removes
+    only this module's fix."""
+    if getattr(TcpConnection, "_rcq_transport_fixes_installed", False):
+        return
+    REPLACED["read path"] += [
+        replace_method("TcpConnection", "processRead", lambda _pysyncobj: _process_read),
+        replace_method("TcpConnection", "processParseMessage", lambda _pysyncobj: _process_parse_message),
+        replace_method("TCPTransport", "_onNewIncomingConnection", _stamping_incoming),
+        replace_method("TCPTransport", "addNode", _stamping_outgoing),
+    ]
+    REPLACED["reassembly"] += [
+        replace_method("SyncObj", "onMessageReceived", _reassembling_in_place),
+        replace_pickle_to_bytes(_passing_bytearrays),
+    ]
+    REPLACED["accept"] += [
+        replace_method("TcpServer", "onNewConnection", lambda _pysyncobj: _on_new_connection),
+        replace_method("TCPTransport", "_onTick", _resuming_accepts),
+    ]
+    TcpConnection._rcq_transport_fixes_installed = True
