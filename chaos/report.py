@@ -116,12 +116,21 @@ def _ordering_line(r: dict[str, Any]) -> str:
     )
 
 
+def _limits_line(r: dict[str, Any]) -> str:
+    line = (f"{r['limited_reads']} reads of a limited queue, {r['over_limit_count']} over its max_items; "
+            f"{r['queue_full_refusals']} enqueues/moves refused queue_full")
+    if r["over_limit_count"]:
+        line += f"\n      over the limit:{_sample(r['over_limit'])}"
+    return line
+
+
 _LINES = {
     "total_queue": _total_queue_line,
     "atomicity": _atomicity_line,
     "aborted_return": _aborted_line,
     "convergence": _convergence_line,
     "liveness": _liveness_line,
+    "limits": _limits_line,
     "ordering": _ordering_line,
 }
 

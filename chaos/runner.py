@@ -36,11 +36,12 @@ from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
 from chaos.nemesis import Nemesis
 from chaos.report import summary_text, write_results
 from chaos.target import ChaosTarget
-from chaos.workload import Generator, drain, make_client, queue_names, run_worker
+from chaos.workload import Generator, configure_limited_queue, drain, make_client, queue_names, run_worker
 
 LEADER_SAMPLE_EVERY_S = 0.25
 PROGRESS_EVERY_S = 5.0
 DRAIN_PROCESS = 100_000
+SETUP_PROCESS = 100_001
 STOP_GRACE_S = 45.0  # workers finish their current op (each bounded by OP_TIMEOUT_S)
 
 HEAL_ERROR_CHARS_MAX = 4000  # a node's log tail rides along; enough to see why it did not start
@@ -141,6 +142,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     def completed(f: str, type_: str) -> None:
         counts[type_] = counts.get(type_, 0) + 1
 
+    await configure_limited_queue(history, urls, queues[0], SETUP_PROCESS)
     sampler = asyncio.create_task(_sample_leaders(cluster, now_s, leaders, sampling))
     reporter = asyncio.create_task(_report_progress(stop, counts, nemesis, progress))
     t0 = time.monotonic()

@@ -11,7 +11,9 @@ Every operation is an ``invoke`` line, then exactly one completion:
 * ``fail``: it definitely did not happen — an error before the commit was
   sent (nothing commits without a commit), or a commit refused by an error
   whose class says so (``TransactionAborted`` and its subclasses,
-  ``TransactionNotFound``, ``InvalidRequest``);
+  ``TransactionNotFound``, ``InvalidRequest``, and the storage limits:
+  ``QueueFull``, ``StorageFull``, ``TooManyQueues`` — the leader refuses before it
+  proposes, or the state machine rejects the unit whole);
 * ``info``: anything else once the commit may have left — CommitOutcomeUnknown,
   a transport error, a timeout, an exception we did not expect.
 
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rcq.client import Item, RcqClient, Transaction
-from rcq.errors import InvalidRequest, TransactionAborted, TransactionNotFound
+from rcq.errors import InvalidRequest, QueueFull, StorageFull, TooManyQueues, TransactionAborted, TransactionNotFound
 
 OP_TIMEOUT_S = 30.0  # an op still running after this is abandoned (info if its commit may have left)
 TRANSACTION_TIMEOUT_S = 8.0
@@ -37,12 +39,16 @@ REQUEST_TIMEOUT_S = 4.0
 RETRY_TIMEOUT_S = 8.0
 HEAD_RANK_WINDOW = 20
 DRAIN_BATCH = 100
-DEFINITELY_NOT_COMMITTED = (TransactionAborted, TransactionNotFound, InvalidRequest)
+DEFINITELY_NOT_COMMITTED = (TransactionAborted, TransactionNotFound, InvalidRequest, QueueFull, StorageFull,
+                            TooManyQueues)
 
 # op -> weight; the defaults keep queues non-empty (enqueues outnumber dequeues by value)
 DEFAULT_MIX: dict[str, int] = {
-    "enqueue": 40, "dequeue": 22, "dequeue-abort": 10, "peek": 8, "move": 12, "vanish": 3,
+    "enqueue": 40, "dequeue": 22, "dequeue-abort": 10, "peek": 8, "move": 12, "vanish": 3, "count": 4,
 }
+# The run's first queue gets its own max_items (checked by the limits checker); queue_full refusals
+# are definite failures the total-queue checker must account for.
+LIMITED_QUEUE_ITEMS_MAX = 40
 
 
 def queue_names(count: int) -> list[str]:
@@ -88,7 +94,7 @@ class Generator:
         if f == "move":
             target = rng.choice([q for q in self.queues if q != queue] or self.queues)
             return Spec(f, {"from": queue, "to": target, "max": rng.randint(1, 3)})
-        if f == "peek":
+        if f in ("peek", "count"):
             return Spec(f, {"queue": queue})
         return Spec(f, {"queue": queue, "max": rng.randint(1, 3)}, head_rank=f == "dequeue-abort" and rng.random() < 0.5)
 
@@ -128,6 +134,8 @@ class Executor:
             return {"from": spec.value["from"], "to": spec.value["to"], "values": state["values"]}
         if spec.f == "peek":
             return {"queue": spec.value["queue"], "value": None}
+        if spec.f == "count":
+            return {"queue": spec.value["queue"]}
         return {"queue": spec.value["queue"], "values": state["values"]}
 
     async def _dispatch(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
@@ -221,6 +229,13 @@ class Executor:
             await self._abort_quietly(tx)
         return next((rank for rank, item in enumerate(items) if _text(item) in values), None)
 
+    async def _count(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
+        """The replicated count with the queue's own limit: the limits checker holds one to the other."""
+        info = await self.client.queue_info(spec.value["queue"])
+        settings = info.get("settings") or {}
+        return "ok", {"queue": spec.value["queue"], "count": info.get("count"),
+                      "max_items": settings.get("max_items")}, None
+
     async def _peek(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         value = await self.client.peek(spec.value["queue"])
         return "ok", {"queue": spec.value["queue"], "value": None if value is None else _text(value)}, None
@@ -232,6 +247,19 @@ class Executor:
         items = await tx.dequeue_items(queue, spec.value["max"])
         # Walk away: no commit, no abort. The server's deadline must give the items back.
         return "ok", {"queue": queue, "values": [_text(i) for i in items]}, None
+
+
+async def configure_limited_queue(history: Any, urls: list[str], queue: str, process: int,
+                                  max_items: int = LIMITED_QUEUE_ITEMS_MAX) -> None:
+    """Give ``queue`` its own max_items before the workload starts (retried: the cluster may be electing)."""
+    async with make_client(urls) as client:
+        op = history.invoke(process, "configure", {"queue": queue, "max_items": max_items})
+        try:
+            await client.configure_queue(queue, max_items=max_items)
+        except Exception as exc:
+            history.complete(op, "info", {"queue": queue, "max_items": max_items}, error_name(exc))
+            raise
+        history.complete(op, "ok", {"queue": queue, "max_items": max_items}, None)
 
 
 def make_client(urls: list[str]) -> RcqClient:

@@ -98,6 +98,14 @@ def add_client_parsers(commands: Any) -> None:
     count.set_defaults(func=cmd_count)
     queues = commands.add_parser("queues", parents=[common], help="every queue and its count")
     queues.set_defaults(func=cmd_queues)
+    queue = commands.add_parser("queue", parents=[common],
+                                help="show, configure, purge or delete one queue (replicated)")
+    queue.add_argument("action", choices=["show", "set", "purge", "delete"])
+    queue.add_argument("queue")
+    queue.add_argument("--max-items", type=int, default=None, help="with set: most items the queue may hold")
+    queue.add_argument("--max-bytes", type=int, default=None,
+                       help="with set: most bytes it may hold, each item's bookkeeping included")
+    queue.set_defaults(func=cmd_queue)
     status = commands.add_parser("status", parents=[common],
                                  help="each node's view: role, term, leader, indexes (exit 1 if one is down)")
     status.set_defaults(func=cmd_status)
@@ -199,6 +207,25 @@ def cmd_queues(args: argparse.Namespace) -> int:
             print(json.dumps(queues))
         else:
             _print_table(["QUEUE", "COUNT", "LOCKED"], [[q["queue"], q["count"], q.get("locked")] for q in queues])
+        return 0
+
+    return _with_client(args, verb)
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    async def verb(client: Any) -> int:
+        if args.action == "show":
+            answer: dict[str, Any] = await client.stats(args.queue)
+        elif args.action == "set":
+            answer = await client.configure_queue(args.queue, max_items=args.max_items, max_bytes=args.max_bytes)
+        elif args.action == "purge":
+            answer = {"queue": args.queue, "purged": True, "removed": await client.purge_queue(args.queue)}
+        else:
+            answer = {"queue": args.queue, "deleted": True, "removed": await client.delete_queue(args.queue)}
+        if args.json or args.action in ("show", "set"):
+            print(json.dumps(answer, indent=None if args.json else 2))
+        else:
+            print(f"{args.action}d {args.queue}: {answer['removed']} item(s) removed")
         return 0
 
     return _with_client(args, verb)

@@ -134,6 +134,52 @@ class TooManyQueues(RcqError):
     http_status = 409
 
 
+class QueueNotFound(RcqError):
+    """No queue with this name exists."""
+
+    code = "queue_not_found"
+    http_status = 404
+
+
+class QueueFull(RcqError):
+    """The queue holds as many items (or bytes) as its limit allows; dequeue some, or retry later."""
+
+    code = "queue_full"
+    http_status = 429
+    retryable = True
+
+
+class StorageFull(RcqError):
+    """The cluster's memory budget for queued items is used up; dequeue some, or retry later."""
+
+    code = "storage_full"
+    http_status = 507
+    retryable = True
+
+
+class TooManyRequests(RcqError):
+    """The cluster is remembering as many recent commits (or idempotency keys) as it can; retry shortly."""
+
+    code = "too_many_requests"
+    http_status = 429
+    retryable = True
+
+
+class TransactionLifetimeExceeded(RcqError):
+    """The transaction cannot live that long: extends do not go past its lifetime limit."""
+
+    code = "transaction_lifetime_exceeded"
+    http_status = 409
+
+
+class OutcomeExpired(RcqError):
+    """The transaction's outcome is no longer remembered (outcomes are kept at least 2 minutes); it may have committed."""
+
+    code = "outcome_expired"
+    http_status = 410
+    maybe_committed = True
+
+
 class NotLeader(RcqError):
     """This node is not the leader; send the request to leader_url."""
 
@@ -162,6 +208,12 @@ class NotReady(Unavailable):
     code = "not_ready"
 
 
+class TooManyConnections(Unavailable):
+    """The node holds as many HTTP connections as it may; retry shortly, or reuse a connection."""
+
+    code = "too_many_connections"
+
+
 class CommitOutcomeUnknown(RcqError):
     """The commit may or may not have happened; ask for its outcome, or retry it with the same transaction id."""
 
@@ -183,6 +235,14 @@ class MethodNotAllowed(InvalidRequest):
 
     code = "method_not_allowed"
     http_status = 405
+
+
+class RequestTimeout(RcqError):
+    """The request body did not arrive in time; the connection was closed. Retry the request."""
+
+    code = "request_timeout"
+    http_status = 408
+    retryable = True
 
 
 def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:

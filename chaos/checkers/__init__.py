@@ -3,10 +3,11 @@
 Jepsen's protocol: a checker reads the whole history after the run (after the final heal and
 drain) and says whether it is valid. One module per concern (``queue``: lost, duplicated,
 unexpected items and atomicity; ``aborts``: aborted items come back; ``cluster``: convergence
-and liveness; ``ordering``), each ``check_x(...) -> dict`` with a ``"valid"`` key, counts and at
-most 20 sample offenders per kind; ``model`` parses the history once for them. Ordering and the
-liveness timings are metrics: only stuck transactions make liveness invalid, nothing makes
-ordering so. ``python -m chaos.checkers history.jsonl`` re-checks a saved history.
+and liveness; ``limits``: a queue never holds more than its max_items; ``ordering``), each
+``check_x(...) -> dict`` with a ``"valid"`` key, counts and at most 20 sample offenders per
+kind; ``model`` parses the history once for them. Ordering and the liveness timings are
+metrics: only stuck transactions make liveness invalid, nothing makes ordering so.
+``python -m chaos.checkers history.jsonl`` re-checks a saved history.
 
 Pure Python: imports nothing from rcq.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from chaos.checkers.aborts import check_aborted_return
 from chaos.checkers.cluster import check_convergence, check_liveness, fault_windows
+from chaos.checkers.limits import check_limits
 from chaos.checkers.model import build_model
 from chaos.checkers.ordering import check_ordering
 from chaos.checkers.queue import check_atomicity, check_total_queue
@@ -32,13 +34,14 @@ __all__ = [
     "check_atomicity",
     "check_convergence",
     "check_file",
+    "check_limits",
     "check_liveness",
     "check_ordering",
     "check_total_queue",
     "fault_windows",
 ]
 
-CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "convergence", "liveness", "ordering")
+CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "convergence", "liveness", "limits", "ordering")
 
 
 def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -51,6 +54,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "aborted_return": check_aborted_return(model),
         "convergence": check_convergence(history),
         "liveness": check_liveness(history),
+        "limits": check_limits(model),
         "ordering": check_ordering(model),
     }
     op_counts = Counter(f"{op.f}:{op.type}" for op in model.ops)

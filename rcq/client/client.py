@@ -190,6 +190,29 @@ class RcqClient:
         """Every queue with its ``count`` and ``locked`` items."""
         return list((await self._transport.request(Request("GET", "/v1/queues")))["queues"])
 
+    async def configure_queue(self, queue: str, *, max_items: int | None = None,
+                              max_bytes: int | None = None) -> dict[str, Any]:
+        """Create ``queue`` if needed and set its own limits (None: the node's defaults); replicated."""
+        body = {"max_items": max_items, "max_bytes": max_bytes}
+        return dict(await self._transport.request(Request("PUT", queue_path(queue), body)))
+
+    async def purge_queue(self, queue: str) -> int:
+        """Remove every item of ``queue`` (replicated; open transactions holding its items are
+        aborted); returns how many were removed. Retried after an unknown outcome it may remove
+        items enqueued in between."""
+        answer = await self._transport.request(Request("POST", queue_path(queue, "purge"), {}, WRITE))
+        return int(answer["removed"])
+
+    async def delete_queue(self, queue: str) -> int:
+        """Delete ``queue``, its items and its settings; returns how many items went with it.
+        Raises QueueNotFound when there is none (also when a retried delete already did it)."""
+        answer = await self._transport.request(Request("DELETE", queue_path(queue), None, WRITE))
+        return int(answer["removed"])
+
+    async def storage(self) -> dict[str, Any]:
+        """How full the leader's storage budget and tables are (``storage_bytes`` of ``storage_bytes_max``)."""
+        return dict(await self._transport.request(Request("GET", "/v1/cluster/storage")))
+
     # ------------------------------------------------------------ cluster
     async def cluster(self, url: str | None = None) -> dict[str, Any]:
         """A node's view of the cluster: the leader's (or any node's) if ``url`` is None, else

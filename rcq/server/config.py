@@ -90,7 +90,7 @@ class NodeConfig(BaseModel):
         50_000, ge=0, description="recently aborted/expired ids kept for status answers")
 
     transactions_open_per_client_max: int = Field(
-        1_000, ge=1, description="open transactions one client (peer address) may hold on the leader before 429")
+        2_500, ge=1, description="open transactions one client (peer address) may hold on the leader before 429")
     transaction_lifetime_max_s: float = Field(
         4 * 3600.0, gt=0, description="longest a transaction may live, extends included; past it an extend "
                                       "is refused and the deadline aborts it")
@@ -186,8 +186,6 @@ class NodeConfig(BaseModel):
             raise ValueError("transaction_timeout_default_s must not exceed transaction_timeout_max_s")
         if self.transaction_timeout_max_s > self.transaction_lifetime_max_s:
             raise ValueError("transaction_timeout_max_s must not exceed transaction_lifetime_max_s")
-        if self.transactions_open_per_client_max > self.transactions_open_max:
-            raise ValueError("transactions_open_per_client_max must not exceed transactions_open_max")
         if self.raft_handshake_frame_bytes_max > self.raft_frame_bytes_max:
             raise ValueError("raft_handshake_frame_bytes_max must not exceed raft_frame_bytes_max")
         if self.item_bytes_max > self.body_bytes_max:

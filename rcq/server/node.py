@@ -19,6 +19,7 @@ from aiohttp import web
 from rcq.server.config import NodeConfig
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.http.api import create_app
+from rcq.server.http.connections import HttpListener, runner_options
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
 
@@ -37,6 +38,7 @@ class Node:
         self.manager = TransactionManager(config, replicator, leader_url=self.leader_url)
         self.app = create_app(config, self.manager, replicator)
         self._runner: web.AppRunner | None = None
+        self.http_listener: HttpListener | None = None  # the HTTP socket and its connection limits
         self.port: int | None = None
 
     def leader_url(self) -> str | None:
@@ -51,13 +53,12 @@ class Node:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         await self.replicator.start()
         await self.manager.start()
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, **runner_options(self.config))
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, backlog=1024)
-        await site.start()
-        # http_port 0 binds a free port: read back which one (the runner knows its sockets).
-        addresses = self._runner.addresses
-        self.port = int(addresses[0][1]) if addresses else self.config.http_port
+        # Not a TCPSite: the listener puts a connection cap and a request-head deadline in front of
+        # aiohttp's protocol (so one client cannot take every file descriptor Raft needs too).
+        self.http_listener = HttpListener(self._runner, self.config)
+        self.port = await self.http_listener.start()  # http_port 0 binds a free port: this is the one
         # Long-lived objects (code, config, the app) need no more GC passes; a young-generation
         # threshold well above the default keeps collection pauses (measured up to 0.45 s under
         # load in the pysyncobj study) short and rare, so heartbeats are not delayed.
@@ -67,9 +68,14 @@ class Node:
                  self.config.http_host, self.port, self.config.raft_address)
 
     async def stop(self) -> None:
+        if self.http_listener is not None:
+            self.http_listener.close()  # accept no more connections
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # shuts the open connections down
             self._runner = None
+        if self.http_listener is not None:
+            await self.http_listener.wait_closed()
+            self.http_listener = None
         await self.manager.stop()
         await self.replicator.stop()
 

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -99,6 +100,7 @@ class LocalNode:
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
     starts: int = 0
+    nofile_limit: int | None = None  # RLIMIT_NOFILE soft limit its process starts with (None: inherited)
 
     @property
     def url(self) -> str:
@@ -157,11 +159,18 @@ class LocalNode:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "rcq", "serve", "--config", str(self.config_path), "--log-level", log_level],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, env=env, cwd=self.directory)
+                start_new_session=True, env=env, cwd=self.directory,
+                preexec_fn=None if self.nofile_limit is None else self._lower_nofile_limit)
         self.paused = False
         self.starts += 1
         log.debug("started %s pid %d", self.node_id, self.process.pid)
         return self.process.pid
+
+    def _lower_nofile_limit(self) -> None:
+        """preexec_fn: runs in the child between fork and exec, so no locks, no logging: two syscalls."""
+        assert self.nofile_limit is not None
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile_limit, hard))
 
     def signal_group(self, signum: signal.Signals) -> None:
         # The node leads its own session and process group, so the group id is its pid.

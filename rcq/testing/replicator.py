@@ -34,12 +34,17 @@ class InMemoryReplicator:
         self._apply_listener: ApplyListener | None = None
         self.submitted: list[Command] = []
         self.hold_submits = False  # True: submits are never applied (outcome unknown)
+        self.lose_next_submits = 0  # the next N submits are never applied and answer unknown
+        self.lose_next_answers = 0  # the next N submits apply, but answer unknown
         self.fail_submits_with: Exception | None = None
         self.snapshots_requested = 0
 
     # ------------------------------------------------------------ protocol
     def read(self, reader: Callable[[QueueStateMachine], T]) -> T:
         return reader(self.state_machine)
+
+    async def digest(self) -> tuple[str, int]:
+        return self.state_machine.digest(), self.state_machine.last_index
 
     async def submit(self, command: Command, timeout_s: float) -> ApplyResult:
         if not self._leader:
@@ -48,6 +53,15 @@ class InMemoryReplicator:
             raise self.fail_submits_with
         self.submitted.append(command)
         raw = encode(command)
+        if self.lose_next_submits:  # proposed, never appended: the proposer cannot know
+            self.lose_next_submits -= 1
+            await asyncio.sleep(0)
+            raise CommitOutcomeUnknown("test: the entry was lost")
+        if self.lose_next_answers:  # applied, but the answer never reaches the proposer
+            self.lose_next_answers -= 1
+            await asyncio.sleep(0)
+            self.apply_raw(raw)
+            raise CommitOutcomeUnknown("test: the answer was lost")
         if self.hold_submits:
             await asyncio.sleep(timeout_s)
             raise CommitOutcomeUnknown()

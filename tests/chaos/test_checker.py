@@ -550,3 +550,25 @@ def test_checker_command_rechecks_a_saved_history(tmp_path: Path, capsys: pytest
     assert "INVALID" in capsys.readouterr().out
     path.write_text("".join(json.dumps(line) + "\n" for line in History().enqueue(0, "ok", "a", "v1").drain("a", "v1").lines))
     assert main([str(path)]) == 0
+
+
+def test_the_limits_checker_flags_a_read_over_the_limit_and_counts_refusals():
+    from chaos.checkers.limits import check_limits
+    from chaos.checkers.model import build_model
+
+    history = [
+        {"process": 1, "type": "invoke", "f": "count", "value": {"queue": "q0"}, "index": 0},
+        {"process": 1, "type": "ok", "f": "count", "value": {"queue": "q0", "count": 40, "max_items": 40},
+         "index": 1},
+        {"process": 2, "type": "invoke", "f": "enqueue", "value": {"writes": [{"queue": "q0", "values": ["a"]}]},
+         "index": 2},
+        {"process": 2, "type": "fail", "f": "enqueue", "value": {"writes": [{"queue": "q0", "values": ["a"]}]},
+         "error": "queue_full", "index": 3},
+    ]
+    result = check_limits(build_model(history))
+    assert result["valid"] and result["limited_reads"] == 1 and result["queue_full_refusals"] == 1
+    history.append({"process": 1, "type": "invoke", "f": "count", "value": {"queue": "q0"}, "index": 4})
+    history.append({"process": 1, "type": "ok", "f": "count", "value": {"queue": "q0", "count": 41, "max_items": 40},
+                    "index": 5})
+    result = check_limits(build_model(history))
+    assert not result["valid"] and result["over_limit"][0]["count"] == 41

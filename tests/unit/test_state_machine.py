@@ -28,6 +28,7 @@ from rcq.server.core.commands import (
     COMMAND_VERSION,
     KIND_BARRIER,
     KIND_COMMIT,
+    QUEUE_ACTIONS,
     ApplyFailed,
     ApplyResult,
     Barrier,
@@ -36,6 +37,8 @@ from rcq.server.core.commands import (
     CommitBatch,
     CommitUnit,
     EnqueuedRange,
+    Limits,
+    QueueChange,
     TransactionWrite,
     UnitOutcome,
     encode,
@@ -305,6 +308,7 @@ def test_a_rejected_commit_does_not_claim_its_idempotency_key(node):
 
 def test_idempotency_keys_expire_after_the_retention_of_leader_time(node, monkeypatch):
     monkeypatch.setattr(sm_module, "IDEMPOTENCY_RETENTION_MS", 1000)
+    node = Node()  # the limits are read when a state machine is built
     node.now_ms = 10_000
     first = node.commit_one(unit(tx("t1", [("a", [b"1"])]), key="k"))
     assert node.commit_one(unit(tx("t2", [("a", [b"2"])]), key="k"), now_ms=10_999) == \
@@ -323,6 +327,7 @@ def test_idempotency_keys_expire_after_the_retention_of_leader_time(node, monkey
 
 def test_idempotency_expiry_follows_the_leader_clock_not_the_entry_count(node, monkeypatch):
     monkeypatch.setattr(sm_module, "IDEMPOTENCY_RETENTION_MS", 1000)
+    node = Node()  # the limits are read when a state machine is built
     node.commit_one(unit(tx("t1", [("a", [b"1"])]), key="old"), now_ms=0)
     for i in range(20):  # many entries, little time
         node.commit_one(unit(tx(f"u{i}", [("a", [b"x"])])), now_ms=10 * i)
@@ -336,31 +341,64 @@ def test_idempotency_expiry_follows_the_leader_clock_not_the_entry_count(node, m
 
 def test_an_expired_idempotency_key_is_forgotten_by_the_entry_that_expires_it(node, monkeypatch):
     monkeypatch.setattr(sm_module, "IDEMPOTENCY_RETENTION_MS", 1000)
+    node = Node()  # the limits are read when a state machine is built
     node.commit_one(unit(tx("t1", [("a", [b"1"])]), key="k"), now_ms=0)
     outcome = node.commit_one(unit(tx("t2", [("a", [b"2"])]), key="k"), now_ms=5000)
     assert outcome.status == "committed"
 
 
-def test_idempotency_keys_are_bounded_by_IDEMPOTENCY_KEYS_MAX(node, monkeypatch):
+def test_a_full_idempotency_table_refuses_new_keys_until_the_oldest_pass_the_minimum_retention(monkeypatch):
     monkeypatch.setattr(sm_module, "IDEMPOTENCY_KEYS_MAX", 3)
-    indices = [node.commit_one(unit(tx(f"t{i}", [("a", [b"x"])]), key=f"k{i}")).index for i in range(5)]
-    assert [node.sm.idempotency_key_index(f"k{i}") for i in range(5)] == [None, None, *indices[2:]]
-    assert len(node.sm.snapshot_meta()["idempotency"]) == 3
-    # the oldest key was forgotten: a new transaction under it commits
-    assert node.commit_one(unit(tx("new", [("a", [b"y"])]), key="k0")).status == "committed"
-    assert node.sm.idempotency_key_index("k2") is None
-    assert node.commit_one(unit(tx("new2", [("a", [b"z"])]), key="k4")).status == "duplicate"
+    monkeypatch.setattr(sm_module, "IDEMPOTENCY_RETENTION_MIN_MS", 1000)
+    node = Node()
+    indices = [node.commit_one(unit(tx(f"t{i}", [("a", [b"x"])]), key=f"k{i}"), now_ms=i).index
+               for i in range(3)]
+    # full, and every key younger than the minimum: a new key is refused, nothing forgotten early
+    refused = node.commit_one(unit(tx("t3", [("a", [b"x"])]), key="k3"), now_ms=999)
+    assert (refused.status, refused.reason) == ("rejected", "idempotency_keys_full")
+    assert [node.sm.idempotency_key_index(f"k{i}") for i in range(3)] == indices
+    assert node.sm.count("a") == 3
+    # work without a key still commits, and a retry under a remembered key is still a duplicate
+    assert node.commit_one(unit(tx("t4", [("a", [b"y"])])), now_ms=999).status == "committed"
+    assert node.commit_one(unit(tx("t5", [("a", [b"z"])]), key="k2"), now_ms=999).status == "duplicate"
+    # once the oldest key is past the minimum, it makes room for one
+    assert node.commit_one(unit(tx("t6", [("a", [b"x"])]), key="k3"), now_ms=1001).status == "committed"
+    assert node.sm.idempotency_key_index("k0") is None
+    assert node.sm.idempotency_key_index("k1") == indices[1]
 
 
-def test_outcomes_are_bounded_by_OUTCOMES_MAX(node, monkeypatch):
+def test_a_full_outcome_table_refuses_new_commits_until_the_oldest_pass_the_minimum_retention(monkeypatch):
     monkeypatch.setattr(sm_module, "OUTCOMES_MAX", 3)
-    for i in range(5):
-        node.enqueue("a", b"x", tid=f"t{i}")
-    assert [node.sm.outcome(f"t{i}") is not None for i in range(5)] == [False, False, True, True, True]
-    assert len(node.sm.snapshot_meta()["outcomes"]) == 3
+    monkeypatch.setattr(sm_module, "OUTCOME_RETENTION_MIN_MS", 1000)
+    node = Node()
+    for i in range(3):
+        node.now_ms = i
+        node.enqueue("a", b"x", tid=f"{1:x}.t{i}")
+    refused = node.commit_one(unit(tx("1.t3", [("a", [b"x"])])), now_ms=999)
+    assert (refused.status, refused.reason) == ("rejected", "outcomes_full")
+    assert node.sm.outcome("1.t3") is None  # no room to remember the refusal either
+    assert node.sm.count("a") == 3
+    assert node.sm.outcomes_forgotten_term == 0
     # a retry of a remembered one is still a duplicate
-    assert node.commit_one(unit(tx("t4", [("a", [b"x"])]))).status == "duplicate"
-    assert node.sm.count("a") == 5
+    assert node.commit_one(unit(tx("1.t2", [("a", [b"x"])])), now_ms=999).status == "duplicate"
+    node.now_ms = 1001
+    node.enqueue("a", b"y", tid="2.t4")  # t0 is past the minimum: forgotten to make room
+    assert node.sm.outcome("1.t0") is None
+    assert node.sm.outcome("1.t1") is not None
+    # a transaction of term 1 without an outcome may have committed: the machine says so
+    assert node.sm.outcomes_forgotten_term == 1
+
+
+def test_outcomes_are_forgotten_after_the_retention(monkeypatch):
+    monkeypatch.setattr(sm_module, "OUTCOME_RETENTION_MS", 5000)
+    node = Node()
+    node.now_ms = 1000
+    node.enqueue("a", b"x", tid="3.t0")
+    node.barrier(1, now_ms=6000)
+    assert node.sm.outcome("3.t0") is not None  # exactly the retention: kept
+    node.barrier(1, now_ms=6001)
+    assert node.sm.outcome("3.t0") is None
+    assert node.sm.outcomes_forgotten_term == 3
 
 
 def test_a_batch_below_the_barrier_term_is_fenced_as_stale_leader_and_changes_no_queue(node):
@@ -427,6 +465,7 @@ def test_last_index_never_goes_back(node):
 
 def test_QUEUES_MAX_is_enforced(node, monkeypatch):
     monkeypatch.setattr(sm_module, "QUEUES_MAX", 3)
+    node = Node()
     node.enqueue("a", b"1")
     node.enqueue("b", b"2")
     before = visible_state(node.sm)
@@ -474,8 +513,10 @@ def test_count_queue_stats_and_item_ids_reflect_state(node):
     assert node.sm.item_ids("a") == [1, 3]
     assert node.sm.values("a", [1, 2, 3, 4]) == [b"one", None, b"", None]
     assert node.sm.contains("a", 1) and not node.sm.contains("a", 2) and not node.sm.contains("b", 1)
-    assert node.sm.queue_stats("a") == {"count": 2, "bytes": 3, "enqueued_total": 3, "dequeued_total": 1}
-    assert node.sm.queue_stats("b") == {"count": 1, "bytes": 2, "enqueued_total": 1, "dequeued_total": 0}
+    assert node.sm.queue_stats("a") == {"count": 2, "bytes": 3, "cost_bytes": 3 + 2 * sm_module.ITEM_OVERHEAD_BYTES,
+                                        "enqueued_total": 3, "dequeued_total": 1, "purged_total": 0}
+    assert node.sm.queue_stats("b") == {"count": 1, "bytes": 2, "cost_bytes": 2 + sm_module.ITEM_OVERHEAD_BYTES,
+                                        "enqueued_total": 1, "dequeued_total": 0, "purged_total": 0}
     assert node.sm.queue_names() == ["a", "b"]
     assert list(node.sm.snapshot_items()) == [("a", 1, b"one"), ("a", 3, b""), ("b", 4, b"xy")]
 
@@ -835,8 +876,9 @@ class QueueModel(RuleBasedStateMachine):
             if queue in self.model:
                 assert sm.queue_stats(queue) == {
                     "count": len(expected), "bytes": sum(len(v) for _, v in expected),
+                    "cost_bytes": sum(len(v) + sm_module.ITEM_OVERHEAD_BYTES for _, v in expected),
                     "enqueued_total": self.enqueued_total[queue],
-                    "dequeued_total": self.dequeued_total[queue]}
+                    "dequeued_total": self.dequeued_total[queue], "purged_total": 0}
             else:
                 assert sm.queue_stats(queue) is None
         assert sm.snapshot_meta()["next_item_id"] == self.next_id
@@ -886,15 +928,21 @@ seq_transactions = st.builds(
 )
 seq_units = st.builds(CommitUnit, transactions=st.lists(seq_transactions, min_size=1, max_size=2).map(tuple),
                       idempotency_key=st.none() | st.sampled_from(["k1", "k2", "k3", "k4"]))
+seq_limits = st.none() | st.builds(Limits, storage_bytes_max=st.integers(1, 2000),
+                                   queue_items_max=st.integers(1, 8), queue_bytes_max=st.integers(1, 900))
 seq_commands = st.one_of(
     st.builds(CommitBatch, term=st.integers(0, 3), now_ms=st.integers(0, 200),
-              units=st.lists(seq_units, min_size=1, max_size=3).map(tuple)).map(encode),
+              units=st.lists(seq_units, min_size=1, max_size=3).map(tuple), limits=seq_limits).map(encode),
     st.builds(Barrier, term=st.integers(0, 3), now_ms=st.integers(0, 200)).map(encode),
+    st.builds(QueueChange, term=st.integers(0, 3), now_ms=st.integers(0, 200), queue=SEQ_QUEUES,
+              action=st.sampled_from(QUEUE_ACTIONS), max_items=st.none() | st.integers(1, 6),
+              max_bytes=st.none() | st.integers(1, 900)).map(encode),
     st.sampled_from(MALFORMED),
 )
 SEQ_KEYS = ["k1", "k2", "k3", "k4"]
 SEQ_TIDS = [f"t{i}" for i in range(10)]
-SMALL_LIMITS = {"OUTCOMES_MAX": 4, "IDEMPOTENCY_KEYS_MAX": 2, "IDEMPOTENCY_RETENTION_MS": 60, "QUEUES_MAX": 3}
+SMALL_LIMITS = {"OUTCOMES_MAX": 4, "IDEMPOTENCY_KEYS_MAX": 2, "IDEMPOTENCY_RETENTION_MS": 60, "QUEUES_MAX": 3,
+                "OUTCOME_RETENTION_MS": 120, "OUTCOME_RETENTION_MIN_MS": 40, "IDEMPOTENCY_RETENTION_MIN_MS": 20}
 
 
 def with_limits(limits: dict[str, int]) -> pytest.MonkeyPatch:

@@ -19,6 +19,8 @@ COMMAND_VERSION = 1
 
 KIND_COMMIT = "commit"
 KIND_BARRIER = "barrier"
+KIND_QUEUE = "queue"
+QUEUE_ACTIONS = ("configure", "purge", "delete")
 
 
 class MalformedCommand(ValueError):
@@ -45,12 +47,45 @@ class CommitUnit:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """The storage limits an entry is applied under, as the proposing leader's configuration says.
+
+    Limits enter the log as data, like time: every replica enforces the same numbers for the same
+    entry, whatever its own configuration. A queue's own ``max_items``/``max_bytes`` (replicated
+    queue settings) override the two defaults. Bytes count each item's bookkeeping too
+    (``ITEM_OVERHEAD_BYTES`` in the state machine), so empty items are not free.
+    """
+
+    storage_bytes_max: int
+    queue_items_max: int
+    queue_bytes_max: int
+
+
+@dataclass(frozen=True, slots=True)
 class CommitBatch:
     """Many independent commit units grouped into one Raft entry (group commit)."""
 
     term: int  # the proposing leader's term: entries of a deposed leader are fenced off
     now_ms: int  # the leader's clock when it proposed the entry: time enters as data
     units: tuple[CommitUnit, ...]
+    limits: Limits | None = None  # None (entries of older versions): no storage limit is checked
+
+
+@dataclass(frozen=True, slots=True)
+class QueueChange:
+    """Configure, purge or delete one queue: an administrative entry of its own.
+
+    ``configure`` creates the queue if needed and sets its limits (None: the defaults of the
+    entries that grow it); ``purge`` removes every item and keeps the queue; ``delete`` removes
+    the queue, its items and its settings.
+    """
+
+    term: int
+    now_ms: int
+    queue: str
+    action: Literal["configure", "purge", "delete"]
+    max_items: int | None = None
+    max_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +96,7 @@ class Barrier:
     now_ms: int
 
 
-Command = CommitBatch | Barrier
+Command = CommitBatch | Barrier | QueueChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +117,21 @@ class UnitOutcome:
     enqueued: tuple[EnqueuedRange, ...] = ()
     reason: str | None = None  # why a unit was rejected
     missing_item_ids: tuple[int, ...] = ()
+    queue: str | None = None  # the queue a rejection is about (queue_full, too_many_queues)
 
 
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     outcomes: tuple[UnitOutcome, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueChangeResult:
+    status: Literal["done", "rejected"]
+    queue: str
+    action: str
+    removed: int = 0  # items purge or delete removed
+    reason: str | None = None  # why it was rejected: queue_not_found, too_many_queues, stale_leader
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +152,15 @@ class ApplyFailed:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-ApplyResult = BatchResult | BarrierResult | ApplyFailed
+ApplyResult = BatchResult | BarrierResult | QueueChangeResult | ApplyFailed
 
 
 def encode(command: Command) -> tuple[Any, ...]:
     if isinstance(command, Barrier):
         return (COMMAND_VERSION, KIND_BARRIER, command.term, command.now_ms)
+    if isinstance(command, QueueChange):
+        return (COMMAND_VERSION, KIND_QUEUE, command.term, command.now_ms, command.queue, command.action,
+                command.max_items, command.max_bytes)
     units = tuple(
         (
             unit.idempotency_key,
@@ -120,7 +168,11 @@ def encode(command: Command) -> tuple[Any, ...]:
         )
         for unit in command.units
     )
-    return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units)
+    if command.limits is None:
+        return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units)
+    limits = command.limits
+    return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units,
+            (limits.storage_bytes_max, limits.queue_items_max, limits.queue_bytes_max))
 
 
 def decode(raw: Any) -> Command:
@@ -136,9 +188,19 @@ def decode(raw: Any) -> Command:
             _, _, term, now_ms = raw
             return Barrier(term=_int(term), now_ms=_int(now_ms))
         if kind == KIND_COMMIT:
-            _, _, term, now_ms, units = raw
+            # Five fields: written before limits existed; six: with the proposing leader's limits.
+            _, _, term, now_ms, units, *rest = raw
+            if len(rest) > 1:
+                raise ValueError(f"{len(raw)} fields")
+            limits = Limits(*(_positive(v) for v in _seq(rest[0]))) if rest else None
             return CommitBatch(term=_int(term), now_ms=_int(now_ms),
-                               units=tuple(_decode_unit(u) for u in _seq(units)))
+                               units=tuple(_decode_unit(u) for u in _seq(units)), limits=limits)
+        if kind == KIND_QUEUE:
+            _, _, term, now_ms, queue, action, max_items, max_bytes = raw
+            if action not in QUEUE_ACTIONS:
+                raise ValueError(f"unknown queue action {action!r}")
+            return QueueChange(term=_int(term), now_ms=_int(now_ms), queue=_str(queue), action=action,
+                               max_items=_optional_positive(max_items), max_bytes=_optional_positive(max_bytes))
     except (TypeError, ValueError) as exc:
         raise MalformedCommand(f"bad {kind} command: {exc}") from exc
     raise MalformedCommand(f"unknown command kind {kind!r}")
@@ -175,6 +237,16 @@ def _int(value: Any) -> int:
     if type(value) is not int:
         raise ValueError(f"expected int, got {type(value).__name__}")
     return value
+
+
+def _positive(value: Any) -> int:
+    if _int(value) < 1:
+        raise ValueError(f"expected a positive int, got {value}")
+    return int(value)
+
+
+def _optional_positive(value: Any) -> int | None:
+    return None if value is None else _positive(value)
 
 
 def _str(value: Any) -> str:

@@ -34,6 +34,7 @@ from rcq.errors import (
 from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
 from rcq.server.http import operations
+from rcq.server.http.connections import read_body
 from rcq.server.http.models import (
     BatchAbort,
     BatchBegin,
@@ -57,7 +58,9 @@ from rcq.server.http.models import (
     ExtendRequest,
     QueueDequeueRequest,
     QueueEnqueueRequest,
+    QueueSettingsRequest,
 )
+from rcq.server.leader.session import AnswerBudget
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
 
@@ -80,7 +83,7 @@ def error_response(error: RcqError, request: web.Request | None = None) -> web.R
     response = _json(error.to_body(), status=error.http_status)
     if isinstance(error, NotLeader) and error.leader_url and request is not None:
         response.headers["Location"] = error.leader_url.rstrip("/") + request.path_qs
-    if error.retryable and error.http_status in (429, 503):
+    if error.retryable and error.http_status in (429, 503, 507):
         response.headers["Retry-After"] = "1"
     return response
 
@@ -107,7 +110,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def _body(request: web.Request, model: type[M]) -> M:
-    raw = await request.read()
+    raw = await read_body(request, request.app[CONFIG].http_body_timeout_s)
     if not raw:
         raw = b"{}"
     try:
@@ -122,8 +125,14 @@ async def _body(request: web.Request, model: type[M]) -> M:
 
 
 # ------------------------------------------------------------------ transactions
+def client_of(request: web.Request) -> str:
+    """Who is asking, for per-client caps: the peer address (the principal, once tokens exist)."""
+    return request.remote or ""
+
+
 async def begin(request: web.Request) -> web.Response:
-    status, body = await operations.begin(request.app[MANAGER], await _body(request, BeginRequest))
+    status, body = await operations.begin(request.app[MANAGER], await _body(request, BeginRequest),
+                                          client_of(request))
     return _json(body, status)
 
 
@@ -168,13 +177,14 @@ async def extend(request: web.Request) -> web.Response:
 
 
 async def commit_many(request: web.Request) -> web.Response:
-    status, body = await operations.commit_many(request.app[MANAGER], await _body(request, CommitManyRequest))
+    status, body = await operations.commit_many(request.app[MANAGER], request.app[CONFIG],
+                                                await _body(request, CommitManyRequest))
     return _json(body, status)
 
 
 async def execute(request: web.Request) -> web.Response:
     status, body = await operations.execute(request.app[MANAGER], request.app[CONFIG],
-                                            await _body(request, ExecuteRequest))
+                                            await _body(request, ExecuteRequest), client_of(request))
     return _json(body, status)
 
 
@@ -198,20 +208,23 @@ async def _answer_each(coroutines: list[Awaitable[operations.Answer]]) -> list[d
 async def execute_batch(request: web.Request) -> web.Response:
     body = await _body(request, ExecuteBatchRequest)
     manager, config = request.app[MANAGER], request.app[CONFIG]
+    operations.check_count("transactions", len(body.transactions), config)
     manager.require_serving()  # fail the whole request fast (e.g. 307) rather than each part
-    answers = await _answer_each([operations.execute(manager, config, t) for t in body.transactions])
+    client, budget = client_of(request), manager.answer_budget()  # one answer, one budget
+    answers = await _answer_each([operations.execute(manager, config, t, client, budget)
+                                  for t in body.transactions])
     return _json({"results": [a["body"] if a["status"] < 300 else {**a["body"], "status": a["status"]}
                               for a in answers]})
 
 
-def _batch_operation(manager: TransactionManager, config: NodeConfig,
+def _batch_operation(manager: TransactionManager, config: NodeConfig, client: str, budget: AnswerBudget,
                      sub: Any) -> Awaitable[operations.Answer]:
     if isinstance(sub, BatchBegin):
-        return operations.begin(manager, sub)
+        return operations.begin(manager, sub, client)
     if isinstance(sub, BatchEnqueue):
         return operations.enqueue(manager, config, sub.transaction_id, sub)
     if isinstance(sub, BatchDequeue):
-        return operations.dequeue(manager, sub.transaction_id, sub)
+        return operations.dequeue(manager, sub.transaction_id, sub, budget)
     if isinstance(sub, BatchCommit):
         return operations.commit(manager, sub.transaction_id, sub)
     if isinstance(sub, BatchAbort):
@@ -221,17 +234,19 @@ def _batch_operation(manager: TransactionManager, config: NodeConfig,
     if isinstance(sub, BatchStatus):
         return operations.status(manager, sub.transaction_id)
     if isinstance(sub, BatchExecute):
-        return operations.execute(manager, config, sub)
+        return operations.execute(manager, config, sub, client, budget)
     assert isinstance(sub, BatchCommitMany)
-    return operations.commit_many(manager, sub)
+    return operations.commit_many(manager, config, sub)
 
 
 async def batch(request: web.Request) -> web.Response:
     """Many independent sub-requests (any verb, any transaction) in one HTTP request."""
     body = await _body(request, BatchRequest)
     manager, config = request.app[MANAGER], request.app[CONFIG]
+    operations.check_count("sub-requests", len(body.requests), config)
     manager.require_serving()
-    answers = await _answer_each([_batch_operation(manager, config, sub) for sub in body.requests])
+    client, budget = client_of(request), manager.answer_budget()  # one answer, one budget
+    answers = await _answer_each([_batch_operation(manager, config, client, budget, sub) for sub in body.requests])
     return _json({"responses": answers})
 
 
@@ -241,7 +256,8 @@ async def queue_enqueue(request: web.Request) -> web.Response:
     request_body = ExecuteRequest(
         operations=[EnqueueOperation(op="enqueue", queue=queue, items=body.items, encoding=body.encoding)],
         idempotency_key=body.idempotency_key)
-    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body)
+    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
+                                              client_of(request))
     return _json(answer, status)
 
 
@@ -250,7 +266,8 @@ async def queue_dequeue(request: web.Request) -> web.Response:
     body = await _body(request, QueueDequeueRequest)
     request_body = ExecuteRequest(operations=[DequeueOperation(
         op="dequeue", queue=queue, max_items=body.max_items, wait_ms=body.wait_ms, encoding=body.encoding)])
-    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body)
+    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
+                                              client_of(request))
     return _json(answer, status)
 
 
@@ -265,23 +282,55 @@ async def list_queues(request: web.Request) -> web.Response:
 
 async def queue_count(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
-    replicator = request.app[REPLICATOR]
-    count, applied = replicator.read(lambda sm: (sm.count(queue), sm.last_index))
+    replicator, config = request.app[REPLICATOR], request.app[CONFIG]
+    count, settings, applied = replicator.read(lambda sm: (sm.count(queue), sm.queue_settings(queue), sm.last_index))
     locked = request.app[MANAGER].locked_count(queue)
     return _json({
         "queue": queue, "count": count, "depth": count,
         "available": None if locked is None else count - locked, "locked": locked,
         "approximate": True, "applied_index": applied,
-        "node_id": request.app[CONFIG].node_id, "role": replicator.status().role,
+        "node_id": config.node_id, "role": replicator.status().role,
+        **operations.queue_settings_body(queue, settings, config),
     })
 
 
 async def queue_stats(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
-    stats, applied = request.app[REPLICATOR].read(lambda sm: (sm.queue_stats(queue), sm.last_index))
-    stats = stats or {"count": 0, "bytes": 0, "enqueued_total": 0, "dequeued_total": 0}
+    config = request.app[CONFIG]
+    stats, settings, applied = request.app[REPLICATOR].read(
+        lambda sm: (sm.queue_stats(queue), sm.queue_settings(queue), sm.last_index))
+    stats = stats or {"count": 0, "bytes": 0, "cost_bytes": 0, "enqueued_total": 0, "dequeued_total": 0,
+                      "purged_total": 0}
     return _json({"queue": queue, **stats, "locked": request.app[MANAGER].locked_count(queue),
-                  "approximate": True, "applied_index": applied, "node_id": request.app[CONFIG].node_id})
+                  "approximate": True, "applied_index": applied, "node_id": config.node_id,
+                  **operations.queue_settings_body(queue, settings, config)})
+
+
+async def configure_queue(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    status, body = await operations.configure_queue(request.app[MANAGER], request.app[CONFIG], queue,
+                                                    await _body(request, QueueSettingsRequest))
+    return _json(body, status)
+
+
+async def purge_queue(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    status, body = await operations.purge_queue(request.app[MANAGER], queue)
+    return _json(body, status)
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    status, body = await operations.delete_queue(request.app[MANAGER], queue)
+    return _json(body, status)
+
+
+async def storage(request: web.Request) -> web.Response:
+    """GET /v1/cluster/storage: how full the node's budget and tables are (cheap: counters only)."""
+    config = request.app[CONFIG]
+    cost, sizes = request.app[REPLICATOR].read(lambda sm: (sm.storage_cost, sm.table_sizes()))
+    return _json({"node_id": config.node_id, "storage_bytes": cost, "storage_bytes_max": config.storage_bytes_max,
+                  **sizes, "open_transactions": request.app[MANAGER].open_count})
 
 
 # ----------------------------------------------------------------------- cluster
@@ -310,7 +359,8 @@ async def cluster(request: web.Request) -> web.Response:
 
 
 async def state_digest(request: web.Request) -> web.Response:
-    digest, applied = request.app[REPLICATOR].read(lambda sm: (sm.digest(), sm.last_index))
+    # Hashed off the apply path (a forked child on a Raft node): the state is O(items).
+    digest, applied = await request.app[REPLICATOR].digest()
     return _json({"node_id": request.app[CONFIG].node_id, "digest": digest, "applied_index": applied})
 
 
@@ -353,7 +403,11 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app.router.add_post("/v1/execute-batch", execute_batch)
     app.router.add_post("/v1/batch", batch)
     app.router.add_get("/v1/queues", list_queues)
+    app.router.add_get("/v1/cluster/storage", storage)
     app.router.add_get("/v1/queues/{queue}", queue_count)
+    app.router.add_put("/v1/queues/{queue}", configure_queue)
+    app.router.add_delete("/v1/queues/{queue}", delete_queue)
+    app.router.add_post("/v1/queues/{queue}/purge", purge_queue)
     app.router.add_get("/v1/queues/{queue}/stats", queue_stats)
     app.router.add_post("/v1/queues/{queue}/enqueue", queue_enqueue)
     app.router.add_post("/v1/queues/{queue}/dequeue", queue_dequeue)

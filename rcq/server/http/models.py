@@ -121,6 +121,13 @@ class QueueEnqueueRequest(_Model):
     idempotency_key: OptionalKey = None
 
 
+class QueueSettingsRequest(_Model):
+    """PUT /v1/queues/{queue}: the queue's own limits (null: the node's defaults)."""
+
+    max_items: int | None = Field(None, ge=1, description="most items the queue may hold")
+    max_bytes: int | None = Field(None, ge=1, description="most bytes it may hold, each item's bookkeeping included")
+
+
 class QueueDequeueRequest(_Model):
     max_items: int = Field(1, ge=1)
     wait_ms: int = Field(0, ge=0)

@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from rcq.encoding import Encoding, encode_item
-from rcq.errors import RcqError
+from rcq.errors import PayloadTooLarge, RcqError
 from rcq.server.config import NodeConfig
 from rcq.server.http.models import (
     BeginRequest,
@@ -25,9 +25,10 @@ from rcq.server.http.models import (
     EnqueueRequest,
     ExecuteRequest,
     ExtendRequest,
+    QueueSettingsRequest,
     decode_items,
 )
-from rcq.server.leader.session import CommitResult, DequeuedItem
+from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem
 from rcq.server.leader.transactions import TransactionManager
 
 Answer = tuple[int, dict[str, Any]]
@@ -51,21 +52,33 @@ def _now() -> float:
     return asyncio.get_running_loop().time()
 
 
-async def begin(manager: TransactionManager, body: BeginRequest) -> Answer:
-    transaction = manager.begin(body.timeout_s, body.label)
+def check_items_count(items: list[str], config: NodeConfig) -> None:
+    if len(items) > config.request_items_max:
+        raise PayloadTooLarge(f"{len(items)} items in one request; the limit is {config.request_items_max}")
+
+
+def check_count(what: str, count: int, config: NodeConfig) -> None:
+    if count > config.batch_requests_max:
+        raise PayloadTooLarge(f"{count} {what} in one request; the limit is {config.batch_requests_max}")
+
+
+async def begin(manager: TransactionManager, body: BeginRequest, client: str) -> Answer:
+    transaction = manager.begin(body.timeout_s, body.label, client)
     return 201, transaction.describe(_now())
 
 
 async def enqueue(manager: TransactionManager, config: NodeConfig, transaction_id: str,
                   body: EnqueueRequest) -> Answer:
+    check_items_count(body.items, config)
     values = decode_items(body.items, body.encoding, config.item_bytes_max)
     buffered = manager.enqueue(transaction_id, body.queue, values, body.key)
     return 200, {"transaction_id": transaction_id, "queue": body.queue, "enqueued": len(values),
                  "buffered": buffered}
 
 
-async def dequeue(manager: TransactionManager, transaction_id: str, body: DequeueRequest) -> Answer:
-    items = await manager.dequeue(transaction_id, body.queue, body.max_items, body.wait_ms, body.key)
+async def dequeue(manager: TransactionManager, transaction_id: str, body: DequeueRequest,
+                  budget: AnswerBudget | None = None) -> Answer:
+    items = await manager.dequeue(transaction_id, body.queue, body.max_items, body.wait_ms, body.key, budget)
     return 200, {"transaction_id": transaction_id, "queue": body.queue,
                  "items": items_body(items, body.encoding)}
 
@@ -87,15 +100,23 @@ async def status(manager: TransactionManager, transaction_id: str) -> Answer:
     return 200, manager.describe(transaction_id)
 
 
-async def commit_many(manager: TransactionManager, body: CommitManyRequest) -> Answer:
+async def commit_many(manager: TransactionManager, config: NodeConfig, body: CommitManyRequest) -> Answer:
+    check_count("transaction ids", len(body.transaction_ids), config)
     return 200, commit_body(await manager.commit_many(body.transaction_ids, body.idempotency_key))
 
 
-async def execute(manager: TransactionManager, config: NodeConfig, body: ExecuteRequest) -> Answer:
-    """A one-request transaction: run the operations in a fresh transaction and commit it."""
+async def execute(manager: TransactionManager, config: NodeConfig, body: ExecuteRequest,
+                  client: str, budget: AnswerBudget | None = None) -> Answer:
+    """A one-request transaction: run the operations in a fresh transaction and commit it. Its
+    dequeues share one answer budget (``budget``: the enclosing request's, if it has one)."""
+    budget = budget if budget is not None else manager.answer_budget()
+    check_count("operations", len(body.operations), config)
+    for op in body.operations:
+        if isinstance(op, EnqueueOperation):
+            check_items_count(op.items, config)
     decoded = [decode_items(op.items, op.encoding, config.item_bytes_max)
                if isinstance(op, EnqueueOperation) else None for op in body.operations]
-    transaction_id = manager.begin().transaction_id
+    transaction_id = manager.begin(client=client).transaction_id
     try:
         results: list[dict[str, Any]] = []
         for op, values in zip(body.operations, decoded, strict=True):
@@ -105,7 +126,7 @@ async def execute(manager: TransactionManager, config: NodeConfig, body: Execute
                 results.append({"op": "enqueue", "queue": op.queue, "enqueued": len(values)})
             else:
                 assert isinstance(op, DequeueOperation)
-                items = await manager.dequeue(transaction_id, op.queue, op.max_items, op.wait_ms)
+                items = await manager.dequeue(transaction_id, op.queue, op.max_items, op.wait_ms, budget=budget)
                 results.append({"op": "dequeue", "queue": op.queue, "items": items_body(items, op.encoding)})
         result = await manager.commit(transaction_id, body.idempotency_key)
         if result.duplicate:
@@ -121,3 +142,29 @@ async def execute(manager: TransactionManager, config: NodeConfig, body: Execute
             pass  # already closed, or committing: nothing left to give back here
         raise
     return 200, {"transaction_id": transaction_id, **commit_body(result), "results": results}
+
+
+# ------------------------------------------------------------------ queue admin
+def queue_settings_body(queue: str, settings: tuple[int | None, int | None] | None,
+                        config: NodeConfig) -> dict[str, Any]:
+    max_items, max_bytes = settings or (None, None)
+    return {"queue": queue, "exists": settings is not None,
+            "settings": {"max_items": max_items, "max_bytes": max_bytes},
+            "limits": {"max_items": max_items or config.queue_items_max_default,
+                       "max_bytes": max_bytes or config.queue_bytes_max_default}}
+
+
+async def configure_queue(manager: TransactionManager, config: NodeConfig, queue: str,
+                          body: QueueSettingsRequest) -> Answer:
+    await manager.change_queue(queue, "configure", body.max_items, body.max_bytes)
+    return 200, queue_settings_body(queue, (body.max_items, body.max_bytes), config)
+
+
+async def purge_queue(manager: TransactionManager, queue: str) -> Answer:
+    result = await manager.change_queue(queue, "purge")
+    return 200, {"queue": queue, "purged": True, "removed": result.removed}
+
+
+async def delete_queue(manager: TransactionManager, queue: str) -> Answer:
+    result = await manager.change_queue(queue, "delete")
+    return 200, {"queue": queue, "deleted": True, "removed": result.removed}

@@ -6,6 +6,11 @@ identical on every node); this leader's memory of how it closed a transaction (a
 expired, leader changed; bounded); the term in the id (a transaction of an earlier term whose
 commit never applied before this leader's barrier can never commit: "leader changed").
 
+Outcomes are forgotten after their retention (rcq.server.core.retention). The state machine
+remembers the highest term of a forgotten outcome: a transaction of that term or an older one
+without an outcome may have committed long ago, so it is answered ``outcome_expired`` (maybe
+committed), never a definite "leader changed".
+
 Must not import: pysyncobj, lmdb, aiohttp.
 """
 
@@ -16,6 +21,7 @@ from collections import OrderedDict
 from rcq.errors import (
     CommitConflict,
     LeaderChanged,
+    OutcomeExpired,
     RcqError,
     TransactionAborted,
     TransactionCommitted,
@@ -38,8 +44,10 @@ class ClosedTransactions:
         while len(self._closed) > self._remembered_max:
             self._closed.popitem(last=False)
 
-    def error_for(self, transaction_id: str, outcome: TransactionOutcome | None, serving_term: int) -> RcqError:
-        """The error a verb on ``transaction_id`` (not open here) answers; ``outcome`` is the replicated one."""
+    def error_for(self, transaction_id: str, outcome: TransactionOutcome | None, serving_term: int,
+                  forgotten_term: int = 0) -> RcqError:
+        """The error a verb on ``transaction_id`` (not open here) answers; ``outcome`` is the replicated
+        one, ``forgotten_term`` the highest term of a transaction whose outcome was forgotten."""
         if outcome is not None:
             if outcome.status == "committed":
                 return TransactionCommitted(details={"index": outcome.index})
@@ -55,6 +63,8 @@ class ClosedTransactions:
                 return TransactionCommitted()
             return TransactionAborted(f"the transaction was aborted ({reason})")
         term = term_of(transaction_id)
+        if term is not None and 0 < term <= forgotten_term:
+            return OutcomeExpired()
         if term is not None and 0 < term < serving_term:
             return LeaderChanged()
         return TransactionNotFound(f"no transaction {transaction_id!r}")

@@ -1,8 +1,12 @@
 """The deadline reaper: expires open transactions whose deadline passed.
 
 A heap of ``(deadline, transaction id)``; extending a transaction pushes a new entry, and a
-popped entry whose transaction is gone or was extended is skipped. The reaper sleeps until the
-earliest deadline (at most a second) and is woken when an earlier one is scheduled.
+popped entry whose transaction is gone or was extended is skipped. Such stale entries would pile
+up (a client extending in a loop, or many short transactions with long deadlines), so the heap is
+rebuilt from the live sessions whenever it holds more than twice as many entries as there are
+sessions (plus slack): its size stays O(open transactions), at an amortised O(1) per schedule.
+The reaper sleeps until the earliest deadline (at most a second) and is woken when an earlier one
+is scheduled.
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
@@ -11,18 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from rcq.server.leader.session import Session
 
 WAKE_AT_LEAST_EVERY_S = 1.0
+STALE_SLACK = 1024  # entries allowed beyond twice the live sessions before a rebuild
 
 
 class DeadlineReaper:
-    def __init__(self, find: Callable[[str], Session | None], expire: Callable[[Session], None]) -> None:
-        """``find`` returns the open session of an id (or None); ``expire`` ends one whose deadline passed."""
+    def __init__(self, find: Callable[[str], Session | None], expire: Callable[[Session], None],
+                 live: Callable[[], Iterable[Session]] | None = None) -> None:
+        """``find`` returns the open session of an id (or None); ``expire`` ends one whose deadline
+        passed; ``live`` lists the sessions that may still need a deadline (for rebuilds)."""
         self._find = find
         self._expire = expire
+        self._live = live
         self._deadlines: list[tuple[float, str]] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -43,6 +51,14 @@ class DeadlineReaper:
         heapq.heappush(self._deadlines, (session.deadline, session.transaction_id))
         if first is None or session.deadline < first:
             self._wakeup.set()
+        if self._live is not None and len(self._deadlines) > STALE_SLACK:
+            sessions = list(self._live())
+            if len(self._deadlines) > 2 * len(sessions) + STALE_SLACK:
+                self._deadlines = [(s.deadline, s.transaction_id) for s in sessions]
+                heapq.heapify(self._deadlines)
+
+    def __len__(self) -> int:
+        return len(self._deadlines)
 
     def expire_due(self, now: float) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:

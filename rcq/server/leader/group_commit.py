@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from rcq.errors import InternalError, LeaderChanged, RcqError
-from rcq.server.core.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, UnitOutcome
+from rcq.server.core.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, Limits, UnitOutcome
 from rcq.server.raft.protocol import Replicator
 
 
@@ -30,8 +30,9 @@ class _Pending:
 
 class GroupCommitter:
     def __init__(self, replicator: Replicator, *, units_max: int, bytes_max: int,
-                 in_flight_max: int, timeout_s: float) -> None:
+                 in_flight_max: int, timeout_s: float, limits: Limits | None = None) -> None:
         self._replicator = replicator
+        self._limits = limits  # stamped on every entry: the state machine enforces them
         self._units_max = units_max
         self._bytes_max = bytes_max
         self._in_flight_max = in_flight_max
@@ -79,7 +80,8 @@ class GroupCommitter:
 
     async def _propose(self, batch: list[_Pending]) -> None:
         units = [p.unit for p in batch]
-        command = CommitBatch(term=self._term, now_ms=int(time.time() * 1000), units=tuple(units))
+        command = CommitBatch(term=self._term, now_ms=int(time.time() * 1000), units=tuple(units),
+                              limits=self._limits)
         self.entries_proposed += 1
         self.units_proposed += len(units)
         try:

@@ -77,6 +77,13 @@ class QueueView:
             self._ranges.append([first, first + count])
         self._wake()
 
+    def clear(self) -> None:
+        """The queue was purged or deleted: nothing is available or locked any more; waiters look again."""
+        self._ranges.clear()
+        self._returned = []
+        self.locked.clear()
+        self._wake()
+
     def waiter(self) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)

@@ -33,10 +33,17 @@ class Session:
     timeout_s: float
     deadline: float  # loop time
     created_ms: int
+    client: str = ""  # who opened it (peer address): per-client caps
+    lifetime_deadline: float = float("inf")  # loop time past which no extend reaches
     state: State = State.OPEN
     enqueues: dict[str, list[bytes]] = field(default_factory=dict)
     enqueued_bytes: int = 0
+    enqueued_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # queue -> (items, bytes)
     dequeued: dict[str, list[int]] = field(default_factory=dict)
+    dequeued_bytes: dict[str, int] = field(default_factory=dict)
+    items_count: int = 0  # enqueued plus dequeued, against transaction_items_max
+    unknown_since: float | None = None  # loop time its commit's outcome became unknown
+    reserved: dict[str, tuple[int, int]] | None = None  # growth reserved while its commit is in flight
     dequeue_keys: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     enqueue_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (queue, items)
     commit_future: asyncio.Future[CommitResult] | None = None
@@ -52,6 +59,28 @@ class Session:
             "enqueued": sum(len(v) for v in self.enqueues.values()),
             "dequeued": sum(len(v) for v in self.dequeued.values()),
         }
+
+
+    def growth(self) -> dict[str, tuple[int, int]]:
+        """queue -> (items, item bytes) this transaction's commit adds (negative: removes)."""
+        growth = dict(self.enqueued_sizes)
+        for queue, ids in self.dequeued.items():
+            items, item_bytes = growth.get(queue, (0, 0))
+            growth[queue] = (items - len(ids), item_bytes - self.dequeued_bytes.get(queue, 0))
+        return growth
+
+
+@dataclass(slots=True)
+class AnswerBudget:
+    """Item bytes one HTTP answer may still carry, shared by every dequeue of that request (a
+    ``/v1/execute`` of many dequeues, a ``/v1/batch``): one request, one bounded answer."""
+
+    remaining: int
+    answered: bool = False  # an item is in the answer already: the next must fit (the first always does)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.answered and self.remaining <= 0
 
 
 @dataclass(frozen=True, slots=True)

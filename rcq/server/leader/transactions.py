@@ -14,9 +14,11 @@ never saw, or "committed" if the replicated outcomes say so (see answers.py).
 
 Its neighbours: ``session`` (one transaction's state), ``deadlines`` (the reaper),
 ``answers`` (what a closed transaction answers), ``group_commit``, ``queue_view``.
-Over 400 lines on purpose: leadership (epochs, the barrier), the verbs and the stream of
-applied entries share one invariant — a queue view's locks are exactly the items this
-epoch's open or committing sessions hold — and splitting them would spread it over files.
+Over 400 lines on purpose: leadership (epochs, the barrier), the verbs, the stream of applied
+entries, the settling of unknown commit outcomes and the effects of a purge or delete share one
+invariant — a queue view's locks are exactly the items this epoch's open or committing sessions
+hold — and splitting them would spread it over files. What is refused before anything is
+proposed (storage limits, per-client caps) lives in ``admission``.
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
@@ -33,18 +35,24 @@ from typing import Any
 from rcq.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
+    InternalError,
     InvalidRequest,
     LeaderChanged,
     NoLeader,
     NotLeader,
     NotReady,
+    OutcomeExpired,
     PayloadTooLarge,
+    QueueNotFound,
     RcqError,
-    TooManyTransactions,
+    TooManyQueues,
+    TooManyRequests,
     TransactionAborted,
     TransactionBusy,
     TransactionCommitted,
+    TransactionLifetimeExceeded,
     TransactionNotFound,
+    Unavailable,
 )
 from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
@@ -56,14 +64,17 @@ from rcq.server.core.commands import (
     Command,
     CommitBatch,
     CommitUnit,
+    QueueChange,
+    QueueChangeResult,
     TransactionWrite,
     UnitOutcome,
 )
+from rcq.server.leader.admission import Admission, merge_growth
 from rcq.server.leader.answers import ClosedTransactions
 from rcq.server.leader.deadlines import DeadlineReaper
 from rcq.server.leader.group_commit import GroupCommitter
 from rcq.server.leader.queue_view import QueueView
-from rcq.server.leader.session import CommitResult, DequeuedItem, Session, State
+from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem, Session, State
 from rcq.server.raft.protocol import Replicator
 
 log = logging.getLogger(__name__)
@@ -78,7 +89,9 @@ class TransactionManager:
         self._transactions: dict[str, Session] = {}
         self._closed = ClosedTransactions(config.closed_transactions_remembered_max)
         self._views: dict[str, QueueView] = {}
-        self._deadlines = DeadlineReaper(find=self._open_session, expire=self._expire)
+        self._deadlines = DeadlineReaper(find=self._open_session, expire=self._expire,
+                                         live=lambda: self._transactions.values())
+        self._admission = Admission(config)
         self._epoch = 0
         self._serving_term = 0  # term whose barrier is applied; 0 = not serving
         self._leader_term = 0
@@ -88,8 +101,10 @@ class TransactionManager:
             bytes_max=config.commit_batch_bytes_max,
             in_flight_max=config.commits_in_flight_max,
             timeout_s=config.commit_timeout_s,
+            limits=self._admission.limits,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._settling = False  # a fence that settles unknown commit outcomes is on its way
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -136,11 +151,12 @@ class TransactionManager:
                 # Committing, or outcome unknown: its entry may still apply (before a later
                 # barrier) or be dropped. Forget it here, so questions about it are answered
                 # from the replicated outcome, or by the term rule once that is definite.
-                self._transactions.pop(transaction.transaction_id, None)
+                self._drop(transaction)
         for view in self._views.values():
             view.fail_waiters(error)
         self._views = {}
         self._deadlines.clear()
+        self._admission.clear_reservations()
 
     async def _establish(self, term: int, epoch: int) -> None:
         """Propose a barrier for ``term`` until it is applied (see on_applied)."""
@@ -157,6 +173,10 @@ class TransactionManager:
 
     def on_applied(self, index: int, command: Command | None, result: ApplyResult) -> None:
         """Every applied entry, in apply order, on the loop thread: keep the views in step."""
+        if isinstance(result, QueueChangeResult):
+            if self._serving_term and result.status == "done" and result.action in ("purge", "delete"):
+                self._on_queue_emptied(result.queue, result.action)
+            return
         if isinstance(result, BarrierResult):
             if (result.term == self._leader_term and not self._serving_term
                     and self._replicator.term == result.term):
@@ -203,23 +223,24 @@ class TransactionManager:
         raise self._closed_error(transaction_id)
 
     def _closed_error(self, transaction_id: str) -> RcqError:
-        outcome = self._replicator.read(lambda sm: sm.outcome(transaction_id))
-        return self._closed.error_for(transaction_id, outcome, self._serving_term)
+        outcome, forgotten_term = self._replicator.read(
+            lambda sm: (sm.outcome(transaction_id), sm.outcomes_forgotten_term))
+        return self._closed.error_for(transaction_id, outcome, self._serving_term, forgotten_term)
 
     # ------------------------------------------------------------ sessions
-    def begin(self, timeout_s: float | None = None, label: str | None = None) -> Session:
+    def begin(self, timeout_s: float | None = None, label: str | None = None, client: str = "") -> Session:
+        """Open a transaction for ``client`` (the peer address, or the principal): caps are per client too."""
         self.require_serving()
-        if len(self._transactions) >= self._config.transactions_open_max:
-            raise TooManyTransactions(
-                f"{len(self._transactions)} open transactions; the limit is "
-                f"{self._config.transactions_open_max}")
+        self._admission.check_begin(client, len(self._transactions))
         timeout_s = self._timeout(timeout_s)
         now = asyncio.get_running_loop().time()
         transaction = Session(
             transaction_id=f"{self._serving_term:x}.{secrets.token_hex(12)}",
             term=self._serving_term, epoch=self._epoch, label=label, timeout_s=timeout_s,
-            deadline=now + timeout_s, created_ms=int(time.time() * 1000))
+            deadline=now + timeout_s, created_ms=int(time.time() * 1000), client=client,
+            lifetime_deadline=now + self._config.transaction_lifetime_max_s)
         self._transactions[transaction.transaction_id] = transaction
+        self._admission.opened(client)
         self._schedule_deadline(transaction)
         return transaction
 
@@ -233,8 +254,15 @@ class TransactionManager:
 
     def extend(self, transaction_id: str, timeout_s: float) -> Session:
         transaction = self._get_open(transaction_id)
-        transaction.timeout_s = self._timeout(timeout_s)
-        transaction.deadline = asyncio.get_running_loop().time() + transaction.timeout_s
+        timeout_s = self._timeout(timeout_s)
+        now = asyncio.get_running_loop().time()
+        if now + timeout_s > transaction.lifetime_deadline:
+            left = max(0.0, transaction.lifetime_deadline - now)
+            raise TransactionLifetimeExceeded(
+                f"a transaction lives at most {self._config.transaction_lifetime_max_s} s, extends included; "
+                f"this one has {left:.1f} s left", details={"remaining_s": round(left, 3)})
+        transaction.timeout_s = timeout_s
+        transaction.deadline = now + timeout_s
         self._schedule_deadline(transaction)
         return transaction
 
@@ -256,7 +284,8 @@ class TransactionManager:
             raise TransactionNotFound(f"no transaction {transaction_id!r}")
         if isinstance(error, TransactionNotFound):
             raise error
-        state = "committed" if isinstance(error, TransactionCommitted) else "aborted"
+        state = ("committed" if isinstance(error, TransactionCommitted)
+                 else "unknown" if isinstance(error, OutcomeExpired) else "aborted")
         body = {"transaction_id": transaction_id, "state": state, "reason": error.code}
         body.update(error.details)
         return body
@@ -281,25 +310,47 @@ class TransactionManager:
             raise PayloadTooLarge(
                 f"the transaction would hold {transaction.enqueued_bytes + size} bytes of items; "
                 f"the limit is {self._config.commit_batch_bytes_max}")
+        if transaction.items_count + len(values) > self._config.transaction_items_max:
+            raise PayloadTooLarge(
+                f"the transaction would hold {transaction.items_count + len(values)} items; the limit is "
+                f"{self._config.transaction_items_max}")
+        growth = transaction.growth()
+        items_before, bytes_before = transaction.enqueued_sizes.get(queue, (0, 0))
+        growth[queue] = (growth.get(queue, (0, 0))[0] + len(values), growth.get(queue, (0, 0))[1] + size)
+        self._replicator.read(lambda sm: self._admission.check_growth(growth, sm))
         transaction.enqueues.setdefault(queue, []).extend(values)
         transaction.enqueued_bytes += size
+        transaction.enqueued_sizes[queue] = (items_before + len(values), bytes_before + size)
+        transaction.items_count += len(values)
         if key is not None:
             transaction.enqueue_keys[key] = (queue, len(values))
         return sum(len(v) for v in transaction.enqueues.values())
 
+    def answer_budget(self) -> AnswerBudget:
+        """What one HTTP answer may carry in item bytes: share it between the dequeues of one request."""
+        return AnswerBudget(self._config.dequeue_answer_bytes_max)
+
     async def dequeue(self, transaction_id: str, queue: str, max_items: int = 1, wait_ms: int = 0,
-                      key: str | None = None) -> list[DequeuedItem]:
+                      key: str | None = None, budget: AnswerBudget | None = None) -> list[DequeuedItem]:
         transaction = self._get_open(transaction_id)
+        budget = budget if budget is not None else self.answer_budget()
         check_queue_name(queue)
         if max_items > self._config.dequeue_items_max:
             raise InvalidRequest(f"max_items {max_items} is over the limit {self._config.dequeue_items_max}")
         if wait_ms > self._config.dequeue_wait_max_ms:
             raise InvalidRequest(f"wait_ms {wait_ms} is over the limit {self._config.dequeue_wait_max_ms}")
+        allowance = self._config.transaction_items_max - transaction.items_count
+        if allowance <= 0:
+            raise PayloadTooLarge(f"the transaction holds {transaction.items_count} items; the limit is "
+                                  f"{self._config.transaction_items_max}")
+        max_items = min(max_items, allowance)
         if key is not None and key in transaction.dequeue_keys:
             key_queue, ids = transaction.dequeue_keys[key]
             if key_queue != queue:
                 raise InvalidRequest(f"dequeue key {key!r} was used for queue {key_queue!r}")
             return self._items(queue, ids)
+        if budget.exhausted:
+            return []  # this request's answer is full: the items stay at the head for the next one
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + wait_ms / 1000
         while True:
@@ -325,6 +376,7 @@ class TransactionManager:
         transaction.dequeued.setdefault(queue, []).extend(ids)
         items = self._items(queue, ids)
         self._drop_missing(transaction, queue, items, ids)
+        items = self._fit_answer(transaction, queue, items, budget)
         if key is not None:
             transaction.dequeue_keys[key] = (queue, [item.item_id for item in items])
         return items
@@ -332,6 +384,28 @@ class TransactionManager:
     def _items(self, queue: str, ids: list[int]) -> list[DequeuedItem]:
         values = self._replicator.read(lambda sm: sm.values(queue, ids))
         return [DequeuedItem(i, queue, v) for i, v in zip(ids, values, strict=True) if v is not None]
+
+    def _fit_answer(self, transaction: Session, queue: str, items: list[DequeuedItem],
+                    budget: AnswerBudget) -> list[DequeuedItem]:
+        """Keep what fits the request's answer budget (the first item of an answer always fits); the
+        rest goes back to the head."""
+        size = 0
+        for position, item in enumerate(items):
+            size += len(item.value)
+            if size > budget.remaining and (position > 0 or budget.answered):
+                extra = [i.item_id for i in items[position:]]
+                self._views[queue].give_back(extra)
+                dropped = set(extra)
+                held = transaction.dequeued[queue]
+                held[:] = [i for i in held if i not in dropped]
+                items = items[:position]
+                break
+        kept_bytes = sum(len(i.value) for i in items)
+        budget.remaining -= kept_bytes
+        budget.answered = budget.answered or bool(items)
+        transaction.dequeued_bytes[queue] = transaction.dequeued_bytes.get(queue, 0) + sum(len(i.value) for i in items)
+        transaction.items_count += len(items)
+        return items
 
     def _drop_missing(self, transaction: Session, queue: str, items: list[DequeuedItem],
                       ids: list[int]) -> None:
@@ -399,16 +473,25 @@ class TransactionManager:
         if size > self._config.commit_unit_bytes_max:
             raise PayloadTooLarge(f"the commit would carry {size} bytes of items in one Raft entry; the limit "
                                   f"is {self._config.commit_unit_bytes_max}: commit fewer transactions together")
+        # Refused before anything is proposed: the transactions stay open (commit again, or abort).
+        growth = merge_growth(t.growth() for t in transactions)
+        self._replicator.read(lambda sm: self._check_room(sm, growth, len(transactions), idempotency_key))
         future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
         for transaction in transactions:
             transaction.state = State.COMMITTING
             transaction.commit_future = future
+        self._admission.reserve(growth)
+        transactions[0].reserved = growth  # released when the transaction is forgotten, however it ends
         unit_future = self._committer.commit(CommitUnit(tuple(writes), idempotency_key), size)
         try:
             outcome = await unit_future
         except CommitOutcomeUnknown as exc:
+            now = asyncio.get_running_loop().time()
             for transaction in transactions:
-                transaction.state = State.UNKNOWN  # locks stay until the outcome arrives or leadership ends
+                # Locks stay until the outcome arrives, leadership ends, or a fence settles it.
+                transaction.state = State.UNKNOWN
+                transaction.unknown_since = now
+            self._settle_unknown_soon()
             future.set_exception(exc)
             future.exception()  # retrieved: a joined retry may never come
             raise
@@ -416,20 +499,39 @@ class TransactionManager:
             for transaction in transactions:
                 if transaction.state is not State.ABORTED:
                     self._close(transaction, State.ABORTED, exc.code)
-            error = exc if isinstance(exc, TransactionAborted) else LeaderChanged(exc.message)
+            error: RcqError = exc if isinstance(exc, TransactionAborted) else LeaderChanged(exc.message)
             future.set_exception(error)
             future.exception()
             raise error from exc
         if outcome.status == "rejected":
-            error = (LeaderChanged() if outcome.reason == "stale_leader"
-                     else CommitConflict(f"commit rejected: {outcome.reason}",
-                                         details={"missing_item_ids": list(outcome.missing_item_ids)}))
+            error = self._rejection_error(outcome)
             future.set_exception(error)
             future.exception()
             raise error
         result = CommitResult(ids, outcome.index, outcome.status == "duplicate", enqueued, dequeued)
         future.set_result(result)
         return result
+
+    def _check_room(self, sm: Any, growth: dict[str, tuple[int, int]], transactions: int,
+                    idempotency_key: str | None) -> None:
+        self._admission.check_growth(growth, sm)
+        if not sm.can_remember(transactions, idempotency_key is not None, int(time.time() * 1000)):
+            raise TooManyRequests("the cluster remembers as many recent commits (or idempotency keys) as it "
+                                  "can; retry shortly")
+
+    @staticmethod
+    def _rejection_error(outcome: UnitOutcome) -> RcqError:
+        """What a client hears when the state machine rejected its commit (the transaction is aborted)."""
+        reason = outcome.reason
+        if reason == "stale_leader":
+            return LeaderChanged()
+        if reason == "too_many_queues":
+            return TooManyQueues(f"the commit would create queue {outcome.queue!r}, but the cluster holds the "
+                                 "most queues it may; the transaction was aborted", details={"queue": outcome.queue})
+        if reason in ("outcomes_full", "idempotency_keys_full"):
+            return TooManyRequests(f"commit rejected ({reason}); the transaction was aborted")
+        return CommitConflict(f"commit rejected: {reason}", details={
+            "reason": reason, "queue": outcome.queue, "missing_item_ids": list(outcome.missing_item_ids)})
 
     @staticmethod
     def _write_of(transaction: Session) -> TransactionWrite:
@@ -480,8 +582,91 @@ class TransactionManager:
 
     def _forget_transaction(self, transaction: Session, state: State, reason: str) -> None:
         transaction.state = state
-        self._transactions.pop(transaction.transaction_id, None)
+        self._drop(transaction)
         self._closed.remember(transaction.transaction_id, state, reason)
+
+    def _drop(self, transaction: Session) -> None:
+        if self._transactions.pop(transaction.transaction_id, None) is not None:
+            self._admission.closed(transaction.client)
+        if transaction.reserved is not None:
+            self._admission.release(transaction.reserved)
+            transaction.reserved = None
+
+    # ------------------------------------------------------- unknown outcomes
+    def _settle_unknown_soon(self) -> None:
+        if not self._settling:
+            self._settling = True
+            self._spawn(self._settle_unknown(self._epoch))
+
+    async def _settle_unknown(self, epoch: int) -> None:
+        """Commits whose outcome is unknown hold their locks; settle them within a bound.
+
+        A fence (a barrier of this term) is proposed after them: entries of one leader are
+        appended in the order they are proposed, so once the fence is applied, a commit of ours
+        that is still unknown was never appended, and never will be — it is aborted, its items
+        are free again. One that did apply was closed by the stream of applied entries already
+        (it reaches the loop before the fence's answer)."""
+        delay_s = 0.05
+        try:
+            while epoch == self._epoch and self.serving:
+                fence_from = asyncio.get_running_loop().time()
+                waiting = [t for t in self._transactions.values()
+                           if t.state is State.UNKNOWN and t.unknown_since is not None and t.unknown_since <= fence_from]
+                if not waiting:
+                    return
+                try:
+                    await self._replicator.submit(Barrier(term=self._serving_term, now_ms=int(time.time() * 1000)),
+                                                  self._config.commit_timeout_s)
+                except RcqError as exc:
+                    log.info("fence for unknown commit outcomes not applied yet: %s", exc.code)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, 1.0)
+                    continue
+                if epoch != self._epoch:
+                    return
+                for transaction in waiting:
+                    if self._transactions.get(transaction.transaction_id) is transaction \
+                            and transaction.state is State.UNKNOWN:
+                        self._close(transaction, State.ABORTED, "commit_not_applied")
+        finally:
+            if epoch == self._epoch:
+                self._settling = False
+
+    # ------------------------------------------------------------ queue admin
+    async def change_queue(self, queue: str, action: str, max_items: int | None = None,
+                           max_bytes: int | None = None) -> QueueChangeResult:
+        """Configure, purge or delete ``queue`` through Raft; answers once applied."""
+        self.require_serving()
+        check_queue_name(queue)
+        change = QueueChange(term=self._serving_term, now_ms=int(time.time() * 1000), queue=queue,
+                             action=action, max_items=max_items, max_bytes=max_bytes)  # type: ignore[arg-type]
+        result = await self._replicator.submit(change, self._config.commit_timeout_s)
+        if not isinstance(result, QueueChangeResult):
+            raise InternalError(f"queue change not applied: {result!r}")
+        if result.reason == "queue_not_found":
+            raise QueueNotFound(f"no queue {queue!r}")
+        if result.reason == "too_many_queues":
+            raise TooManyQueues(details={"queue": queue})
+        if result.status != "done":
+            raise Unavailable(f"the leader changed before the queue change applied ({result.reason}); retry")
+        return result
+
+    def _on_queue_emptied(self, queue: str, action: str) -> None:
+        """A purge or delete applied: transactions holding its items (or, for a delete, about to
+        enqueue into it) are aborted; the items they held are gone, not given back."""
+        reason = "queue_purged" if action == "purge" else "queue_deleted"
+        for transaction in list(self._transactions.values()):
+            if transaction.epoch != self._epoch or transaction.state is not State.OPEN:
+                continue
+            held = bool(transaction.dequeued.get(queue))
+            if held or (action == "delete" and queue in transaction.enqueues):
+                transaction.dequeued.pop(queue, None)
+                self._close(transaction, State.ABORTED, reason)
+        view = self._views.pop(queue, None) if action == "delete" else self._views.get(queue)
+        if view is not None:
+            view.clear()  # wakes waiting dequeuers: they look again
+        if action == "purge":
+            self._views[queue] = view if view is not None else QueueView()
 
     # ----------------------------------------------------------- deadlines
     def _schedule_deadline(self, transaction: Session) -> None:

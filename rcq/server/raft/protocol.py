@@ -61,6 +61,12 @@ class Replicator(Protocol):
         """Run ``reader`` on the state machine, excluded from concurrent applies."""
         ...
 
+    async def digest(self) -> tuple[str, int]:
+        """``(state_machine.digest(), state_machine.last_index)`` of one consistent state, as of a
+        moment after the call began, without holding up applies while hashing (the state is
+        O(items)); raises :class:`~rcq.errors.Unavailable` when it cannot be computed."""
+        ...
+
     async def submit(self, command: Command, timeout_s: float) -> ApplyResult:
         """Replicate ``command``; see the module docstring for outcomes."""
         ...

@@ -38,6 +38,7 @@ from rcq.server.core.commands import ApplyResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import patches
 from rcq.server.raft.consumer import QueueConsumer
+from rcq.server.raft.digest import ForkedDigest
 from rcq.server.raft.internals import default_journal, journal_bytes, journal_of, use_journal_factory
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.patches import ON_SYNC_FAILURE
@@ -96,6 +97,8 @@ class RaftReplicator:
         self._auto_tick = auto_tick
         self._lock = threading.Lock()
         self._consumer = QueueConsumer(state_machine, self._lock, self._on_applied)
+        # Digests off the apply path, as snapshots (H9): the lock is held only to fork a child that hashes.
+        self._digest = ForkedDigest(lambda: (state_machine.digest(), state_machine.last_index), self._lock)
         self._peer_urls = config.peer_url_by_raft_address()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_obj: SyncObj | None = None
@@ -180,6 +183,7 @@ class RaftReplicator:
         if self._stopped:
             return
         self._stopped = True
+        await self._digest.close()  # kills a digest child still hashing
         if self._role_task is not None:
             self._role_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -269,6 +273,10 @@ class RaftReplicator:
     def read(self, reader: Callable[[QueueStateMachine], T]) -> T:
         with self._lock:
             return reader(self._state_machine)
+
+    async def digest(self) -> tuple[str, int]:
+        """The state digest and its applied index, hashed in a forked child (rcq.server.raft.digest)."""
+        return await self._digest.digest()
 
     def is_leader(self) -> bool:
         return self._sync_obj is not None and not self._stopped and bool(self._sync_obj._isLeader())

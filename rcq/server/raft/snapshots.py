@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import gc
 import logging
 import os
 import pickle
@@ -34,7 +33,6 @@ import signal
 import struct
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +40,7 @@ from typing import Any
 import lmdb
 
 from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft.digest import fork_child
 from rcq.server.raft.files import fsync_path, replace_durably
 
 logger = logging.getLogger(__name__)
@@ -234,30 +233,14 @@ class ForkingSnapshotWriter:
         if self._child_pid:
             return
         try:
-            pid = os.fork()
+            # The child only reads its copy-on-write image (rcq.server.raft.digest.fork_child's discipline).
+            pid = fork_child(lambda: write_snapshot(self._part_path, self._state_machine, raft_data),
+                             label="snapshot")
         except OSError:
             logger.exception("cannot fork to write a snapshot")
             self._unreported_failure = True  # pysyncobj waits for a SUCCEEDED or FAILED
             return
-        if pid == 0:  # pragma: no cover - runs in the child, which never returns
-            self._child_main(raft_data)
         self._child_pid = pid
-
-    def _child_main(self, raft_data: Any) -> None:
-        status = 1
-        try:
-            # The child only reads: a collection would touch every object and copy
-            # the whole heap page by page (copy-on-write).
-            gc.disable()
-            write_snapshot(self._part_path, self._state_machine, raft_data)
-            status = 0
-        except BaseException:
-            # No logging here: a lock held by another parent thread at fork time
-            # stays held in the child for ever.
-            with contextlib.suppress(BaseException):
-                os.write(2, ("snapshot child failed:\n" + traceback.format_exc()).encode())
-        finally:
-            os._exit(status)
 
     def check(self) -> SnapshotState:
         """Report the child's progress; pysyncobj's ``serializeChecker`` hook."""

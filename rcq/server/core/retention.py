@@ -1,0 +1,107 @@
+"""Tables the state machine keeps for a while, by time, then forgets: outcomes and idempotency keys.
+
+A retried commit must get the answer of the first attempt, so the state machine remembers each
+transaction's outcome and each idempotency key. Remembering for ever grows without bound;
+forgetting by count alone (the first version kept the last 200k outcomes) lets a busy cluster
+forget an outcome within a minute, while a client may still be retrying. Both tables here keep
+an entry for a *time*, with a guaranteed minimum:
+
+* an entry is kept ``retention_ms`` after it was written (entry time, the leader's clock carried
+  in the log, so every replica forgets the same entries at the same entry);
+* under pressure (``entries_max`` reached) entries older than ``retention_min_ms`` are forgotten
+  early to make room; when even that frees no room, :meth:`TimedTable.make_room` says no and the
+  state machine refuses the new unit (``outcomes_full`` / ``idempotency_keys_full``, 429) rather
+  than forget an entry younger than the minimum.
+
+Entries are kept in insertion order, which is time order (entry times never go back), so
+forgetting is popping from the front: O(1) per entry.
+
+Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+
+class _Timed(Protocol):
+    @property
+    def at_ms(self) -> int: ...
+
+
+V = TypeVar("V", bound=_Timed)
+
+
+class TimedTable(Generic[V]):
+    """key -> value (with ``at_ms``), forgotten by age; see the module docstring."""
+
+    __slots__ = ("_entries", "_on_forget", "entries_max", "retention_min_ms", "retention_ms")
+
+    def __init__(self, retention_ms: int, retention_min_ms: int, entries_max: int,
+                 on_forget: Callable[[str], None] | None = None) -> None:
+        self.retention_ms = retention_ms
+        self.retention_min_ms = retention_min_ms
+        self.entries_max = entries_max
+        self._entries: dict[str, V] = {}
+        self._on_forget = on_forget
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: str) -> V | None:
+        return self._entries.get(key)
+
+    def items(self) -> Iterator[tuple[str, V]]:
+        return iter(self._entries.items())
+
+    def put(self, key: str, value: V) -> None:
+        """Remember ``value`` (a key written again moves to the end: it is the newest)."""
+        self._entries.pop(key, None)
+        self._entries[key] = value
+
+    def expire(self, now_ms: int) -> None:
+        """Forget every entry older than the retention."""
+        self._forget_older_than(now_ms - self.retention_ms, len(self._entries))
+
+    def make_room(self, count: int, now_ms: int) -> bool:
+        """True when ``count`` new entries fit, after forgetting entries past the minimum retention."""
+        excess = len(self._entries) + count - self.entries_max
+        if excess > 0:
+            self._forget_older_than(now_ms - self.retention_min_ms, excess)
+        return len(self._entries) + count <= self.entries_max
+
+    def has_room(self, count: int, now_ms: int) -> bool:
+        """What :meth:`make_room` would answer, without forgetting anything (the oldest ``excess``
+        entries are checked: they are the ones it would forget)."""
+        excess = len(self._entries) + count - self.entries_max
+        if excess <= 0:
+            return True
+        if excess > len(self._entries):
+            return False
+        horizon_ms = now_ms - self.retention_min_ms
+        for position, value in enumerate(self._entries.values()):
+            if position >= excess:
+                return True
+            if value.at_ms >= horizon_ms:
+                return False
+        return True
+
+    def _forget_older_than(self, horizon_ms: int, count_max: int) -> None:
+        entries = self._entries
+        forgotten = 0
+        while entries and forgotten < count_max:
+            key = next(iter(entries))
+            if entries[key].at_ms >= horizon_ms:
+                break
+            del entries[key]
+            forgotten += 1
+            if self._on_forget is not None:
+                self._on_forget(key)
+
+    def replace_all(self, entries: Iterator[tuple[str, V]]) -> None:
+        """Load entries (oldest first), as a snapshot restore does."""
+        self._entries = dict(entries)
