@@ -184,6 +184,12 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER and "announced a frame" in r.getMessage()]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_refusal_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with the refused-frame warning not rate-limited by an earlier test's."""
+    monkeypatch.setattr(transport_patches, "_refused_frames", {"next_report": 0.0, "unreported": 0})
+
+
 # =========================================================================== H13: frame caps
 def test_connections_without_a_node_config_get_its_defaults() -> None:
     fields = NodeConfig.model_fields
@@ -207,6 +213,23 @@ async def test_an_unauthenticated_client_announcing_too_big_a_frame_is_closed_on
                                     f"over the {HANDSHAKE_MAX} allowed before authentication: closing it"]
         assert node_side(replicator, raft_client) is None
         assert SECRET not in caplog.text
+
+
+async def test_refused_frames_are_reported_at_most_once_per_interval(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    async with running_node(node_config(tmp_path)) as replicator:
+        for _ in range(5):  # someone connecting in a loop
+            async with client(replicator._config.raft_address) as raft_client:
+                raft_client.sock.sendall(struct.pack("i", 2**31 - 1))
+                await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+        assert len(refusals(caplog)) == 1
+        assert transport_patches._refused_frames["unreported"] == 4
+        transport_patches._refused_frames["next_report"] = 0.0  # the interval is over
+        async with client(replicator._config.raft_address) as raft_client:
+            raft_client.sock.sendall(struct.pack("i", -1))
+            await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+        assert refusals(caplog)[-1].endswith("closing it (4 more refused since the last report)")
 
 
 async def test_a_frame_at_the_handshake_limit_is_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -532,3 +555,31 @@ def measure() -> None:
 
 if __name__ == "__main__":
     measure()
+
+
+@pytest.mark.parametrize("error", ["ECONNABORTED", "EPROTO", "EPERM", "EINTR"])
+def test_an_accept_error_about_one_connection_keeps_the_listener(error: str) -> None:
+    """accept() failing for the connection being accepted (reset before we got to it, a firewall
+    rule) says nothing about the listener: pysyncobj would unbind it for good; rcq goes on."""
+    import errno as errno_module
+
+    from pysyncobj.poller import POLL_EVENT_TYPE
+
+    class FailingSocket:
+        def accept(self) -> Any:
+            raise OSError(getattr(errno_module, error), error)
+
+    class Listener:
+        unbound = False
+        _TcpServer__socket = FailingSocket()
+
+        def unbind(self) -> None:
+            self.unbound = True
+
+    listener = Listener()
+    transport_patches._on_new_connection(listener, 0, POLL_EVENT_TYPE.READ)
+    assert listener.unbound is False
+    # any other error keeps pysyncobj's answer
+    FailingSocket.accept = lambda self: (_ for _ in ()).throw(OSError(errno_module.EBADF, "EBADF"))  # type: ignore[method-assign]
+    transport_patches._on_new_connection(listener, 0, POLL_EVENT_TYPE.READ)
+    assert listener.unbound is True

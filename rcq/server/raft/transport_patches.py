@@ -122,10 +122,25 @@ def _front_frame(conn: Any, buffer: bytearray) -> int | None:
     limit = limits.authenticated_bytes_max if authenticated else limits.handshake_bytes_max
     if 0 <= length <= limit:
         return length
-    logger.warning("Raft connection with %s announced a frame of %d bytes, over the %d allowed %s: closing it",
-                   _peer(conn), length, limit, "to a peer" if authenticated else "before authentication")
+    _warn_refused_frame(_peer(conn), length, limit, authenticated)
     conn.disconnect()
     return _REFUSED
+
+
+REFUSED_FRAME_REPORT_INTERVAL_S = 10.0  # whoever connects in a loop cannot fill the log
+_refused_frames = {"next_report": 0.0, "unreported": 0}
+
+
+def _warn_refused_frame(peer: str, length: int, limit: int, authenticated: bool) -> None:
+    now = time.monotonic()
+    if now < _refused_frames["next_report"]:
+        _refused_frames["unreported"] += 1
+        return
+    also = _refused_frames["unreported"]
+    _refused_frames.update(next_report=now + REFUSED_FRAME_REPORT_INTERVAL_S, unreported=0)
+    logger.warning("Raft connection with %s announced a frame of %d bytes, over the %d allowed %s: closing it%s",
+                   peer, length, limit, "to a peer" if authenticated else "before authentication",
+                   f" ({also} more refused since the last report)" if also else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +248,9 @@ def _passing_bytearrays(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 # after ACCEPT_RETRY_S subscribes it again. Logged once per episode; other errors are pysyncobj's.
 ACCEPT_RETRY_S = 0.1
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# accept() errors about the one connection being accepted (it was reset before we got to it, a
+# protocol error, a firewall rule): the listener is fine, the next connection is accepted as usual.
+_THIS_CONNECTION_ONLY = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR})
 _RESUME_AT = "_rcq_accept_resume_at"
 _FAILING_SINCE = "_rcq_accept_failing_since"
 
@@ -245,6 +263,8 @@ def _on_new_connection(self: Any, descr: int, event: int) -> None:
         except OSError as exc:
             if exc.errno in _OUT_OF_RESOURCES:
                 _pause_accepting(self, exc)
+                return
+            if exc.errno in _THIS_CONNECTION_ONLY:
                 return
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self.unbind()  # pysyncobj's answer to any other error
