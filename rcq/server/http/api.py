@@ -35,6 +35,7 @@ from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
 from rcq.server.http import operations
 from rcq.server.http.connections import read_body
+from rcq.server.http.metrics import NodeMetrics
 from rcq.server.http.models import (
     BatchAbort,
     BatchBegin,
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 CONFIG = web.AppKey("config", NodeConfig)
 MANAGER = web.AppKey("manager", TransactionManager)
 REPLICATOR = web.AppKey("replicator", Replicator)
+METRICS = web.AppKey("metrics", NodeMetrics)
 
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -381,10 +383,14 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def create_app(config: NodeConfig, manager: TransactionManager, replicator: Replicator) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.body_bytes_max)
+    metrics = NodeMetrics(config, manager, replicator)
+    # The metrics middleware is outermost: it counts the status error_middleware answered with.
+    app = web.Application(middlewares=[metrics.middleware, error_middleware], client_max_size=config.body_bytes_max)
     app[CONFIG] = config
     app[MANAGER] = manager
     app[REPLICATOR] = replicator
+    app[METRICS] = metrics
+    app.router.add_get("/metrics", metrics.handle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/cluster", cluster)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rcq.errors import InternalError, LeaderChanged, RcqError
@@ -44,6 +45,7 @@ class GroupCommitter:
         self._tasks: set[asyncio.Task[None]] = set()
         self.entries_proposed = 0
         self.units_proposed = 0
+        self.on_entry: Callable[[int], None] | None = None  # units in each proposed entry (metrics)
 
     def start_term(self, term: int) -> None:
         """A new leadership: commits still waiting to be proposed can no longer be."""
@@ -84,6 +86,8 @@ class GroupCommitter:
                               limits=self._limits)
         self.entries_proposed += 1
         self.units_proposed += len(units)
+        if self.on_entry is not None:
+            self.on_entry(len(units))
         try:
             result = await self._replicator.submit(command, self._timeout_s)
         except RcqError as exc:

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,17 @@ from rcq.server.raft.protocol import Replicator
 
 log = logging.getLogger(__name__)
 
+# How a transaction ended, as a bounded set of metric labels.
+_OUTCOME_LABELS = {"expired": "expired", "leader_changed": "leader_changed", "aborted": "aborted",
+                   "queue_purged": "queue_removed", "queue_deleted": "queue_removed",
+                   "commit_not_applied": "unknown_settled", "stale_leader": "leader_changed"}
+
+
+def outcome_label(state: State, reason: str) -> str:
+    if state is State.COMMITTED:
+        return "committed"
+    return _OUTCOME_LABELS.get(reason, "rejected")
+
 
 class TransactionManager:
     def __init__(self, config: NodeConfig, replicator: Replicator,
@@ -105,6 +117,10 @@ class TransactionManager:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._settling = False  # a fence that settles unknown commit outcomes is on its way
+        # What the metrics read (rcq.server.http.metrics): plain counters, kept here once.
+        self.closed_total: Counter[str] = Counter()  # how transactions ended, by outcome
+        self.returned_total: Counter[str] = Counter()  # items given back to the head, by queue
+        self.on_commit_latency: Callable[[float], None] | None = None  # seconds from commit to outcome
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -130,6 +146,10 @@ class TransactionManager:
     @property
     def open_count(self) -> int:
         return len(self._transactions)
+
+    @property
+    def committer(self) -> GroupCommitter:
+        return self._committer
 
     def on_role_change(self, is_leader: bool, term: int) -> None:
         """Called on the loop thread whenever leadership or term changes."""
@@ -483,8 +503,11 @@ class TransactionManager:
         self._admission.reserve(growth)
         transactions[0].reserved = growth  # released when the transaction is forgotten, however it ends
         unit_future = self._committer.commit(CommitUnit(tuple(writes), idempotency_key), size)
+        started = time.monotonic()
         try:
             outcome = await unit_future
+            if self.on_commit_latency is not None:
+                self.on_commit_latency(time.monotonic() - started)
         except CommitOutcomeUnknown as exc:
             now = asyncio.get_running_loop().time()
             for transaction in transactions:
@@ -578,10 +601,12 @@ class TransactionManager:
                 view = self._views.get(queue)
                 if view is not None:
                     view.give_back(ids)
+                    self.returned_total[queue] += len(ids)
         self._forget_transaction(transaction, state, reason)
 
     def _forget_transaction(self, transaction: Session, state: State, reason: str) -> None:
         transaction.state = state
+        self.closed_total[outcome_label(state, reason)] += 1
         self._drop(transaction)
         self._closed.remember(transaction.transaction_id, state, reason)
 

@@ -111,6 +111,9 @@ class RaftReplicator:
         self._stopped = False
         self._next_journal_flush_s = 0.0
         self._snapshot_loads_at_start = 0  # pysyncobj loads an existing snapshot once, at its first tick
+        self._sync_observer: Callable[[float], None] | None = None
+        self._seen_leader: str | None = None
+        self.leader_changes_seen = 0  # times this node saw the leader change (to another, or to none)
         self.repair: CompactionRepair | None = None  # what start() repaired, for logs and tests
 
     # ------------------------------------------------------------ lifecycle
@@ -156,6 +159,7 @@ class RaftReplicator:
         if journal_file is not None and self._config.durability == "fsync":
             journal = DurableJournal(journal_file)
             journal.on_failure = self._on_sync_failure  # a failed write stops the node like a failed sync
+            journal.on_sync = self._observe_sync
             return journal
         return default_journal(journal_file)
 
@@ -166,6 +170,16 @@ class RaftReplicator:
                 f"node {self._config.node_id} is configured durability={self._config.durability}, but its data "
                 f"directory holds {other.name}, written with the other setting; a node does not switch with data "
                 "in place: wipe its data directory (it catches up from its peers) or keep the old setting")
+
+    def set_sync_observer(self, observer: Callable[[float], None]) -> None:
+        """Called (tick thread) with the seconds each fdatasync of the Raft log took (durability=fsync)."""
+        self._sync_observer = observer
+
+    def _observe_sync(self, seconds: float) -> None:
+        observer = self._sync_observer
+        if observer is not None:
+            with contextlib.suppress(Exception):  # never end a tick with an exception (H2)
+                observer(seconds)
 
     def _on_sync_failure(self, error: OSError) -> None:
         """A write or an fsync of the Raft log failed (EIO, ENOSPC...): what was written may not be
@@ -310,6 +324,7 @@ class RaftReplicator:
             if key.startswith(("partner_node_status_server_", "match_idx_server_", "next_node_idx_server_"))
         }
         details.update(running=True, ready=bool(self._sync_obj.isReady()), snapshots_written=written,
+                       leader_changes_seen=self.leader_changes_seen,
                        snapshots_received=received, snapshots_loaded=loaded,
                        leader_commit_index=raw.get("leader_commit_idx"), uptime_s=raw.get("uptime"))
         leader = raw.get("leader")
@@ -360,6 +375,11 @@ class RaftReplicator:
         if self._sync_obj is None or self._stopped:
             return
         role = (bool(self._sync_obj._isLeader()), int(self._sync_obj.raftCurrentTerm))
+        leader = self.leader_raft_address()
+        if leader != self._seen_leader:
+            if self._seen_leader is not None:
+                self.leader_changes_seen += 1
+            self._seen_leader = leader
         if role == self._reported_role:
             return
         self._reported_role = role

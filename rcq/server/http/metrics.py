@@ -1,0 +1,193 @@
+"""Prometheus metrics: ``GET /metrics`` in the text format, with prometheus-client.
+
+Values that rcq keeps anyway (queue depths, totals, Raft indexes, open transactions, how
+transactions ended) are read at scrape time by :class:`RcqCollector`, never copied into a second
+set of counters; only distributions (commit latency, group-commit batch sizes, fsync durations)
+and HTTP request counts are observed as they happen. Names follow Prometheus's rules: prefix
+``rcq_``, base units (seconds, bytes), ``_total`` on counters. Label values are bounded:
+transaction ids never appear; queue names do, for at most ``QUEUE_LABELS_MAX`` queues (the
+deepest; the rest are summed under ``queue="_other"``); routes are the route templates.
+
+Each node has its own registry (tests run several nodes in one process).
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from rcq.server.config import NodeConfig
+from rcq.server.leader.transactions import TransactionManager
+from rcq.server.raft.protocol import Replicator
+
+QUEUE_LABELS_MAX = 1000
+OTHER_QUEUES = "_other"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ROLES = ("leader", "follower", "candidate")
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+class RcqCollector(Collector):
+    """Everything read at scrape time from the state machine, the leader and Raft."""
+
+    def __init__(self, config: NodeConfig, manager: TransactionManager, replicator: Replicator) -> None:
+        self._config = config
+        self._manager = manager
+        self._replicator = replicator
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._queues()
+        yield from self._storage()
+        yield from self._transactions()
+        yield from self._raft()
+
+    def _queues(self) -> Iterator[Metric]:
+        read = self._replicator.read(lambda sm: [(name, sm.queue_stats(name)) for name in sm.queue_names()])
+        rows: list[tuple[str, dict[str, int]]] = [(name, stats) for name, stats in read if stats is not None]
+        rows.sort(key=lambda row: (-row[1]["count"], row[0]))
+        shown, rest = rows[:QUEUE_LABELS_MAX], rows[QUEUE_LABELS_MAX:]
+        items = GaugeMetricFamily("rcq_queue_items", "Items in a queue, by state (ready: available to a "
+                                  "dequeue; locked: held by open transactions, known on the leader only)",
+                                  labels=["queue", "state"])
+        item_bytes = GaugeMetricFamily("rcq_queue_bytes", "Bytes of the items in a queue", labels=["queue"])
+        enqueued = CounterMetricFamily("rcq_queue_enqueued", "Items committed into a queue", labels=["queue"])
+        dequeued = CounterMetricFamily("rcq_queue_dequeued", "Items committed out of a queue", labels=["queue"])
+        purged = CounterMetricFamily("rcq_queue_purged", "Items removed from a queue by purges", labels=["queue"])
+        returned = CounterMetricFamily("rcq_queue_returned", "Items given back to the head of a queue by aborts, "
+                                       "expiries and leader changes (this node as leader)", labels=["queue"])
+        for name, stats in shown:
+            self._queue_sample(items, item_bytes, enqueued, dequeued, purged, returned, name, [stats],
+                               [self._manager.locked_count(name)], self._manager.returned_total.get(name, 0))
+        if rest:
+            names = {name for name, _ in rest}
+            self._queue_sample(items, item_bytes, enqueued, dequeued, purged, returned, OTHER_QUEUES,
+                               [stats for _, stats in rest], [self._manager.locked_count(n) for n in names],
+                               sum(v for q, v in self._manager.returned_total.items() if q in names))
+        yield from (items, item_bytes, enqueued, dequeued, purged, returned)
+
+    @staticmethod
+    def _queue_sample(items: GaugeMetricFamily, item_bytes: GaugeMetricFamily, enqueued: CounterMetricFamily,
+                      dequeued: CounterMetricFamily, purged: CounterMetricFamily, returned: CounterMetricFamily,
+                      label: str, stats: list[dict[str, int]], locked: list[int | None], returned_count: int) -> None:
+        count = sum(s["count"] for s in stats)
+        known_locked = [n for n in locked if n is not None]
+        if len(known_locked) == len(locked):
+            items.add_metric([label, "locked"], sum(known_locked))
+            items.add_metric([label, "ready"], count - sum(known_locked))
+        else:
+            items.add_metric([label, "total"], count)
+        item_bytes.add_metric([label], sum(s["bytes"] for s in stats))
+        enqueued.add_metric([label], sum(s["enqueued_total"] for s in stats))
+        dequeued.add_metric([label], sum(s["dequeued_total"] for s in stats))
+        purged.add_metric([label], sum(s["purged_total"] for s in stats))
+        returned.add_metric([label], returned_count)
+
+    def _storage(self) -> Iterator[Metric]:
+        cost, sizes = self._replicator.read(lambda sm: (sm.storage_cost, sm.table_sizes()))
+        yield GaugeMetricFamily("rcq_storage_bytes", "What the queued items cost, bookkeeping included "
+                                "(what storage_bytes_max limits)", value=cost)
+        yield GaugeMetricFamily("rcq_storage_max_bytes", "The memory budget for queued items",
+                                value=self._config.storage_bytes_max)
+        yield GaugeMetricFamily("rcq_queues", "Queues in the replicated state", value=sizes["queues"])
+        yield GaugeMetricFamily("rcq_outcomes_remembered", "Transaction outcomes remembered for retries",
+                                value=sizes["outcomes"])
+        yield GaugeMetricFamily("rcq_idempotency_keys_remembered", "Idempotency keys remembered",
+                                value=sizes["idempotency_keys"])
+
+    def _transactions(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("rcq_transactions_open", "Open transactions on this node (the leader's)",
+                                value=self._manager.open_count)
+        closed = CounterMetricFamily("rcq_transactions", "Transactions ended on this node as leader, by outcome",
+                                     labels=["outcome"])
+        for outcome, count in sorted(self._manager.closed_total.items()):
+            closed.add_metric([outcome], count)
+        yield closed
+
+    def _raft(self) -> Iterator[Metric]:
+        status = self._replicator.status()
+        role = GaugeMetricFamily("rcq_raft_role", "1 for this node's Raft role", labels=["role"])
+        for name in ROLES:
+            role.add_metric([name], 1 if status.role == name else 0)
+        yield role
+        yield GaugeMetricFamily("rcq_raft_term", "Current Raft term", value=status.term)
+        yield GaugeMetricFamily("rcq_raft_commit_index", "Raft commit index", value=status.commit_index)
+        yield GaugeMetricFamily("rcq_raft_applied_index", "Last Raft index applied to the state machine",
+                                value=status.last_applied)
+        yield GaugeMetricFamily("rcq_raft_log_entries", "Raft log entries held (since the last snapshot)",
+                                value=status.log_length)
+        yield GaugeMetricFamily("rcq_raft_has_quorum", "1 when this node (as leader) has a quorum",
+                                value=int(status.has_quorum))
+        yield CounterMetricFamily("rcq_raft_snapshots", "Snapshots written or received since start",
+                                  value=status.snapshot_count)
+        yield CounterMetricFamily("rcq_raft_leader_changes_seen", "Leader changes this node has seen",
+                                  value=int(status.details.get("leader_changes_seen", 0)))
+        yield GaugeMetricFamily("rcq_serving", "1 when this node is the leader and serves (its barrier applied)",
+                                value=int(self._manager.serving))
+
+
+class NodeMetrics:
+    """One node's registry, its observed metrics, and the ``/metrics`` handler and middleware."""
+
+    def __init__(self, config: NodeConfig, manager: TransactionManager, replicator: Replicator) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(RcqCollector(config, manager, replicator))
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu, open fds
+        self.commit_seconds = Histogram(
+            "rcq_commit_duration_seconds", "From a commit's proposal to its outcome, on the leader",
+            buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.batch_units = Histogram(
+            "rcq_group_commit_units", "Commit units grouped into one Raft entry",
+            buckets=BATCH_BUCKETS, registry=self.registry)
+        self.fsync_seconds = Histogram(
+            "rcq_wal_fsync_duration_seconds", "fdatasync of the Raft log (durability=fsync)",
+            buckets=FSYNC_BUCKETS_S, registry=self.registry)
+        self.requests = Counter(
+            "rcq_http_requests", "HTTP requests answered, by route template, method and status class",
+            ["route", "method", "status"], registry=self.registry)
+        self.request_seconds = Histogram(
+            "rcq_http_request_duration_seconds", "Time to answer an HTTP request, by route template",
+            ["route"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        manager.on_commit_latency = self.commit_seconds.observe
+        manager.committer.on_entry = self.batch_units.observe
+        set_sync_observer = getattr(replicator, "set_sync_observer", None)
+        if set_sync_observer is not None:
+            set_sync_observer(self.fsync_seconds.observe)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        started = time.monotonic()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            route = _route_of(request)
+            self.requests.labels(route, request.method, f"{status // 100}xx").inc()
+            self.request_seconds.labels(route).observe(time.monotonic() - started)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE})
+
+
+def _route_of(request: web.Request) -> str:
+    """The route template (``/v1/transactions/{transaction_id}/commit``), never the raw path: bounded."""
+    info = request.match_info
+    route = getattr(info, "route", None)
+    resource = getattr(route, "resource", None)
+    canonical = getattr(resource, "canonical", None)
+    return str(canonical) if canonical else "unmatched"

@@ -1,0 +1,60 @@
+"""GET /metrics on a real 3-node cluster: Raft figures on every node, fsync timings, leader changes."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rcq.client import RcqClient
+from rcq.testing import wait_until
+from tests.integration.conftest import running_cluster
+
+pytestmark = pytest.mark.cluster
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Sample name with its labels -> value, e.g. ``rcq_raft_role{role="leader"}``."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
+async def test_every_node_reports_raft_and_the_leader_reports_commits():
+    with running_cluster() as cluster:
+        leader = cluster.wait_for_leader(30)
+        async with RcqClient(cluster.urls, retry_timeout_s=20) as client:
+            for i in range(20):
+                await client.enqueue("jobs", f"item-{i}")
+        cluster.wait_for_applied(30)
+        scraped = {i: await asyncio.to_thread(scrape, cluster.url(i)) for i in range(3)}
+        roles = {i: [r for r in ("leader", "follower", "candidate") if s[f'rcq_raft_role{{role="{r}"}}'] == 1]
+                 for i, s in scraped.items()}
+        assert roles[leader] == ["leader"] and all(roles[i] == ["follower"] for i in range(3) if i != leader)
+        assert len({s["rcq_raft_term"] for s in scraped.values()}) == 1
+        assert len({s["rcq_raft_applied_index"] for s in scraped.values()}) == 1
+        for s in scraped.values():
+            assert s['rcq_queue_enqueued_total{queue="jobs"}'] == 20  # replicated figures on every node
+            assert s["rcq_wal_fsync_duration_seconds_count"] > 0  # durability=fsync: every node syncs
+            assert s["process_resident_memory_bytes"] > 10 << 20
+        assert scraped[leader]["rcq_commit_duration_seconds_count"] >= 20
+        assert scraped[leader]["rcq_serving"] == 1
+        follower = next(i for i in range(3) if i != leader)
+        seen_before = scraped[follower]["rcq_raft_leader_changes_seen_total"]
+
+        cluster.kill_node(leader)
+        new_leader = cluster.wait_for_leader(30)
+        assert new_leader != leader
+
+        def follower_saw_the_change() -> bool:
+            return scrape(cluster.url(follower))["rcq_raft_leader_changes_seen_total"] > seen_before
+
+        await wait_until(lambda: asyncio.to_thread(follower_saw_the_change), 30, interval_s=0.2,
+                         message="the surviving follower counting the leader change")
