@@ -281,3 +281,19 @@ async def test_a_forgotten_outcome_is_never_answered_as_a_definite_abort(monkeyp
         assert manager.describe(tx.transaction_id)["state"] == "unknown"
     finally:
         await manager.stop()
+
+
+async def test_a_queue_change_that_must_fail_proposes_nothing(limited, monkeypatch):
+    manager, replicator = limited
+    submitted = len(replicator.submitted)
+    with pytest.raises(QueueNotFound):
+        await manager.change_queue("missing", "delete")
+    with pytest.raises(QueueNotFound):
+        await manager.change_queue("missing", "purge")
+    monkeypatch.setattr(sm_module, "QUEUES_MAX", 1)
+    await enqueue_committed(manager, "a", b"1")
+    submitted += 1
+    with pytest.raises(TooManyQueues):
+        await manager.change_queue("b", "configure", max_items=3)
+    await manager.change_queue("a", "configure", max_items=3)  # an existing queue is no new queue
+    assert len(replicator.submitted) == submitted + 1

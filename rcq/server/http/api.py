@@ -61,6 +61,7 @@ from rcq.server.http.models import (
     QueueEnqueueRequest,
     QueueSettingsRequest,
 )
+from rcq.server.http.openapi import openapi_spec
 from rcq.server.leader.session import AnswerBudget
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
@@ -372,6 +373,11 @@ async def request_snapshot(request: web.Request) -> web.Response:
     return _json({"node_id": request.app[CONFIG].node_id, "snapshot_requested": True}, status=202)
 
 
+async def openapi(request: web.Request) -> web.Response:
+    """The OpenAPI 3.1 description of this API (rcq.server.http.openapi), with this node as its server."""
+    return _json(openapi_spec(request.app[CONFIG].url))
+
+
 async def healthz(request: web.Request) -> web.Response:
     return _json({"ok": True, "node_id": request.app[CONFIG].node_id})
 
@@ -391,6 +397,7 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[REPLICATOR] = replicator
     app[METRICS] = metrics
     app.router.add_get("/metrics", metrics.handle)
+    app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/cluster", cluster)

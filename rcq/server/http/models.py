@@ -134,6 +134,21 @@ class QueueDequeueRequest(_Model):
     encoding: Encoding = "utf-8"
 
 
+class ErrorDetail(BaseModel):
+    """What every error answer carries (see rcq.errors)."""
+
+    code: str
+    message: str
+    retryable: bool
+    maybe_committed: bool
+    leader_url: str | None = None
+    details: dict[str, object] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
 # ------------------------------------------------------- POST /v1/batch sub-requests
 TransactionId = Annotated[str, Field(min_length=1, max_length=64)]
 

@@ -57,6 +57,7 @@ from rcq.errors import (
 )
 from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
+from rcq.server.core import state_machine
 from rcq.server.core.commands import (
     ApplyResult,
     Barrier,
@@ -663,6 +664,13 @@ class TransactionManager:
         """Configure, purge or delete ``queue`` through Raft; answers once applied."""
         self.require_serving()
         check_queue_name(queue)
+        # Refused here, a request changes nothing at all (not even the log): a queue that is not
+        # there, or one more queue than the cap. The state machine checks again when it applies.
+        exists, queues = self._replicator.read(lambda sm: (sm.queue_settings(queue) is not None, len(sm.queue_names())))
+        if not exists and action != "configure":
+            raise QueueNotFound(f"no queue {queue!r}")
+        if not exists and queues >= state_machine.QUEUES_MAX:
+            raise TooManyQueues(details={"queue": queue})
         change = QueueChange(term=self._serving_term, now_ms=int(time.time() * 1000), queue=queue,
                              action=action, max_items=max_items, max_bytes=max_bytes)  # type: ignore[arg-type]
         result = await self._replicator.submit(change, self._config.commit_timeout_s)

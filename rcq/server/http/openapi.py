@@ -1,0 +1,152 @@
+"""The OpenAPI 3.1 description of the HTTP API v1, generated from the pydantic request models.
+
+``OPERATIONS`` lists every route once: method, path, request model, the success status and the
+error statuses it may answer. :func:`openapi_spec` turns it into the document served at
+``GET /v1/openapi.json``; request bodies are the models' JSON schemas (``components/schemas``),
+every error answer is the one rcq error body. A test checks the list against the app's router both
+ways (every route documented, every documented route served).
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from rcq.names import QUEUE_NAME_PATTERN
+from rcq.server.http.models import (
+    BatchRequest,
+    BeginRequest,
+    CommitManyRequest,
+    CommitRequest,
+    DequeueRequest,
+    EnqueueRequest,
+    ErrorBody,
+    ExecuteBatchRequest,
+    ExecuteRequest,
+    ExtendRequest,
+    QueueDequeueRequest,
+    QueueEnqueueRequest,
+    QueueSettingsRequest,
+)
+
+API_VERSION = "1"
+# Error statuses any route may answer: a bad body or path (400, 404), a body too big (413) or too
+# slow (408), a node out of connections (503).
+ANY = (400, 404, 408, 413, 503)
+LEADER = (307, 503)  # a follower redirects; no leader yet, or not ready
+TRANSACTION = (404, 409, 410)  # unknown, closed (aborted, expired, committed...), outcome forgotten
+WRITE = (409, 429, 507)  # too many queues; queue full or too many requests; storage full
+STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted", 307: "Not the leader: re-send to the Location",
+               400: "Invalid request", 404: "Not found", 408: "Request body too slow", 409: "Conflict",
+               410: "Outcome no longer remembered (maybe committed)", 413: "Too large", 429: "Back off",
+               503: "Unavailable: retry shortly", 504: "Commit outcome unknown (maybe committed)",
+               507: "Storage budget used up"}
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    body: type[BaseModel] | None = None
+    ok: int = 200
+    errors: tuple[int, ...] = ()
+    query: tuple[str, ...] = ()
+    text: bool = False  # answers text (the metrics), not JSON
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("GET", "/healthz", "The node is alive"),
+    Operation("GET", "/readyz", "The node is ready: a serving leader, or a follower that knows one", errors=(503,)),
+    Operation("GET", "/metrics", "Prometheus metrics of this node", text=True),
+    Operation("GET", "/v1/openapi.json", "This document"),
+    Operation("GET", "/v1/cluster", "This node's view of the cluster"),
+    Operation("GET", "/v1/cluster/digest", "A hash of the node's replicated state and its applied index",
+              errors=(503,)),
+    Operation("GET", "/v1/cluster/storage", "The memory budget and table sizes"),
+    Operation("POST", "/v1/admin/snapshot", "Snapshot and compact the log now", ok=202),
+    Operation("POST", "/v1/transactions", "Begin a transaction", BeginRequest, 201, (*LEADER, 429)),
+    Operation("GET", "/v1/transactions", "The leader's open transactions", errors=LEADER, query=("label_prefix",)),
+    Operation("GET", "/v1/transactions/{transaction_id}", "A transaction's state", errors=LEADER + TRANSACTION),
+    Operation("POST", "/v1/transactions/{transaction_id}/enqueue", "Buffer items in a transaction", EnqueueRequest,
+              errors=LEADER + TRANSACTION + WRITE),
+    Operation("POST", "/v1/transactions/{transaction_id}/dequeue", "Take and lock items", DequeueRequest,
+              errors=LEADER + TRANSACTION),
+    Operation("POST", "/v1/transactions/{transaction_id}/commit", "Commit", CommitRequest,
+              errors=LEADER + TRANSACTION + WRITE + (504,)),
+    Operation("POST", "/v1/transactions/{transaction_id}/abort", "Abort: dequeued items back to the head",
+              errors=LEADER + TRANSACTION + (504,)),
+    Operation("POST", "/v1/transactions/{transaction_id}/extend", "Move the deadline", ExtendRequest,
+              errors=LEADER + TRANSACTION + (504,)),
+    Operation("POST", "/v1/commit", "Commit several transactions atomically", CommitManyRequest,
+              errors=LEADER + TRANSACTION + WRITE + (504,)),
+    Operation("POST", "/v1/execute", "A one-request transaction", ExecuteRequest,
+              errors=LEADER + TRANSACTION + WRITE + (504,)),
+    Operation("POST", "/v1/execute-batch", "Independent one-request transactions", ExecuteBatchRequest,
+              errors=LEADER),
+    Operation("POST", "/v1/batch", "Independent sub-requests in one HTTP request", BatchRequest, errors=LEADER),
+    Operation("GET", "/v1/queues", "Every queue with its count"),
+    Operation("GET", "/v1/queues/{queue}", "A queue's count, locked items and limits"),
+    Operation("PUT", "/v1/queues/{queue}", "Create a queue / set its limits", QueueSettingsRequest,
+              errors=(*LEADER, 409, 504)),
+    Operation("DELETE", "/v1/queues/{queue}", "Delete a queue and its items", errors=(*LEADER, 504)),
+    Operation("POST", "/v1/queues/{queue}/purge", "Remove every item of a queue", errors=(*LEADER, 504)),
+    Operation("GET", "/v1/queues/{queue}/stats", "A queue's statistics"),
+    Operation("POST", "/v1/queues/{queue}/enqueue", "One-request enqueue", QueueEnqueueRequest,
+              errors=LEADER + TRANSACTION + WRITE + (504,)),
+    Operation("POST", "/v1/queues/{queue}/dequeue", "One-request dequeue and commit (at most once)",
+              QueueDequeueRequest, errors=LEADER + TRANSACTION + WRITE + (504,)),
+)
+
+_PATH_PARAMETERS: dict[str, dict[str, Any]] = {
+    "queue": {"type": "string", "pattern": QUEUE_NAME_PATTERN},
+    "transaction_id": {"type": "string", "minLength": 1, "maxLength": 64},
+}
+
+
+def openapi_spec(server_url: str | None = None) -> dict[str, Any]:
+    models = sorted({op.body for op in OPERATIONS if op.body is not None} | {ErrorBody}, key=lambda m: m.__name__)
+    refs, definitions = models_json_schema([(m, "validation") for m in models],
+                                           ref_template="#/components/schemas/{model}")
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, refs)
+    spec: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "rcq", "version": API_VERSION,
+                 "description": "A transactional, Raft-replicated concurrent queue. Errors always carry the "
+                                "rcq error body with a stable code."},
+        "paths": paths,
+        "components": {"schemas": definitions.get("$defs", {})},
+    }
+    if server_url:
+        spec["servers"] = [{"url": server_url}]
+    return spec
+
+
+def _operation(op: Operation, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    operation_id = (op.method.lower() + op.path.replace("/", "_").replace("{", "").replace("}", "")
+                    .replace("-", "_").replace(".", "_"))
+    ok_content = ({"text/plain": {"schema": {"type": "string"}}} if op.text
+                  else {"application/json": {"schema": {"type": "object"}}})
+    responses: dict[str, Any] = {str(op.ok): {"description": STATUS_TEXT.get(op.ok, "OK"), "content": ok_content}}
+    error_schema = refs[(ErrorBody, "validation")]
+    for status in sorted(set(op.errors) | set(ANY)):
+        responses[str(status)] = {"description": STATUS_TEXT[status],
+                                  "content": {"application/json": {"schema": error_schema}}}
+    operation: dict[str, Any] = {"operationId": operation_id, "summary": op.summary, "responses": responses}
+    parameters = [{"name": name, "in": "path", "required": True, "schema": _PATH_PARAMETERS[name]}
+                  for name in _PATH_PARAMETERS if "{" + name + "}" in op.path]
+    parameters += [{"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
+                   for name in op.query]
+    if parameters:
+        operation["parameters"] = parameters
+    if op.body is not None:
+        operation["requestBody"] = {"required": False, "content": {
+            "application/json": {"schema": refs[(op.body, "validation")]}}}
+    return operation
