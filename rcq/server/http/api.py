@@ -62,6 +62,7 @@ from rcq.server.http.models import (
     QueueSettingsRequest,
 )
 from rcq.server.http.openapi import openapi_spec
+from rcq.server.http.status_page import QUEUES_SHOWN_MAX, overview_handler, page
 from rcq.server.leader.session import AnswerBudget
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
@@ -352,6 +353,11 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         "has_quorum": status.has_quorum, "snapshot_count": status.snapshot_count,
         "snapshots_received": int(status.details.get("snapshots_received", 0)),
         "open_transactions": manager.open_count,
+        "leader_changes_seen": int(status.details.get("leader_changes_seen", 0)),
+        "commit_latency": _commit_latency(app),
+        "recent_leader_changes": [
+            {"at": at, "leader_id": next((m[0] for m in members if m[1] == address), None), "term": term}
+            for at, address, term in status.details.get("leader_history", [])],
         "peers": [{"node_id": p.node_id, "url": p.http_url, "raft_address": p.raft_address}
                   for p in config.peers],
     }
@@ -371,6 +377,22 @@ async def request_snapshot(request: web.Request) -> web.Response:
     """Ask this node to snapshot its state and compact its log now (operators, benchmarks)."""
     request.app[REPLICATOR].request_snapshot()
     return _json({"node_id": request.app[CONFIG].node_id, "snapshot_requested": True}, status=202)
+
+
+def _commit_latency(app: web.Application) -> dict[str, float]:
+    """Sum and count of this node's commit latencies (as leader): a mean per interval from two reads."""
+    registry = app[METRICS].registry
+    return {"sum_s": registry.get_sample_value("rcq_commit_duration_seconds_sum") or 0.0,
+            "count": registry.get_sample_value("rcq_commit_duration_seconds_count") or 0.0}
+
+
+def _queue_rows(app: web.Application) -> list[dict[str, Any]]:
+    """The deepest queues (at most QUEUES_SHOWN_MAX) for the status page."""
+    manager = app[MANAGER]
+    rows: list[tuple[str, dict[str, int]]] = app[REPLICATOR].read(
+        lambda sm: [(name, sm.queue_stats(name) or {}) for name in sm.queue_names()])
+    rows.sort(key=lambda row: (-row[1].get("count", 0), row[0]))
+    return [{"queue": name, **stats, "locked": manager.locked_count(name)} for name, stats in rows[:QUEUES_SHOWN_MAX]]
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -396,6 +418,11 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[MANAGER] = manager
     app[REPLICATOR] = replicator
     app[METRICS] = metrics
+    overview = overview_handler(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
+                                peers=[peer.http_url for peer in config.peers])
+    app.on_cleanup.append(overview.on_cleanup)
+    app.router.add_get("/", page)
+    app.router.add_get("/v1/cluster/overview", overview)
     app.router.add_get("/metrics", metrics.handle)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/healthz", healthz)

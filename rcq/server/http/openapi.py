@@ -61,6 +61,8 @@ class Operation:
 
 
 OPERATIONS: tuple[Operation, ...] = (
+    Operation("GET", "/", "The live status page (HTML)", text=True),
+    Operation("GET", "/v1/cluster/overview", "What the status page shows: every node, the queues, commit latency"),
     Operation("GET", "/healthz", "The node is alive"),
     Operation("GET", "/readyz", "The node is ready: a serving leader, or a follower that knows one", errors=(503,)),
     Operation("GET", "/metrics", "Prometheus metrics of this node", text=True),
@@ -132,7 +134,7 @@ def openapi_spec(server_url: str | None = None) -> dict[str, Any]:
 def _operation(op: Operation, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     operation_id = (op.method.lower() + op.path.replace("/", "_").replace("{", "").replace("}", "")
                     .replace("-", "_").replace(".", "_"))
-    ok_content = ({"text/plain": {"schema": {"type": "string"}}} if op.text
+    ok_content = ({("text/html" if op.path == "/" else "text/plain"): {"schema": {"type": "string"}}} if op.text
                   else {"application/json": {"schema": {"type": "object"}}})
     responses: dict[str, Any] = {str(op.ok): {"description": STATUS_TEXT.get(op.ok, "OK"), "content": ok_content}}
     error_schema = refs[(ErrorBody, "validation")]

@@ -21,6 +21,7 @@ Must not import: lmdb (rcq.server.raft.snapshots does), aiohttp.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -114,6 +115,8 @@ class RaftReplicator:
         self._sync_observer: Callable[[float], None] | None = None
         self._seen_leader: str | None = None
         self.leader_changes_seen = 0  # times this node saw the leader change (to another, or to none)
+        # The last leader changes this node saw, as (unix time, leader's Raft address or None, term).
+        self.leader_history: collections.deque[tuple[float, str | None, int]] = collections.deque(maxlen=20)
         self.repair: CompactionRepair | None = None  # what start() repaired, for logs and tests
 
     # ------------------------------------------------------------ lifecycle
@@ -325,6 +328,7 @@ class RaftReplicator:
         }
         details.update(running=True, ready=bool(self._sync_obj.isReady()), snapshots_written=written,
                        leader_changes_seen=self.leader_changes_seen,
+                       leader_history=list(self.leader_history),
                        snapshots_received=received, snapshots_loaded=loaded,
                        leader_commit_index=raw.get("leader_commit_idx"), uptime_s=raw.get("uptime"))
         leader = raw.get("leader")
@@ -380,6 +384,7 @@ class RaftReplicator:
             if self._seen_leader is not None:
                 self.leader_changes_seen += 1
             self._seen_leader = leader
+            self.leader_history.append((time.time(), leader, role[1]))
         if role == self._reported_role:
             return
         self._reported_role = role
