@@ -170,27 +170,70 @@ async def _serving_leader(session: aiohttp.ClientSession, urls: list[str]) -> st
     return found[0] if found else None
 
 
-async def measure_failover(cluster: LocalCluster, trials: int) -> list[dict[str, float]]:
+FREEZE_S = 6.0  # how long a frozen leader stays frozen: longer than an election
+
+
+async def measure_failover(cluster: LocalCluster, trials: int, modes: tuple[str, ...] = ("kill", "freeze")
+                           ) -> list[dict[str, Any]]:
+    """Failover as clients see it: a client (given every node's URL) commits one-request enqueues
+    back to back; the leader is killed (kill -9) or frozen (SIGSTOP for FREEZE_S); reported: when a
+    new leader serves, and when the client's first commit after the fault succeeded (from the fault,
+    and from the election)."""
     results = []
     async with aiohttp.ClientSession() as session:
-        for _ in range(trials):
-            leader = await asyncio.to_thread(cluster.wait_for_leader, 60)
-            survivors = [cluster.url(i) for i in cluster.live_indices() if i != leader]
-            killed_at = time.monotonic()
-            cluster.kill_node(leader)
-            new_leader = None
-            while new_leader is None and time.monotonic() - killed_at < 30:
-                new_leader = await _serving_leader(session, survivors)
-                await asyncio.sleep(0.01)
-            elected_s = time.monotonic() - killed_at
-            first_commit_s = float("nan")
-            async with RcqClient(survivors, retry_timeout_s=30) as client:
-                await client.enqueue("bench-failover", b"after")
-                first_commit_s = time.monotonic() - killed_at
-            results.append({"serving_leader_s": round(elected_s, 3), "first_commit_s": round(first_commit_s, 3)})
-            await asyncio.to_thread(cluster.start_node, leader)
-            await asyncio.to_thread(cluster.wait_for_applied, 60)
+        for mode in modes:
+            for _ in range(trials):
+                results.append(await _one_failover(cluster, session, mode))
     return results
+
+
+async def _one_failover(cluster: LocalCluster, session: aiohttp.ClientSession, mode: str) -> dict[str, Any]:
+    leader = await asyncio.to_thread(cluster.wait_for_leader, 60)
+    survivors = [cluster.url(i) for i in cluster.live_indices() if i != leader]
+    commits: list[tuple[float, str | None]] = []  # when a commit was answered, and by which node
+    stop = asyncio.Event()
+    async with RcqClient(cluster.urls, retry_timeout_s=60) as client:
+        async def produce() -> None:
+            while not stop.is_set():
+                await client.enqueue("bench-failover", b"x")
+                commits.append((time.monotonic(), client.leader_url))
+
+        producer = asyncio.create_task(produce())
+        while len(commits) < 20:
+            await asyncio.sleep(0.01)
+        fault_at = time.monotonic()
+        if mode == "kill":
+            cluster.kill_node(leader)
+        else:
+            cluster.pause_node(leader)
+        elected_at = None
+        while elected_at is None and time.monotonic() - fault_at < 30:
+            if await _serving_leader(session, survivors):
+                elected_at = time.monotonic()
+            else:
+                await asyncio.sleep(0.01)
+        # The first commit answered by another node: one answered by the old leader just after the
+        # fault was already replicated before it.
+        old_url = cluster.url(leader)
+
+        def first_elsewhere() -> float | None:
+            return min((t for t, url in commits if t > fault_at and url != old_url), default=None)
+
+        while first_elsewhere() is None and time.monotonic() - fault_at < 60:
+            await asyncio.sleep(0.01)
+        first_commit = first_elsewhere() or float("nan")
+        if mode == "freeze":
+            await asyncio.sleep(max(0.0, fault_at + FREEZE_S - time.monotonic()))
+            cluster.resume_node(leader)
+        stop.set()
+        await producer
+    if mode == "kill":
+        await asyncio.to_thread(cluster.start_node, leader)
+    await asyncio.to_thread(cluster.wait_for_applied, 60)
+    elected_s = (elected_at - fault_at) if elected_at is not None else float("nan")
+    return {"mode": mode, "serving_leader_s": round(elected_s, 3),
+            "first_commit_s": round(first_commit - fault_at, 3),
+            "first_commit_after_election_s": round(first_commit - elected_at, 3) if elected_at else float("nan")}
 
 
 # -------------------------------------------------------------------- memory
@@ -297,7 +340,9 @@ async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability
         print_table(rows)
     if cluster is not None and "failover" in args.scenarios:
         report["failover"] = await measure_failover(cluster, args.failover_trials)
-        print("\nfailover (kill -9 of the leader):", json.dumps(report["failover"]), flush=True)
+        print("\nfailover (kill -9, and SIGSTOP for 6 s, of the leader):", flush=True)
+        for row in report["failover"]:
+            print("  " + json.dumps(row), flush=True)
     return report
 
 

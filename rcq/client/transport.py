@@ -29,6 +29,16 @@ safe to re-send:
 * one-request ``dequeue`` is **at most once**: if the answer of an attempt that
   committed is lost, the items it took are gone and the retry takes others.
 
+**A leader that stops answering** (frozen by SIGSTOP, a VM stall, a long pause) holds a request
+until its timeout, although the cluster elects a new leader within a couple of seconds. So while
+a request is overdue (no answer ``LEADER_PROBE_AFTER_S`` after it left, plus what it may wait by
+design), the transport asks the other nodes who leads, every ``LEADER_PROBE_INTERVAL_S``, one
+probe at a time for all overdue requests. When another node answers that it is the serving
+leader, the overdue attempt is abandoned as one that *may have executed* and the request is sent
+there, with the same keys: a one-request transaction carries its idempotency key, a commit its
+transaction id (the new leader answers ``duplicate`` if it applied, ``leader_changed`` if it never
+can), a transactional verb meets ``leader_changed`` (its transaction died with the old leader).
+
 **Coalescing** (``coalesce=True``). A request with a batch form that does not wait (a waiting
 dequeue would hold the whole batch up) is submitted to the :class:`Coalescer`, which sends the
 requests of one loop iteration as one batch, once. The batch's failure, or else each part's own
@@ -53,7 +63,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from rcq.client.coalescer import Coalescer
-from rcq.client.exchange import ExchangeFailed, exchange, new_session, normalize_url
+from rcq.client.exchange import Answer, ExchangeFailed, exchange, new_session, normalize_url
 from rcq.client.wire import dumps, estimated_item_bytes
 from rcq.errors import (
     CommitOutcomeUnknown,
@@ -71,6 +81,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
+LEADER_PROBE_AFTER_S = 1.0  # an attempt with no answer after this (beyond its own wait) is overdue
+LEADER_PROBE_INTERVAL_S = 0.25  # how often the other nodes are asked while attempts are overdue
+LEADER_PROBE_TIMEOUT_S = 0.5
 
 
 # ---------------------------------------------------------------------- the policy
@@ -147,6 +160,8 @@ class Transport:
         self._coalescer = Coalescer(self._send_batch, self.spawn) if coalesce else None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._leader_probe: asyncio.Task[str | None] | None = None  # shared by every overdue attempt
+        self.leader_switches = 0  # overdue attempts abandoned for a newer leader (tests, benchmarks)
 
     # ----------------------------------------------------------- lifecycle
     @property
@@ -244,10 +259,10 @@ class Transport:
         """One REST exchange with the current target."""
         node_url = self._target()
         timeout_s = self.request_timeout_s + request.wait_ms / 1000  # the server may hold it that long
-        try:
-            answer = await exchange(self._http(), node_url, request.method, request.path, data, request.params, timeout_s)
-        except ExchangeFailed as exc:
-            return _failed_exchange(node_url, exc)
+        answer = await self._watched(node_url, exchange(self._http(), node_url, request.method, request.path, data,
+                                                        request.params, timeout_s), request.wait_ms / 1000)
+        if isinstance(answer, _Failure):
+            return answer
         if 200 <= answer.status < 300 and isinstance(answer.payload, dict):
             if request.method != "GET":  # only the serving leader executes a POST; any node answers a GET
                 self._leader = node_url
@@ -257,11 +272,10 @@ class Transport:
     async def _send_batch(self, operations: list[dict[str, Any]]) -> list[_Outcome]:
         """One ``POST /v1/batch`` exchange (the coalescer's send): one outcome per operation."""
         node_url = self._target()
-        try:
-            answer = await exchange(self._http(), node_url, "POST", "/v1/batch", dumps({"requests": operations}),
-                                    None, self.request_timeout_s)
-        except ExchangeFailed as exc:
-            return [_failed_exchange(node_url, exc)] * len(operations)
+        answer = await self._watched(node_url, exchange(self._http(), node_url, "POST", "/v1/batch",
+                                                        dumps({"requests": operations}), None, self.request_timeout_s))
+        if isinstance(answer, _Failure):
+            return [answer] * len(operations)
         if not (200 <= answer.status < 300 and isinstance(answer.payload, dict)):
             outcome = _judge(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
             if isinstance(outcome.error, InvalidRequest | PayloadTooLarge) and len(operations) > 1:
@@ -285,6 +299,57 @@ class Transport:
             else:  # one jitter and one clock reading for all: the parts that fail retry together
                 outcomes.append(_judge(node_url, status, body, None, None, loop_time, jitter))
         return outcomes
+
+    # ------------------------------------------------- a leader that stops answering
+    async def _watched(self, node_url: str, exchanging: Coroutine[Any, Any, Answer], wait_s: float = 0.0
+                       ) -> Answer | _Failure:
+        """Run one exchange with ``node_url``; while it is overdue, look for another serving leader and,
+        if there is one, abandon the exchange (it may have executed) for it. See the module docstring."""
+        attempt = asyncio.ensure_future(exchanging)
+        try:
+            done, _ = await asyncio.wait({attempt}, timeout=LEADER_PROBE_AFTER_S + wait_s)
+            while not done and len(self._urls) > 1:
+                newer = await self._probe_for_leader(node_url)
+                if newer is not None and not attempt.done():
+                    attempt.cancel()
+                    self._leader = newer
+                    self.leader_switches += 1
+                    error = Unavailable(f"{node_url} stopped answering; {newer} is the serving leader now")
+                    return _Failure(node_url, error, asyncio.get_running_loop().time(), random.uniform(0.5, 1.0),
+                                    maybe_executed=True, retryable=True, rotate=True)
+                done, _ = await asyncio.wait({attempt}, timeout=LEADER_PROBE_INTERVAL_S)
+            return await attempt
+        except ExchangeFailed as exc:
+            return _failed_exchange(node_url, exc)
+        finally:
+            if not attempt.done():
+                attempt.cancel()
+
+    async def _probe_for_leader(self, overdue_url: str) -> str | None:
+        """Another node that says it is the serving leader, or None; one probe at a time is shared."""
+        probe = self._leader_probe
+        if probe is None or probe.done():
+            probe = self._leader_probe = asyncio.ensure_future(self._find_other_leader(overdue_url))
+        try:
+            found = await asyncio.shield(probe)
+        except Exception:  # a probe that fails finds nothing; the attempt keeps waiting
+            return None
+        return found if found != overdue_url else None
+
+    async def _find_other_leader(self, overdue_url: str) -> str | None:
+        others = [url for url in self._urls if url != overdue_url]
+        timeout_s = min(LEADER_PROBE_TIMEOUT_S, self.request_timeout_s)
+
+        async def ask(url: str) -> str | None:
+            try:
+                answer = await exchange(self._http(), url, "GET", "/v1/cluster", None, None, timeout_s)
+            except ExchangeFailed:
+                return None
+            view = answer.payload if answer.status == 200 and isinstance(answer.payload, dict) else {}
+            return url if view.get("role") == "leader" and view.get("serving") else None
+
+        found = [url for url in await asyncio.gather(*(ask(url) for url in others)) if url]
+        return found[0] if found else None
 
     # ------------------------------------------------------- leader tracking
     def _target(self) -> str:
