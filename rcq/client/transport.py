@@ -338,18 +338,10 @@ class Transport:
 
     async def _find_other_leader(self, overdue_url: str) -> str | None:
         others = [url for url in self._urls if url != overdue_url]
-        timeout_s = min(LEADER_PROBE_TIMEOUT_S, self.request_timeout_s)
-
-        async def ask(url: str) -> str | None:
-            try:
-                answer = await exchange(self._http(), url, "GET", "/v1/cluster", None, None, timeout_s)
-            except ExchangeFailed:
-                return None
-            view = answer.payload if answer.status == 200 and isinstance(answer.payload, dict) else {}
-            return url if view.get("role") == "leader" and view.get("serving") else None
-
-        found = [url for url in await asyncio.gather(*(ask(url) for url in others)) if url]
-        return found[0] if found else None
+        deadline = asyncio.get_running_loop().time() + LEADER_PROBE_TIMEOUT_S
+        views = await asyncio.gather(*(self._probe(url, deadline) for url in others))
+        return next((url for url, view in zip(others, views, strict=True)
+                     if view is not None and view.get("role") == "leader" and view.get("serving")), None)
 
     # ------------------------------------------------------- leader tracking
     def _target(self) -> str:

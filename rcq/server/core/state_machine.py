@@ -69,6 +69,11 @@ SNAPSHOT_FORMAT = 2
 SNAPSHOT_FORMATS_READ = (1, 2)
 
 
+def item_cost(items: int, item_bytes: int) -> int:
+    """What ``items`` items of ``item_bytes`` bytes in all cost against the limits (negative: freed)."""
+    return item_bytes + ITEM_OVERHEAD_BYTES * items
+
+
 @dataclass(frozen=True, slots=True)
 class TransactionOutcome:
     status: str  # "committed" or "rejected"
@@ -105,7 +110,7 @@ class _Queue:
 
     @property
     def cost(self) -> int:
-        return self.stats.bytes + ITEM_OVERHEAD_BYTES * len(self.items)
+        return item_cost(len(self.items), self.stats.bytes)
 
     def drop_head_tombstones(self) -> None:
         ids, items = self.ids, self.items
@@ -288,12 +293,10 @@ class QueueStateMachine:
         """Only growth is refused: a unit that shrinks a queue (or the whole state) always applies."""
         total_cost = 0
         for queue_name, (items, item_bytes) in growth.items():
-            cost = item_bytes + ITEM_OVERHEAD_BYTES * items
+            cost = item_cost(items, item_bytes)
             total_cost += cost
-            queue = self._queues.get(queue_name)
-            count_now, cost_now = (len(queue.items), queue.cost) if queue is not None else (0, 0)
-            max_items = queue.max_items if queue is not None and queue.max_items else limits.queue_items_max
-            max_bytes = queue.max_bytes if queue is not None and queue.max_bytes else limits.queue_bytes_max
+            count_now, cost_now = self.usage(queue_name)
+            max_items, max_bytes = self.effective_limits(queue_name, limits)
             if (items > 0 and count_now + items > max_items) or (cost > 0 and cost_now + cost > max_bytes):
                 return "queue_full", (), queue_name
         if total_cost > 0 and self.storage_cost + total_cost > limits.storage_bytes_max:
@@ -370,7 +373,7 @@ class QueueStateMachine:
     @property
     def storage_cost(self) -> int:
         """What every queued item costs together, bookkeeping included (what the budget limits)."""
-        return self._bytes_total + ITEM_OVERHEAD_BYTES * self._items_total
+        return item_cost(self._items_total, self._bytes_total)
 
     @property
     def outcomes_forgotten_term(self) -> int:
@@ -391,6 +394,18 @@ class QueueStateMachine:
         queue = self._queues.get(queue_name)
         return (len(queue.items), queue.cost) if queue is not None else (0, 0)
 
+    def effective_limits(self, queue_name: str, limits: Limits) -> tuple[int, int]:
+        """(max_items, max_bytes) that apply to a queue: its own settings, else the defaults in ``limits``."""
+        queue = self._queues.get(queue_name)
+        own_items, own_bytes = (queue.max_items, queue.max_bytes) if queue is not None else (None, None)
+        return own_items or limits.queue_items_max, own_bytes or limits.queue_bytes_max
+
+    def deepest_queues(self, count_max: int | None = None) -> list[tuple[str, dict[str, int]]]:
+        """(name, queue_stats) of the queues holding the most items (then by name), at most ``count_max``."""
+        rows = [(name, self._stats_of(queue)) for name, queue in self._queues.items()]
+        rows.sort(key=lambda row: (-row[1]["count"], row[0]))
+        return rows if count_max is None else rows[:count_max]
+
     def queue_settings(self, queue_name: str) -> tuple[int | None, int | None] | None:
         """The queue's own (max_items, max_bytes), None for a default; None when there is no queue."""
         queue = self._queues.get(queue_name)
@@ -405,8 +420,10 @@ class QueueStateMachine:
 
     def queue_stats(self, queue_name: str) -> dict[str, int] | None:
         queue = self._queues.get(queue_name)
-        if queue is None:
-            return None
+        return self._stats_of(queue) if queue is not None else None
+
+    @staticmethod
+    def _stats_of(queue: _Queue) -> dict[str, int]:
         return {
             "count": len(queue.items),
             "bytes": queue.stats.bytes,

@@ -62,7 +62,7 @@ from rcq.server.http.models import (
     QueueSettingsRequest,
 )
 from rcq.server.http.openapi import openapi_spec
-from rcq.server.http.status_page import QUEUES_SHOWN_MAX, overview_handler, page
+from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
 from rcq.server.leader.session import AnswerBudget
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
@@ -287,32 +287,32 @@ async def list_queues(request: web.Request) -> web.Response:
 async def queue_count(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     replicator, config = request.app[REPLICATOR], request.app[CONFIG]
-    count, settings, applied = replicator.read(lambda sm: (sm.count(queue), sm.queue_settings(queue), sm.last_index))
+    count, applied = replicator.read(lambda sm: (sm.count(queue), sm.last_index))
     locked = request.app[MANAGER].locked_count(queue)
     return _json({
         "queue": queue, "count": count, "depth": count,
         "available": None if locked is None else count - locked, "locked": locked,
         "approximate": True, "applied_index": applied,
         "node_id": config.node_id, "role": replicator.status().role,
-        **operations.queue_settings_body(queue, settings, config),
+        **operations.queue_settings_body(request.app[MANAGER], queue),
     })
 
 
 async def queue_stats(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     config = request.app[CONFIG]
-    stats, settings, applied = request.app[REPLICATOR].read(
-        lambda sm: (sm.queue_stats(queue), sm.queue_settings(queue), sm.last_index))
+    stats, applied = request.app[REPLICATOR].read(
+        lambda sm: (sm.queue_stats(queue), sm.last_index))
     stats = stats or {"count": 0, "bytes": 0, "cost_bytes": 0, "enqueued_total": 0, "dequeued_total": 0,
                       "purged_total": 0}
     return _json({"queue": queue, **stats, "locked": request.app[MANAGER].locked_count(queue),
                   "approximate": True, "applied_index": applied, "node_id": config.node_id,
-                  **operations.queue_settings_body(queue, settings, config)})
+                  **operations.queue_settings_body(request.app[MANAGER], queue)})
 
 
 async def configure_queue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
-    status, body = await operations.configure_queue(request.app[MANAGER], request.app[CONFIG], queue,
+    status, body = await operations.configure_queue(request.app[MANAGER], queue,
                                                     await _body(request, QueueSettingsRequest))
     return _json(body, status)
 
@@ -389,10 +389,8 @@ def _commit_latency(app: web.Application) -> dict[str, float]:
 def _queue_rows(app: web.Application) -> list[dict[str, Any]]:
     """The deepest queues (at most QUEUES_SHOWN_MAX) for the status page."""
     manager = app[MANAGER]
-    rows: list[tuple[str, dict[str, int]]] = app[REPLICATOR].read(
-        lambda sm: [(name, sm.queue_stats(name) or {}) for name in sm.queue_names()])
-    rows.sort(key=lambda row: (-row[1].get("count", 0), row[0]))
-    return [{"queue": name, **stats, "locked": manager.locked_count(name)} for name, stats in rows[:QUEUES_SHOWN_MAX]]
+    rows = app[REPLICATOR].read(lambda sm: sm.deepest_queues(QUEUES_SHOWN_MAX))
+    return [{"queue": name, **stats, "locked": manager.locked_count(name)} for name, stats in rows]
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -418,11 +416,11 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[MANAGER] = manager
     app[REPLICATOR] = replicator
     app[METRICS] = metrics
-    overview = overview_handler(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
-                                peers=[peer.http_url for peer in config.peers])
-    app.on_cleanup.append(overview.on_cleanup)
+    overview = Overview(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
+                        peers=[peer.http_url for peer in config.peers])
+    app.on_cleanup.append(overview.close)
     app.router.add_get("/", page)
-    app.router.add_get("/v1/cluster/overview", overview)
+    app.router.add_get("/v1/cluster/overview", overview.handle)
     app.router.add_get("/metrics", metrics.handle)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/healthz", healthz)

@@ -53,9 +53,7 @@ class RcqCollector(Collector):
         yield from self._raft()
 
     def _queues(self) -> Iterator[Metric]:
-        read = self._replicator.read(lambda sm: [(name, sm.queue_stats(name)) for name in sm.queue_names()])
-        rows: list[tuple[str, dict[str, int]]] = [(name, stats) for name, stats in read if stats is not None]
-        rows.sort(key=lambda row: (-row[1]["count"], row[0]))
+        rows = self._replicator.read(lambda sm: sm.deepest_queues())
         shown, rest = rows[:QUEUE_LABELS_MAX], rows[QUEUE_LABELS_MAX:]
         items = GaugeMetricFamily("rcq_queue_items", "Items in a queue, by state (ready: available to a "
                                   "dequeue; locked: held by open transactions, known on the leader only)",

@@ -145,19 +145,18 @@ async def execute(manager: TransactionManager, config: NodeConfig, body: Execute
 
 
 # ------------------------------------------------------------------ queue admin
-def queue_settings_body(queue: str, settings: tuple[int | None, int | None] | None,
-                        config: NodeConfig) -> dict[str, Any]:
-    max_items, max_bytes = settings or (None, None)
+def queue_settings_body(manager: TransactionManager, queue: str) -> dict[str, Any]:
+    """The queue's own settings and the limits that apply to it (its own, else this node's defaults)."""
+    settings, (max_items, max_bytes) = manager.queue_limits(queue)
+    own_items, own_bytes = settings or (None, None)
     return {"queue": queue, "exists": settings is not None,
-            "settings": {"max_items": max_items, "max_bytes": max_bytes},
-            "limits": {"max_items": max_items or config.queue_items_max_default,
-                       "max_bytes": max_bytes or config.queue_bytes_max_default}}
+            "settings": {"max_items": own_items, "max_bytes": own_bytes},
+            "limits": {"max_items": max_items, "max_bytes": max_bytes}}
 
 
-async def configure_queue(manager: TransactionManager, config: NodeConfig, queue: str,
-                          body: QueueSettingsRequest) -> Answer:
+async def configure_queue(manager: TransactionManager, queue: str, body: QueueSettingsRequest) -> Answer:
     await manager.change_queue(queue, "configure", body.max_items, body.max_bytes)
-    return 200, queue_settings_body(queue, (body.max_items, body.max_bytes), config)
+    return 200, queue_settings_body(manager, queue)
 
 
 async def purge_queue(manager: TransactionManager, queue: str) -> Answer:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,29 +39,33 @@ async def _peer_view(session: aiohttp.ClientSession, url: str) -> dict[str, Any]
         return {"url": url, "reachable": False, "error": type(exc).__name__}
 
 
-def overview_handler(own_status: Any, queues: Any, peers: list[str]) -> Any:
-    """Build the handler. ``own_status()``: this node's /v1/cluster body; ``queues()``: a list of queue
-    rows; ``peers``: their URLs."""
-    sessions: dict[str, aiohttp.ClientSession] = {}
+class Overview:
+    """``GET /v1/cluster/overview``. ``own_status()``: this node's /v1/cluster body; ``queues()``: the
+    queue rows; ``peers``: the other nodes' URLs. Its HTTP session is made on first use and closed
+    with the app (``close`` is an on_cleanup handler)."""
 
-    async def handle(request: web.Request) -> web.Response:
-        if "session" not in sessions or sessions["session"].closed:
-            sessions["session"] = aiohttp.ClientSession()
-        mine = own_status()
-        others = await asyncio.gather(*(_peer_view(sessions["session"], url) for url in peers))
+    def __init__(self, own_status: Callable[[], dict[str, Any]], queues: Callable[[], list[dict[str, Any]]],
+                 peers: list[str]) -> None:
+        self._own_status = own_status
+        self._queues = queues
+        self._peers = peers
+        self._session: aiohttp.ClientSession | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        mine = self._own_status()
+        others = await asyncio.gather(*(_peer_view(self._session, url) for url in self._peers))
         return web.json_response({
             "at": time.time(),
             "served_by": mine["node_id"],
             "nodes": [{**mine, "reachable": True}, *others],
-            "queues": queues(),
+            "queues": self._queues(),
         })
 
-    async def close(app: web.Application) -> None:
-        if "session" in sessions:
-            await sessions["session"].close()
-
-    handle.on_cleanup = close  # type: ignore[attr-defined]
-    return handle
+    async def close(self, app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 async def page(request: web.Request) -> web.Response:

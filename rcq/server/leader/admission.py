@@ -22,21 +22,21 @@ from collections.abc import Iterable
 from rcq.errors import QueueFull, StorageFull, TooManyTransactions
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import Limits
-from rcq.server.core.state_machine import ITEM_OVERHEAD_BYTES, QueueStateMachine
+from rcq.server.core.state_machine import QueueStateMachine, item_cost
 
 # queue -> (items, item bytes) a transaction adds (negative: removes)
 Growth = dict[str, tuple[int, int]]
 
 
-def cost_of(items: int, item_bytes: int) -> int:
-    return item_bytes + ITEM_OVERHEAD_BYTES * items
+def limits_of(config: NodeConfig) -> Limits:
+    """The limits this node's configuration sets: what it stamps on the entries it proposes as leader."""
+    return Limits(storage_bytes_max=config.storage_bytes_max, queue_items_max=config.queue_items_max_default,
+                  queue_bytes_max=config.queue_bytes_max_default)
 
 
 class Admission:
     def __init__(self, config: NodeConfig) -> None:
-        self.limits = Limits(storage_bytes_max=config.storage_bytes_max,
-                             queue_items_max=config.queue_items_max_default,
-                             queue_bytes_max=config.queue_bytes_max_default)
+        self.limits = limits_of(config)
         self._open_max = config.transactions_open_max
         self._per_client_max = config.transactions_open_per_client_max
         self._open_by_client: Counter[str] = Counter()
@@ -74,15 +74,13 @@ class Admission:
         limits = self.limits
         total = 0
         for queue, (items, item_bytes) in growth.items():
-            cost = cost_of(items, item_bytes)
+            cost = item_cost(items, item_bytes)
             total += cost
             if items <= 0 and cost <= 0:
                 continue
             count_now, cost_now = state.usage(queue)
             reserved_items, reserved_cost = self._reserved.get(queue, (0, 0))
-            settings = state.queue_settings(queue) or (None, None)
-            max_items = settings[0] or limits.queue_items_max
-            max_bytes = settings[1] or limits.queue_bytes_max
+            max_items, max_bytes = state.effective_limits(queue, limits)
             if items > 0 and count_now + reserved_items + items > max_items:
                 raise QueueFull(f"queue {queue!r} holds {count_now + reserved_items} items; its limit is "
                                 f"{max_items}", details={"queue": queue, "max_items": max_items})
@@ -106,7 +104,7 @@ class Admission:
             if items <= 0 and item_bytes <= 0:
                 continue  # only growth is reserved: a shrinking commit frees room when it applies
             entry = self._reserved.setdefault(queue, [0, 0])
-            cost = cost_of(items, item_bytes)
+            cost = item_cost(items, item_bytes)
             entry[0] += sign * max(items, 0)
             entry[1] += sign * max(cost, 0)
             self._reserved_cost += sign * max(cost, 0)

@@ -335,10 +335,9 @@ class TransactionManager:
             raise PayloadTooLarge(
                 f"the transaction would hold {transaction.items_count + len(values)} items; the limit is "
                 f"{self._config.transaction_items_max}")
-        growth = transaction.growth()
-        items_before, bytes_before = transaction.enqueued_sizes.get(queue, (0, 0))
-        growth[queue] = (growth.get(queue, (0, 0))[0] + len(values), growth.get(queue, (0, 0))[1] + size)
+        growth = merge_growth([transaction.growth(), {queue: (len(values), size)}])
         self._replicator.read(lambda sm: self._admission.check_growth(growth, sm))
+        items_before, bytes_before = transaction.enqueued_sizes.get(queue, (0, 0))
         transaction.enqueues.setdefault(queue, []).extend(values)
         transaction.enqueued_bytes += size
         transaction.enqueued_sizes[queue] = (items_before + len(values), bytes_before + size)
@@ -424,7 +423,7 @@ class TransactionManager:
         kept_bytes = sum(len(i.value) for i in items)
         budget.remaining -= kept_bytes
         budget.answered = budget.answered or bool(items)
-        transaction.dequeued_bytes[queue] = transaction.dequeued_bytes.get(queue, 0) + sum(len(i.value) for i in items)
+        transaction.dequeued_bytes[queue] = transaction.dequeued_bytes.get(queue, 0) + kept_bytes
         transaction.items_count += len(items)
         return items
 
@@ -536,7 +535,7 @@ class TransactionManager:
         future.set_result(result)
         return result
 
-    def _check_room(self, sm: Any, growth: dict[str, tuple[int, int]], transactions: int,
+    def _check_room(self, sm: state_machine.QueueStateMachine, growth: dict[str, tuple[int, int]], transactions: int,
                     idempotency_key: str | None) -> None:
         self._admission.check_growth(growth, sm)
         if not sm.can_remember(transactions, idempotency_key is not None, int(time.time() * 1000)):
@@ -659,6 +658,11 @@ class TransactionManager:
                 self._settling = False
 
     # ------------------------------------------------------------ queue admin
+    def queue_limits(self, queue: str) -> tuple[tuple[int | None, int | None] | None, tuple[int, int]]:
+        """The queue's own (max_items, max_bytes) (None: no such queue), and the limits that apply to it."""
+        return self._replicator.read(
+            lambda sm: (sm.queue_settings(queue), sm.effective_limits(queue, self._admission.limits)))
+
     async def change_queue(self, queue: str, action: str, max_items: int | None = None,
                            max_bytes: int | None = None) -> QueueChangeResult:
         """Configure, purge or delete ``queue`` through Raft; answers once applied."""
@@ -666,7 +670,8 @@ class TransactionManager:
         check_queue_name(queue)
         # Refused here, a request changes nothing at all (not even the log): a queue that is not
         # there, or one more queue than the cap. The state machine checks again when it applies.
-        exists, queues = self._replicator.read(lambda sm: (sm.queue_settings(queue) is not None, len(sm.queue_names())))
+        exists, queues = self._replicator.read(
+            lambda sm: (sm.queue_settings(queue) is not None, sm.table_sizes()["queues"]))
         if not exists and action != "configure":
             raise QueueNotFound(f"no queue {queue!r}")
         if not exists and queues >= state_machine.QUEUES_MAX:
