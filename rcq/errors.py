@@ -245,6 +245,26 @@ class RequestTimeout(RcqError):
     retryable = True
 
 
+class Unauthorized(RcqError):
+    """This endpoint needs a valid token: send ``Authorization: Bearer <token>``."""
+
+    code = "unauthorized"
+    http_status = 401
+
+
+class TokenExpired(Unauthorized):
+    """The token has expired; ask for a new one."""
+
+    code = "token_expired"
+
+
+class Forbidden(RcqError):
+    """The token does not grant this; nothing was changed."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:
     found: list[type[RcqError]] = []
     for sub in cls.__subclasses__():

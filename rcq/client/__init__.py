@@ -37,6 +37,7 @@ from rcq.client.wire import (
 from rcq.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
+    Forbidden,
     InternalError,
     InvalidQueueName,
     InvalidRequest,
@@ -63,16 +64,18 @@ from rcq.errors import (
     TransactionCommitted,
     TransactionExpired,
     TransactionLifetimeExceeded,
+    TokenExpired,
     TransactionNotFound,
+    Unauthorized,
     Unavailable,
 )
 
 __all__ = [
     "CONNECTIONS_MAX", "PEEK_TIMEOUT_S", "CommitConflict", "CommitInfo", "CommitOutcomeUnknown", "Dequeue",
-    "Enqueue", "ExecuteResult", "InternalError", "InvalidQueueName", "InvalidRequest", "Item", "ItemValue",
+    "Enqueue", "ExecuteResult", "Forbidden", "InternalError", "InvalidQueueName", "InvalidRequest", "Item", "ItemValue",
     "LeaderChanged", "MethodNotAllowed", "NoLeader", "NotLeader", "NotReady", "OperationResult", "OutcomeExpired",
     "PayloadTooLarge", "QueueFull", "QueueNotFound", "RcqClient", "RcqError", "RequestTimeout", "RouteNotFound",
-    "StorageFull", "TooManyConnections", "TooManyQueues", "TooManyRequests", "TooManyTransactions", "Transaction",
+    "StorageFull", "TokenExpired", "TooManyConnections", "TooManyQueues", "TooManyRequests", "TooManyTransactions", "Transaction",
     "TransactionAborted", "TransactionBusy", "TransactionClosed", "TransactionCommitted", "TransactionExpired",
-    "TransactionLifetimeExceeded", "TransactionNotFound", "Unavailable", "encode_items",
+    "TransactionLifetimeExceeded", "TransactionNotFound", "Unauthorized", "Unavailable", "encode_items",
 ]

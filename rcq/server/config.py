@@ -10,6 +10,7 @@ Must not import: aiohttp, pysyncobj, lmdb.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from pathlib import Path
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rcq import limits
 from rcq.errors import InvalidRequest
+from rcq.private_files import read_private
+from rcq.server.security.tokens import TokenEntry, safe_validation_message
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 HOST_PORT_PATTERN = r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$"
@@ -78,6 +81,19 @@ class NodeConfig(BaseModel):
     cluster_secret: str | None = Field(
         None, min_length=16, repr=False, description="shared secret encrypting and authenticating Raft traffic")
     insecure: bool = Field(False, description="allow running without a cluster secret (development only)")
+    tokens: tuple[TokenEntry, ...] = Field(
+        (), description="API tokens this node accepts (hashed: see `rcq token create`); with tokens_file, both")
+    tokens_file: Path | None = Field(
+        None, description="JSON file of hashed API tokens (mode 0600), re-read when it changes")
+    insecure_http: bool = Field(
+        False, description="allow an HTTP API without tokens on a non-loopback address: anyone who reaches "
+                           "the port can do anything (development only)")
+    tls_cert_file: Path | None = Field(None, description="PEM certificate chain of the HTTPS listener")
+    tls_key_file: Path | None = Field(None, description="PEM private key of the HTTPS listener (mode 0600)")
+    tls_client_ca_file: Path | None = Field(
+        None, description="require client certificates signed by this CA (mutual TLS)")
+    tls_peer_ca_file: Path | None = Field(
+        None, description="CA bundle to verify the other nodes' HTTPS with (status page); default: the system's")
 
     # --- transactions
     transaction_timeout_default_s: float = Field(30.0, gt=0, description="deadline of a transaction that asks for none")
@@ -175,6 +191,15 @@ class NodeConfig(BaseModel):
         if self.cluster_secret is None and not self.insecure:
             raise ValueError("cluster_secret is required (Raft traffic is pickled); "
                              "set insecure=true only for local development")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file (client certificates "
+                             "are checked by the HTTPS listener)")
+        if not self.auth_enabled and not self.insecure_http and not is_loopback(self.http_host):
+            raise ValueError(f"http_host {self.http_host} is not a loopback address and no tokens are "
+                             "configured: set tokens or tokens_file, or insecure_http=true (then anyone who "
+                             "reaches the port can do anything)")
         if self.raft_timeout_min_s >= self.raft_timeout_max_s:
             raise ValueError("raft_timeout_min_s must be below raft_timeout_max_s")
         if self.leader_fallback_timeout_s >= self.raft_timeout_min_s:
@@ -204,7 +229,13 @@ class NodeConfig(BaseModel):
 
     @property
     def url(self) -> str:
-        return self.advertise_url or f"http://{self.http_host}:{self.http_port}"
+        scheme = "https" if self.tls_cert_file is not None else "http"
+        return self.advertise_url or f"{scheme}://{self.http_host}:{self.http_port}"
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Whether requests need a token (tokens configured inline or in a file)."""
+        return bool(self.tokens) or self.tokens_file is not None
 
     @property
     def journal_path(self) -> Path:
@@ -224,14 +255,30 @@ class NodeConfig(BaseModel):
         return {p.raft_address: p.http_url for p in self.peers}
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def load_config(path: Path | None = None, **overrides: Any) -> NodeConfig:
-    """Read a JSON config file (optional) and apply overrides (None values ignored)."""
+    """Read a JSON config file (optional) and apply overrides (None values ignored). A config file
+    that holds the cluster secret must be private (mode 0600). Error messages never echo a value."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
             data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InvalidRequest(f"cannot read config {path}: {exc}") from exc
+        except OSError as exc:
+            raise InvalidRequest(f"cannot read config {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"cannot read config {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        if not isinstance(data, dict):
+            raise InvalidRequest(f"config {path}: a JSON object is expected")
+        if data.get("cluster_secret") is not None:
+            read_private(Path(path), "config (it holds the cluster secret)")
     data.update({k: v for k, v in overrides.items() if v is not None})
     renamed = sorted(set(data) & set(RENAMED_FIELDS))
     if renamed:
@@ -240,4 +287,4 @@ def load_config(path: Path | None = None, **overrides: Any) -> NodeConfig:
     try:
         return NodeConfig.model_validate(data)
     except ValidationError as exc:
-        raise InvalidRequest(f"invalid node configuration: {exc}") from exc
+        raise InvalidRequest(f"invalid node configuration: {safe_validation_message(exc, limit=20)}") from None

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from rcq.private_files import write_private
 from rcq.testing.nodes import (
     HOST,
     LOG_TAIL_BYTES,
@@ -44,7 +45,6 @@ from rcq.testing.nodes import (
     check_ports_free,
     free_ports,
     read_tail,
-    write_private,
 )
 from rcq.testing.polls import PolledCluster
 

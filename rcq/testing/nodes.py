@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
@@ -61,16 +62,6 @@ def check_ports_free(ports: Iterable[int]) -> None:
 
 
 # ------------------------------------------------------------------ files
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only, from the first byte on."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(text)
-    os.chmod(tmp, 0o600)  # O_CREAT's mode does not apply when the file already existed
-    os.replace(tmp, path)
-
-
 def read_tail(path: Path, tail_bytes: int = LOG_TAIL_BYTES) -> str:
     """The last ``tail_bytes`` of a log file, without reading the whole file."""
     try:

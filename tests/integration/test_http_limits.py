@@ -28,7 +28,7 @@ from rcq.server.http.connections import ConnectionLimiter, accept_backlog, conne
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
 from rcq.testing.cluster import LocalCluster
-from rcq.testing.nodes import write_private
+from rcq.private_files import write_private
 from rcq.testing.polls import deadline_loop, http_json, poll_until
 
 StartNode = Callable[..., Awaitable[Node]]

@@ -37,6 +37,7 @@ def test_a_cross_field_error_names_both_fields(overrides, both_fields):
 def test_a_renamed_field_says_what_it_is_called_now(tmp_path: Path):
     path = tmp_path / "node.json"
     path.write_text(json.dumps({**BASE, "raft_min_timeout_s": 0.8, "commands_queue_size": 100}))
+    path.chmod(0o600)
     with pytest.raises(InvalidRequest) as raised:
         load_config(path)
     assert "raft_min_timeout_s is now raft_timeout_min_s" in raised.value.message

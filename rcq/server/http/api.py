@@ -30,10 +30,12 @@ from rcq.errors import (
     PayloadTooLarge,
     RcqError,
     RouteNotFound,
+    Unauthorized,
 )
 from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
 from rcq.server.http import operations
+from rcq.server.http.auth import CHALLENGE, auth_middleware, principal_of
 from rcq.server.http.connections import read_body
 from rcq.server.http.metrics import NodeMetrics
 from rcq.server.http.models import (
@@ -66,6 +68,8 @@ from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
 from rcq.server.leader.session import AnswerBudget
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
+from rcq.server.security.tls import peer_context
+from rcq.server.security.tokens import TokenRegistry
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,8 @@ def error_response(error: RcqError, request: web.Request | None = None) -> web.R
         response.headers["Location"] = error.leader_url.rstrip("/") + request.path_qs
     if error.retryable and error.http_status in (429, 503, 507):
         response.headers["Retry-After"] = "1"
+    if isinstance(error, Unauthorized):
+        response.headers["WWW-Authenticate"] = CHALLENGE
     return response
 
 
@@ -129,66 +135,78 @@ async def _body(request: web.Request, model: type[M]) -> M:
 
 
 # ------------------------------------------------------------------ transactions
-def client_of(request: web.Request) -> str:
-    """Who is asking, for per-client caps: the peer address (the principal, once tokens exist)."""
-    return request.remote or ""
+def caller_of(request: web.Request) -> operations.Caller:
+    """Who is asking: the token's principal; per-client caps count the principal, or the peer
+    address on a node without tokens (where every caller is the same anonymous principal)."""
+    principal = principal_of(request)
+    return operations.Caller(principal, principal.name if principal.authenticated else request.remote or "")
+
+
+def admin_only(what: str, handler: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        principal_of(request).require_admin(what)
+        return await handler(request)
+
+    return guarded
 
 
 async def begin(request: web.Request) -> web.Response:
     status, body = await operations.begin(request.app[MANAGER], await _body(request, BeginRequest),
-                                          client_of(request))
+                                          caller_of(request))
     return _json(body, status)
 
 
 async def list_transactions(request: web.Request) -> web.Response:
     prefix = request.query.get("label_prefix")
-    return _json({"transactions": request.app[MANAGER].list_open(prefix)})
+    return _json({"transactions": request.app[MANAGER].list_open(prefix, principal_of(request).name)})
 
 
 async def transaction_status(request: web.Request) -> web.Response:
-    status, body = await operations.status(request.app[MANAGER], request.match_info["transaction_id"])
+    status, body = await operations.status(request.app[MANAGER], request.match_info["transaction_id"],
+                                           caller_of(request))
     return _json(body, status)
 
 
 async def enqueue(request: web.Request) -> web.Response:
     status, body = await operations.enqueue(request.app[MANAGER], request.app[CONFIG],
                                             request.match_info["transaction_id"],
-                                            await _body(request, EnqueueRequest))
+                                            await _body(request, EnqueueRequest), caller_of(request))
     return _json(body, status)
 
 
 async def dequeue(request: web.Request) -> web.Response:
     status, body = await operations.dequeue(request.app[MANAGER], request.match_info["transaction_id"],
-                                            await _body(request, DequeueRequest))
+                                            await _body(request, DequeueRequest), caller_of(request))
     return _json(body, status)
 
 
 async def commit(request: web.Request) -> web.Response:
     status, body = await operations.commit(request.app[MANAGER], request.match_info["transaction_id"],
-                                           await _body(request, CommitRequest))
+                                           await _body(request, CommitRequest), caller_of(request))
     return _json(body, status)
 
 
 async def abort(request: web.Request) -> web.Response:
-    status, body = await operations.abort(request.app[MANAGER], request.match_info["transaction_id"])
+    status, body = await operations.abort(request.app[MANAGER], request.match_info["transaction_id"],
+                                          caller_of(request))
     return _json(body, status)
 
 
 async def extend(request: web.Request) -> web.Response:
     status, body = await operations.extend(request.app[MANAGER], request.match_info["transaction_id"],
-                                           await _body(request, ExtendRequest))
+                                           await _body(request, ExtendRequest), caller_of(request))
     return _json(body, status)
 
 
 async def commit_many(request: web.Request) -> web.Response:
     status, body = await operations.commit_many(request.app[MANAGER], request.app[CONFIG],
-                                                await _body(request, CommitManyRequest))
+                                                await _body(request, CommitManyRequest), caller_of(request))
     return _json(body, status)
 
 
 async def execute(request: web.Request) -> web.Response:
     status, body = await operations.execute(request.app[MANAGER], request.app[CONFIG],
-                                            await _body(request, ExecuteRequest), client_of(request))
+                                            await _body(request, ExecuteRequest), caller_of(request))
     return _json(body, status)
 
 
@@ -214,33 +232,33 @@ async def execute_batch(request: web.Request) -> web.Response:
     manager, config = request.app[MANAGER], request.app[CONFIG]
     operations.check_count("transactions", len(body.transactions), config)
     manager.require_serving()  # fail the whole request fast (e.g. 307) rather than each part
-    client, budget = client_of(request), manager.answer_budget()  # one answer, one budget
-    answers = await _answer_each([operations.execute(manager, config, t, client, budget)
+    caller, budget = caller_of(request), manager.answer_budget()  # one answer, one budget
+    answers = await _answer_each([operations.execute(manager, config, t, caller, budget)
                                   for t in body.transactions])
     return _json({"results": [a["body"] if a["status"] < 300 else {**a["body"], "status": a["status"]}
                               for a in answers]})
 
 
-def _batch_operation(manager: TransactionManager, config: NodeConfig, client: str, budget: AnswerBudget,
-                     sub: Any) -> Awaitable[operations.Answer]:
+def _batch_operation(manager: TransactionManager, config: NodeConfig, caller: operations.Caller,
+                     budget: AnswerBudget, sub: Any) -> Awaitable[operations.Answer]:
     if isinstance(sub, BatchBegin):
-        return operations.begin(manager, sub, client)
+        return operations.begin(manager, sub, caller)
     if isinstance(sub, BatchEnqueue):
-        return operations.enqueue(manager, config, sub.transaction_id, sub)
+        return operations.enqueue(manager, config, sub.transaction_id, sub, caller)
     if isinstance(sub, BatchDequeue):
-        return operations.dequeue(manager, sub.transaction_id, sub, budget)
+        return operations.dequeue(manager, sub.transaction_id, sub, caller, budget)
     if isinstance(sub, BatchCommit):
-        return operations.commit(manager, sub.transaction_id, sub)
+        return operations.commit(manager, sub.transaction_id, sub, caller)
     if isinstance(sub, BatchAbort):
-        return operations.abort(manager, sub.transaction_id)
+        return operations.abort(manager, sub.transaction_id, caller)
     if isinstance(sub, BatchExtend):
-        return operations.extend(manager, sub.transaction_id, sub)
+        return operations.extend(manager, sub.transaction_id, sub, caller)
     if isinstance(sub, BatchStatus):
-        return operations.status(manager, sub.transaction_id)
+        return operations.status(manager, sub.transaction_id, caller)
     if isinstance(sub, BatchExecute):
-        return operations.execute(manager, config, sub, client, budget)
+        return operations.execute(manager, config, sub, caller, budget)
     assert isinstance(sub, BatchCommitMany)
-    return operations.commit_many(manager, config, sub)
+    return operations.commit_many(manager, config, sub, caller)
 
 
 async def batch(request: web.Request) -> web.Response:
@@ -249,8 +267,8 @@ async def batch(request: web.Request) -> web.Response:
     manager, config = request.app[MANAGER], request.app[CONFIG]
     operations.check_count("sub-requests", len(body.requests), config)
     manager.require_serving()
-    client, budget = client_of(request), manager.answer_budget()  # one answer, one budget
-    answers = await _answer_each([_batch_operation(manager, config, client, budget, sub) for sub in body.requests])
+    caller, budget = caller_of(request), manager.answer_budget()  # one answer, one budget
+    answers = await _answer_each([_batch_operation(manager, config, caller, budget, sub) for sub in body.requests])
     return _json({"responses": answers})
 
 
@@ -261,7 +279,7 @@ async def queue_enqueue(request: web.Request) -> web.Response:
         operations=[EnqueueOperation(op="enqueue", queue=queue, items=body.items, encoding=body.encoding)],
         idempotency_key=body.idempotency_key)
     status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
-                                              client_of(request))
+                                              caller_of(request))
     return _json(answer, status)
 
 
@@ -271,14 +289,15 @@ async def queue_dequeue(request: web.Request) -> web.Response:
     request_body = ExecuteRequest(operations=[DequeueOperation(
         op="dequeue", queue=queue, max_items=body.max_items, wait_ms=body.wait_ms, encoding=body.encoding)])
     status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
-                                              client_of(request))
+                                              caller_of(request))
     return _json(answer, status)
 
 
 # ------------------------------------------------------------------------ queues
 async def list_queues(request: web.Request) -> web.Response:
+    principal = principal_of(request)
     names, counts = request.app[REPLICATOR].read(
-        lambda sm: (names := sm.queue_names(), [sm.count(n) for n in names]))
+        lambda sm: (names := [n for n in sm.queue_names() if principal.may_see(n)], [sm.count(n) for n in names]))
     manager = request.app[MANAGER]
     return _json({"approximate": True, "queues": [
         {"queue": n, "count": c, "locked": manager.locked_count(n)} for n, c in zip(names, counts, strict=True)]})
@@ -286,6 +305,7 @@ async def list_queues(request: web.Request) -> web.Response:
 
 async def queue_count(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require_see(queue)
     replicator, config = request.app[REPLICATOR], request.app[CONFIG]
     count, applied = replicator.read(lambda sm: (sm.count(queue), sm.last_index))
     locked = request.app[MANAGER].locked_count(queue)
@@ -300,6 +320,7 @@ async def queue_count(request: web.Request) -> web.Response:
 
 async def queue_stats(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require_see(queue)
     config = request.app[CONFIG]
     stats, applied = request.app[REPLICATOR].read(
         lambda sm: (sm.queue_stats(queue), sm.last_index))
@@ -312,6 +333,7 @@ async def queue_stats(request: web.Request) -> web.Response:
 
 async def configure_queue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require("manage", queue)
     status, body = await operations.configure_queue(request.app[MANAGER], queue,
                                                     await _body(request, QueueSettingsRequest))
     return _json(body, status)
@@ -319,12 +341,14 @@ async def configure_queue(request: web.Request) -> web.Response:
 
 async def purge_queue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require("manage", queue)
     status, body = await operations.purge_queue(request.app[MANAGER], queue)
     return _json(body, status)
 
 
 async def delete_queue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require("manage", queue)
     status, body = await operations.delete_queue(request.app[MANAGER], queue)
     return _json(body, status)
 
@@ -363,8 +387,16 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
     }
 
 
+# What /v1/cluster tells a principal without admin: enough to find and follow the leader.
+CLUSTER_PUBLIC_KEYS = ("node_id", "url", "role", "term", "leader_id", "leader_url", "serving", "peers")
+
+
 async def cluster(request: web.Request) -> web.Response:
-    return _json(cluster_status(request.app))
+    status = cluster_status(request.app)
+    if not principal_of(request).admin:
+        status = {key: status[key] for key in CLUSTER_PUBLIC_KEYS}
+        status["peers"] = [{"node_id": p["node_id"], "url": p["url"]} for p in status["peers"]]
+    return _json(status)
 
 
 async def state_digest(request: web.Request) -> web.Response:
@@ -408,26 +440,31 @@ async def readyz(request: web.Request) -> web.Response:
     return _json({"ready": ready, **status}, status=200 if ready else 503)
 
 
-def create_app(config: NodeConfig, manager: TransactionManager, replicator: Replicator) -> web.Application:
+def create_app(config: NodeConfig, manager: TransactionManager, replicator: Replicator,
+               tokens: TokenRegistry | None = None) -> web.Application:
+    """The node's HTTP application. ``tokens``: the tokens it accepts (default: its config's)."""
     metrics = NodeMetrics(config, manager, replicator)
-    # The metrics middleware is outermost: it counts the status error_middleware answered with.
-    app = web.Application(middlewares=[metrics.middleware, error_middleware], client_max_size=config.body_bytes_max)
+    tokens = tokens if tokens is not None else TokenRegistry(config.tokens, config.tokens_file)
+    # The metrics middleware is outermost: it counts the status error_middleware answered with,
+    # and error_middleware renders what authentication refuses.
+    app = web.Application(middlewares=[metrics.middleware, error_middleware, auth_middleware(tokens)],
+                          client_max_size=config.body_bytes_max)
     app[CONFIG] = config
     app[MANAGER] = manager
     app[REPLICATOR] = replicator
     app[METRICS] = metrics
     overview = Overview(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
-                        peers=[peer.http_url for peer in config.peers])
+                        peers=[peer.http_url for peer in config.peers], peer_tls=peer_context(config))
     app.on_cleanup.append(overview.close)
     app.router.add_get("/", page)
-    app.router.add_get("/v1/cluster/overview", overview.handle)
-    app.router.add_get("/metrics", metrics.handle)
+    app.router.add_get("/v1/cluster/overview", admin_only("read the cluster overview", overview.handle))
+    app.router.add_get("/metrics", admin_only("read metrics", metrics.handle))
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/cluster", cluster)
-    app.router.add_get("/v1/cluster/digest", state_digest)
-    app.router.add_post("/v1/admin/snapshot", request_snapshot)
+    app.router.add_get("/v1/cluster/digest", admin_only("read the state digest", state_digest))
+    app.router.add_post("/v1/admin/snapshot", admin_only("request a snapshot", request_snapshot))
     app.router.add_post("/v1/transactions", begin)
     app.router.add_get("/v1/transactions", list_transactions)
     app.router.add_get("/v1/transactions/{transaction_id}", transaction_status)
@@ -441,7 +478,7 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app.router.add_post("/v1/execute-batch", execute_batch)
     app.router.add_post("/v1/batch", batch)
     app.router.add_get("/v1/queues", list_queues)
-    app.router.add_get("/v1/cluster/storage", storage)
+    app.router.add_get("/v1/cluster/storage", admin_only("read storage figures", storage))
     app.router.add_get("/v1/queues/{queue}", queue_count)
     app.router.add_put("/v1/queues/{queue}", configure_queue)
     app.router.add_delete("/v1/queues/{queue}", delete_queue)

@@ -48,6 +48,7 @@ from aiohttp import web
 
 from rcq.errors import RequestTimeout, TooManyConnections
 from rcq.server.config import NodeConfig
+from rcq.server.security.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -313,12 +314,14 @@ class HttpListener:
             server, connections_max=connections_max, header_timeout_s=config.http_header_timeout_s,
             lingering_refusals_max=max(1, (nofile - connections_max) // 8))
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self.limiter, config.http_host, config.http_port,
-                                                backlog=accept_backlog(connections_max, nofile))
+        tls = server_context(config)
+        self._server = await loop.create_server(
+            self.limiter, config.http_host, config.http_port, backlog=accept_backlog(connections_max, nofile),
+            ssl=tls, ssl_handshake_timeout=config.http_header_timeout_s if tls is not None else None)
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else config.http_port
-        log.info("HTTP: at most %d connections (open-file limit %d), head within %g s, body within %g s, "
-                 "idle keep-alive %g s", connections_max, nofile, config.http_header_timeout_s,
+        log.info("HTTP%s: at most %d connections (open-file limit %d), head within %g s, body within %g s, "
+                 "idle keep-alive %g s", "S (TLS)" if tls is not None else "", connections_max, nofile, config.http_header_timeout_s,
                  config.http_body_timeout_s, config.http_keepalive_s)
         return self.port
 

@@ -10,6 +10,7 @@ Must not import: pysyncobj, lmdb, aiohttp.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from rcq.encoding import Encoding, encode_item
@@ -30,8 +31,23 @@ from rcq.server.http.models import (
 )
 from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem
 from rcq.server.leader.transactions import TransactionManager
+from rcq.server.security.tokens import Principal
 
 Answer = tuple[int, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: the principal of its token (what it may do; transactions belong to its
+    name) and whom per-client caps count it against (the principal, or the peer address on a node
+    without tokens, where every caller is the same anonymous principal)."""
+
+    principal: Principal
+    client: str
+
+    @property
+    def owner(self) -> str:
+        return self.principal.name
 
 
 def items_body(items: list[DequeuedItem], encoding: Encoding) -> list[dict[str, Any]]:
@@ -62,13 +78,15 @@ def check_count(what: str, count: int, config: NodeConfig) -> None:
         raise PayloadTooLarge(f"{count} {what} in one request; the limit is {config.batch_requests_max}")
 
 
-async def begin(manager: TransactionManager, body: BeginRequest, client: str) -> Answer:
-    transaction = manager.begin(body.timeout_s, body.label, client)
+async def begin(manager: TransactionManager, body: BeginRequest, caller: Caller) -> Answer:
+    transaction = manager.begin(body.timeout_s, body.label, caller.client, caller.owner)
     return 201, transaction.describe(_now())
 
 
 async def enqueue(manager: TransactionManager, config: NodeConfig, transaction_id: str,
-                  body: EnqueueRequest) -> Answer:
+                  body: EnqueueRequest, caller: Caller) -> Answer:
+    manager.check_owner(transaction_id, caller.owner)
+    caller.principal.require("produce", body.queue)
     check_items_count(body.items, config)
     values = decode_items(body.items, body.encoding, config.item_bytes_max)
     buffered = manager.enqueue(transaction_id, body.queue, values, body.key)
@@ -76,47 +94,58 @@ async def enqueue(manager: TransactionManager, config: NodeConfig, transaction_i
                  "buffered": buffered}
 
 
-async def dequeue(manager: TransactionManager, transaction_id: str, body: DequeueRequest,
+async def dequeue(manager: TransactionManager, transaction_id: str, body: DequeueRequest, caller: Caller,
                   budget: AnswerBudget | None = None) -> Answer:
+    manager.check_owner(transaction_id, caller.owner)
+    caller.principal.require("consume", body.queue)
     items = await manager.dequeue(transaction_id, body.queue, body.max_items, body.wait_ms, body.key, budget)
     return 200, {"transaction_id": transaction_id, "queue": body.queue,
                  "items": items_body(items, body.encoding)}
 
 
-async def commit(manager: TransactionManager, transaction_id: str, body: CommitRequest) -> Answer:
+async def commit(manager: TransactionManager, transaction_id: str, body: CommitRequest, caller: Caller) -> Answer:
+    manager.check_owner(transaction_id, caller.owner)
     return 200, commit_body(await manager.commit(transaction_id, body.idempotency_key))
 
 
-async def abort(manager: TransactionManager, transaction_id: str) -> Answer:
+async def abort(manager: TransactionManager, transaction_id: str, caller: Caller) -> Answer:
+    manager.check_owner(transaction_id, caller.owner)
     returned = manager.abort(transaction_id)
     return 200, {"transaction_id": transaction_id, "aborted": True, "returned": returned}
 
 
-async def extend(manager: TransactionManager, transaction_id: str, body: ExtendRequest) -> Answer:
+async def extend(manager: TransactionManager, transaction_id: str, body: ExtendRequest, caller: Caller) -> Answer:
+    manager.check_owner(transaction_id, caller.owner)
     return 200, manager.extend(transaction_id, body.timeout_s).describe(_now())
 
 
-async def status(manager: TransactionManager, transaction_id: str) -> Answer:
+async def status(manager: TransactionManager, transaction_id: str, caller: Caller) -> Answer:
+    manager.check_owner(transaction_id, caller.owner)
     return 200, manager.describe(transaction_id)
 
 
-async def commit_many(manager: TransactionManager, config: NodeConfig, body: CommitManyRequest) -> Answer:
+async def commit_many(manager: TransactionManager, config: NodeConfig, body: CommitManyRequest,
+                      caller: Caller) -> Answer:
     check_count("transaction ids", len(body.transaction_ids), config)
+    for transaction_id in body.transaction_ids:
+        manager.check_owner(transaction_id, caller.owner)
     return 200, commit_body(await manager.commit_many(body.transaction_ids, body.idempotency_key))
 
 
 async def execute(manager: TransactionManager, config: NodeConfig, body: ExecuteRequest,
-                  client: str, budget: AnswerBudget | None = None) -> Answer:
+                  caller: Caller, budget: AnswerBudget | None = None) -> Answer:
     """A one-request transaction: run the operations in a fresh transaction and commit it. Its
-    dequeues share one answer budget (``budget``: the enclosing request's, if it has one)."""
+    dequeues share one answer budget (``budget``: the enclosing request's, if it has one).
+    Every permission is checked before anything starts."""
     budget = budget if budget is not None else manager.answer_budget()
     check_count("operations", len(body.operations), config)
     for op in body.operations:
+        caller.principal.require("produce" if isinstance(op, EnqueueOperation) else "consume", op.queue)
         if isinstance(op, EnqueueOperation):
             check_items_count(op.items, config)
     decoded = [decode_items(op.items, op.encoding, config.item_bytes_max)
                if isinstance(op, EnqueueOperation) else None for op in body.operations]
-    transaction_id = manager.begin(client=client).transaction_id
+    transaction_id = manager.begin(client=caller.client, owner=caller.owner).transaction_id
     try:
         results: list[dict[str, Any]] = []
         for op, values in zip(body.operations, decoded, strict=True):

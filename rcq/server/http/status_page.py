@@ -10,12 +10,17 @@ The overview is this node's view plus what each peer says of itself: the node as
 the page up). Queue figures are this node's replicated state (``locked`` on the leader only); each
 node's view carries its commit-latency sum and count, and the page plots the leader's mean per interval.
 
+Both need an admin token where tokens are on: a browser asks for it (HTTP Basic, the token as the
+password) and sends it with every poll; the node passes the same ``Authorization`` on to its peers
+(tokens are the same on every node) over HTTPS verified with ``tls_peer_ca_file`` when TLS is on.
+
 Must not import: pysyncobj, lmdb.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,9 +34,10 @@ PEER_TIMEOUT_S = 0.8
 QUEUES_SHOWN_MAX = 50
 
 
-async def _peer_view(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+async def _peer_view(session: aiohttp.ClientSession, url: str, authorization: str | None) -> dict[str, Any]:
+    headers = {"Authorization": authorization} if authorization else None
     try:
-        async with session.get(f"{url.rstrip('/')}/v1/cluster",
+        async with session.get(f"{url.rstrip('/')}/v1/cluster", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as response:
             body = await response.json()
             return {**body, "reachable": True}
@@ -45,17 +51,20 @@ class Overview:
     with the app (``close`` is an on_cleanup handler)."""
 
     def __init__(self, own_status: Callable[[], dict[str, Any]], queues: Callable[[], list[dict[str, Any]]],
-                 peers: list[str]) -> None:
+                 peers: list[str], peer_tls: ssl.SSLContext | None = None) -> None:
         self._own_status = own_status
         self._queues = queues
         self._peers = peers
+        self._peer_tls = peer_tls
         self._session: aiohttp.ClientSession | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(ssl=self._peer_tls if self._peer_tls is not None else True)
+            self._session = aiohttp.ClientSession(connector=connector)
         mine = self._own_status()
-        others = await asyncio.gather(*(_peer_view(self._session, url) for url in self._peers))
+        authorization = request.headers.get("Authorization")
+        others = await asyncio.gather(*(_peer_view(self._session, url, authorization) for url in self._peers))
         return web.json_response({
             "at": time.time(),
             "served_by": mine["node_id"],

@@ -33,7 +33,8 @@ class Session:
     timeout_s: float
     deadline: float  # loop time
     created_ms: int
-    client: str = ""  # who opened it (peer address): per-client caps
+    client: str = ""  # whom per-client caps count it against: the principal, or the peer address
+    owner: str = ""  # the principal that began it: only it may see or use it ("" without tokens)
     lifetime_deadline: float = float("inf")  # loop time past which no extend reaches
     state: State = State.OPEN
     enqueues: dict[str, list[bytes]] = field(default_factory=dict)

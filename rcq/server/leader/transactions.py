@@ -249,8 +249,9 @@ class TransactionManager:
         return self._closed.error_for(transaction_id, outcome, self._serving_term, forgotten_term)
 
     # ------------------------------------------------------------ sessions
-    def begin(self, timeout_s: float | None = None, label: str | None = None, client: str = "") -> Session:
-        """Open a transaction for ``client`` (the peer address, or the principal): caps are per client too."""
+    def begin(self, timeout_s: float | None = None, label: str | None = None, client: str = "",
+              owner: str = "") -> Session:
+        """Open a transaction owned by ``owner`` (a principal); caps count it against ``client``."""
         self.require_serving()
         self._admission.check_begin(client, len(self._transactions))
         timeout_s = self._timeout(timeout_s)
@@ -258,7 +259,7 @@ class TransactionManager:
         transaction = Session(
             transaction_id=f"{self._serving_term:x}.{secrets.token_hex(12)}",
             term=self._serving_term, epoch=self._epoch, label=label, timeout_s=timeout_s,
-            deadline=now + timeout_s, created_ms=int(time.time() * 1000), client=client,
+            deadline=now + timeout_s, created_ms=int(time.time() * 1000), client=client, owner=owner,
             lifetime_deadline=now + self._config.transaction_lifetime_max_s)
         self._transactions[transaction.transaction_id] = transaction
         self._admission.opened(client)
@@ -311,11 +312,19 @@ class TransactionManager:
         body.update(error.details)
         return body
 
-    def list_open(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
+    def check_owner(self, transaction_id: str, owner: str) -> None:
+        """A transaction open on this leader is invisible to every principal but its owner: the
+        same 404 as for an id never seen, so another principal learns nothing of it."""
+        transaction = self._transactions.get(transaction_id)
+        if transaction is not None and transaction.owner != owner:
+            raise TransactionNotFound(f"no transaction {transaction_id!r}")
+
+    def list_open(self, label_prefix: str | None = None, owner: str = "") -> list[dict[str, Any]]:
+        """The open transactions of ``owner``."""
         self.require_serving()
         now = asyncio.get_running_loop().time()
         return [t.describe(now) for t in self._transactions.values()
-                if label_prefix is None or (t.label or "").startswith(label_prefix)]
+                if t.owner == owner and (label_prefix is None or (t.label or "").startswith(label_prefix))]
 
     # ---------------------------------------------------------- operations
     def enqueue(self, transaction_id: str, queue: str, values: list[bytes], key: str | None = None) -> int:

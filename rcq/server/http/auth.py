@@ -1,0 +1,63 @@
+"""Authentication of HTTP requests: the token a request carries becomes its :class:`Principal`.
+
+Every route needs a token except ``/healthz`` and ``/readyz`` (load balancers and orchestrators
+probe those without credentials; they reveal roles and indexes, no data). A token comes as
+``Authorization: Bearer <token>``, or as the password of HTTP Basic authentication (any user
+name), which is what a browser sends for the status page after asking for it. What each route
+then requires of the principal (a queue permission, ownership of a transaction, admin) is
+checked where the route's work is done (:mod:`rcq.server.http.operations`, :mod:`.api`).
+
+On a node without tokens (loopback only, see ``NodeConfig``) every request is :data:`OPEN`.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from rcq.server.security.tokens import OPEN, Principal, TokenRegistry
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def presented_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization`` header (Bearer, or Basic's password); None if absent/unusable."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.strip().partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer":
+        return value or None
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return decoded.partition(":")[2] or None
+    return None
+
+
+def principal_of(request: web.Request) -> Principal:
+    return request.get(PRINCIPAL, OPEN)
+
+
+def auth_middleware(registry: TokenRegistry) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if registry.enabled and request.path not in PUBLIC_PATHS:
+            request[PRINCIPAL] = registry.authenticate(presented_token(request.headers.get("Authorization")))
+        return await handler(request)
+
+    return authenticate
+
+
+# ``WWW-Authenticate`` of every 401: Basic, so that a browser asks for the token (as the password).
+CHALLENGE = 'Basic realm="rcq", charset="UTF-8"'
