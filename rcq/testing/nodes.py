@@ -29,7 +29,6 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"

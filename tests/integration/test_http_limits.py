@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
+from rcq.private_files import write_private
 from rcq.server.config import NodeConfig
 from rcq.server.http.connections import ConnectionLimiter, accept_backlog, connections_max_for
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
 from rcq.testing.cluster import LocalCluster
-from rcq.private_files import write_private
 from rcq.testing.polls import deadline_loop, http_json, poll_until
 
 StartNode = Callable[..., Awaitable[Node]]

@@ -19,6 +19,7 @@ import binascii
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from rcq.server.security.tokens import OPEN, Principal, TokenRegistry
 
@@ -49,7 +50,7 @@ def principal_of(request: web.Request) -> Principal:
     return request.get(PRINCIPAL, OPEN)
 
 
-def auth_middleware(registry: TokenRegistry) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def auth_middleware(registry: TokenRegistry) -> Middleware:
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
         if registry.enabled and request.path not in PUBLIC_PATHS:

@@ -321,8 +321,8 @@ class HttpListener:
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else config.http_port
         log.info("HTTP%s: at most %d connections (open-file limit %d), head within %g s, body within %g s, "
-                 "idle keep-alive %g s", "S (TLS)" if tls is not None else "", connections_max, nofile, config.http_header_timeout_s,
-                 config.http_body_timeout_s, config.http_keepalive_s)
+                 "idle keep-alive %g s", "S (TLS)" if tls is not None else "", connections_max, nofile,
+                 config.http_header_timeout_s, config.http_body_timeout_s, config.http_keepalive_s)
         return self.port
 
     def close(self) -> None:
