@@ -10,12 +10,15 @@ Must not import: rcq.server, pysyncobj, lmdb (``pip install rcq`` has no server)
 
 from __future__ import annotations
 
+import os
 import secrets
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
+from rcq.client.exchange import tls_context
 from rcq.client.transaction import Transaction, TransactionContext, timeout_s_of
 from rcq.client.transport import COMMIT, SAFE, WRITE, Attempts, Request, Transport
 from rcq.client.wire import (
@@ -32,7 +35,7 @@ from rcq.client.wire import (
     operations_wait_ms,
     queue_path,
 )
-from rcq.errors import CommitOutcomeUnknown, TransactionAborted, TransactionCommitted
+from rcq.errors import CommitOutcomeUnknown, InvalidRequest, TransactionAborted, TransactionCommitted
 from rcq.names import check_queue_name
 
 PEEK_TIMEOUT_S = 10.0  # how long a peeked item stays locked if the peek's abort is lost
@@ -44,9 +47,20 @@ class RcqClient:
 
     def __init__(self, urls: str | Sequence[str], *, request_timeout_s: float = 30.0,
                  retry_timeout_s: float = 15.0, coalesce: bool = False,
-                 session: aiohttp.ClientSession | None = None) -> None:
+                 session: aiohttp.ClientSession | None = None, token: str | None = None,
+                 ca_file: str | os.PathLike[str] | None = None,
+                 client_cert: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """``token``: the API token (default: ``$RCQ_TOKEN``), sent as ``Authorization: Bearer``.
+        HTTPS nodes are verified against ``ca_file`` (default: the system's CAs); ``client_cert`` =
+        (certificate file, key file) for nodes that require client certificates; ``ssl_context``
+        instead of both. A ``session`` of the caller's keeps its own TLS settings."""
+        if ssl_context is not None and (ca_file is not None or client_cert is not None):
+            raise InvalidRequest("pass ssl_context, or ca_file/client_cert, not both")
+        token = token if token is not None else (os.environ.get("RCQ_TOKEN") or None)
         self._transport = Transport(urls, request_timeout_s=request_timeout_s, retry_timeout_s=retry_timeout_s,
-                                    coalesce=coalesce, session=session)
+                                    coalesce=coalesce, session=session, token=token,
+                                    tls=ssl_context or tls_context(ca_file, client_cert))
 
     # ----------------------------------------------------------- lifecycle
     @property

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,16 +47,35 @@ class ExchangeFailed(Exception):
         self.maybe_sent = maybe_sent
 
 
-def new_session() -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=CONNECTIONS_MAX, limit_per_host=0, keepalive_timeout=30)
+def new_session(tls: ssl.SSLContext | None = None) -> aiohttp.ClientSession:
+    """``tls``: how to verify HTTPS nodes (None: the system's CAs; http:// URLs ignore it)."""
+    connector = aiohttp.TCPConnector(limit=CONNECTIONS_MAX, limit_per_host=0, keepalive_timeout=30,
+                                     ssl=tls if tls is not None else True)
     return aiohttp.ClientSession(connector=connector)
 
 
+def tls_context(ca_file: str | os.PathLike[str] | None = None,
+                client_cert: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None
+                ) -> ssl.SSLContext | None:
+    """A context that verifies servers (against ``ca_file``, else the system's CAs) and presents
+    ``client_cert`` = (certificate file, key file) to servers that ask for one; None if neither is given."""
+    if ca_file is None and client_cert is None:
+        return None
+    context = ssl.create_default_context(cafile=os.fspath(ca_file) if ca_file is not None else None)
+    if client_cert is not None:
+        context.load_cert_chain(os.fspath(client_cert[0]), os.fspath(client_cert[1]))
+    return context
+
+
 async def exchange(session: aiohttp.ClientSession, node_url: str, method: str, path: str, data: bytes | None,
-                   params: Mapping[str, str] | None, timeout_s: float) -> Answer:
-    """``method path`` on the node at ``node_url``, once; no answer raises :class:`ExchangeFailed`."""
+                   params: Mapping[str, str] | None, timeout_s: float,
+                   authorization: str | None = None) -> Answer:
+    """``method path`` on the node at ``node_url``, once; no answer raises :class:`ExchangeFailed`.
+    ``authorization``: the ``Authorization`` header (the token), sent with every request."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    headers = {"Content-Type": "application/json"} if data is not None else None
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    if authorization is not None:
+        headers["Authorization"] = authorization
     # aiohttp warns (ResourceWarning) about raw bodies over 1 MiB; a stream of one buffer is the same
     body: bytes | io.BytesIO | None = (
         io.BytesIO(data) if data is not None and len(data) >= STREAMED_BODY_MIN_BYTES else data)

@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,7 +144,8 @@ class Transport:
     """The nodes of one cluster as one leader: leader tracking, the retry engine, coalescing, the HTTP session."""
 
     def __init__(self, urls: str | Sequence[str], *, request_timeout_s: float, retry_timeout_s: float,
-                 coalesce: bool, session: aiohttp.ClientSession | None) -> None:
+                 coalesce: bool, session: aiohttp.ClientSession | None, token: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
         self._urls = list(dict.fromkeys(
             normalize_url(url) for part in listed for url in part.split(",") if url.strip()))
@@ -155,6 +157,8 @@ class Transport:
         self._retry_timeout_s = retry_timeout_s
         self._session = session
         self._owns_session = session is None
+        self._authorization = f"Bearer {token}" if token else None  # never logged, never in a message
+        self._tls = tls
         self._leader: str | None = None
         self._next_url = 0
         self._coalescer = Coalescer(self._send_batch, self.spawn) if coalesce else None
@@ -198,7 +202,7 @@ class Transport:
         if self._closed:
             raise Unavailable("the client is closed")
         if self._session is None:
-            self._session = new_session()
+            self._session = new_session(self._tls)
         return self._session
 
     # ------------------------------------------------------- the retry engine
@@ -260,7 +264,8 @@ class Transport:
         node_url = self._target()
         timeout_s = self.request_timeout_s + request.wait_ms / 1000  # the server may hold it that long
         answer = await self._watched(node_url, exchange(self._http(), node_url, request.method, request.path, data,
-                                                        request.params, timeout_s), request.wait_ms / 1000)
+                                                        request.params, timeout_s, self._authorization),
+                                     request.wait_ms / 1000)
         if isinstance(answer, _Failure):
             return answer
         if 200 <= answer.status < 300 and isinstance(answer.payload, dict):
@@ -273,7 +278,8 @@ class Transport:
         """One ``POST /v1/batch`` exchange (the coalescer's send): one outcome per operation."""
         node_url = self._target()
         answer = await self._watched(node_url, exchange(self._http(), node_url, "POST", "/v1/batch",
-                                                        dumps({"requests": operations}), None, self.request_timeout_s))
+                                                        dumps({"requests": operations}), None, self.request_timeout_s,
+                                                        self._authorization))
         if isinstance(answer, _Failure):
             return [answer] * len(operations)
         if not (200 <= answer.status < 300 and isinstance(answer.payload, dict)):
@@ -366,7 +372,8 @@ class Transport:
     async def ask_node(self, url: str, path: str) -> dict[str, Any]:
         """``GET path`` from exactly the node at ``url``, once (Unavailable if it does not answer)."""
         try:
-            answer = await exchange(self._http(), normalize_url(url), "GET", path, None, None, self.request_timeout_s)
+            answer = await exchange(self._http(), normalize_url(url), "GET", path, None, None, self.request_timeout_s,
+                                    self._authorization)
         except ExchangeFailed as exc:
             raise exc.error from exc
         if answer.status != 200 or not isinstance(answer.payload, dict):
@@ -399,7 +406,7 @@ class Transport:
         # short: a dead node must not hold up the nodes that answer
         timeout_s = max(0.05, min(self.request_timeout_s, 2.0, deadline - asyncio.get_running_loop().time()))
         try:
-            answer = await exchange(self._http(), url, "GET", "/v1/cluster", None, None, timeout_s)
+            answer = await exchange(self._http(), url, "GET", "/v1/cluster", None, None, timeout_s, self._authorization)
         except ExchangeFailed:
             return None
         return answer.payload if answer.status == 200 and isinstance(answer.payload, dict) else None
