@@ -1,27 +1,52 @@
-"""The ``rcq`` command: ``rcq serve`` runs one node; client verbs talk to a cluster.
+"""The ``rcq`` command: ``rcq serve`` runs one node; client verbs talk to a cluster; ``rcq token`` edits a tokens file.
 
-Client verbs: ``enqueue``, ``dequeue``, ``peek``, ``count``, ``queues``, ``status``. They
+Client verbs: ``enqueue``, ``dequeue``, ``peek``, ``count``, ``queues``, ``queue``, ``status``. They
 find the cluster from ``--url`` (repeatable) or ``RCQ_URLS`` (comma-separated), print
-for people by default and JSON with ``--json``. Errors print ``rcq: <code>: <message>``
-on stderr and exit 2; ``status`` exits 1 when a node does not answer.
+for people by default and JSON with ``--json``. Their token comes from ``--token-file`` or
+``RCQ_TOKEN``, never from an argument (process lists show arguments); HTTPS nodes are verified
+against ``--ca-file`` or ``RCQ_CA_FILE`` (default: the system's CAs). Errors print
+``rcq: <code>: <message>`` on stderr and exit 2; ``status`` exits 1 when a node does not answer.
 
-Must not import: pysyncobj, lmdb (``serve`` reaches them through rcq.server.node).
+``rcq token create|list|revoke|hash`` are file operations on a node's tokens file: no node is
+asked, and nodes re-read the file on their own.
+
+Secrets never reach an argument list, an error message or a child process: ``serve`` reads the
+cluster secret from a private file or ``RCQ_CLUSTER_SECRET`` and an admin token from
+``RCQ_ADMIN_TOKEN``, removes both variables from its environment, and creates its files private
+(umask 077).
+
+Must not import: pysyncobj, lmdb (``serve`` reaches them through rcq.server.node); rcq.server at
+module level (the client verbs run where only the client is installed; ``serve`` and ``token``
+import it when they run).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import getpass
 import json
 import logging
+import math
 import os
+import re
 import sys
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rcq.encoding import decode_item, encode_item
-from rcq.errors import InvalidRequest, RcqError
+from rcq.errors import InvalidRequest, RcqError, TokenExpired, Unauthorized
+from rcq.private_files import check_private, read_private, write_private
+
+if TYPE_CHECKING:
+    from rcq.server.security.tokens import Grant, TokenEntry
+
+ADMIN_TOKEN_MIN_CHARS = 16
+TOKEN_CHARACTERS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: it travels in a header
+EXPIRES_IN_DAYS_MAX = 36_500.0
 
 
 def _peer(text: str) -> dict[str, str]:
@@ -45,28 +70,92 @@ def add_serve_parser(commands: Any) -> None:
                        help="another node as node_id=raft_host:port=http_url (repeat)")
     serve.add_argument("--data-dir", type=Path)
     serve.add_argument("--secret-file", type=Path,
-                       help="file holding the cluster secret (or set RCQ_CLUSTER_SECRET)")
+                       help="file holding the cluster secret, mode 0600 (or set RCQ_CLUSTER_SECRET)")
     serve.add_argument("--insecure", action="store_true", default=None,
                        help="run without a cluster secret (development only: Raft traffic is pickled)")
+    serve.add_argument("--tokens-file", type=Path,
+                       help="JSON file of hashed API tokens, mode 0600 (see rcq token create); re-read when it "
+                            "changes. RCQ_ADMIN_TOKEN adds one admin token")
+    serve.add_argument("--insecure-http", action="store_true", default=None,
+                       help="allow an HTTP API without tokens on a non-loopback address (development only)")
+    serve.add_argument("--tls-cert-file", type=Path, help="PEM certificate chain: serve HTTPS")
+    serve.add_argument("--tls-key-file", type=Path, help="PEM private key of --tls-cert-file, mode 0600")
+    serve.add_argument("--tls-client-ca-file", type=Path,
+                       help="require client certificates signed by this CA (mutual TLS)")
+    serve.add_argument("--tls-peer-ca-file", type=Path,
+                       help="CA bundle to verify the other nodes' HTTPS with (default: the system's)")
     serve.add_argument("--log-level", default="INFO")
     serve.set_defaults(func=cmd_serve)
 
 
+@contextlib.contextmanager
+def _server_extra(command: str) -> Iterator[None]:
+    """Around the imports of rcq.server: the server is an extra (pip install 'rcq[server]')."""
+    try:
+        yield
+    except ImportError as exc:
+        raise InvalidRequest(f"rcq {command} needs the server extra (pip install 'rcq[server]'): {exc}") from exc
+
+
+def read_cluster_secret(secret_file: Path | None) -> str | None:
+    """The cluster secret: the content of ``secret_file`` (refused unless private), else
+    ``$RCQ_CLUSTER_SECRET``. The variable leaves the environment either way, so no process this one
+    starts inherits it (Linux still shows this process's initial environment to its owner and root
+    in /proc/<pid>/environ: the file is the safer way)."""
+    from_environment = os.environ.pop("RCQ_CLUSTER_SECRET", None)
+    if secret_file is not None:
+        return read_private(secret_file, "cluster secret")
+    return from_environment or None
+
+
+def admin_token_entry() -> TokenEntry | None:
+    """``$RCQ_ADMIN_TOKEN`` (how docker-compose gives a node its first token) as an inline admin
+    entry, hashed; the variable leaves the environment. None when it is not set. Errors never
+    show the value."""
+    token = (os.environ.pop("RCQ_ADMIN_TOKEN", None) or "").strip()
+    if not token:
+        return None
+    if len(token) < ADMIN_TOKEN_MIN_CHARS or not TOKEN_CHARACTERS.match(token):
+        raise InvalidRequest(f"RCQ_ADMIN_TOKEN must be at least {ADMIN_TOKEN_MIN_CHARS} printable characters "
+                             "without spaces; make a random one, e.g. python3 -c "
+                             "'import secrets; print(\"rcq_\" + secrets.token_urlsafe(32))'")
+    with _server_extra("serve"):
+        from rcq.server.security.tokens import TokenEntry, token_hash
+    return TokenEntry(name="admin", admin=True, sha256=token_hash(token), grants=(), expires_at=None)
+
+
+def _tokens_with(config_file: Path | None, added: TokenEntry | None) -> list[Any] | None:
+    """The config file's ``tokens`` plus ``added``, as an override of load_config (None: no
+    override). Added, not replacing: a node keeps the tokens its config file lists. A file that
+    cannot be read counts as none here: load_config says what is wrong with it."""
+    if added is None:
+        return None
+    existing: Any = []
+    if config_file is not None:
+        try:
+            data = json.loads(Path(config_file).read_text())
+        except (OSError, ValueError):
+            data = {}
+        existing = data.get("tokens") if isinstance(data, dict) else None
+    return [*(existing if isinstance(existing, list) else []), added]
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    os.umask(0o077)  # the data dir, journal, snapshot and logs this node creates are its user's only
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    secret = os.environ.get("RCQ_CLUSTER_SECRET")
-    if args.secret_file is not None:
-        secret = args.secret_file.read_text().strip()
-    try:  # the server is an extra: pip install 'rcq[server]'
+    secret = read_cluster_secret(args.secret_file)
+    admin = admin_token_entry()
+    with _server_extra("serve"):
         from rcq.server.config import load_config
         from rcq.server.node import run_node
-    except ImportError as exc:
-        raise InvalidRequest(f"rcq serve needs the server extra (pip install 'rcq[server]'): {exc}") from exc
     config = load_config(
         args.config, node_id=args.node_id, http_host=args.http_host, http_port=args.http_port,
         advertise_url=args.advertise_url, raft_address=args.raft_address, peers=args.peer,
-        data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure)
+        data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure,
+        tokens=_tokens_with(args.config, admin), tokens_file=args.tokens_file, insecure_http=args.insecure_http,
+        tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
+        tls_client_ca_file=args.tls_client_ca_file, tls_peer_ca_file=args.tls_peer_ca_file)
     asyncio.run(run_node(config))
     return 0
 
@@ -79,6 +168,16 @@ def add_client_parsers(commands: Any) -> None:
     common.add_argument("--json", action="store_true", help="print JSON for machines")
     common.add_argument("--retry-timeout-s", type=float, default=15.0,
                         help="how long to keep retrying while the cluster fails over (default 15)")
+    security = common.add_argument_group("security")
+    security.add_argument("--token-file", type=Path, default=None,
+                          help="file holding the API token, mode 0600 (default: $RCQ_TOKEN; never the token itself "
+                               "as an argument: process lists show arguments)")
+    security.add_argument("--ca-file", type=Path, default=None,
+                          help="verify HTTPS nodes against this CA bundle (default: $RCQ_CA_FILE, else the system's CAs)")
+    security.add_argument("--client-cert", type=Path, default=None,
+                          help="PEM certificate to present to nodes that require client certificates")
+    security.add_argument("--client-key", type=Path, default=None,
+                          help="its private key, mode 0600 (default: in the --client-cert file)")
     enqueue = commands.add_parser("enqueue", parents=[common], help="enqueue items in one committed transaction")
     enqueue.add_argument("queue")
     enqueue.add_argument("items", nargs="+", metavar="ITEM")
@@ -120,11 +219,42 @@ def _urls(args: argparse.Namespace) -> list[str]:
     return urls
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The token of ``--token-file`` (None: RcqClient falls back to $RCQ_TOKEN). Messages never show it."""
+    if args.token_file is None:
+        return None
+    token = read_private(args.token_file, "token")
+    if not TOKEN_CHARACTERS.match(token):
+        raise InvalidRequest(f"the token file {args.token_file} must hold one token (printable characters, "
+                             "no spaces) and nothing else")
+    return token
+
+
+def _client_security(args: argparse.Namespace) -> dict[str, Any]:
+    """RcqClient's ``token``, ``ca_file`` and ``client_cert`` from the flags and the environment."""
+    if args.client_key is not None and args.client_cert is None:
+        raise InvalidRequest("--client-key goes with --client-cert")
+    security: dict[str, Any] = {"token": _token(args),
+                                "ca_file": args.ca_file or os.environ.get("RCQ_CA_FILE") or None}
+    if args.client_cert is not None:
+        key = args.client_key or args.client_cert
+        check_private(key, "client key")
+        security["client_cert"] = (args.client_cert, key)
+    return security
+
+
 def _with_client(args: argparse.Namespace, verb: Callable[[Any], Awaitable[int]]) -> int:
     from rcq.client import RcqClient
 
+    urls, security = _urls(args), _client_security(args)
+    files = ", ".join(str(f) for f in (security["ca_file"], *security.get("client_cert", ())) if f is not None)
+
     async def run() -> int:
-        async with RcqClient(_urls(args), retry_timeout_s=args.retry_timeout_s) as client:
+        try:
+            client = RcqClient(urls, retry_timeout_s=args.retry_timeout_s, **security)
+        except OSError as exc:  # ssl.SSLError too: a CA, certificate or key file that cannot be used
+            raise InvalidRequest(f"cannot use the TLS files ({files}): {exc}") from None
+        async with client:
             return await verb(client)
 
     return asyncio.run(run())
@@ -260,11 +390,165 @@ def cmd_status(args: argparse.Namespace) -> int:
     return _with_client(args, verb)
 
 
+# -------------------------------------------------------------------- tokens
+TOKENS_HELP = ("Nodes re-read a changed tokens file within about a second: a created token works and a revoked "
+               "one stops working without a restart. Each node reads its own file: copy it to every node.")
+
+
+def add_token_parsers(commands: Any) -> None:
+    token = commands.add_parser("token", help="create, list or revoke API tokens in a tokens file (no server needed)",
+                                description="Edit a node's tokens file (NodeConfig.tokens_file, rcq serve --tokens-file). "
+                                            + TOKENS_HELP)
+    actions = token.add_subparsers(dest="token_command", required=True)
+    tokens_file = argparse.ArgumentParser(add_help=False)
+    tokens_file.add_argument("--tokens-file", type=Path, required=True,
+                             help="the tokens file (created mode 0600; an existing one must be private)")
+    create = actions.add_parser(
+        "create", parents=[tokens_file], help="make a token, add its hash to the file, print it once",
+        description="Make a random token, add its SHA-256 to the tokens file and print the token: it is not kept "
+                    "anywhere, so store it now. " + TOKENS_HELP)
+    create.add_argument("--name", required=True,
+                        help="the principal (transactions belong to it); tokens may share a name, for rotation")
+    create.add_argument("--admin", action="store_true", help="every permission, and the cluster's own routes")
+    create.add_argument("--grant", action="append", default=[], metavar="ACTIONS:PATTERN",
+                        help="actions (comma-separated: produce, consume, manage) on the queues matching PATTERN "
+                             "('*' any run of characters, '?' one), e.g. produce,consume:orders.* (repeat)")
+    create.add_argument("--expires-in-days", type=float, default=None, help="refused after this (default: never)")
+    create.add_argument("--json", action="store_true", help="print JSON for machines")
+    create.set_defaults(func=cmd_token_create)
+    listing = actions.add_parser("list", parents=[tokens_file], help="the file's tokens, without their hashes")
+    listing.add_argument("--json", action="store_true", help="print JSON for machines")
+    listing.set_defaults(func=cmd_token_list)
+    revoke = actions.add_parser("revoke", parents=[tokens_file], help="remove every token of a name",
+                                description="Remove every token of NAME from the tokens file. " + TOKENS_HELP)
+    revoke.add_argument("--name", required=True)
+    revoke.set_defaults(func=cmd_token_revoke)
+    hashing = actions.add_parser("hash", help="print the SHA-256 of a token read from stdin (for NodeConfig.tokens)")
+    hashing.set_defaults(func=cmd_token_hash)
+
+
+def _grant(text: str) -> Grant:
+    """``produce,consume:orders.*`` -> a Grant; a clear error for anything else."""
+    with _server_extra("token"):
+        from rcq.server.security.tokens import ACTIONS, QUEUE_PATTERN_PATTERN, Grant
+    actions_text, colon, pattern = text.partition(":")
+    if not colon or not actions_text.strip() or not pattern:
+        raise InvalidRequest(f"--grant {text!r}: expected ACTIONS:PATTERN, e.g. produce,consume:orders.*")
+    actions = [a.strip() for a in actions_text.split(",")]
+    unknown = [a for a in actions if a not in ACTIONS]
+    if unknown:
+        raise InvalidRequest(f"--grant {text!r}: unknown action {unknown[0]!r}: use produce, consume or manage, "
+                             "comma-separated")
+    if not re.match(QUEUE_PATTERN_PATTERN, pattern):
+        raise InvalidRequest(f"--grant {text!r}: the queue pattern {pattern!r} is malformed: use 1 to 128 characters "
+                             "of [A-Za-z0-9._-] and the wildcards * and ?")
+    return Grant(queues=pattern, actions=tuple(dict.fromkeys(actions)))  # type: ignore[arg-type]
+
+
+def _read_tokens(path: Path, *, missing_ok: bool = False) -> list[TokenEntry]:
+    """The entries of a tokens file (refused unless private); with ``missing_ok``, none for a
+    file that does not exist yet or is empty."""
+    with _server_extra("token"):
+        from rcq.server.security.tokens import parse_tokens_file
+    if missing_ok and not os.path.lexists(path):
+        return []
+    text = read_private(path, "tokens")
+    if missing_ok and not text:
+        return []
+    return list(parse_tokens_file(text, path))
+
+
+def _write_tokens(path: Path, entries: list[TokenEntry]) -> None:
+    with _server_extra("token"):
+        from rcq.server.security.tokens import TokensFile
+    text = json.dumps(TokensFile(tokens=entries).model_dump(mode="json"), indent=2) + "\n"
+    try:
+        write_private(path, text)
+    except OSError as exc:
+        raise InvalidRequest(f"cannot write the tokens file {path}: {exc.strerror or exc}") from None
+
+
+def _new_entry(args: argparse.Namespace, token: str) -> TokenEntry:
+    """The entry of a new token, every flag checked first (a bad one changes nothing)."""
+    with _server_extra("token"):
+        from rcq.server.security.tokens import PRINCIPAL_PATTERN, TokenEntry, expiry_in, token_hash
+    if not re.match(PRINCIPAL_PATTERN, args.name):
+        raise InvalidRequest(f"--name {args.name!r} is not a principal name: use 1 to 64 characters of "
+                             "[A-Za-z0-9._@-]")
+    grants = tuple(_grant(text) for text in args.grant)
+    if not args.admin and not grants:
+        raise InvalidRequest("a token needs --admin or at least one --grant ACTIONS:PATTERN: without either it "
+                             "may touch no queue")
+    days = args.expires_in_days
+    if days is not None and not (math.isfinite(days) and 0 < days <= EXPIRES_IN_DAYS_MAX):
+        raise InvalidRequest(f"--expires-in-days must be more than 0 and at most {EXPIRES_IN_DAYS_MAX:g}")
+    return TokenEntry(name=args.name, sha256=token_hash(token), admin=args.admin, grants=grants,
+                      expires_at=expiry_in(days))
+
+
+def _described(entry: TokenEntry) -> dict[str, Any]:
+    """An entry as people see it: everything but its hash."""
+    return entry.model_dump(mode="json", exclude={"sha256"})
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    with _server_extra("token"):
+        from rcq.server.security.tokens import new_token
+    token = new_token()
+    entry = _new_entry(args, token)
+    entries = _read_tokens(args.tokens_file, missing_ok=True)
+    _write_tokens(args.tokens_file, [*entries, entry])
+    print(json.dumps({"name": entry.name, "token": token, **_described(entry)}) if args.json else token)
+    print(f"rcq: token of {entry.name!r} added to {args.tokens_file}; store it now: it is not kept anywhere",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    now = time.time()
+    described = [{**_described(entry), "expired": entry.expires_at is not None and entry.expires_at.timestamp() <= now}
+                 for entry in _read_tokens(args.tokens_file)]
+    if args.json:
+        print(json.dumps({"tokens": described}))
+        return 0
+    rows = [[d["name"], "yes" if d["admin"] else "no",
+             " ".join(f"{','.join(g['actions'])}:{g['queues']}" for g in d["grants"]) or None,
+             d["expires_at"] or "never", "yes" if d["expired"] else "no"] for d in described]
+    _print_table(["NAME", "ADMIN", "GRANTS", "EXPIRES_AT", "EXPIRED"], rows)
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    entries = _read_tokens(args.tokens_file)
+    kept = [entry for entry in entries if entry.name != args.name]
+    revoked = len(entries) - len(kept)
+    if not revoked:
+        raise InvalidRequest(f"no token of {args.name!r} in {args.tokens_file}")
+    _write_tokens(args.tokens_file, kept)
+    print(f"revoked {revoked} token{'s' if revoked != 1 else ''} of {args.name!r}; nodes stop accepting "
+          f"{'them' if revoked != 1 else 'it'} within about a second")
+    return 0
+
+
+def cmd_token_hash(args: argparse.Namespace) -> int:
+    """stdin, not an argument: process lists show arguments. A terminal is asked without echo."""
+    with _server_extra("token"):
+        from rcq.server.security.tokens import token_hash
+    token = (getpass.getpass("token: ") if sys.stdin.isatty() else sys.stdin.read()).strip()
+    if not token:
+        raise InvalidRequest("no token on stdin: e.g. rcq token hash < token-file")
+    if not TOKEN_CHARACTERS.match(token):
+        raise InvalidRequest("stdin must hold one token (printable characters, no spaces) and nothing else")
+    print(token_hash(token))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rcq", description="rcq: a transactional, Raft-replicated queue")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(commands)
     add_client_parsers(commands)
+    add_token_parsers(commands)
     return parser
 
 
@@ -275,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except RcqError as exc:
         print(f"rcq: {exc.code}: {exc.message}", file=sys.stderr)
+        if isinstance(exc, Unauthorized) and not isinstance(exc, TokenExpired):
+            print("rcq: the token comes from --token-file FILE or the RCQ_TOKEN variable", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -246,7 +246,7 @@ class RequestTimeout(RcqError):
 
 
 class Unauthorized(RcqError):
-    """This endpoint needs a valid token: send ``Authorization: Bearer <token>``."""
+    """This endpoint needs a valid token, sent as 'Authorization: Bearer TOKEN'."""
 
     code = "unauthorized"
     http_status = 401
@@ -256,6 +256,14 @@ class TokenExpired(Unauthorized):
     """The token has expired; ask for a new one."""
 
     code = "token_expired"
+
+
+class CertificateError(RcqError):
+    """The node's TLS certificate could not be verified (another CA, another host name, expired):
+    a configuration error, not retried. Raised by the client; no server answers it."""
+
+    code = "certificate_error"
+    http_status = 495
 
 
 class Forbidden(RcqError):

@@ -35,6 +35,7 @@ from rcq.client.wire import (
     encode_items,
 )
 from rcq.errors import (
+    CertificateError,
     CommitConflict,
     CommitOutcomeUnknown,
     Forbidden,
@@ -71,7 +72,7 @@ from rcq.errors import (
 )
 
 __all__ = [
-    "CONNECTIONS_MAX", "PEEK_TIMEOUT_S", "CommitConflict", "CommitInfo", "CommitOutcomeUnknown", "Dequeue",
+    "CONNECTIONS_MAX", "PEEK_TIMEOUT_S", "CertificateError", "CommitConflict", "CommitInfo", "CommitOutcomeUnknown", "Dequeue",
     "Enqueue", "ExecuteResult", "Forbidden", "InternalError", "InvalidQueueName", "InvalidRequest", "Item", "ItemValue",
     "LeaderChanged", "MethodNotAllowed", "NoLeader", "NotLeader", "NotReady", "OperationResult", "OutcomeExpired",
     "PayloadTooLarge", "QueueFull", "QueueNotFound", "RcqClient", "RcqError", "RequestTimeout", "RouteNotFound",

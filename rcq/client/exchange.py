@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import yarl
 
-from rcq.errors import InvalidRequest, RcqError, Unavailable
+from rcq.errors import CertificateError, InvalidRequest, RcqError, Unavailable
 
 CONNECTIONS_MAX = 256
 RETRY_AFTER_MIN_S = 0.1  # a server's Retry-After is bounded: 0 would spin, a large one would stall a failover
@@ -85,6 +85,8 @@ async def exchange(session: aiohttp.ClientSession, node_url: str, method: str, p
                                    allow_redirects=False, timeout=timeout) as response:
             raw = await response.read()
             status, headers_in = response.status, response.headers
+    except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
+        raise CertificateError(f"cannot verify the TLS certificate of {node_url}: {exc.certificate_error}") from exc
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         raise ExchangeFailed(Unavailable(f"cannot connect to {node_url}: {exc}"), maybe_sent=False) from exc
     except (aiohttp.ClientError, TimeoutError) as exc:

@@ -9,6 +9,11 @@
         .option("consumerId", "etl-1").load()
     with rcq.spark.drain(spark, urls, "in", max_items=1000) as df: ...
 
+Nodes that require tokens take the token from option ``tokenFile`` (a private file on the
+driver), option ``token``, or else the driver's ``$RCQ_TOKEN``; option ``caFile`` verifies HTTPS
+nodes against a private CA. Both are read once, on the driver, and travel to the executors in
+the options (see :mod:`rcq.spark.options`).
+
 Install with ``pip install 'rcq[spark]'``. The guarantees, options and schema
 are in :mod:`rcq.spark.source` and the modules it names.
 """

@@ -55,7 +55,7 @@ class RcqDrainReader(DataSourceReader):
 @contextlib.contextmanager
 def drain(spark: Any, url: str, queue: str, max_items: int, **options: Any) -> Iterator[Any]:
     """A DataFrame of up to ``max_items`` items of ``queue``; committed on a clean exit, aborted otherwise.
-    ``options``: more rcq options (numPartitions, valueType, transactionTimeoutSeconds, ...)."""
+    ``options``: more rcq options (numPartitions, valueType, transactionTimeoutSeconds, tokenFile, caFile, ...)."""
     raw = {"url": url, "queue": queue, "maxItems": str(max_items), **{k: str(v) for k, v in options.items()}}
     parsed = parse_options(raw)
     transaction_id = call(parsed, lambda client: _begin(client, parsed), "beginning a drain")

@@ -5,24 +5,36 @@ Spark hands a data source its options as a case-insensitive map of str -> str
 picklable :class:`RcqOptions` or raises :class:`RcqOptionError` naming the
 option and what is expected. Every limit has a default here and nowhere else.
 
+Security options are resolved here too, on the driver, so that executors need neither the
+files nor the environment: ``token`` (else the file of ``tokenFile``, which must be private,
+else the driver's ``$RCQ_TOKEN``) and ``caFile`` (a PEM CA bundle to verify HTTPS nodes
+with; its certificates travel in the options). The token is a secret: the connector never puts
+it in a repr, an error message or a log line.
+
 Must not import: pyspark (the executors unpickle this module), pysyncobj, lmdb.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from rcq import limits
+from rcq.errors import InvalidRequest
 from rcq.names import QUEUE_NAME_PATTERN
+from rcq.private_files import read_private
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 VALUE_TYPES = ("binary", "string")
 DEQUEUE_ITEMS_MAX = limits.DEQUEUE_ITEMS_MAX
 TRANSACTION_TIMEOUT_MAX_S = limits.TRANSACTION_TIMEOUT_MAX_S
 TRANSACTION_BYTES_MAX = limits.COMMIT_BATCH_BYTES_MAX  # per transaction
+TOKEN_CHARACTERS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: it travels in a header
 
 
 class RcqOptionError(ValueError):
@@ -47,6 +59,12 @@ class RcqOptions:
     sink_id: str | None = None  # stream writer: stable across restarts
     max_items: int | None = None  # drain: at most this many items in all
     transaction_id: str | None = None  # drain: the driver's transaction (set by rcq.spark.drain)
+    token: str | None = field(default=None, repr=False)  # a secret: in no repr, message or log line
+    ca_pem: str | None = field(default=None, repr=False)  # option caFile's certificates, read on the driver
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """How to verify HTTPS nodes: against option caFile's CAs; None: the system's."""
+        return ssl.create_default_context(cadata=self.ca_pem) if self.ca_pem is not None else None
 
 
 def _int(options: Mapping[str, str], key: str, default: int, low: int, high: int | None = None) -> int:
@@ -107,6 +125,45 @@ def _queue(options: Mapping[str, str]) -> str:
     return queue
 
 
+def _token(options: Mapping[str, str]) -> str | None:
+    """Option token, else the content of option tokenFile, else $RCQ_TOKEN (here: on the driver).
+    Messages say where the token came from, never what it is."""
+    token, path = options.get("token"), options.get("tokenfile")
+    if token is not None and path is not None:
+        raise RcqOptionError("options token and tokenFile exclude each other: give one")
+    where = "option token"
+    if path is not None:
+        where = f"the file of option tokenFile ({path})"
+        try:
+            token = read_private(Path(path), "token")
+        except InvalidRequest as exc:
+            raise RcqOptionError(f"option tokenFile: {exc.message}") from None
+    elif token is None:
+        token, where = os.environ.get("RCQ_TOKEN") or None, "RCQ_TOKEN"
+    if token is None:
+        return None
+    token = token.strip()
+    if not TOKEN_CHARACTERS.match(token):
+        raise RcqOptionError(f"{where} must be one token: printable characters, no spaces (the value is not shown)")
+    return token
+
+
+def _ca_pem(options: Mapping[str, str]) -> str | None:
+    """The certificates of option caFile, checked now so that a bad file fails before any task runs."""
+    path = options.get("cafile")
+    if path is None:
+        return None
+    try:
+        pem = Path(path).read_text()
+        if "-----BEGIN CERTIFICATE-----" not in pem:
+            raise ValueError("it holds no PEM certificate")
+        ssl.create_default_context(cadata=pem)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise RcqOptionError(f"option caFile={path!r} cannot be used ({exc}): give a PEM file of CA certificates"
+                             ) from None
+    return pem
+
+
 def parse_options(options: Mapping[str, str]) -> RcqOptions:
     """Check every option the data source knows; unknown options are ignored (Spark adds its own)."""
     options = {str(k).lower(): str(v) for k, v in options.items()}
@@ -131,6 +188,8 @@ def parse_options(options: Mapping[str, str]) -> RcqOptions:
         sink_id=_identifier(options, "sinkId"),
         max_items=None if max_items_raw is None else _int(options, "maxItems", 0, 1),
         transaction_id=options.get("transactionid"),
+        token=_token(options),
+        ca_pem=_ca_pem(options),
     )
 
 

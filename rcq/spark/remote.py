@@ -40,12 +40,19 @@ def _in_running_loop() -> bool:
     return True
 
 
+def client_for(options: RcqOptions, *, coalesce: bool = False) -> RcqClient:
+    """A client with the options' token and CAs. No token in the options is sent as none (``""``):
+    the driver already looked at its $RCQ_TOKEN, and an executor's own must not apply instead."""
+    return RcqClient(list(options.urls), request_timeout_s=options.request_timeout_s,
+                     retry_timeout_s=options.retry_timeout_s, coalesce=coalesce, token=options.token or "",
+                     ssl_context=options.tls_context())
+
+
 def call(options: RcqOptions, work: Callable[[RcqClient], Awaitable[T]], what: str, *, coalesce: bool = False) -> T:
     """Run ``work(client)`` to completion; ``what`` says what for error messages ("committing job x")."""
 
     async def main() -> T:
-        async with RcqClient(list(options.urls), request_timeout_s=options.request_timeout_s,
-                             retry_timeout_s=options.retry_timeout_s, coalesce=coalesce) as client:
+        async with client_for(options, coalesce=coalesce) as client:
             return await work(client)
 
     try:

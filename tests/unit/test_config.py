@@ -64,3 +64,59 @@ def test_durability_is_fsync_unless_asked_and_picks_the_log_file():
         load_config(None, **BASE, journal_flush_interval_s=0.05)
     with pytest.raises(InvalidRequest):
         load_config(None, **BASE, durability="sometimes")
+
+
+SECRET = "sixteen-plus-characters-SECRET-7f3a9c"
+
+
+@pytest.mark.parametrize("overrides", [
+    {"raft_timeout_min_s": 2.0, "raft_timeout_max_s": 1.0},  # a cross-field rule (model validator)
+    {"http_port": "not-a-port"},  # a field error
+    {"cluster_secret": "short"},  # an error about the secret itself
+    {"tokens": [{"name": "svc", "sha256": SECRET}]},  # a token hash that is not one
+])
+def test_no_configuration_error_echoes_a_value(overrides):
+    """pydantic puts the input (the whole config, secret included) into its messages; ours never do."""
+    with pytest.raises(InvalidRequest) as raised:
+        load_config(None, **{**BASE, "cluster_secret": SECRET, **overrides})
+    message = raised.value.message
+    assert SECRET not in message and SECRET[-8:] not in message and "short" not in message, message
+    assert "input_value" not in message
+
+
+def test_a_config_file_holding_the_secret_must_be_private(tmp_path: Path):
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(BASE))
+    path.chmod(0o644)
+    with pytest.raises(InvalidRequest, match="chmod 600") as raised:
+        load_config(path)
+    assert BASE["cluster_secret"] not in raised.value.message
+    path.chmod(0o600)
+    assert load_config(path).cluster_secret == BASE["cluster_secret"]
+    public = tmp_path / "public.json"  # no secret in it (it comes from elsewhere): any mode will do
+    public.write_text(json.dumps({k: v for k, v in BASE.items() if k != "cluster_secret"}))
+    public.chmod(0o644)
+    assert load_config(public, cluster_secret=SECRET).cluster_secret == SECRET
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", "rcq.example"])
+def test_a_non_loopback_listener_needs_tokens_or_insecure_http(host: str):
+    with pytest.raises(InvalidRequest, match="insecure_http"):
+        load_config(None, **BASE, http_host=host)
+    assert load_config(None, **BASE, http_host=host, insecure_http=True).insecure_http
+    hashed = {"name": "svc", "sha256": "0" * 64}
+    assert load_config(None, **BASE, http_host=host, tokens=[hashed]).auth_enabled
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost"])
+def test_loopback_listeners_may_run_without_tokens(host: str):
+    assert not load_config(None, **BASE, http_host=host).auth_enabled
+
+
+def test_tls_files_go_together_and_make_the_url_https(tmp_path: Path):
+    with pytest.raises(InvalidRequest, match="tls_cert_file and tls_key_file"):
+        load_config(None, **BASE, tls_cert_file=tmp_path / "c.pem")
+    with pytest.raises(InvalidRequest, match="tls_client_ca_file"):
+        load_config(None, **BASE, tls_client_ca_file=tmp_path / "ca.pem")
+    config = load_config(None, **BASE, tls_cert_file=tmp_path / "c.pem", tls_key_file=tmp_path / "k.pem")
+    assert config.url.startswith("https://")

@@ -38,11 +38,16 @@ API_VERSION = "1"
 # Error statuses any route may answer: a bad body or path (400, 404), a body too big (413) or too
 # slow (408), a node out of connections (503).
 ANY = (400, 404, 408, 413, 503)
+# Where the node has tokens, every route but these answers 401 without a valid token and 403
+# when the token lacks the permission (rcq.server.http.auth).
+PUBLIC = frozenset({"/healthz", "/readyz"})
+AUTH = (401, 403)
 LEADER = (307, 503)  # a follower redirects; no leader yet, or not ready
 TRANSACTION = (404, 409, 410)  # unknown, closed (aborted, expired, committed...), outcome forgotten
 WRITE = (409, 429, 507)  # too many queues; queue full or too many requests; storage full
 STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted", 307: "Not the leader: re-send to the Location",
-               400: "Invalid request", 404: "Not found", 408: "Request body too slow", 409: "Conflict",
+               400: "Invalid request", 401: "A valid token is needed", 403: "The token does not grant this",
+               404: "Not found", 408: "Request body too slow", 409: "Conflict",
                410: "Outcome no longer remembered (maybe committed)", 413: "Too large", 429: "Back off",
                503: "Unavailable: retry shortly", 504: "Commit outcome unknown (maybe committed)",
                507: "Storage budget used up"}
@@ -124,7 +129,10 @@ def openapi_spec(server_url: str | None = None) -> dict[str, Any]:
                  "description": "A transactional, Raft-replicated concurrent queue. Errors always carry the "
                                 "rcq error body with a stable code."},
         "paths": paths,
-        "components": {"schemas": definitions.get("$defs", {})},
+        "components": {"schemas": definitions.get("$defs", {}), "securitySchemes": {
+            "token": {"type": "http", "scheme": "bearer", "description": "an rcq API token (rcq token create)"},
+            "basic": {"type": "http", "scheme": "basic", "description": "the token as the password (browsers)"}}},
+        "security": [{"token": []}, {"basic": []}],
     }
     if server_url:
         spec["servers"] = [{"url": server_url}]
@@ -138,10 +146,13 @@ def _operation(op: Operation, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]
                   else {"application/json": {"schema": {"type": "object"}}})
     responses: dict[str, Any] = {str(op.ok): {"description": STATUS_TEXT.get(op.ok, "OK"), "content": ok_content}}
     error_schema = refs[(ErrorBody, "validation")]
-    for status in sorted(set(op.errors) | set(ANY)):
+    auth = () if op.path in PUBLIC else AUTH
+    for status in sorted(set(op.errors) | set(ANY) | set(auth)):
         responses[str(status)] = {"description": STATUS_TEXT[status],
                                   "content": {"application/json": {"schema": error_schema}}}
     operation: dict[str, Any] = {"operationId": operation_id, "summary": op.summary, "responses": responses}
+    if op.path in PUBLIC:
+        operation["security"] = []  # probes need no token
     parameters = [{"name": name, "in": "path", "required": True, "schema": _PATH_PARAMETERS[name]}
                   for name in _PATH_PARAMETERS if "{" + name + "}" in op.path]
     parameters += [{"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
