@@ -23,6 +23,10 @@ the nodes' Raft listeners, the smaller ones for HTTP and the links. Client traff
 node ``i`` through ``client->node-i``; every node advertises that URL, so the leader URLs
 nodes give clients go through the proxy too.
 
+**Tokens.** The nodes require API tokens, as a production cluster does (LocalCluster's
+default): the workload's clients, the drain and the harness's own polls all send the cluster's
+admin token (:attr:`ChaosTarget.token <chaos.target.ChaosTarget.token>`).
+
 **Power failures** (``power_fs=True``, the ``power`` nemesis): each node's data directory is
 its own powerfs mount (rcq.testing.powerfs: a disk whose writes not made durable live in memory
 only), so :meth:`ChaosCluster.lose_power` of one node drops that node's unsynced data and no
@@ -150,7 +154,7 @@ class ChaosCluster(LocalCluster):
         raise AssertionError("not reached: the last attempt returns or raises")
 
     def advertised_url(self, i: int) -> str:
-        return f"http://{HOST}:{self.client_ports[i]}"
+        return f"{self.nodes[i].scheme}://{HOST}:{self.client_ports[i]}"
 
     def peer_raft_address(self, me: int, other: int) -> str:
         if other < me:  # I dial it, through the proxy

@@ -2,9 +2,11 @@
 
 Everything goes through the ``docker`` CLI (every call bounded by a timeout; a
 failure raises :class:`DockerError` naming the command and its stderr). Each
-compose call gets ``-f docker-compose.yml -p <project>`` and a cluster secret
-generated for the run in ``RCQ_CLUSTER_SECRET`` (the file refuses to parse
-without it, so even ``kill`` and ``logs`` need it; it is never on a command line).
+compose call gets ``-f docker-compose.yml -p <project>``, a cluster secret
+generated for the run in ``RCQ_CLUSTER_SECRET`` and an admin token generated for
+the run in ``RCQ_ADMIN_TOKEN`` (the file refuses to parse without them, so even
+``kill`` and ``logs`` need them; neither is ever on a command line). The harness's
+polls and the workload's clients send that token (:attr:`DockerCluster.token`).
 
 How each harness action maps to docker (``S`` is the service ``node-i``, ``C``
 its container id from ``docker compose ps -a -q S``, ``P`` the project):
@@ -66,6 +68,7 @@ UP_TIMEOUT_S = 900.0  # includes building the image (and pulling its base) the f
 COMMAND_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 120.0
 LOG_TAIL_BYTES = 4000
+TOKEN_PREFIX = "rcq_"  # of every rcq API token (rcq.server.security.tokens, which chaos may not import)
 
 
 class DockerError(RuntimeError):
@@ -151,6 +154,8 @@ class DockerCluster(PolledCluster[DockerNode]):
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd() / f"{project}-logs"
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._secret = secrets.token_urlsafe(32)
+        self._admin_token = TOKEN_PREFIX + secrets.token_urlsafe(32)  # like `rcq token create`'s, for this run
+        self.token = self._admin_token  # what the polls and the workload send
         self.nodes = [DockerNode(i) for i in range(nodes)]
         self._closed = False
         self._started = False
@@ -164,7 +169,7 @@ class DockerCluster(PolledCluster[DockerNode]):
         return f"{self.project}_node-{i}-data"
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "RCQ_CLUSTER_SECRET": self._secret}
+        return {**os.environ, "RCQ_CLUSTER_SECRET": self._secret, "RCQ_ADMIN_TOKEN": self._admin_token}
 
     def compose(self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         return run_docker(["compose", "-f", str(self.compose_file), "-p", self.project, *args], timeout_s, self._env())

@@ -133,6 +133,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
                        progress: Progress, timings: dict[str, float], now_s: Callable[[], float]) -> dict[str, Any]:
     queues = queue_names(config.queues)
     urls = cluster.client_urls
+    token = cluster.token  # the workload's clients use the cluster's admin token, as the harness does
     counts: dict[str, int] = {}
     nemesis = Nemesis(cluster, history, config.seed, config.nemesis, progress)
     leaders: list[dict[str, Any]] = []
@@ -142,11 +143,12 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     def completed(f: str, type_: str) -> None:
         counts[type_] = counts.get(type_, 0) + 1
 
-    await configure_limited_queue(history, urls, queues[0], SETUP_PROCESS)
+    await configure_limited_queue(history, urls, queues[0], SETUP_PROCESS, token=token)
     sampler = asyncio.create_task(_sample_leaders(cluster, now_s, leaders, sampling))
     reporter = asyncio.create_task(_report_progress(stop, counts, nemesis, progress))
     t0 = time.monotonic()
-    workers = [asyncio.create_task(run_worker(history, urls, Generator(config.seed, w, queues), stop, completed))
+    workers = [asyncio.create_task(run_worker(history, urls, Generator(config.seed, w, queues), stop, completed,
+                                              token=token))
                for w in range(config.workers)]
     nemesis_task = asyncio.create_task(nemesis.run(stop))
     with contextlib.suppress(TimeoutError):
@@ -189,12 +191,12 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
 
     progress(f"draining {len(queues)} queues")
     t0 = time.monotonic()
-    drained = await drain(history, urls, queues, DRAIN_PROCESS, config.drain_timeout_s)
+    drained = await drain(history, urls, queues, DRAIN_PROCESS, config.drain_timeout_s, token=token)
     timings["drain_s"] = time.monotonic() - t0
     progress(f"drain {'complete' if drained['complete'] else 'INCOMPLETE'}: {drained['drained']}")
 
     t0 = time.monotonic()
-    await _record_open_transactions(urls, history)
+    await _record_open_transactions(urls, token, history)
     digests, agreed = await asyncio.to_thread(_final_digests, cluster, config.convergence_timeout_s)
     if not agreed:
         progress(f"nodes did not converge: {digests}")
@@ -245,10 +247,10 @@ async def _report_progress(stop: asyncio.Event, counts: dict[str, int], nemesis:
                  f"faults active: {active}")
 
 
-async def _record_open_transactions(urls: list[str], history: HistoryWriter) -> None:
+async def _record_open_transactions(urls: list[str], token: str | None, history: HistoryWriter) -> None:
     """The chaos transactions still open on the leader after the drain: all are past due by now."""
     try:
-        async with make_client(urls) as client:
+        async with make_client(urls, token) as client:
             open_now = await client.transactions("chaos")
     except Exception as exc:  # not measured: the checker says so
         history.info(CHECKER_INPUT_PROCESS, "open-transactions-error", {"error": repr(exc)})

@@ -87,6 +87,11 @@ class ChaosTarget(Protocol):
     def client_urls(self) -> list[str]:
         """The URLs the workload's clients use (through the proxy, when there is one)."""
 
+    @property
+    def token(self) -> str | None:
+        """The admin token of the cluster: the workload's clients, the drain and the harness's own
+        polls (digests, snapshots) send it. None when the nodes need none."""
+
     # ------------------------------------------------------------- lifecycle
     def start(self, timeout_s: float | None = None) -> None:
         """Start every node and wait until each answers HTTP."""

@@ -250,9 +250,9 @@ class Executor:
 
 
 async def configure_limited_queue(history: Any, urls: list[str], queue: str, process: int,
-                                  max_items: int = LIMITED_QUEUE_ITEMS_MAX) -> None:
+                                  max_items: int = LIMITED_QUEUE_ITEMS_MAX, *, token: str | None = None) -> None:
     """Give ``queue`` its own max_items before the workload starts (retried: the cluster may be electing)."""
-    async with make_client(urls) as client:
+    async with make_client(urls, token) as client:
         op = history.invoke(process, "configure", {"queue": queue, "max_items": max_items})
         try:
             await client.configure_queue(queue, max_items=max_items)
@@ -262,15 +262,17 @@ async def configure_limited_queue(history: Any, urls: list[str], queue: str, pro
         history.complete(op, "ok", {"queue": queue, "max_items": max_items}, None)
 
 
-def make_client(urls: list[str]) -> RcqClient:
-    return RcqClient(urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=RETRY_TIMEOUT_S)
+def make_client(urls: list[str], token: str | None = None) -> RcqClient:
+    """A client of the cluster, sending ``token`` (the cluster's, when it requires one) with every request."""
+    return RcqClient(urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=RETRY_TIMEOUT_S, token=token)
 
 
 async def run_worker(history: Any, urls: list[str], generator: Generator, stop: asyncio.Event,
-                     on_complete: Callable[[str, str], None] | None = None, ops_max: int | None = None) -> int:
+                     on_complete: Callable[[str, str], None] | None = None, ops_max: int | None = None, *,
+                     token: str | None = None) -> int:
     """Invoke the generator's ops one after another until ``stop`` is set; returns how many."""
     done = 0
-    async with make_client(urls) as client:
+    async with make_client(urls, token) as client:
         executor = Executor(client)
         while not stop.is_set() and (ops_max is None or done < ops_max):
             spec = generator.next()
@@ -284,14 +286,14 @@ async def run_worker(history: Any, urls: list[str], generator: Generator, stop: 
 
 
 async def drain(history: Any, urls: list[str], queues: list[str], process: int, timeout_s: float,
-                quiet_s: float = VANISH_TIMEOUT_S + 1.0) -> dict[str, Any]:
+                quiet_s: float = VANISH_TIMEOUT_S + 1.0, *, token: str | None = None) -> dict[str, Any]:
     """Dequeue and commit every queue until all are empty and stay so (items of vanished or
     aborted transactions come back on their deadlines). Returns what it saw."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     drained = {q: 0 for q in queues}
     empty_since: float | None = None
-    async with make_client(urls) as client:
+    async with make_client(urls, token) as client:
         executor = Executor(client)
         while loop.time() < deadline:
             got_any = False

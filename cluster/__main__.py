@@ -1,13 +1,20 @@
 """The local launcher: ``python -m cluster up`` runs an rcq cluster on 127.0.0.1.
 
-    python -m cluster up [--nodes N] [--base-port P] [--data-dir DIR] [--insecure] [--keep]
-                         [--demo [--stay]] [--log-level LEVEL]
+    python -m cluster up [--nodes N] [--base-port P] [--data-dir DIR] [--insecure] [--no-auth] [--tls]
+                         [--keep] [--demo [--stay]] [--log-level LEVEL]
 
 Starts N node processes (a :class:`rcq.testing.cluster.LocalCluster`), waits for a
 serving leader, prints every node's URL and pid and which one leads, then runs
 until Ctrl-C or SIGTERM, when it stops every node and exits 0. ``--demo`` runs a
 short walk through the queue semantics with the async client (:mod:`rcq.client`)
 and then shuts down, unless ``--stay``.
+
+The nodes require an API token, as a production cluster does: an admin token is made and
+kept in ``DIR/admin.token`` (mode 0600). The launcher prints how to use it, naming that file
+rather than printing the token: a terminal's scrollback and a CI log are not private
+(``--no-auth``: no tokens, anyone on this machine may use the cluster). ``--tls``: the nodes
+serve HTTPS with certificates of a CA made for the cluster (``DIR/tls/ca.pem``, which clients
+verify against).
 
 Data: a fresh temporary directory, removed on exit unless ``--keep``; with
 ``--data-dir DIR`` the cluster lives in DIR and is never removed, and a DIR that
@@ -28,7 +35,7 @@ from types import FrameType
 
 from rcq.client import RcqClient
 from rcq.errors import RcqError
-from rcq.testing.cluster import MANIFEST_NAME, LocalCluster
+from rcq.testing.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
 from rcq.testing.polls import NodeStartError
 
 LEADER_TIMEOUT_S = 60.0
@@ -69,11 +76,17 @@ def open_cluster(args: argparse.Namespace) -> LocalCluster:
         if args.base_port is not None and args.base_port != cluster.nodes[0].http_port:
             raise SystemExit(f"cluster: {args.data_dir} fixes the ports (HTTP from {cluster.nodes[0].http_port}); "
                              "drop --base-port or use another --data-dir")
+        if args.tls and not cluster.tls:
+            raise SystemExit(f"cluster: the cluster in {args.data_dir} serves plain HTTP; drop --tls or use "
+                             "another --data-dir")
+        if args.no_auth and cluster.auth:
+            raise SystemExit(f"cluster: the cluster in {args.data_dir} requires tokens; drop --no-auth or use "
+                             "another --data-dir")
         say(f"reopening the {len(cluster.nodes)}-node cluster in {args.data_dir} (queues kept)")
         return cluster
     nodes = args.nodes if args.nodes is not None else 3
     cluster = LocalCluster(nodes, base_dir=args.data_dir, log_level=args.log_level, keep=args.keep,
-                           insecure=args.insecure, base_port=args.base_port)
+                           insecure=args.insecure, base_port=args.base_port, auth=not args.no_auth, tls=args.tls)
     if args.data_dir is None:
         kept = "kept on exit" if args.keep else "removed on exit"
         say(f"starting a {nodes}-node cluster in {cluster.base_dir} ({kept})")
@@ -91,6 +104,14 @@ def print_nodes(cluster: LocalCluster, leader: int) -> None:
     secret_note = ("insecure: Raft traffic is not encrypted" if cluster.insecure
                    else "cluster secret in node-*/config.json (mode 0600)")
     say(f"logs: {cluster.base_dir}/node-*/node.log; {secret_note}")
+    say("to use it from a shell:")
+    say(f"  export RCQ_URLS={','.join(cluster.urls)}")
+    if cluster.token is not None:
+        say(f"  export RCQ_TOKEN=$(cat {cluster.base_dir / ADMIN_TOKEN_NAME})   # the admin token (mode 0600)")
+    else:
+        say("  (no tokens: --no-auth, anyone on this machine may use the cluster)")
+    if cluster.ca_file is not None:
+        say(f"  export RCQ_CA_FILE={cluster.ca_file}   # the CA that signed the nodes' certificates")
 
 
 def watch(cluster: LocalCluster) -> None:
@@ -113,7 +134,7 @@ def _text(value: bytes | None) -> str:
 
 async def run_demo(cluster: LocalCluster, leader: int) -> None:
     """A walk through the queue semantics with the async client (rcq.client)."""
-    async with RcqClient(cluster.urls) as client:
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:
 
         async def show_count(note: str = "") -> None:
             info = await client.queue_info(DEMO_QUEUE)
@@ -152,7 +173,7 @@ async def run_demo(cluster: LocalCluster, leader: int) -> None:
             follower = cluster.nodes[followers[0]]
             say(f"5. a follower ({follower.node_id}) answers count too, once it has applied the commit")
             await asyncio.to_thread(cluster.wait_for_applied, LEADER_TIMEOUT_S)
-            async with RcqClient(follower.url) as follower_client:
+            async with RcqClient(follower.url, **cluster.client_options()) as follower_client:
                 info = await follower_client.queue_info(DEMO_QUEUE)
             say(f"    count({DEMO_QUEUE}) on {info['node_id']} ({info['role']}) = {info['count']}")
 
@@ -210,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", type=Path, metavar="DIR",
                     help="keep the cluster here; a DIR holding one is reopened (default: a temp dir)")
     up.add_argument("--insecure", action="store_true", help="no cluster secret (Raft traffic unencrypted)")
+    up.add_argument("--no-auth", action="store_true",
+                    help="no API tokens: anyone on this machine may use the cluster (default: an admin token "
+                         "in DIR/admin.token)")
+    up.add_argument("--tls", action="store_true", help="HTTPS, with certificates of a CA made for the cluster")
     up.add_argument("--keep", action="store_true", help="keep the temporary data dir on exit")
     up.add_argument("--demo", action="store_true", help="run a short demonstration, then stop")
     up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")

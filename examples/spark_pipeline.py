@@ -1,7 +1,7 @@
 """An rcq data pipeline on Spark: a CSV dataset -> an rcq queue -> a streaming job -> Parquet.
 
     python examples/spark_pipeline.py                         # starts its own local 3-node cluster
-    python examples/spark_pipeline.py --urls http://127.0.0.1:7001,http://127.0.0.1:7002 --rows 50000
+    RCQ_TOKEN=... python examples/spark_pipeline.py --urls http://127.0.0.1:7001,http://127.0.0.1:7002 --rows 50000
 
 1. generates ``orders.csv`` (``--rows`` rows) in a work directory;
 2. a **batch job** reads it and enqueues one JSON item per row into a queue
@@ -11,6 +11,10 @@
    Spark has recorded each micro-batch (at least once, nothing lost);
 4. prints counts proving that every order arrived once: nothing lost, nothing
    duplicated.
+
+Its own cluster requires tokens, as a production one does: the jobs read its admin token
+from the private file that holds it (option ``tokenFile``), so the token is in no Spark option
+or plan. With ``--urls``, the jobs send ``$RCQ_TOKEN`` (the connector reads it on the driver).
 
 Needs Java 17+ and ``pip install 'rcq[spark]'``.
 """
@@ -24,6 +28,7 @@ import random
 import sys
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +56,9 @@ def generate_orders(path: Path, rows: int, seed: int = 7) -> None:
             writer.writerow([order_id, f"customer-{generator.randrange(1000)}", round(generator.uniform(1, 500), 2)])
 
 
-def run_pipeline(spark: Any, urls: str, work_dir: Path, rows: int) -> dict[str, int]:
+def run_pipeline(spark: Any, urls: str, work_dir: Path, rows: int,
+                 options: Mapping[str, str] | None = None) -> dict[str, int]:
+    """``options``: more rcq options for both jobs (``token``, ``tokenFile``, ``caFile``)."""
     import rcq.spark
 
     rcq.spark.register(spark)
@@ -62,12 +69,13 @@ def run_pipeline(spark: Any, urls: str, work_dir: Path, rows: int) -> dict[str, 
     # Batch job: CSV rows -> one JSON item each.
     orders = spark.read.option("header", True).schema(ORDER_SCHEMA).csv(str(csv_path))
     (orders.selectExpr("to_json(struct(*)) AS value")
-     .write.format("rcq").option("url", urls).option("queue", queue).mode("append").save())
+     .write.format("rcq").option("url", urls).option("queue", queue).options(**(options or {})).mode("append")
+     .save())
 
     # Streaming job: the queue -> parsed orders -> Parquet.
     stream = (spark.readStream.format("rcq").option("url", urls).option("queue", queue)
               .option("consumerId", f"pipeline-{queue}").option("valueType", "string")
-              .option("maxItemsPerPartition", "5000").load())
+              .option("maxItemsPerPartition", "5000").options(**(options or {})).load())
     parsed = stream.selectExpr(f"from_json(value, '{ORDER_SCHEMA}') AS order").select("order.*")
     query = (parsed.writeStream.format("parquet").option("path", str(out))
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
@@ -94,12 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     cluster = None
+    options: dict[str, str] = {}
     if args.urls is None:
-        from rcq.testing.cluster import LocalCluster
+        from rcq.testing.cluster import ADMIN_TOKEN_NAME, LocalCluster
 
         cluster = LocalCluster(nodes=3)
         cluster.start()
         cluster.wait_for_leader(60)
+        options["tokenFile"] = str(cluster.base_dir / ADMIN_TOKEN_NAME)
         print(f"started a local 3-node rcq cluster: {','.join(cluster.urls)}")
     try:
         urls = args.urls or ",".join(cluster.urls)  # type: ignore[union-attr]
@@ -108,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             work_dir.mkdir(parents=True, exist_ok=True)
             spark = make_spark()
             try:
-                counts = run_pipeline(spark, urls, work_dir, args.rows)
+                counts = run_pipeline(spark, urls, work_dir, args.rows, options)
             finally:
                 spark.stop()
     finally:

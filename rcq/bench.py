@@ -10,6 +10,12 @@ client and connections; "coalesced" callers share one client with
 ``--durability fsync os`` runs the scenarios on a fresh cluster per setting and prints
 them side by side; the machine's raw fdatasync rate is printed first.
 
+Security: a fresh cluster requires API tokens, as a production one does, and every client
+sends its admin token. ``--tls`` adds HTTPS (certificates of a CA made for the cluster) and
+``--no-auth`` drops the tokens, so the cost of either shows as the difference between two
+runs' rows (their ``security`` column says which is which). Against ``--urls``, the clients
+send ``$RCQ_TOKEN`` and verify HTTPS against ``$RCQ_CA_FILE`` (or the system's CAs).
+
 Scenarios: enqueue-1, dequeue-1, session, enqueue-100, dequeue-100 (each in
 both caller modes), failover (local clusters only: kill -9 the leader,
 time to a serving new leader and to the first commit after it) and memory
@@ -27,6 +33,7 @@ import asyncio
 import json
 import os
 import platform
+import ssl
 import statistics
 import sys
 import tempfile
@@ -43,6 +50,38 @@ from rcq.testing.cluster import LocalCluster
 
 ITEM_100_BYTES = b"x" * 100
 PREFILL_BATCH_ITEMS = 1000
+
+
+@dataclass(frozen=True)
+class Target:
+    """The cluster under test as its clients see it: its URLs, the token they send and the CA
+    file they verify HTTPS against (None: no token; the system's CAs)."""
+
+    urls: list[str]
+    token: str | None = None
+    ca_file: str | None = None
+    security: str = "(the cluster's own)"  # what the figures were measured with
+
+    @classmethod
+    def of(cls, cluster: LocalCluster) -> Target:
+        return cls(cluster.urls, **cluster.client_options(), security=security_label(cluster.auth, cluster.tls))
+
+    @classmethod
+    def from_environment(cls, urls: list[str]) -> Target:
+        return cls(urls, os.environ.get("RCQ_TOKEN") or None, os.environ.get("RCQ_CA_FILE") or None)
+
+    def client(self, urls: list[str] | None = None, **options: Any) -> RcqClient:
+        return RcqClient(self.urls if urls is None else urls, token=self.token, ca_file=self.ca_file, **options)
+
+    def session(self) -> aiohttp.ClientSession:
+        """Raw HTTP to the nodes, with the token and the CA."""
+        ssl_context: ssl.SSLContext | bool = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
+        return aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
+                                     connector=aiohttp.TCPConnector(ssl=ssl_context))
+
+
+def security_label(auth: bool, tls: bool) -> str:
+    return "+".join([*(["token"] if auth else []), *(["tls"] if tls else [])]) or "none"
 
 
 @dataclass
@@ -114,21 +153,21 @@ SCENARIOS: dict[str, tuple[Operation, int]] = {  # name -> (operation, items it 
 }
 
 
-async def prefill(urls: list[str], queue: str, items: int) -> None:
-    async with RcqClient(urls, coalesce=True) as client:
+async def prefill(target: Target, queue: str, items: int) -> None:
+    async with target.client(coalesce=True) as client:
         batches = [min(PREFILL_BATCH_ITEMS, items - start) for start in range(0, items, PREFILL_BATCH_ITEMS)]
         for start in range(0, len(batches), 16):
             await asyncio.gather(*(client.enqueue(queue, *[ITEM_100_BYTES] * n) for n in batches[start:start + 16]))
 
 
-async def run_scenario(urls: list[str], name: str, callers: str, concurrency: int, duration_s: float,
+async def run_scenario(target: Target, name: str, callers: str, concurrency: int, duration_s: float,
                        expected_tx_per_s: float) -> Figures:
     operation, items_per_tx = SCENARIOS[name]
     queue = f"bench-{name}-{callers}-{int(time.time() * 1000)}"
     if items_per_tx:  # enough for the whole run, from the rate seen so far, with a margin
-        await prefill(urls, queue, int(expected_tx_per_s * duration_s * 1.5 * items_per_tx) + 1000)
-    shared = RcqClient(urls, coalesce=True) if callers == "coalesced" else None
-    clients = [shared] * concurrency if shared else [RcqClient(urls) for _ in range(concurrency)]
+        await prefill(target, queue, int(expected_tx_per_s * duration_s * 1.5 * items_per_tx) + 1000)
+    shared = target.client(coalesce=True) if callers == "coalesced" else None
+    clients = [shared] * concurrency if shared else [target.client() for _ in range(concurrency)]
     figures = Figures(name, callers, concurrency, duration_s, 0, 0, 0)
     stop_at = time.monotonic() + duration_s
     started = time.monotonic()
@@ -180,7 +219,7 @@ async def measure_failover(cluster: LocalCluster, trials: int, modes: tuple[str,
     new leader serves, and when the client's first commit after the fault succeeded (from the fault,
     and from the election)."""
     results = []
-    async with aiohttp.ClientSession() as session:
+    async with Target.of(cluster).session() as session:
         for mode in modes:
             for _ in range(trials):
                 results.append(await _one_failover(cluster, session, mode))
@@ -192,7 +231,7 @@ async def _one_failover(cluster: LocalCluster, session: aiohttp.ClientSession, m
     survivors = [cluster.url(i) for i in cluster.live_indices() if i != leader]
     commits: list[tuple[float, str | None]] = []  # when a commit was answered, and by which node
     stop = asyncio.Event()
-    async with RcqClient(cluster.urls, retry_timeout_s=60) as client:
+    async with Target.of(cluster).client(retry_timeout_s=60) as client:
         async def produce() -> None:
             while not stop.is_set():
                 await client.enqueue("bench-failover", b"x")
@@ -247,17 +286,17 @@ def rss_mib(pid: int) -> float:
 
 
 async def measure_memory(cluster: LocalCluster, items: int) -> dict[str, Any]:
-    urls = cluster.urls
     queue = "bench-memory"
     started = time.monotonic()
-    await prefill(urls, queue, items)
+    await prefill(Target.of(cluster), queue, items)
     fill_s = time.monotonic() - started
     await asyncio.to_thread(cluster.wait_for_applied, 120)
     rss_before = {cluster.nodes[i].node_id: round(rss_mib(pid), 1) for i, pid in cluster.pids().items()}
     leader = await asyncio.to_thread(cluster.wait_for_leader, 60)
     stalls = await _snapshot_stalls(cluster, leader)
     rss_after = {cluster.nodes[i].node_id: round(rss_mib(pid), 1) for i, pid in cluster.pids().items()}
-    return {"items": items, "item_bytes": len(ITEM_100_BYTES), "fill_s": round(fill_s, 1),
+    return {"items": items, "item_bytes": len(ITEM_100_BYTES), "security": Target.of(cluster).security,
+            "fill_s": round(fill_s, 1),
             "fill_items_per_s": round(items / fill_s), "rss_mib_after_fill": rss_before,
             "rss_mib_after_snapshot": rss_after, **stalls}
 
@@ -269,7 +308,8 @@ async def _snapshot_stalls(cluster: LocalCluster, leader: int) -> dict[str, Any]
     health_ms: list[float] = []
     done = asyncio.Event()
 
-    async with RcqClient([url]) as client, aiohttp.ClientSession() as session:
+    target = Target.of(cluster)
+    async with target.client([url]) as client, target.session() as session:
         async def probe_commits() -> None:
             while not done.is_set():
                 began = time.perf_counter()
@@ -308,7 +348,7 @@ async def _snapshot_stalls(cluster: LocalCluster, leader: int) -> dict[str, Any]
 
 # ---------------------------------------------------------------------- main
 def print_table(rows: list[dict[str, Any]]) -> None:
-    columns = ["durability", "scenario", "callers", "concurrency", "tx_per_s", "items_per_s", "p50_ms", "p99_ms",
+    columns = ["durability", "security", "scenario", "callers", "concurrency", "tx_per_s", "items_per_s", "p50_ms", "p99_ms",
                "errors"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
     print("  ".join(c.rjust(widths[c]) for c in columns))
@@ -317,21 +357,23 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability: str) -> dict[str, Any]:
-    urls = cluster.urls if cluster is not None else args.urls.split(",")
-    async with RcqClient(urls) as client:
+    target = Target.of(cluster) if cluster is not None else Target.from_environment(args.urls.split(","))
+    urls = target.urls
+    async with target.client() as client:
         await client.wait_for_leader(60)
     report: dict[str, Any] = {"config": {
         "nodes": len(urls), "concurrency": args.concurrency, "duration_s": args.duration_s,
-        "python": platform.python_version(), "cpus": os.cpu_count(), "target": "local" if cluster else urls}}
+        "python": platform.python_version(), "cpus": os.cpu_count(), "target": "local" if cluster else urls,
+        "security": target.security}}
     rows = []
     rates: dict[str, float] = {}
     for name in [s for s in SCENARIOS if s in args.scenarios]:
         for callers in args.callers:
             producer = "enqueue-1" if name in ("dequeue-1", "session") else "enqueue-100"
             expected = rates.get(f"{producer}/{callers}", 2000.0)
-            figures = await run_scenario(urls, name, callers, args.concurrency, args.duration_s, expected)
+            figures = await run_scenario(target, name, callers, args.concurrency, args.duration_s, expected)
             rates[f"{name}/{callers}"] = figures.transactions_per_s
-            rows.append({"durability": durability, **figures.row()})
+            rows.append({"durability": durability, "security": target.security, **figures.row()})
             print_table(rows[-1:]) if len(rows) == 1 else print(
                 "  ".join(str(v) for v in rows[-1].values()), flush=True)
     report["throughput"] = rows
@@ -358,8 +400,8 @@ def raw_fsync_rate(writes: int = 200) -> dict[str, float]:
     return {"per_s": round(writes / elapsed_s), "ms_each": round(elapsed_s / writes * 1000, 3)}
 
 
-def fresh_cluster(nodes: int, durability: str = "fsync") -> LocalCluster:
-    cluster = LocalCluster(nodes, log_level="WARNING", node_overrides={"durability": durability})
+def fresh_cluster(nodes: int, durability: str = "fsync", *, auth: bool = True, tls: bool = False) -> LocalCluster:
+    cluster = LocalCluster(nodes, log_level="WARNING", node_overrides={"durability": durability}, auth=auth, tls=tls)
     try:
         cluster.start()
         cluster.wait_for_leader(60)
@@ -382,14 +424,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-items", type=int, default=1_000_000)
     parser.add_argument("--durability", nargs="+", choices=["fsync", "os"], default=["fsync"],
                         help="the nodes' durability setting; several: a fresh cluster each, side by side")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="a fresh cluster without API tokens (default: tokens, as in production)")
+    parser.add_argument("--tls", action="store_true", help="a fresh cluster serving HTTPS (a CA made for it)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if args.urls and (args.no_auth or args.tls):
+        parser.error("--no-auth and --tls set up a fresh cluster; with --urls, set RCQ_TOKEN and RCQ_CA_FILE")
     report: dict[str, Any] = {"fsync_rate": raw_fsync_rate()}
     print(f"this machine's raw fdatasync rate: {report['fsync_rate']['per_s']}/s "
           f"({report['fsync_rate']['ms_each']} ms each)", flush=True)
     durabilities = ["(the cluster's own)"] if args.urls else args.durability
     for durability in durabilities:
-        cluster = None if args.urls else fresh_cluster(args.nodes, durability)
+        cluster = None if args.urls else fresh_cluster(args.nodes, durability, auth=not args.no_auth, tls=args.tls)
         try:
             report[durability] = asyncio.run(run(args, cluster, durability))
         finally:
@@ -401,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         print_table(rows)
     if not args.urls and "memory" in args.scenarios:
         # On a cluster of its own: the other scenarios leave items behind that would be counted.
-        cluster = fresh_cluster(args.nodes, args.durability[0])
+        cluster = fresh_cluster(args.nodes, args.durability[0], auth=not args.no_auth, tls=args.tls)
         try:
             report["memory"] = asyncio.run(measure_memory(cluster, args.memory_items))
         finally:

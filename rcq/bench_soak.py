@@ -21,6 +21,9 @@ against the items drained. Every item carries its producer and sequence number, 
 also proves that no acknowledged item was lost or came out twice, and that no refused one came
 out at all. The exit status is 1 when they differ, a phase times out, or a node exited or changed.
 
+The cluster requires tokens, as a production one does: the producers' raw requests, the sampler
+and the consumers all send its admin token.
+
 Bounded in time (``--fill-timeout-s``, ``--drain-timeout-s``) and in count (a producer sends at
 most what the budget can hold, plus a margin); the cluster is closed and its temporary directory
 removed however the run ends.
@@ -240,8 +243,9 @@ async def soak(args: argparse.Namespace, cluster: LocalCluster) -> int:
     requests_max = budget // (per_item * args.batch) + 10  # each producer; it could take all the room
     connector = aiohttp.TCPConnector(limit=0)
     cycles: list[Cycle] = []
-    async with aiohttp.ClientSession(connector=connector) as session, \
-            RcqClient(cluster.urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=30) as client:
+    async with aiohttp.ClientSession(connector=connector, headers=cluster.auth_headers()) as session, \
+            RcqClient(cluster.urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=30,
+                      **cluster.client_options()) as client:
         print_header(run.pids, cluster)
         sampler = asyncio.get_running_loop().create_task(run.sample_forever(session, args.interval_s))
         try:

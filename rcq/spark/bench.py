@@ -14,6 +14,10 @@ each with enqueue/dequeue requests of ``--batch-size`` items, and then
 callers) on the same cluster. The issue's target: the Spark path reaches at
 least 50% of rcq's items/s.
 
+The fresh cluster requires tokens: Spark reads its admin token from the private file
+(option ``tokenFile``, so the token itself is in no Spark option or plan), and the
+comparison's clients send it too. With ``--urls``, both take ``$RCQ_TOKEN``.
+
 Must not import: pysyncobj, lmdb.
 """
 
@@ -31,8 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rcq.bench import fresh_cluster, run_scenario
-from rcq.client import RcqClient
+from rcq.bench import Target, fresh_cluster, run_scenario
+from rcq.testing.cluster import ADMIN_TOKEN_NAME
 
 
 def make_spark(master: str) -> Any:
@@ -51,19 +55,21 @@ def make_spark(master: str) -> Any:
     return spark
 
 
-def sink_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: int, batch_size: int) -> float:
+def sink_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: int, batch_size: int,
+                    options: dict[str, str]) -> float:
     df = spark.range(0, rows, 1, partitions).selectExpr("repeat('x', 100) AS value")
     started = time.perf_counter()
     df.write.format("rcq").option("url", urls).option("queue", queue).option("batchSize", batch_size) \
-        .mode("append").save()
+        .options(**options).mode("append").save()
     return rows / (time.perf_counter() - started)
 
 
 def source_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: int, batch_size: int,
-                      per_partition: int, checkpoint: Path) -> float:
+                      per_partition: int, checkpoint: Path, options: dict[str, str]) -> float:
     stream = (spark.readStream.format("rcq").option("url", urls).option("queue", queue)
               .option("consumerId", f"bench-{uuid.uuid4().hex[:8]}").option("batchSize", batch_size)
-              .option("numPartitions", partitions).option("maxItemsPerPartition", per_partition).load())
+              .option("numPartitions", partitions).option("maxItemsPerPartition", per_partition)
+              .options(**options).load())
     started = time.perf_counter()
     query = (stream.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
              .trigger(availableNow=True).start())
@@ -80,12 +86,12 @@ def source_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: 
     return read / elapsed
 
 
-async def rcq_bench(urls: list[str], concurrency: int, duration_s: float) -> dict[str, float]:
-    async with RcqClient(urls) as client:
+async def rcq_bench(target: Target, concurrency: int, duration_s: float) -> dict[str, float]:
+    async with target.client() as client:
         await client.wait_for_leader(60)
     figures = {}
     for name in ("enqueue-100", "dequeue-100"):
-        result = await run_scenario(urls, name, "separate", concurrency, duration_s, 200.0)
+        result = await run_scenario(target, name, "separate", concurrency, duration_s, 200.0)
         figures[name] = result.items_per_s
     return figures
 
@@ -104,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cluster = None if args.urls else fresh_cluster(3)
     urls = ",".join(cluster.urls) if cluster is not None else args.urls
+    target = Target.of(cluster) if cluster is not None else Target.from_environment(urls.split(","))
+    # Spark's own options for the cluster: its admin token by the file that holds it ($RCQ_TOKEN with --urls)
+    options = {"tokenFile": str(cluster.base_dir / ADMIN_TOKEN_NAME)} if cluster is not None else {}
     config = {"rows": args.rows, "item_bytes": 100, "batch_size": args.batch_size, "partitions": args.partitions,
               "items_per_partition": args.items_per_partition, "master": args.master,
               "nodes": len(urls.split(",")), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -114,19 +123,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with tempfile.TemporaryDirectory(prefix="rcq-spark-bench-") as temp:
                 warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
-                sink_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size)
-                source_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, 1000, Path(temp) / "w")
+                sink_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, options)
+                source_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, 1000, Path(temp) / "w",
+                                  options)
                 queue = f"bench-spark-{uuid.uuid4().hex[:8]}"
                 figures = {"spark_sink_rows_per_s": sink_rows_per_s(spark, urls, queue, args.rows, args.partitions,
-                                                                     args.batch_size)}
+                                                                     args.batch_size, options)}
                 print(f"batch sink:        {figures['spark_sink_rows_per_s']:10.0f} rows/s", flush=True)
                 figures["spark_source_rows_per_s"] = source_rows_per_s(
                     spark, urls, queue, args.rows, args.partitions, args.batch_size, args.items_per_partition,
-                    Path(temp) / "checkpoint")
+                    Path(temp) / "checkpoint", options)
                 print(f"streaming source:  {figures['spark_source_rows_per_s']:10.0f} rows/s", flush=True)
         finally:
             spark.stop()
-        rcq_figures = asyncio.run(rcq_bench(urls.split(","), args.rcq_concurrency, args.rcq_duration_s))
+        rcq_figures = asyncio.run(rcq_bench(target, args.rcq_concurrency, args.rcq_duration_s))
     finally:
         if cluster is not None:
             cluster.close()

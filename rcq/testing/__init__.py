@@ -7,7 +7,9 @@
   the one harness of the tests, chaos, the benchmark and the launcher.
 
 ``rcq.testing`` itself imports only the waits; the replicator is loaded on first use so that
-a client-only install (no server extra) can still use the cluster harness and the waits.
+a client-only install (no server extra) can still use the waits. The cluster harness needs the
+server extra: its nodes run ``rcq serve``, and it writes tokens files (pydantic) and test
+certificates (cryptography) itself.
 """
 
 from __future__ import annotations

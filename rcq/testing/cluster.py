@@ -8,10 +8,27 @@ process in its own session, with its own data directory, a JSON config file read
 its owner (it holds the cluster secret, which is never put on a command line), and a log
 file that restarts append to.
 
+**Tokens** (``auth=True``, the default): the nodes accept API tokens from their tokens file
+and nothing else, as a production cluster would. The harness makes an admin token, keeps it
+in ``admin.token`` (so a reopened cluster has it), sends it with every poll and hands it to
+clients through :meth:`LocalCluster.client_options`; :meth:`~LocalCluster.add_token` and
+:meth:`~LocalCluster.revoke_token` change every node's tokens file (nodes re-read it within a
+second; both wait until they have). ``auth=False``: no tokens at all, which a node allows
+because it binds 127.0.0.1 only. **TLS** (``tls=True``): the nodes serve HTTPS with
+certificates of a CA made for the cluster (:mod:`rcq.testing.tls`); every URL is
+``https://``, and clients verify the nodes against ``ca_file``. With
+``tls_client_certificates=True`` the nodes also require a client certificate of that CA
+(mutual TLS): the harness makes one (``client_cert``) and presents it itself.
+
 Layout of ``base_dir``::
 
     cluster.json            what is needed to reopen the cluster (no secret)
+    admin.token             the admin token, plain (mode 0600; with auth)
+    tls/ca.pem, ca.key      the cluster's CA (with tls; every key mode 0600)
+    tls/node-0.pem, .key    node 0's HTTPS certificate (127.0.0.1 and localhost) and key
+    tls/client.pem, .key    a client certificate (with tls_client_certificates)
     node-0/config.json      NodeConfig of node 0 (mode 0600)
+    node-0/tokens.json      the tokens node 0 accepts, hashed (mode 0600; with auth)
     node-0/data/            its Raft journal and LMDB snapshot
     node-0/node.log         its stdout and stderr, across restarts
 
@@ -21,7 +38,8 @@ process mechanics are :mod:`rcq.testing.nodes`; polling the nodes over HTTP and 
 waits (leader, applied, convergence) are :mod:`rcq.testing.polls`, which this class extends.
 Node indices are 0-based; node ``i`` has node id ``node-i``.
 
-Must not import: rcq.server (nodes are separate processes), pysyncobj, lmdb, aiohttp.
+Must not import: rcq.server (nodes are separate processes) but its pure token model
+(rcq.server.security.tokens: what a tokens file holds), pysyncobj, lmdb, aiohttp.
 """
 
 from __future__ import annotations
@@ -33,10 +51,13 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
-from rcq.private_files import write_private
+from rcq.private_files import read_private, write_private
+from rcq.server.security.tokens import Grant, TokenEntry, TokensFile, new_token, token_hash
 from rcq.testing.nodes import (
     HOST,
     LOG_TAIL_BYTES,
@@ -46,12 +67,17 @@ from rcq.testing.nodes import (
     free_ports,
     read_tail,
 )
-from rcq.testing.polls import PolledCluster
+from rcq.testing.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
+from rcq.testing.tls import CA_NAME, CertFiles, write_ca, write_certificate
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "cluster.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 1  # a manifest without "auth" and "tls" (made before them) is a cluster without either
+ADMIN_TOKEN_NAME = "admin.token"
+ADMIN_PRINCIPAL = "admin"
+TLS_DIRECTORY = "tls"
+CLIENT_CERT_NAME = "client"  # the client certificate of a cluster that requires them
 
 
 class LocalCluster(PolledCluster[LocalNode]):
@@ -61,14 +87,24 @@ class LocalCluster(PolledCluster[LocalNode]):
     A ``base_dir`` given by the caller is never removed; it must not already hold a cluster
     (use :meth:`reopen` for that). ``node_overrides`` are extra NodeConfig fields for every
     node. ``base_port`` fixes the ports (HTTP ``base_port + i``, Raft ``base_port + 100 + i``);
-    otherwise :meth:`allocate_ports` picks free ones.
+    otherwise :meth:`allocate_ports` picks free ones. ``auth``: the nodes require tokens (an
+    admin token is made: :attr:`token`); ``tls``: they serve HTTPS (:attr:`ca_file`);
+    ``tls_client_certificates``: they also require a client certificate signed by the cluster's
+    CA (one is made: :attr:`client_cert`, which the harness's polls present too).
     """
+
+    token: str | None  # the admin token (None: auth is off)
+    ca_file: Path | None  # the CA that signed the nodes' certificates (None: plain HTTP)
+    client_cert: CertFiles | None  # the client certificate, when the nodes require one
 
     def __init__(self, nodes: int = 3, base_dir: Path | None = None, secret: str | None = None,
                  node_overrides: dict[str, Any] | None = None, log_level: str = "INFO", *,
-                 keep: bool = False, insecure: bool = False, base_port: int | None = None) -> None:
+                 keep: bool = False, insecure: bool = False, base_port: int | None = None,
+                 auth: bool = True, tls: bool = False, tls_client_certificates: bool = False) -> None:
         if nodes < 1:
             raise ValueError("nodes must be at least 1")
+        if tls_client_certificates and not tls:
+            raise ValueError("tls_client_certificates needs tls")
         if insecure and secret is not None:
             raise ValueError("insecure and secret exclude each other")
         if secret is not None and len(secret) < 16:
@@ -79,6 +115,16 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.node_overrides = dict(node_overrides or {})
         self.insecure = insecure
         self._secret = None if insecure else (secret or secrets.token_urlsafe(32))
+        self.auth = auth
+        self.tls = tls
+        self.tls_client_certificates = tls_client_certificates
+        self.token = new_token() if auth else None
+        self._token_entries = [TokenEntry(name=ADMIN_PRINCIPAL, sha256=token_hash(self.token), admin=True,
+                                          grants=(), expires_at=None)] if self.token is not None else []
+        self._issued: dict[str, str] = {}  # sha256 -> plain token, of those add_token made and not revoked
+        self.issued_tokens: list[str] = []  # every token add_token made here, revoked ones too
+        self.ca_file = None
+        self.client_cert = None
         self.keep = keep
         self._closed = False
         if base_port is not None:
@@ -90,10 +136,14 @@ class LocalCluster(PolledCluster[LocalNode]):
         # The directory comes after the ports, so a failure to find ports leaves nothing behind.
         self._owns_dir = base_dir is None
         self.base_dir = Path(tempfile.mkdtemp(prefix="rcq-cluster-")) if base_dir is None else Path(base_dir)
-        self.nodes = [LocalNode(i, f"node-{i}", http_ports[i], raft_ports[i], self.base_dir / f"node-{i}")
-                      for i in range(nodes)]
+        self.nodes = [LocalNode(i, f"node-{i}", http_ports[i], raft_ports[i], self.base_dir / f"node-{i}",
+                                tls=tls) for i in range(nodes)]
         try:
             self.base_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if self.token is not None:
+                write_private(self.base_dir / ADMIN_TOKEN_NAME, self.token + "\n")
+            if tls:
+                self._make_certificates()
             self._write_files()
         except BaseException:
             self._remove_owned_dir()
@@ -110,13 +160,23 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.log_level = log_level
         self.node_overrides = dict(manifest.get("node_overrides", {}))
         self.insecure = bool(manifest.get("insecure", False))
+        self.auth = bool(manifest.get("auth", False))
+        self.tls = bool(manifest.get("tls", False))
+        self.tls_client_certificates = bool(manifest.get("tls_client_certificates", False))
         self._owns_dir = False
         self.keep = True
         self.base_dir = base_dir
-        self.nodes = [LocalNode(n["index"], n["node_id"], n["http_port"], n["raft_port"], base_dir / n["directory"])
-                      for n in manifest["nodes"]]
+        self.nodes = [LocalNode(n["index"], n["node_id"], n["http_port"], n["raft_port"], base_dir / n["directory"],
+                                tls=self.tls) for n in manifest["nodes"]]
         first_config = json.loads(self.nodes[0].config_path.read_text())
         self._secret = first_config.get("cluster_secret")
+        self.token = read_private(base_dir / ADMIN_TOKEN_NAME, "admin token") if self.auth else None
+        self._token_entries = list(TokensFile.model_validate_json(
+            read_private(self.nodes[0].tokens_path, "tokens")).tokens) if self.auth else []
+        self._issued = {}
+        self.issued_tokens = []
+        self.ca_file = self._tls_files(CA_NAME).cert if self.tls else None
+        self.client_cert = self._tls_files(CLIENT_CERT_NAME) if self.tls_client_certificates else None
         self._closed = False
         check_ports_free([p for n in self.nodes for p in (n.http_port, n.raft_port)])
         self._write_files()  # picks up a changed log level; rewrites the same configs otherwise
@@ -154,14 +214,42 @@ class LocalCluster(PolledCluster[LocalNode]):
             config["insecure"] = True
         else:
             config["cluster_secret"] = self._secret
+        if self.auth:
+            config["tokens_file"] = str(node.tokens_path)
+        if self.tls:
+            files = self._tls_files(node.node_id)
+            ca_file = str(self._tls_files(CA_NAME).cert)
+            config.update(tls_cert_file=str(files.cert), tls_key_file=str(files.key), tls_peer_ca_file=ca_file)
+            if self.tls_client_certificates:
+                config["tls_client_ca_file"] = ca_file
         return config
+
+    def _tls_files(self, name: str) -> CertFiles:
+        directory = self.base_dir / TLS_DIRECTORY
+        return CertFiles(directory / f"{name}.pem", directory / f"{name}.key")
+
+    def _make_certificates(self) -> None:
+        ca = write_ca(self.base_dir / TLS_DIRECTORY)
+        for node in self.nodes:
+            write_certificate(ca, ca.cert.parent, node.node_id)
+        self.ca_file = ca.cert
+        if self.tls_client_certificates:
+            self.client_cert = write_certificate(ca, ca.cert.parent, CLIENT_CERT_NAME)
+
+    def _write_tokens(self) -> None:
+        text = TokensFile(tokens=self._token_entries).model_dump_json(indent=2, exclude_defaults=True) + "\n"
+        for node in self.nodes:
+            write_private(node.tokens_path, text)
 
     def _write_files(self) -> None:
         for node in self.nodes:
             node.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             write_private(node.config_path, json.dumps(self._node_config(node), indent=2) + "\n")
+        if self.auth:
+            self._write_tokens()
         manifest = {
-            "version": MANIFEST_VERSION, "insecure": self.insecure, "node_overrides": self.node_overrides,
+            "version": MANIFEST_VERSION, "insecure": self.insecure, "auth": self.auth, "tls": self.tls,
+            "tls_client_certificates": self.tls_client_certificates, "node_overrides": self.node_overrides,
             "nodes": [{"index": n.index, "node_id": n.node_id, "http_port": n.http_port,
                        "raft_port": n.raft_port, "directory": n.directory.name} for n in self.nodes],
         }
@@ -248,6 +336,74 @@ class LocalCluster(PolledCluster[LocalNode]):
                 node.finish_stop(max(0.0, deadline - time.monotonic()))
         finally:
             self._remove_owned_dir()
+
+    # ---------------------------------------------------------- tokens
+    def add_token(self, name: str, grants: Iterable[Grant | Mapping[str, Any]] = (), admin: bool = False,
+                  expires_at: datetime | None = None, *, wait: bool = True) -> str:
+        """A new token of principal ``name`` in every node's tokens file; returns it (the files keep
+        only its hash). ``grants``: :class:`Grant` or its fields (``{"queues": "jobs-*", "actions":
+        ["produce"]}``). ``wait``: return once every live node knows it (they re-read the file
+        within a second), so it works at once on any of them."""
+        if not self.auth:
+            raise RuntimeError("this cluster runs without tokens (auth=False)")
+        token = new_token()
+        entry = TokenEntry(name=name, sha256=token_hash(token), admin=admin, expires_at=expires_at,
+                           grants=tuple(Grant.model_validate(g) for g in grants))
+        self._token_entries.append(entry)
+        self._issued[entry.sha256] = token
+        self.issued_tokens.append(token)
+        self._write_tokens()
+        if wait:
+            self.wait_for_token([token], known=True)
+        return token
+
+    def revoke_token(self, name: str, *, wait: bool = True) -> int:
+        """Remove every token of principal ``name`` from the tokens files; returns how many.
+        ``wait``: return once every live node refuses those :meth:`add_token` made here."""
+        if not self.auth:
+            raise RuntimeError("this cluster runs without tokens (auth=False)")
+        revoked = [e for e in self._token_entries if e.name == name]
+        self._token_entries = [e for e in self._token_entries if e.name != name]
+        self._write_tokens()
+        plain = [self._issued.pop(e.sha256) for e in revoked if e.sha256 in self._issued]
+        if wait and plain:
+            self.wait_for_token(plain, known=False)
+        return len(revoked)
+
+    def wait_for_token(self, tokens: Iterable[str], known: bool, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        """Wait until every live node knows each of ``tokens`` (answers anything but 401
+        ``unauthorized``: an expired token is known), or, ``known`` False, refuses each as unknown."""
+        tokens = list(tokens)
+        context = self._poll_context()
+
+        def all_as_wanted(i: int) -> bool:
+            for token in tokens:
+                answer = http_json(self.poll_url(i) + "/v1/cluster", token=token, context=context)
+                if (answer.get("error", {}).get("code") != "unauthorized") != known:
+                    return False
+            return True
+
+        pending = set(self.live_indices())
+        errors: dict[int, str] = {}
+        for _ in deadline_loop(timeout_s, self.poll_interval_s):
+            answers, errors = self.poll(all_as_wanted, sorted(pending))
+            pending -= {i for i, done in answers.items() if done}
+            if not pending:
+                return
+        raise TimeoutError(f"nodes {sorted(pending)} did not {'accept' if known else 'refuse'} the token within "
+                           f"{timeout_s} s (tokens file re-read?): {errors or 'answered otherwise'}")
+
+    def client_options(self) -> dict[str, Any]:
+        """What a client needs besides the URLs: ``RcqClient(cluster.urls, **cluster.client_options())``:
+        ``token`` and ``ca_file``, and ``client_cert`` when the nodes require client certificates."""
+        options: dict[str, Any] = {"token": self.token, "ca_file": None if self.ca_file is None else str(self.ca_file)}
+        if self.client_cert is not None:
+            options["client_cert"] = (str(self.client_cert.cert), str(self.client_cert.key))
+        return options
+
+    def auth_headers(self) -> dict[str, str]:
+        """The admin token as an ``Authorization`` header, for raw HTTP requests (empty without auth)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     # ----------------------------------------------------------- views
     @property

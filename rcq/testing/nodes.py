@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL after this
 LOG_TAIL_BYTES = 6_000
+# Variables ``rcq serve`` would read (the secret, an extra admin token) that the node's config
+# file decides instead: a node must not take them from whoever started the harness.
+CONFIG_DECIDES = frozenset({"RCQ_CLUSTER_SECRET", "RCQ_ADMIN_TOKEN"})
 
 
 # ------------------------------------------------------------------ free ports
@@ -91,11 +94,16 @@ class LocalNode:
     paused: bool = False
     starts: int = 0
     nofile_limit: int | None = None  # RLIMIT_NOFILE soft limit its process starts with (None: inherited)
+    tls: bool = False  # it serves HTTPS
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def url(self) -> str:
         """Its own HTTP port (what the harness polls; clients may be given another URL)."""
-        return f"http://{HOST}:{self.http_port}"
+        return f"{self.scheme}://{HOST}:{self.http_port}"
 
     @property
     def raft_address(self) -> str:
@@ -108,6 +116,10 @@ class LocalNode:
     @property
     def config_path(self) -> Path:
         return self.directory / "config.json"
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.directory / "tokens.json"
 
     @property
     def log_path(self) -> Path:
@@ -138,7 +150,7 @@ class LocalNode:
         if self.running():
             raise RuntimeError(f"{self.node_id} is already running ({self.describe()})")
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        env = {k: v for k, v in os.environ.items() if k != "RCQ_CLUSTER_SECRET"}  # the config file decides
+        env = {k: v for k, v in os.environ.items() if k not in CONFIG_DECIDES}
         env["PYTHONUNBUFFERED"] = "1"
         with open(self.log_path, "ab") as log_file:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -13,17 +13,26 @@ pytest fixtures, scripts and the worker threads of an asyncio program alike. Onl
 nodes (running, not paused, reachable) are polled: asking a SIGSTOPped node would only
 cost a socket timeout per poll.
 
+Nodes that need a token are polled with the cluster's admin token (:attr:`PolledCluster.token`:
+the digest and snapshots are admin routes, and ``/v1/cluster`` shows the indices the waits
+need only to an admin); nodes serving HTTPS are verified against the cluster's CA
+(:attr:`PolledCluster.ca_file`), as any client would verify them, and are shown its client
+certificate (:attr:`PolledCluster.client_cert`) when they require one.
+
 Must not import: rcq.server, pysyncobj, lmdb, aiohttp (standard-library HTTP only).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -45,13 +54,18 @@ class NodeStartError(RuntimeError):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def http_json(url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET") -> dict[str, Any]:
+def http_json(url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET", *,
+              token: str | None = None, context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """One request straight to a node, decoding its JSON body; error statuses with a JSON body
-    (``/readyz``'s 503, say) are answers too."""
-    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None,
-                                     headers={"Content-Type": "application/json"})
+    (``/readyz``'s 503, say) are answers too. ``token`` is sent as ``Authorization: Bearer``;
+    ``context`` verifies an HTTPS node (default: the system's CAs)."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None, headers=headers)
+    opener = _OPENER if context is None else _https_opener(context)
     try:
-        with _OPENER.open(request, timeout=timeout_s) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             return dict(json.loads(response.read()))
     except urllib.error.HTTPError as exc:
         body = exc.read()
@@ -59,6 +73,20 @@ def http_json(url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET") 
             return dict(json.loads(body))
         except ValueError:
             raise exc from None
+
+
+@functools.lru_cache(maxsize=16)
+def _https_opener(context: ssl.SSLContext) -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+
+
+def ca_context(ca_file: Path | str | None, client_cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+    """An SSL context that verifies servers against ``ca_file`` (None: the system's CAs),
+    presenting ``client_cert`` (certificate file, key file) to servers that ask for one."""
+    context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+    if client_cert is not None:
+        context.load_cert_chain(str(client_cert[0]), str(client_cert[1]))
+    return context
 
 
 # ------------------------------------------------------- decisions (pure, tested)
@@ -139,6 +167,10 @@ class PolledCluster(Generic[N]):
     nodes: list[N]
     start_timeout_s: float = START_TIMEOUT_S  # a node's start, up to answering /healthz
     poll_interval_s: float = POLL_INTERVAL_S
+    token: str | None = None  # the admin token every poll sends (None: the nodes need none)
+    ca_file: Path | None = None  # the CA of the nodes' HTTPS certificates (None: plain HTTP or the system's CAs)
+    client_cert: tuple[Path, Path] | None = None  # (certificate, key) presented to nodes that require one
+    _poll_context_cache: tuple[Path, ssl.SSLContext] | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -152,6 +184,21 @@ class PolledCluster(Generic[N]):
     def log_tail(self, i: int) -> str:
         raise NotImplementedError
 
+    # ------------------------------------------------------------- HTTP
+    def poll_json(self, url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET") -> dict[str, Any]:
+        """:func:`http_json` with the cluster's admin token, verifying HTTPS against its CA."""
+        return http_json(url, timeout_s, method, token=self.token, context=self._poll_context())
+
+    def _poll_context(self) -> ssl.SSLContext | None:
+        if self.ca_file is None:
+            return None
+        # One context per CA file, reused by every poll (loading the CA costs more than the poll).
+        cached = self._poll_context_cache
+        if cached is None or cached[0] != self.ca_file:
+            cached = (self.ca_file, ca_context(self.ca_file, self.client_cert))
+            self._poll_context_cache = cached
+        return cached[1]
+
     # ------------------------------------------------------------- views
     def live_indices(self) -> list[int]:
         return [i for i, node in enumerate(self.nodes) if node.live()]
@@ -161,15 +208,15 @@ class PolledCluster(Generic[N]):
 
     def status(self, i: int, timeout_s: float = POLL_TIMEOUT_S) -> dict[str, Any]:
         """Node ``i``'s GET /v1/cluster (raises OSError if it does not answer)."""
-        return http_json(self.poll_url(i) + "/v1/cluster", timeout_s)
+        return self.poll_json(self.poll_url(i) + "/v1/cluster", timeout_s)
 
     def digest(self, i: int, timeout_s: float = POLL_TIMEOUT_S) -> dict[str, Any]:
         """Node ``i``'s GET /v1/cluster/digest: ``digest`` and ``applied_index``."""
-        return http_json(self.poll_url(i) + "/v1/cluster/digest", timeout_s)
+        return self.poll_json(self.poll_url(i) + "/v1/cluster/digest", timeout_s)
 
     def request_snapshot(self, i: int, timeout_s: float = POLL_TIMEOUT_S) -> dict[str, Any]:
         """Ask node ``i`` to snapshot and compact its log now (POST /v1/admin/snapshot)."""
-        return http_json(self.poll_url(i) + "/v1/admin/snapshot", timeout_s, method="POST")
+        return self.poll_json(self.poll_url(i) + "/v1/admin/snapshot", timeout_s, method="POST")
 
     def poll(self, fetch: Callable[[int], T], indices: Sequence[int]) -> tuple[dict[int, T], dict[int, str]]:
         """Call ``fetch`` on each node in parallel: (answers, errors) by index."""
@@ -227,7 +274,7 @@ class PolledCluster(Generic[N]):
                 if not node.running():
                     raise NodeStartError(f"{node.node_id} {node.describe()} while starting; its log:\n"
                                          + self.log_tail(i))
-            answers, errors = self.poll(lambda i: http_json(self.poll_url(i) + "/healthz"), sorted(pending))
+            answers, errors = self.poll(lambda i: self.poll_json(self.poll_url(i) + "/healthz"), sorted(pending))
             pending -= set(answers)
             if not pending:
                 return

@@ -49,6 +49,7 @@ def test_every_link_goes_through_the_proxy_and_the_greater_address_dials(unstart
         node = unstarted.nodes[i]
         assert config["advertise_url"] == unstarted.client_urls[i] != node.url  # clients cross the proxy
         assert config["raft_address"] == node.raft_address
+        assert config["tokens_file"] == str(node.tokens_path) and unstarted.token  # tokens, as in production
         assert config["commit_timeout_s"] == 7.0  # an override wins over chaos's own
         assert config["log_compaction_entries_min"] == CHAOS_NODE_OVERRIDES["log_compaction_entries_min"]
         for peer in config["peers"]:

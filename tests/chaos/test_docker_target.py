@@ -1,5 +1,5 @@
 """The docker target, against a FAKE ``docker`` executable first on PATH: it records every
-command line (and whether the cluster secret came in its environment) and answers like a
+command line (and whether the cluster secret and the admin token came in its environment) and answers like a
 Docker engine with the compose plugin would. Checks the exact docker commands behind every
 harness action, the faults refused on docker, and the plain "no engine" answer. No real
 compose cluster is run (there is no engine here)."""
@@ -29,7 +29,8 @@ FAKE_DOCKER = textwrap.dedent("""\
     import json, os, sys, time
     argv = sys.argv[1:]
     with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
-        log.write(json.dumps({"argv": argv, "secret": os.environ.get("RCQ_CLUSTER_SECRET")}) + "\\n")
+        log.write(json.dumps({"argv": argv, "secret": os.environ.get("RCQ_CLUSTER_SECRET"),
+                              "token": os.environ.get("RCQ_ADMIN_TOKEN")}) + "\\n")
     line = " ".join(argv)
     fail = os.environ.get("FAKE_DOCKER_FAIL")
     if fail and fail in line:
@@ -63,7 +64,7 @@ class Fake:
 
     def calls(self) -> list[list[str]]:
         """Every command since the last call, compose ones shortened to ``["compose", *args]``
-        (after checking their -f / -p prefix and that the secret came in the environment)."""
+        (after checking their -f / -p prefix and that the secret and the token came in the environment)."""
         shown = []
         for record in self.records():
             argv = record["argv"]
@@ -71,6 +72,8 @@ class Fake:
                 assert argv[:5] == PREFIX, argv
                 assert record["secret"] and len(record["secret"]) >= 16, "compose needs RCQ_CLUSTER_SECRET"
                 assert record["secret"] not in " ".join(argv), "the secret is never on a command line"
+                assert record["token"] and record["token"].startswith("rcq_"), "compose needs RCQ_ADMIN_TOKEN"
+                assert record["token"] not in " ".join(argv), "the token is never on a command line"
                 argv = ["compose", *argv[5:]]
             shown.append(argv)
         self.log.unlink(missing_ok=True)
@@ -88,6 +91,7 @@ def fake(tmp_path, monkeypatch) -> Fake:
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "docker-calls.jsonl"))
     monkeypatch.delenv("FAKE_DOCKER_FAIL", raising=False)
     monkeypatch.delenv("RCQ_CLUSTER_SECRET", raising=False)
+    monkeypatch.delenv("RCQ_ADMIN_TOKEN", raising=False)
     return Fake(tmp_path / "docker-calls.jsonl")
 
 
@@ -113,6 +117,8 @@ def cluster(fake, http_waits, tmp_path) -> DockerCluster:
 def test_start_brings_the_compose_project_up_and_waits_for_every_node(fake, http_waits, tmp_path):
     cluster = DockerCluster(3, tmp_path / "cluster", project=PROJECT)
     cluster.start()
+    # Every compose call has the run's admin token, the one the harness's polls and clients send.
+    assert {record["token"] for record in fake.records()} == {cluster.token}
     assert fake.calls() == [
         ["compose", "down", "-v", "--remove-orphans"],
         ["compose", "up", "-d", "--build"],

@@ -153,6 +153,8 @@ def test_docker_compose_defines_a_consistent_three_node_cluster():
             assert raft_address == f"{peer_id}:7100"
             assert f"--advertise-url={url}" in services[peer_id]["command"]
         assert "RCQ_CLUSTER_SECRET:?" in service["environment"]["RCQ_CLUSTER_SECRET"]  # no secret committed
+        assert service["environment"]["RCQ_ADMIN_TOKEN"].startswith("${RCQ_ADMIN_TOKEN:?")  # nor a token
+        assert sorted(service["environment"]) == ["RCQ_ADMIN_TOKEN", "RCQ_CLUSTER_SECRET"]
         assert service["volumes"] == [f"{name}-data:/var/lib/rcq"]
         assert service["volumes"][0].split(":")[0] in compose["volumes"]
         assert service["networks"] == ["raft"] and "raft" in compose["networks"]

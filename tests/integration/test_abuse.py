@@ -3,17 +3,20 @@
 Every test runs the same frame around its attack:
 
 * before: the serving leader, its id and term, and every node's pid (:func:`take_baseline`);
-* during: a *bystander* — an honest client on another loopback address (127.0.0.2; the nodes
-  listen on 127.0.0.1 and Linux routes all of 127/8 on ``lo``), so per-client caps count it
-  apart from the attacker — keeps committing transactions that enqueue distinct values into a
-  queue of its own, and must make progress while the attack runs;
+* during: a *bystander* — an honest client with a token of its own (per-client caps count each
+  principal apart) on another loopback address (127.0.0.2; the nodes listen on 127.0.0.1 and
+  Linux routes all of 127/8 on ``lo``) — keeps committing transactions that enqueue distinct
+  values into a queue of its own, and must make progress while the attack runs;
 * after (:meth:`Arena.check_unharmed`): no node died or restarted (same pids, no unexpected
   exit), the leader and the term are the same on every node (no election happened anywhere:
   terms never go back), the replicas converge to the same state digest, and the bystander's
   queue drains to exactly the values it was told were committed.
 
 The attacker speaks raw HTTP (aiohttp, from 127.0.0.1) so that each test can check the exact
-status, error code, details and ``Retry-After`` it is answered with. Every wait is bounded.
+status, error code, details and ``Retry-After`` it is answered with. It holds a valid token (an
+admin one, principal ``attacker``: it also reads the storage budget, the digest and the open
+transactions): these attacks are on resources, by a client the cluster lets in. Every wait is
+bounded.
 
 "Full" is full to within one item: the leader's admission counts a commit twice for a moment,
 once in the replicated usage (applied on the Raft thread) and once as still reserved (released
@@ -106,9 +109,10 @@ def assert_sub_error(response: Mapping[str, Any], status: int, code: str, **deta
         assert error.get("details", {}).get(key) == value, response
 
 
-def session_from(address: str) -> aiohttp.ClientSession:
-    """An HTTP session whose connections leave from ``address`` (another loopback client)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0), limit=0))
+def session_from(address: str, token: str | None) -> aiohttp.ClientSession:
+    """An HTTP session whose connections leave from ``address`` (another loopback client), sending ``token``."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0), limit=0),
+                                 headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
 # ============================================================ the cluster's health
@@ -252,8 +256,8 @@ async def drain(client: RcqClient, queue: str, batch: int = 1000) -> list[bytes]
 class Arena:
     cluster: LocalCluster
     baseline: Baseline
-    attacker: aiohttp.ClientSession  # connections from 127.0.0.1
-    bystander: Bystander  # its client connects from 127.0.0.2
+    attacker: aiohttp.ClientSession  # connections from 127.0.0.1, principal "attacker"
+    bystander: Bystander  # its client connects from 127.0.0.2, principal "bystander"
     bystander_http: aiohttp.ClientSession  # the bystander's connections (from 127.0.0.2), for raw requests
     started: float
 
@@ -299,15 +303,19 @@ def tolerated() -> tuple[type[RcqError], ...]:
 @pytest.fixture
 async def arena(cluster: LocalCluster, tolerated: tuple[type[RcqError], ...]) -> AsyncIterator[Arena]:
     started = time.monotonic()
+    attacker_token = cluster.add_token("attacker", admin=True, wait=False)
+    bystander_token = cluster.add_token("bystander", grants=[{"queues": "*", "actions": ["produce", "consume"]}],
+                                        wait=False)
+    await asyncio.to_thread(cluster.wait_for_token, [attacker_token, bystander_token], True)
     baseline = await asyncio.to_thread(take_baseline, cluster)
     async with contextlib.AsyncExitStack() as stack:
-        attacker = await stack.enter_async_context(session_from(ATTACKER_ADDRESS))
-        bystander_session = await stack.enter_async_context(session_from(BYSTANDER_ADDRESS))
+        attacker = await stack.enter_async_context(session_from(ATTACKER_ADDRESS, attacker_token))
+        bystander_session = await stack.enter_async_context(session_from(BYSTANDER_ADDRESS, bystander_token))
         # A refused (retryable) answer is retried by the client for retry_timeout_s: keep it short
         # when refusals are expected, so they are counted rather than waited out.
         client = await stack.enter_async_context(RcqClient(
             cluster.urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=3.0 if tolerated else WAIT_S,
-            session=bystander_session))
+            session=bystander_session, token=bystander_token))
         bystander = Bystander(client, "bystander", tolerated)
         bystander.start()
         try:
@@ -460,7 +468,7 @@ async def test_one_client_flooding_the_transaction_table_is_capped_and_other_cli
     # The plain REST form says so too, with Retry-After.
     single = await call(arena.attacker, "POST", f"{arena.leader_url}/v1/transactions", {"timeout_s": 3600})
     assert_error(single, 429, "too_many_transactions", scope="client")
-    # Another client (another address) still begins, enqueues and commits.
+    # Another client (another principal) still begins, enqueues and commits.
     await arena.bystander.wait_for_progress(what="while one client holds its whole share of transactions")
     cluster_view = await call(arena.attacker, "GET", f"{arena.leader_url}/v1/cluster")
     assert cluster_view.body["open_transactions"] >= per_client_max

@@ -53,7 +53,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[RcqClient]:
-    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S) as rcq_client:
+    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S,
+                         **cluster.client_options()) as rcq_client:
         yield rcq_client
 
 
@@ -247,7 +248,7 @@ async def test_a_killed_leader_restarted_rejoins_as_a_follower_and_converges(
     status = cluster.status(old_leader)
     assert (status["role"], status["leader_url"]) == ("follower", cluster.url(new_leader))
     assert cluster.status(new_leader)["role"] == "leader"
-    async with RcqClient(cluster.url(old_leader)) as rejoined:  # learns the leader from the follower
+    async with RcqClient(cluster.url(old_leader), **cluster.client_options()) as rejoined:  # learns the leader from the follower
         assert await rejoined.count(queue) == 35
         assert await rejoined.peek(queue) is not None
 
@@ -276,7 +277,7 @@ async def commit_with_followers_paused(cluster: LocalCluster) -> tuple[int, list
     queue = f"unknown-{uuid.uuid4().hex[:8]}"
     leader = await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
     followers = [i for i in range(3) if i != leader]
-    async with RcqClient(cluster.urls, request_timeout_s=3.0, retry_timeout_s=3.0) as client:
+    async with RcqClient(cluster.urls, request_timeout_s=3.0, retry_timeout_s=3.0, **cluster.client_options()) as client:
         await client.enqueue(queue, "kept", "moved")
         tx = await client.begin(timeout_s=120)
         assert await tx.dequeue(queue) == b"kept"
@@ -290,9 +291,9 @@ async def commit_with_followers_paused(cluster: LocalCluster) -> tuple[int, list
     return leader, followers, queue, tx.transaction_id
 
 
-async def status_on(url: str, transaction_id: str) -> dict[str, Any]:
+async def status_on(cluster: LocalCluster, url: str, transaction_id: str) -> dict[str, Any]:
     """The transaction's status asked of one node (a follower may send the client to the leader)."""
-    async with RcqClient(url, request_timeout_s=10.0, retry_timeout_s=WAIT_S) as one:
+    async with RcqClient(url, request_timeout_s=10.0, retry_timeout_s=WAIT_S, **cluster.client_options()) as one:
         return await one.transaction_status(transaction_id)
 
 
@@ -308,7 +309,7 @@ async def test_an_unknown_commit_whose_leader_dies_is_reported_aborted_everywher
     await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
 
     for url in cluster.urls:
-        assert (await status_on(url, transaction_id))["state"] == "aborted", url
+        assert (await status_on(cluster, url, transaction_id))["state"] == "aborted", url
     with pytest.raises(TransactionAborted):  # a retry with the same id never applies it
         await client.attach(transaction_id).commit()
     assert sorted(await drain_until_empty(client, queue)) == ["kept", "moved"]
@@ -324,7 +325,7 @@ async def test_an_unknown_commit_completed_by_its_reelected_leader_is_reported_c
     cluster.resume_node(followers[1])
     await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
 
-    states = {url: (await status_on(url, transaction_id))["state"] for url in cluster.urls}
+    states = {url: (await status_on(cluster, url, transaction_id))["state"] for url in cluster.urls}
     assert cluster.status(leader)["open_transactions"] == 0, states
     assert set(states.values()) == {"committed"}, states
     assert (await client.attach(transaction_id).commit()).duplicate  # a retry never applies twice

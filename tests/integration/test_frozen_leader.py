@@ -39,7 +39,7 @@ async def test_clients_move_to_the_new_leader_while_the_old_one_is_frozen():
         acked: list[tuple[float, str]] = []
         stop = asyncio.Event()
 
-        async with RcqClient(cluster.urls, request_timeout_s=30, retry_timeout_s=60) as client:
+        async with RcqClient(cluster.urls, request_timeout_s=30, retry_timeout_s=60, **cluster.client_options()) as client:
             async def produce() -> None:
                 n = 0
                 while not stop.is_set():
@@ -84,7 +84,7 @@ async def test_without_the_watch_a_frozen_leader_holds_the_client_until_it_thaws
     with running_cluster() as cluster:
         leader = cluster.wait_for_leader(30)
         others = [i for i in range(3) if i != leader]
-        async with RcqClient(cluster.urls, request_timeout_s=30, retry_timeout_s=60) as client:
+        async with RcqClient(cluster.urls, request_timeout_s=30, retry_timeout_s=60, **cluster.client_options()) as client:
             await client.enqueue("frozen", "before")
             cluster.pause_node(leader)
             try:

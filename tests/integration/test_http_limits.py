@@ -321,11 +321,18 @@ def recv_exactly(sock: socket.socket, count: int) -> bytes:
     return data
 
 
-def keepalive_request(connection: http.client.HTTPConnection, method: str, path: str,
+class KeepAliveClient(http.client.HTTPConnection):
+    """One keep-alive connection to a node of ``cluster``, sending its admin token with every request."""
+
+    def __init__(self, cluster: LocalCluster, port: int) -> None:
+        super().__init__("127.0.0.1", port, timeout=10)
+        self.headers = {"Content-Type": "application/json", **cluster.auth_headers()}
+
+
+def keepalive_request(connection: KeepAliveClient, method: str, path: str,
                       body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
     sock = connection.sock
-    connection.request(method, path, body=None if body is None else json.dumps(body),
-                       headers={"Content-Type": "application/json"})
+    connection.request(method, path, body=None if body is None else json.dumps(body), headers=connection.headers)
     response = connection.getresponse()
     answer = json.loads(response.read())
     assert sock is None or connection.sock is sock, "the client had to reconnect"
@@ -344,7 +351,7 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
         leader = cluster.wait_for_leader(60)
         before = cluster.statuses()
         term = before[leader]["term"]
-        client = http.client.HTTPConnection("127.0.0.1", cluster.nodes[leader].http_port, timeout=10)
+        client = KeepAliveClient(cluster, cluster.nodes[leader].http_port)
         with contextlib.closing(client):
             assert keepalive_request(client, "POST", "/v1/queues/flood/enqueue", {"items": ["before"]})[0] == 200
 
@@ -410,7 +417,7 @@ def test_when_accept_fails_with_emfile_open_connections_are_served_and_accepting
     with cluster, contextlib.closing(flood), logs_on_failure(cluster):
         cluster.wait_for_leader(60)
         port = cluster.nodes[0].http_port
-        client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        client = KeepAliveClient(cluster, port)
         with contextlib.closing(client):
             assert keepalive_request(client, "GET", "/healthz")[0] == 200
             flood.open(port, 58)  # more than the node's free descriptors, within its listen backlog

@@ -23,8 +23,8 @@ import pytest
 from rcq.testing import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NODE_LINE = re.compile(r"^\s+(node-\d+)\s+(http://127\.0\.0\.1:\d+)\s+raft \S+\s+pid (\d+)\s+(leader|follower)$")
-LEADER_LINE = re.compile(r"^leader: (node-\d+) (http://127\.0\.0\.1:\d+)$")
+NODE_LINE = re.compile(r"^\s+(node-\d+)\s+(https?://127\.0\.0\.1:\d+)\s+raft \S+\s+pid (\d+)\s+(leader|follower)$")
+LEADER_LINE = re.compile(r"^leader: (node-\d+) (https?://127\.0\.0\.1:\d+)$")
 TEMP_DIR_LINE = re.compile(r" in (\S+) \(removed on exit\)$")
 START_TIMEOUT_S = 90.0
 EXIT_TIMEOUT_S = 60.0
@@ -36,7 +36,7 @@ class Launcher:
     """A ``python -m cluster ...`` process whose stdout is collected line by line."""
 
     def __init__(self, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "RCQ_CLUSTER_SECRET"}
+        env = {k: v for k, v in os.environ.items() if k not in ("RCQ_CLUSTER_SECRET", "RCQ_TOKEN")}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "cluster", *args], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -108,8 +108,9 @@ def check_nodes_printed(launcher: Launcher, count: int) -> list[tuple[str, str, 
     return nodes
 
 
-async def test_demo_runs_against_three_nodes_and_exits_zero(launchers: list[Launcher]) -> None:
-    launcher = Launcher("up", "--nodes", "3", "--demo")
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+async def test_demo_runs_against_three_nodes_with_a_token_and_exits_zero(launchers: list[Launcher], tls: bool) -> None:
+    launcher = Launcher("up", "--nodes", "3", "--demo", *(["--tls"] if tls else []))
     launchers.append(launcher)
     assert launcher.wait(START_TIMEOUT_S + EXIT_TIMEOUT_S) == 0, launcher.output
     nodes = check_nodes_printed(launcher, 3)
@@ -122,6 +123,12 @@ async def test_demo_runs_against_three_nodes_and_exits_zero(launchers: list[Laun
         assert not is_rcq_node(pid), f"node pid {pid} outlived the launcher"
     temp_dirs = [m[1] for m in map(TEMP_DIR_LINE.search, launcher.lines) if m]
     assert len(temp_dirs) == 1 and not Path(temp_dirs[0]).exists(), output
+    # How to use the cluster: its URLs, the token by the path of its private file (never the token)
+    assert f"  export RCQ_URLS={','.join(url for _, url, _, _ in nodes)}" in launcher.lines, output
+    assert f"  export RCQ_TOKEN=$(cat {temp_dirs[0]}/admin.token)" in output, output
+    assert "rcq_" not in output
+    assert all(url.startswith("https://" if tls else "http://") for _, url, _, _ in nodes)
+    assert (f"  export RCQ_CA_FILE={temp_dirs[0]}/tls/ca.pem" in output) == tls, output
 
 
 async def test_sigterm_stops_every_node_and_exits_zero(launchers: list[Launcher], tmp_path: Path) -> None:
@@ -152,3 +159,4 @@ async def test_a_restart_on_the_same_data_dir_keeps_the_nodes_and_their_queues(
     assert "reopening the 3-node cluster" in second.output
     assert {u for _, u, _, _ in first.nodes()} == {u for _, u, _, _ in second.nodes()}
     assert "count(demo) = 4" in second.output  # 2 left by the first demo, +3 -1 by the second
+    assert f"export RCQ_TOKEN=$(cat {data_dir}/admin.token)" in second.output  # the same token, kept

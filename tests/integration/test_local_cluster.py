@@ -6,20 +6,25 @@ on made-up views; the waits, signals and restarts on real node processes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
+import ssl
 import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rcq.client import RcqClient
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.nodes import STOP_TIMEOUT_S, free_ports
 from rcq.testing.polls import NodeStartError, converged, deadline_loop, leader_from_views, poll_until
@@ -28,29 +33,37 @@ URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
 LEADER_TIMEOUT_S = 60.0
 
 
-def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def request_json(cluster: LocalCluster, url: str, body: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """GET (or POST ``body``) with the cluster's admin token (or ``headers``), its CA verifying HTTPS."""
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                     method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json",
+                                              **(cluster.auth_headers() if headers is None else headers)})
+    context = None if cluster.ca_file is None else ssl.create_default_context(cafile=str(cluster.ca_file))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
     with opener.open(request, timeout=15) as response:
-        return dict(json.loads(response.read()))
-
-
-def get_json(url: str) -> dict[str, Any]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=5) as response:
         return dict(json.loads(response.read()))
 
 
 def enqueue(cluster: LocalCluster, leader: int, queue: str, items: list[str]) -> int:
     """Commit ``items`` into ``queue`` through the leader; the commit's Raft index."""
-    answer = post_json(f"{cluster.url(leader)}/v1/queues/{queue}/enqueue", {"items": items})
+    answer = request_json(cluster, f"{cluster.url(leader)}/v1/queues/{queue}/enqueue", {"items": items})
     assert answer["committed"] is True
     return int(answer["index"])
 
 
 def count_on(cluster: LocalCluster, i: int, queue: str) -> int:
-    return int(get_json(f"{cluster.url(i)}/v1/queues/{queue}")["count"])
+    return int(request_json(cluster, f"{cluster.url(i)}/v1/queues/{queue}")["count"])
+
+
+def http_status(cluster: LocalCluster, url: str, headers: dict[str, str]) -> int:
+    """The status of GET ``url`` with exactly ``headers``."""
+    try:
+        request_json(cluster, url, headers=headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    return 200
 
 
 def fresh_queue() -> str:
@@ -120,12 +133,13 @@ def test_a_deadline_loop_runs_at_least_once_even_with_no_time_left() -> None:
     assert sum(1 for _ in deadline_loop(0.0)) == 1
 
 
-def test_the_harness_loads_nothing_of_the_server_nor_its_libraries() -> None:
-    # It starts `python -m rcq serve` processes and talks HTTP: a client-only install must do.
+def test_the_harness_loads_nothing_of_the_server_but_its_token_model_nor_its_libraries() -> None:
+    # It starts `python -m rcq serve` processes and talks HTTP; of the server it needs only what
+    # a tokens file holds (a pure model), never the node, Raft or the HTTP stack.
     code = ("import sys, rcq.testing.cluster; print(sorted({m.split('.')[0] if not m.startswith('rcq.') else m"
             " for m in sys.modules if m.startswith(('rcq.server', 'pysyncobj', 'lmdb', 'aiohttp'))}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.strip() == "[]", done.stdout
+    assert done.stdout.strip() == "['rcq.server', 'rcq.server.security', 'rcq.server.security.tokens']", done.stdout
 
 
 def test_free_ports_are_distinct_and_bindable() -> None:
@@ -344,15 +358,97 @@ def test_a_node_that_cannot_start_fails_start_with_its_log_and_is_cleaned_up() -
 
 
 @pytest.mark.cluster
-def test_reopen_restarts_the_cluster_with_its_ports_secret_and_queues(tmp_path: Path) -> None:
+def test_reopen_restarts_the_cluster_with_its_ports_secret_tokens_and_queues(tmp_path: Path) -> None:
     base_dir = tmp_path / "cluster"
     with LocalCluster(nodes=1, base_dir=base_dir) as first:
         enqueue(first, first.wait_for_leader(LEADER_TIMEOUT_S), "kept", ["a", "b", "c"])
-        url, secret = first.url(0), first.secret
+        reader = first.add_token("reader", grants=[{"queues": "kept", "actions": ["consume"]}])
+        url, secret, token = first.url(0), first.secret, first.token
     assert base_dir.exists()  # a directory the caller gave is never removed
     with pytest.raises(FileExistsError):
         LocalCluster(nodes=1, base_dir=base_dir)
     with LocalCluster.reopen(base_dir) as second:
         leader = second.wait_for_leader(LEADER_TIMEOUT_S)
-        assert (second.url(0), second.secret) == (url, secret)
+        assert (second.url(0), second.secret, second.token) == (url, secret, token)
         assert count_on(second, leader, "kept") == 3
+        assert request_json(second, f"{second.url(leader)}/v1/queues/kept",
+                            headers={"Authorization": f"Bearer {reader}"})["count"] == 3
+
+
+# ------------------------------------------------------------ tokens and TLS
+@pytest.mark.cluster
+def test_an_auth_cluster_refuses_requests_without_its_tokens_and_keeps_them_private(cluster: LocalCluster) -> None:
+    assert cluster.auth and cluster.token is not None and cluster.token.startswith("rcq_")
+    url = f"{cluster.url(0)}/v1/queues"
+    assert http_status(cluster, url, {}) == 401
+    assert http_status(cluster, url, {"Authorization": "Bearer rcq_not-a-token"}) == 401
+    assert http_status(cluster, url, cluster.auth_headers()) == 200
+    assert request_json(cluster, f"{cluster.url(0)}/healthz", headers={})["ok"]  # probes need no token
+    token_file = cluster.base_dir / "admin.token"
+    assert token_file.read_text().strip() == cluster.token
+    for path in [token_file, *(node.tokens_path for node in cluster.nodes)]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for node in cluster.nodes:  # hashed only
+        assert cluster.token not in node.tokens_path.read_text() + node.config_path.read_text()
+        assert json.loads(node.config_path.read_text())["tokens_file"] == str(node.tokens_path)
+    for pid in cluster.pids().values():
+        assert cluster.token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert cluster.client_options() == {"token": cluster.token, "ca_file": None}
+
+
+@pytest.mark.cluster
+def test_added_tokens_work_at_once_on_every_node_with_their_grants_and_revoked_ones_stop(
+        cluster: LocalCluster) -> None:
+    leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    queue = fresh_queue()
+    enqueue(cluster, leader, queue, ["x"])
+    cluster.wait_for_applied(LEADER_TIMEOUT_S)
+    reader = cluster.add_token("reader", grants=[{"queues": "t-*", "actions": ["consume"]}])
+    for i in range(3):  # add_token waited until every node re-read its tokens file
+        answer = request_json(cluster, f"{cluster.url(i)}/v1/queues/{queue}",
+                              headers={"Authorization": f"Bearer {reader}"})
+        assert answer["count"] == 1
+    assert http_status(cluster, f"{cluster.url(leader)}/metrics", {"Authorization": f"Bearer {reader}"}) == 403
+    expired = cluster.add_token("late", admin=True, expires_at=datetime.now(UTC) - timedelta(minutes=1))
+    assert http_status(cluster, f"{cluster.url(leader)}/v1/queues", {"Authorization": f"Bearer {expired}"}) == 401
+    assert cluster.revoke_token("reader") == 1
+    for i in range(3):
+        assert http_status(cluster, f"{cluster.url(i)}/v1/queues/{queue}",
+                           {"Authorization": f"Bearer {reader}"}) == 401
+    assert cluster.revoke_token("late") == 1
+    assert http_status(cluster, f"{cluster.url(leader)}/v1/queues", cluster.auth_headers()) == 200
+
+
+@pytest.mark.cluster
+def test_a_tls_cluster_serves_https_that_its_ca_verifies_and_nothing_else() -> None:
+    with LocalCluster(nodes=1, tls=True) as local_cluster:
+        leader = local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        assert local_cluster.urls == [local_cluster.url(0)] and local_cluster.url(0).startswith("https://127.0.0.1:")
+        assert local_cluster.ca_file is not None
+        for key in (local_cluster.base_dir / "tls").glob("*.key"):
+            assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+        enqueue(local_cluster, leader, "secure", ["s"])
+        local_cluster.wait_for_convergence(LEADER_TIMEOUT_S)  # the harness's polls verify the CA too
+        untrusted = ssl.create_default_context()  # the system's CAs do not know the cluster's
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(
+                context=untrusted)).open(f"{local_cluster.url(0)}/healthz", timeout=15)
+
+        async def with_the_client() -> int:
+            async with RcqClient(local_cluster.urls, **local_cluster.client_options()) as client:
+                return await client.count("secure")
+
+        assert asyncio.run(with_the_client()) == 1
+
+
+@pytest.mark.cluster
+def test_a_cluster_without_auth_needs_no_token() -> None:
+    with LocalCluster(nodes=1, auth=False) as local_cluster:
+        leader = local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        assert (local_cluster.token, local_cluster.auth_headers()) == (None, {})
+        assert not local_cluster.nodes[0].tokens_path.exists()
+        assert not (local_cluster.base_dir / "admin.token").exists()
+        enqueue(local_cluster, leader, "open", ["o"])
+        assert http_status(local_cluster, f"{local_cluster.url(0)}/v1/queues/open", {}) == 200
+        with pytest.raises(RuntimeError, match="without tokens"):
+            local_cluster.add_token("nobody")

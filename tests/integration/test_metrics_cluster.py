@@ -15,9 +15,9 @@ from tests.integration.conftest import running_cluster
 pytestmark = pytest.mark.cluster
 
 
-def scrape(url: str) -> dict[str, float]:
-    """Sample name with its labels -> value, e.g. ``rcq_raft_role{role="leader"}``."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+def scrape(url: str, headers: dict[str, str]) -> dict[str, float]:
+    """Sample name with its labels -> value, e.g. ``rcq_raft_role{role="leader"}`` (``headers``: an admin token)."""
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=headers), timeout=10) as response:
         text = response.read().decode()
     samples = {}
     for family in text_string_to_metric_families(text):
@@ -30,11 +30,11 @@ def scrape(url: str) -> dict[str, float]:
 async def test_every_node_reports_raft_and_the_leader_reports_commits():
     with running_cluster() as cluster:
         leader = cluster.wait_for_leader(30)
-        async with RcqClient(cluster.urls, retry_timeout_s=20) as client:
+        async with RcqClient(cluster.urls, retry_timeout_s=20, **cluster.client_options()) as client:
             for i in range(20):
                 await client.enqueue("jobs", f"item-{i}")
         cluster.wait_for_applied(30)
-        scraped = {i: await asyncio.to_thread(scrape, cluster.url(i)) for i in range(3)}
+        scraped = {i: await asyncio.to_thread(scrape, cluster.url(i), cluster.auth_headers()) for i in range(3)}
         roles = {i: [r for r in ("leader", "follower", "candidate") if s[f'rcq_raft_role{{role="{r}"}}'] == 1]
                  for i, s in scraped.items()}
         assert roles[leader] == ["leader"] and all(roles[i] == ["follower"] for i in range(3) if i != leader)
@@ -54,7 +54,7 @@ async def test_every_node_reports_raft_and_the_leader_reports_commits():
         assert new_leader != leader
 
         def follower_saw_the_change() -> bool:
-            return scrape(cluster.url(follower))["rcq_raft_leader_changes_seen_total"] > seen_before
+            return scrape(cluster.url(follower), cluster.auth_headers())["rcq_raft_leader_changes_seen_total"] > seen_before
 
         await wait_until(lambda: asyncio.to_thread(follower_saw_the_change), 30, interval_s=0.2,
                          message="the surviving follower counting the leader change")

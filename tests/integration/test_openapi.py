@@ -44,8 +44,8 @@ def test_every_route_is_documented_and_every_documented_route_is_served() -> Non
                 assert ref.rsplit("/", 1)[1] in spec["components"]["schemas"]
 
 
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as response:
+def get_json(url: str, headers: dict[str, str]) -> Any:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as response:
         return json.loads(response.read())
 
 
@@ -53,7 +53,8 @@ def get_json(url: str) -> Any:
 def test_fuzzing_a_live_cluster_finds_no_server_error_and_rejections_change_nothing() -> None:
     with running_cluster() as cluster:
         leader_url = cluster.url(cluster.wait_for_leader(30))
-        spec = get_json(f"{leader_url}/v1/openapi.json")
+        headers = cluster.auth_headers()  # the admin token: every route may be fuzzed, the digest read
+        spec = get_json(f"{leader_url}/v1/openapi.json", headers)
         assert spec["servers"] == [{"url": leader_url}]
         schema = schemathesis.openapi.from_dict(spec)
         statuses: dict[str, set[int]] = {}
@@ -61,24 +62,25 @@ def test_fuzzing_a_live_cluster_finds_no_server_error_and_rejections_change_noth
             operation = result.ok()
             documented = {int(code) for code in operation.definition.raw["responses"]}
             seen = statuses.setdefault(f"{operation.method.upper()} {operation.path}", set())
-            fuzz_operation(operation, leader_url, documented, seen)
+            fuzz_operation(operation, leader_url, headers, documented, seen)
         print({operation: sorted(codes) for operation, codes in sorted(statuses.items())})
         cluster.wait_for_convergence(60)
 
 
-def fuzz_operation(operation: Any, leader_url: str, documented: set[int], seen: set[int]) -> None:
+def fuzz_operation(operation: Any, leader_url: str, headers: dict[str, str], documented: set[int],
+                   seen: set[int]) -> None:
     @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(case=operation.as_strategy())
     def fuzz(case: Any) -> None:
-        before = get_json(f"{leader_url}/v1/cluster/digest")["digest"]
-        response = case.call(base_url=leader_url, timeout=30)
+        before = get_json(f"{leader_url}/v1/cluster/digest", headers)["digest"]
+        response = case.call(base_url=leader_url, headers=headers, timeout=30)
         status = response.status_code
         seen.add(status)
         assert status != 500, f"{case.method} {case.formatted_path}: {response.text[:500]}"
         assert status in documented, f"{case.method} {case.formatted_path} answered undocumented {status}"
         if 400 <= status < 500:
-            after = get_json(f"{leader_url}/v1/cluster/digest")["digest"]
+            after = get_json(f"{leader_url}/v1/cluster/digest", headers)["digest"]
             assert after == before, f"rejected {case.method} {case.formatted_path} changed the state"
 
     fuzz()

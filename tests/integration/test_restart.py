@@ -40,7 +40,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[RcqClient]:
-    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S) as rcq_client:
+    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S,
+                         **cluster.client_options()) as rcq_client:
         yield rcq_client
 
 
@@ -124,7 +125,7 @@ async def test_a_cluster_stopped_with_sigterm_restarts_from_its_data_dirs_with_t
 
     # One node alone has no leader: it refuses writes with 503 and a Retry-After, and changes nothing.
     await asyncio.to_thread(cluster.start_node, 0)
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=cluster.auth_headers()) as http:
         async with http.post(cluster.url(0) + f"/v1/queues/{first}/enqueue", json={"items": ["x"]},
                              allow_redirects=False) as response:
             body = await response.json()
@@ -227,7 +228,7 @@ async def test_a_wiped_node_rejoins_from_the_leaders_snapshot_under_load(
     assert status["snapshot_count"] > 0, "the wiped node caught up without installing a snapshot"
     assert any("snapshot" in path.name for path in cluster.nodes[wiped].data_dir.iterdir())
     assert status["last_applied"] == converged["applied_index"]
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=cluster.auth_headers()) as http:
         async with http.get(f"{cluster.url(wiped)}/v1/queues/{queue}") as response:
             assert (await response.json())["count"] == len(load.remaining())
     assert sorted(await drain_until_empty(client, queue)) == sorted(load.remaining())
@@ -253,7 +254,7 @@ async def test_a_follower_restarted_after_missing_many_entries_catches_up(
     status = cluster.status(follower)
     assert (status["role"], status["last_applied"]) == ("follower", converged["applied_index"])
     assert status["leader_url"] == cluster.url(leader)
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=cluster.auth_headers()) as http:
         async with http.get(f"{cluster.url(follower)}/v1/queues/{queue}") as response:
             assert (await response.json())["count"] == len(load.remaining())
     assert sorted(await drain_until_empty(client, queue)) == sorted(load.remaining())

@@ -54,13 +54,16 @@ async def cluster(semantics_cluster: LocalCluster) -> LocalCluster:
 
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[RcqClient]:
-    async with RcqClient(cluster.urls, request_timeout_s=15.0, retry_timeout_s=WAIT_S) as rcq_client:
+    async with RcqClient(cluster.urls, request_timeout_s=15.0, retry_timeout_s=WAIT_S,
+                         **cluster.client_options()) as rcq_client:
         yield rcq_client
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
+async def http(cluster: LocalCluster) -> AsyncIterator[aiohttp.ClientSession]:
+    """Raw HTTP, with the cluster's admin token on every request."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15),
+                                     headers=cluster.auth_headers()) as session:
         yield session
 
 

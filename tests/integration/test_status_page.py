@@ -22,9 +22,9 @@ SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "status-page.png"
 WAIT_MS = 20_000
 
 
-def post(url: str, body: dict[str, object]) -> dict[str, object]:
+def post(url: str, body: dict[str, object], headers: dict[str, str]) -> dict[str, object]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **headers})
     with urllib.request.urlopen(request, timeout=30) as response:
         return dict(json.loads(response.read()))
 
@@ -38,11 +38,14 @@ def test_the_status_page_shows_the_cluster_and_updates_live(tmp_path: Path) -> N
         leader = cluster.wait_for_leader(30)
         leader_id = cluster.status(leader)["node_id"]
         follower = next(i for i in range(3) if i != leader)
-        post(f"{cluster.url(leader)}/v1/queues/jobs/enqueue", {"items": ["a", "b"]})
+        post(f"{cluster.url(leader)}/v1/queues/jobs/enqueue", {"items": ["a", "b"]}, cluster.auth_headers())
         cluster.wait_for_applied(30)
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            # The page is for admins: the browser asks for the token (Basic authentication, any user
+            # name, the token as the password) and sends it with the page's own requests too.
+            page = browser.new_page(viewport={"width": 1280, "height": 900},
+                                    http_credentials={"username": "admin", "password": str(cluster.token)})
             page.goto(cluster.url(follower) + "/", wait_until="load")  # any node serves the page
             page.wait_for_function(f"document.getElementById('leader').textContent === {json.dumps(leader_id)}",
                                    timeout=WAIT_MS)
@@ -53,7 +56,7 @@ def test_the_status_page_shows_the_cluster_and_updates_live(tmp_path: Path) -> N
             enqueued.wait_for(timeout=WAIT_MS)
             assert enqueued.text_content() == "2"
             for _ in range(3):
-                post(f"{cluster.url(leader)}/v1/queues/jobs/enqueue", {"items": ["c", "d", "e"]})
+                post(f"{cluster.url(leader)}/v1/queues/jobs/enqueue", {"items": ["c", "d", "e"]}, cluster.auth_headers())
             # the counter moves without a reload (the page polls its node once a second)
             page.wait_for_function(
                 "document.querySelector('#queues tr[data-queue=\"jobs\"] td.enqueued').textContent === '11'",

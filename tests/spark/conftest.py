@@ -111,3 +111,10 @@ def healthy_cluster(rcq_cluster: LocalCluster) -> LocalCluster:
 @pytest.fixture
 def urls(healthy_cluster: LocalCluster) -> str:
     return ",".join(healthy_cluster.urls)
+
+
+@pytest.fixture
+def token(rcq_cluster: LocalCluster) -> str:
+    """The cluster's admin token: the Spark option ``token`` and the helpers' clients send it."""
+    assert rcq_cluster.token is not None, "the test cluster requires tokens"
+    return rcq_cluster.token

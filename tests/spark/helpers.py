@@ -1,4 +1,8 @@
-"""Test helpers: fill and read back a queue, look at open transactions."""
+"""Test helpers: fill and read back a queue, look at open transactions.
+
+Each takes the cluster's URLs (comma-separated, as the Spark option ``url``) and its token (the
+``token`` fixture: the test cluster requires one, as a production cluster does).
+"""
 
 from __future__ import annotations
 
@@ -15,15 +19,15 @@ def unique_queue(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def _run(urls: str, work: Callable[[RcqClient], Any]) -> Any:
+def _run(urls: str, token: str | None, work: Callable[[RcqClient], Any]) -> Any:
     async def main() -> Any:
-        async with RcqClient(urls.split(","), retry_timeout_s=30.0) as client:
+        async with RcqClient(urls.split(","), retry_timeout_s=30.0, token=token) as client:
             return await work(client)
 
     return asyncio.run(main())
 
 
-def take_all(urls: str, queue: str) -> list[bytes]:
+def take_all(urls: str, token: str | None, queue: str) -> list[bytes]:
     """Every item of ``queue``, dequeued and committed (the queue is empty afterwards)."""
 
     async def work(client: RcqClient) -> list[bytes]:
@@ -34,29 +38,29 @@ def take_all(urls: str, queue: str) -> list[bytes]:
                 return values
             values.extend(got)
 
-    return _run(urls, work)
+    return _run(urls, token, work)
 
 
-def enqueue_values(urls: str, queue: str, values: list[str]) -> None:
+def enqueue_values(urls: str, token: str | None, queue: str, values: list[str]) -> None:
     async def work(client: RcqClient) -> None:
         for start in range(0, len(values), 1000):
             await client.enqueue(queue, *values[start:start + 1000])
 
-    _run(urls, work)
+    _run(urls, token, work)
 
 
-def queue_info(urls: str, queue: str) -> dict[str, Any]:
+def queue_info(urls: str, token: str | None, queue: str) -> dict[str, Any]:
     """The leader's view: ``count`` and ``locked`` (followers do not know what is locked)."""
 
     async def work(client: RcqClient) -> dict[str, Any]:
         await client.wait_for_leader(30.0)
         return await client.queue_info(queue)
 
-    return _run(urls, work)
+    return _run(urls, token, work)
 
 
-def open_transactions(urls: str, label_prefix: str) -> list[dict[str, Any]]:
-    return _run(urls, lambda client: client.transactions(label_prefix=label_prefix))
+def open_transactions(urls: str, token: str | None, label_prefix: str) -> list[dict[str, Any]]:
+    return _run(urls, token, lambda client: client.transactions(label_prefix=label_prefix))
 
 
 def duplicates(values: list[Any]) -> dict[Any, int]:

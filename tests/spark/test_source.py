@@ -22,9 +22,10 @@ pytestmark = pytest.mark.spark
 QUERY_TIMEOUT_S = 240
 
 
-def _stream(spark: Any, urls: str, queue: str, consumer: str, fmt: str = "rcq", **options: str) -> Any:
-    return (spark.readStream.format(fmt).option("url", urls).option("queue", queue).option("consumerId", consumer)
-            .options(**options).load())
+def _stream(spark: Any, urls: str, token: str, queue: str, consumer: str, fmt: str = "rcq",
+            **options: str) -> Any:
+    return (spark.readStream.format(fmt).option("url", urls).option("token", token).option("queue", queue)
+            .option("consumerId", consumer).options(**options).load())
 
 
 def _to_parquet(stream: Any, out: Path, checkpoint: Path) -> Any:
@@ -43,16 +44,16 @@ def _read_values(spark: Any, out: Path) -> list[int]:
     return [int(row.value) for row in spark.read.parquet(str(out)).select("value").collect()]
 
 
-def _assert_drained(urls: str, queue: str, consumer: str) -> None:
-    info = queue_info(urls, queue)
+def _assert_drained(urls: str, token: str, queue: str, consumer: str) -> None:
+    info = queue_info(urls, token, queue)
     assert (info["count"], info["locked"]) == (0, 0), info
-    assert open_transactions(urls, f"rcq-source:{consumer}:") == []
+    assert open_transactions(urls, token, f"rcq-source:{consumer}:") == []
 
 
-def test_available_now_reads_every_item_exactly_once(spark: Any, urls: str, tmp_path: Path) -> None:
+def test_available_now_reads_every_item_exactly_once(spark: Any, urls: str, token: str, tmp_path: Path) -> None:
     queue, consumer = unique_queue("src"), unique_queue("consumer")
-    enqueue_values(urls, queue, [str(i) for i in range(1000)])
-    stream = _stream(spark, urls, queue, consumer, valueType="string", maxItemsPerPartition="200", batchSize="70")
+    enqueue_values(urls, token, queue, [str(i) for i in range(1000)])
+    stream = _stream(spark, urls, token, queue, consumer, valueType="string", maxItemsPerPartition="200", batchSize="70")
     assert stream.schema.simpleString() == "struct<queue:string,item_id:bigint,value:string>"
     _finish(_to_parquet(stream, tmp_path / "out", tmp_path / "checkpoint"))
     values = _read_values(spark, tmp_path / "out")
@@ -60,25 +61,25 @@ def test_available_now_reads_every_item_exactly_once(spark: Any, urls: str, tmp_
     assert sorted(values) == list(range(1000))
     batches = [p.name for p in (tmp_path / "checkpoint" / "commits").iterdir() if p.name.isdigit()]
     assert len(batches) == 3  # 400 + 400 + 200
-    _assert_drained(urls, queue, consumer)
+    _assert_drained(urls, token, queue, consumer)
 
 
-def test_task_failure_during_a_read_loses_nothing(spark: Any, urls: str, tmp_path: Path) -> None:
+def test_task_failure_during_a_read_loses_nothing(spark: Any, urls: str, token: str, tmp_path: Path) -> None:
     queue, consumer = unique_queue("src-retry"), unique_queue("consumer")
-    enqueue_values(urls, queue, [str(i) for i in range(1000)])
-    stream = _stream(spark, urls, queue, consumer, fmt="rcq_faulty", valueType="string", maxItemsPerPartition="200",
+    enqueue_values(urls, token, queue, [str(i) for i in range(1000)])
+    stream = _stream(spark, urls, token, queue, consumer, fmt="rcq_faulty", valueType="string", maxItemsPerPartition="200",
                      batchSize="50", failPartition="1", failBatch="1", failAttempts="1")
     _finish(_to_parquet(stream, tmp_path / "out", tmp_path / "checkpoint"))
     values = _read_values(spark, tmp_path / "out")
     assert sorted(set(values)) == list(range(1000))
     assert duplicates(values) == {}  # the retry read the same items again (dequeue keys)
-    _assert_drained(urls, queue, consumer)
+    _assert_drained(urls, token, queue, consumer)
 
 
 def test_query_killed_mid_batch_and_restarted_from_its_checkpoint_loses_nothing(
-        spark: Any, urls: str, tmp_path: Path) -> None:
+        spark: Any, urls: str, token: str, tmp_path: Path) -> None:
     queue, consumer = unique_queue("src-restart"), unique_queue("consumer")
-    enqueue_values(urls, queue, [str(i) for i in range(1000)])
+    enqueue_values(urls, token, queue, [str(i) for i in range(1000)])
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     seen: list[int] = []
 
@@ -90,7 +91,7 @@ def test_query_killed_mid_batch_and_restarted_from_its_checkpoint_loses_nothing(
         df.write.mode("append").parquet(str(out))
 
     def run(handler: Any) -> Any:
-        stream = _stream(spark, urls, queue, consumer, valueType="string", maxItemsPerPartition="150")
+        stream = _stream(spark, urls, token, queue, consumer, valueType="string", maxItemsPerPartition="150")
         return (stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
                 .trigger(availableNow=True).start())
 
@@ -98,21 +99,21 @@ def test_query_killed_mid_batch_and_restarted_from_its_checkpoint_loses_nothing(
     with pytest.raises(Exception, match="killed in the middle of batch 1"):
         query.awaitTermination(QUERY_TIMEOUT_S)
     query.stop()
-    assert queue_info(urls, queue)["locked"] > 0  # the dead run's transactions are still open
+    assert queue_info(urls, token, queue)["locked"] > 0  # the dead run's transactions are still open
     _finish(run(lambda df, batch_id: df.write.mode("append").parquet(str(out))))
     values = _read_values(spark, out)
     assert sorted(set(values)) == list(range(1000))
     dup = duplicates(values)
     print(f"restart: {len(values)} rows, {len(dup)} duplicated")
     assert dup == {}  # the replayed batch reused the dead run's transactions and keys
-    _assert_drained(urls, queue, consumer)
+    _assert_drained(urls, token, queue, consumer)
 
 
 def test_leader_failover_during_a_streaming_read_loses_nothing(
-        spark: Any, urls: str, healthy_cluster: LocalCluster, tmp_path: Path) -> None:
+        spark: Any, urls: str, token: str, healthy_cluster: LocalCluster, tmp_path: Path) -> None:
     queue, consumer = unique_queue("src-failover"), unique_queue("consumer")
     total = 3000
-    enqueue_values(urls, queue, [str(i) for i in range(total)])
+    enqueue_values(urls, token, queue, [str(i) for i in range(total)])
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     batches_done = threading.Semaphore(0)
 
@@ -120,7 +121,7 @@ def test_leader_failover_during_a_streaming_read_loses_nothing(
         df.write.mode("append").parquet(str(out))
         batches_done.release()
 
-    stream = _stream(spark, urls, queue, consumer, valueType="string", maxItemsPerPartition="100",
+    stream = _stream(spark, urls, token, queue, consumer, valueType="string", maxItemsPerPartition="100",
                      retryTimeoutSeconds="60")
     query = (stream.writeStream.foreachBatch(write).option("checkpointLocation", str(checkpoint))
              .trigger(availableNow=True).start())
@@ -136,27 +137,27 @@ def test_leader_failover_during_a_streaming_read_loses_nothing(
     healthy_cluster.heal()
     healthy_cluster.wait_for_leader(60)
     values = _read_values(spark, out)
-    left = [int(v) for v in take_all(urls, queue)]
+    left = [int(v) for v in take_all(urls, token, queue)]
     missing = set(range(total)) - set(values) - set(left)
     print(f"failover: {len(values)} rows, {len(duplicates(values))} duplicated, {len(left)} left in the queue")
     assert missing == set()
 
 
-def test_drain_commits_only_when_the_job_succeeds(spark: Any, urls: str, tmp_path: Path) -> None:
+def test_drain_commits_only_when_the_job_succeeds(spark: Any, urls: str, token: str, tmp_path: Path) -> None:
     import rcq.spark
 
     queue = unique_queue("drain")
-    enqueue_values(urls, queue, [str(i) for i in range(500)])
-    with pytest.raises(RuntimeError, match="job failed"), rcq.spark.drain(spark, urls, queue, 300) as df:
+    enqueue_values(urls, token, queue, [str(i) for i in range(500)])
+    with pytest.raises(RuntimeError, match="job failed"), rcq.spark.drain(spark, urls, queue, 300, token=token) as df:
         assert df.count() == 300
         raise RuntimeError("job failed")
-    assert queue_info(urls, queue)["count"] == 500
-    assert queue_info(urls, queue)["locked"] == 0
+    assert queue_info(urls, token, queue)["count"] == 500
+    assert queue_info(urls, token, queue)["locked"] == 0
 
-    with rcq.spark.drain(spark, urls, queue, 300, valueType="string", numPartitions=3) as df:
+    with rcq.spark.drain(spark, urls, queue, 300, token=token, valueType="string", numPartitions=3) as df:
         assert df.count() == 300  # evaluated twice: the same items both times
         df.write.parquet(str(tmp_path / "out"))
     values = _read_values(spark, tmp_path / "out")
     assert duplicates(values) == {} and len(values) == 300
-    rest = [int(v) for v in take_all(urls, queue)]
+    rest = [int(v) for v in take_all(urls, token, queue)]
     assert sorted(values + rest) == list(range(500))

@@ -37,12 +37,17 @@ class ClosedTransactions:
 
     def __init__(self, remembered_max: int) -> None:
         self._remembered_max = remembered_max
-        self._closed: OrderedDict[str, tuple[State, str]] = OrderedDict()
+        self._closed: OrderedDict[str, tuple[State, str, str]] = OrderedDict()
 
-    def remember(self, transaction_id: str, state: State, reason: str) -> None:
-        self._closed[transaction_id] = (state, reason)
+    def remember(self, transaction_id: str, state: State, reason: str, owner: str = "") -> None:
+        self._closed[transaction_id] = (state, reason, owner)
         while len(self._closed) > self._remembered_max:
             self._closed.popitem(last=False)
+
+    def owner_of(self, transaction_id: str) -> str | None:
+        """The principal that began a transaction this leader closed (None: not remembered)."""
+        closed = self._closed.get(transaction_id)
+        return closed[2] if closed is not None else None
 
     def error_for(self, transaction_id: str, outcome: TransactionOutcome | None, serving_term: int,
                   forgotten_term: int = 0) -> RcqError:
@@ -54,7 +59,7 @@ class ClosedTransactions:
             return CommitConflict(f"the commit was rejected: {outcome.reason}")
         closed = self._closed.get(transaction_id)
         if closed is not None:
-            state, reason = closed
+            state, reason, _ = closed
             if reason == "expired":
                 return TransactionExpired()
             if reason == "leader_changed":

@@ -313,10 +313,13 @@ class TransactionManager:
         return body
 
     def check_owner(self, transaction_id: str, owner: str) -> None:
-        """A transaction open on this leader is invisible to every principal but its owner: the
-        same 404 as for an id never seen, so another principal learns nothing of it."""
+        """A transaction open on this leader, or closed by it recently (the last
+        ``closed_transactions_remembered_max``), is invisible to every principal but its owner: the
+        same 404 as for an id never seen, so another principal learns nothing of it. (An outcome
+        from before this leader is answered to whoever holds the id: owners are not replicated.)"""
         transaction = self._transactions.get(transaction_id)
-        if transaction is not None and transaction.owner != owner:
+        known_owner = transaction.owner if transaction is not None else self._closed.owner_of(transaction_id)
+        if known_owner is not None and known_owner != owner:
             raise TransactionNotFound(f"no transaction {transaction_id!r}")
 
     def list_open(self, label_prefix: str | None = None, owner: str = "") -> list[dict[str, Any]]:
@@ -617,7 +620,7 @@ class TransactionManager:
         transaction.state = state
         self.closed_total[outcome_label(state, reason)] += 1
         self._drop(transaction)
-        self._closed.remember(transaction.transaction_id, state, reason)
+        self._closed.remember(transaction.transaction_id, state, reason, transaction.owner)
 
     def _drop(self, transaction: Session) -> None:
         if self._transactions.pop(transaction.transaction_id, None) is not None:
