@@ -71,6 +71,9 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--data-dir", type=Path)
     serve.add_argument("--secret-file", type=Path,
                        help="file holding the cluster secret, mode 0600 (or set RCQ_CLUSTER_SECRET)")
+    serve.add_argument("--previous-secret-file", type=Path, action="append", default=None,
+                       help="file holding an older cluster secret still accepted from peers while the secret is "
+                            "rotated, mode 0600 (repeat; see docs/security.md)")
     serve.add_argument("--insecure", action="store_true", default=None,
                        help="run without a cluster secret (development only: Raft traffic is pickled)")
     serve.add_argument("--tokens-file", type=Path,
@@ -153,6 +156,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.config, node_id=args.node_id, http_host=args.http_host, http_port=args.http_port,
         advertise_url=args.advertise_url, raft_address=args.raft_address, peers=args.peer,
         data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure,
+        cluster_secrets_previous=[read_private(path, "previous cluster secret") for path in args.previous_secret_file]
+        if args.previous_secret_file else None,
         tokens=_tokens_with(args.config, admin), tokens_file=args.tokens_file, insecure_http=args.insecure_http,
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
         tls_client_ca_file=args.tls_client_ca_file, tls_peer_ca_file=args.tls_peer_ca_file)

@@ -80,6 +80,9 @@ class NodeConfig(BaseModel):
     # --- security
     cluster_secret: str | None = Field(
         None, min_length=16, repr=False, description="shared secret encrypting and authenticating Raft traffic")
+    cluster_secrets_previous: tuple[str, ...] = Field(
+        (), repr=False, description="older cluster secrets still accepted from peers while the secret is rotated "
+                                    "(frames are sealed with cluster_secret); see docs/security.md")
     insecure: bool = Field(False, description="allow running without a cluster secret (development only)")
     tokens: tuple[TokenEntry, ...] = Field(
         (), description="API tokens this node accepts (hashed: see `rcq token create`); with tokens_file, both")
@@ -188,6 +191,12 @@ class NodeConfig(BaseModel):
         if self.journal_flush_interval_s is not None and self.durability != "os":
             raise ValueError("journal_flush_interval_s applies to durability=os only (with fsync every "
                              "acknowledged entry is already synced)")
+        if self.cluster_secrets_previous and self.cluster_secret is None:
+            raise ValueError("cluster_secrets_previous needs cluster_secret (the secret frames are sealed with)")
+        if any(len(previous) < 16 for previous in self.cluster_secrets_previous):
+            raise ValueError("each of cluster_secrets_previous must be at least 16 characters, like cluster_secret")
+        if self.cluster_secret in self.cluster_secrets_previous:
+            raise ValueError("cluster_secrets_previous must not repeat cluster_secret")
         if self.cluster_secret is None and not self.insecure:
             raise ValueError("cluster_secret is required (Raft traffic is pickled); "
                              "set insecure=true only for local development")
@@ -277,7 +286,7 @@ def load_config(path: Path | None = None, **overrides: Any) -> NodeConfig:
             raise InvalidRequest(f"cannot read config {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
         if not isinstance(data, dict):
             raise InvalidRequest(f"config {path}: a JSON object is expected")
-        if data.get("cluster_secret") is not None:
+        if data.get("cluster_secret") is not None or data.get("cluster_secrets_previous"):
             read_private(Path(path), "config (it holds the cluster secret)")
     data.update({k: v for k, v in overrides.items() if v is not None})
     renamed = sorted(set(data) & set(RENAMED_FIELDS))

@@ -16,7 +16,7 @@ import signal
 
 from aiohttp import web
 
-from rcq.server.config import NodeConfig
+from rcq.server.config import NodeConfig, is_loopback
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.http.api import create_app
 from rcq.server.http.connections import HttpListener, runner_options
@@ -64,8 +64,14 @@ class Node:
         # load in the pysyncobj study) short and rare, so heartbeats are not delayed.
         gc.freeze()
         gc.set_threshold(50_000, 50, 100)
-        log.info("node %s serving HTTP on %s:%s, Raft on %s", self.config.node_id,
-                 self.config.http_host, self.port, self.config.raft_address)
+        log.info("node %s serving HTTP%s on %s:%s, Raft on %s", self.config.node_id,
+                 "S" if self.config.tls_cert_file is not None else "", self.config.http_host, self.port,
+                 self.config.raft_address)
+        if not self.config.auth_enabled:
+            exposed = not is_loopback(self.config.http_host)
+            (log.warning if exposed else log.info)(
+                "the HTTP API has no tokens: anyone who reaches %s:%s can do anything%s", self.config.http_host,
+                self.port, " (insecure_http; never do this outside development)" if exposed else " (loopback only)")
 
     async def stop(self) -> None:
         if self.http_listener is not None:

@@ -120,3 +120,16 @@ def test_tls_files_go_together_and_make_the_url_https(tmp_path: Path):
         load_config(None, **BASE, tls_client_ca_file=tmp_path / "ca.pem")
     config = load_config(None, **BASE, tls_cert_file=tmp_path / "c.pem", tls_key_file=tmp_path / "k.pem")
     assert config.url.startswith("https://")
+
+
+def test_previous_cluster_secrets_are_checked_and_never_shown():
+    previous = "an-older-secret-of-16-plus"
+    config = load_config(None, **BASE, cluster_secrets_previous=[previous])
+    assert config.cluster_secrets_previous == (previous,) and previous not in repr(config)
+    for bad, problem in ([["short"], "at least 16"], [[BASE["cluster_secret"]], "must not repeat"]):
+        with pytest.raises(InvalidRequest, match=problem) as raised:
+            load_config(None, **BASE, cluster_secrets_previous=bad)
+        assert BASE["cluster_secret"] not in raised.value.message
+    fields = {k: v for k, v in BASE.items() if k != "cluster_secret"}
+    with pytest.raises(InvalidRequest, match="needs cluster_secret"):
+        load_config(None, **fields, insecure=True, cluster_secrets_previous=[previous])

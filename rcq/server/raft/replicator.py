@@ -44,6 +44,7 @@ from rcq.server.raft.internals import default_journal, journal_bytes, journal_of
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.patches import ON_SYNC_FAILURE
 from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
+from rcq.server.raft.secret_rotation import accepting_previous_secrets
 from rcq.server.raft.settings import build_conf
 from rcq.server.raft.snapshots import ForkingSnapshotWriter
 from rcq.server.raft.wal import DurableJournal, JournalCorrupt
@@ -136,7 +137,7 @@ class RaftReplicator:
         # thread that built SyncObj ends, and the loop's thread lives as long as we do.
         try:
             self.repair = repair_interrupted_compaction(self._config.journal_path, self._config.snapshot_path)
-            with quiet_journal_open():
+            with quiet_journal_open(), accepting_previous_secrets(self._config.cluster_secrets_previous):
                 self._sync_obj = SyncObj(self._config.raft_address, [p.raft_address for p in self._config.peers],
                                          conf=conf, consumers=[self._consumer])
         except JournalCorrupt as exc:
