@@ -109,7 +109,8 @@ class NodeConfig(BaseModel):
         50_000, ge=0, description="recently aborted/expired ids kept for status answers")
 
     transactions_open_per_client_max: int = Field(
-        2_500, ge=1, description="open transactions one client (peer address) may hold on the leader before 429")
+        2_500, ge=1, description="open transactions one principal (without tokens: one peer address) may "
+                                 "hold on the leader before 429")
     transaction_lifetime_max_s: float = Field(
         4 * 3600.0, gt=0, description="longest a transaction may live, extends included; past it an extend "
                                       "is refused and the deadline aborts it")
