@@ -124,6 +124,29 @@ def _limits_line(r: dict[str, Any]) -> str:
     return line
 
 
+def _security_line(r: dict[str, Any]) -> str:
+    if not r.get("checked"):
+        return f"not checked ({r.get('skipped')})"
+    guest = r["guest"]
+    line = (
+        f"{r['attempts_count']} intrusion attempts by {r.get('principal')!r}: {r['refused_count']} refused as expected, "
+        f"{r['info_count']} no answer, {r['not_sent_count']} not sent, {r['not_held_count']} answered by a leader "
+        f"that did not hold the transaction, {r['allowed_count']} allowed, {r['unexpected_count']} unexpected; "
+        f"{r['hijacks_on_open_count']}/{r['hijacks_count']} hijacks on an open transaction "
+        f"({r['hijacks_open_throughout_count']} open throughout); guest ops ok {guest['ok']}, fail {guest['fail']}, "
+        f"info {guest['info']}, refused {guest['refused']}"
+    )
+    for f, kind in r["by_kind"].items():
+        counts = ", ".join(f"{outcome} {count}" for outcome, count in kind.items() if outcome != "attempts" and count)
+        line += f"\n      {f}: {kind['attempts']} attempts" + (f" ({counts})" if counts else "")
+    for key in ("allowed", "unexpected", "not_held"):
+        for sample in r[key][:SAMPLES_SHOWN_MAX]:
+            line += f"\n      {key}: " + ", ".join(f"{k} {v}" for k, v in sample.items())
+    for note in r["notes"]:
+        line += f"\n      note: {note}"
+    return line
+
+
 _LINES = {
     "total_queue": _total_queue_line,
     "atomicity": _atomicity_line,
@@ -131,6 +154,7 @@ _LINES = {
     "convergence": _convergence_line,
     "liveness": _liveness_line,
     "limits": _limits_line,
+    "security": _security_line,
     "ordering": _ordering_line,
 }
 

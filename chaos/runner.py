@@ -5,7 +5,9 @@
    ``target="docker"``, docker-compose.yml's project (chaos.docker_cluster);
    and wait for a leader;
 2. run the workload and the nemesis together for the time limit, sampling who
-   leads (for the liveness checker) and printing progress;
+   leads (for the liveness checker) and printing progress; an intruder with a token of its own
+   (chaos.intruder.Intruder) tries what it may not do meanwhile — on the local target, which can
+   issue tokens; on docker the history says it was skipped and why;
 3. heal everything (stop faults, heal links, resume and restart nodes) and wait
    for a leader and for every node to catch up;
 4. drain every queue completely;
@@ -33,15 +35,31 @@ from chaos.checkers import check
 from chaos.cluster import ChaosCluster
 from chaos.docker_cluster import DockerCluster
 from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
+from chaos.intruder import (
+    GUEST_QUEUE,
+    INTRUDER_GRANTS,
+    INTRUDER_PRINCIPAL,
+    IntruderGenerator,
+    run_intruder,
+)
 from chaos.nemesis import Nemesis
 from chaos.report import summary_text, write_results
-from chaos.target import ChaosTarget
-from chaos.workload import Generator, configure_limited_queue, drain, make_client, queue_names, run_worker
+from chaos.target import ChaosTarget, token_issuer
+from chaos.workload import (
+    Generator,
+    OpenTransactions,
+    configure_limited_queue,
+    drain,
+    make_client,
+    queue_names,
+    run_worker,
+)
 
 LEADER_SAMPLE_EVERY_S = 0.25
 PROGRESS_EVERY_S = 5.0
 DRAIN_PROCESS = 100_000
 SETUP_PROCESS = 100_001
+INTRUDER_PROCESS = 100_002
 STOP_GRACE_S = 45.0  # workers finish their current op (each bounded by OP_TIMEOUT_S)
 
 HEAL_ERROR_CHARS_MAX = 4000  # a node's log tail rides along; enough to see why it did not start
@@ -144,12 +162,18 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
         counts[type_] = counts.get(type_, 0) + 1
 
     await configure_limited_queue(history, urls, queues[0], SETUP_PROCESS, token=token)
+    intruder_token = await _intruder_token(cluster, history, progress)
     sampler = asyncio.create_task(_sample_leaders(cluster, now_s, leaders, sampling))
     reporter = asyncio.create_task(_report_progress(stop, counts, nemesis, progress))
     t0 = time.monotonic()
+    registry = OpenTransactions()  # the workers' open transactions: what the intruder tries to hijack
     workers = [asyncio.create_task(run_worker(history, urls, Generator(config.seed, w, queues), stop, completed,
-                                              token=token))
+                                              token=token, registry=registry))
                for w in range(config.workers)]
+    if intruder_token is not None:
+        workers.append(asyncio.create_task(run_intruder(
+            history, urls, IntruderGenerator(config.seed, INTRUDER_PROCESS, queues), registry, stop,
+            token=intruder_token)))
     nemesis_task = asyncio.create_task(nemesis.run(stop))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), config.time_limit_s)
@@ -209,6 +233,22 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
             "proxy": links.stats() if links is not None else {"target": cluster.target},
             "unexpected_exits": dict(cluster.unexpected_exits()), "logs": [str(p) for p in cluster.log_paths()]}
+
+
+async def _intruder_token(cluster: ChaosTarget, history: HistoryWriter, progress: Progress) -> str | None:
+    """A token for the intruder (produce and consume ``guest*`` only), recorded as a checker input
+    with its grants; None, with the reason recorded, when the target cannot issue one."""
+    issuer = token_issuer(cluster)
+    if issuer is None:
+        reason = f"the {cluster.target} target's nodes accept only its admin token"
+        history.info(CHECKER_INPUT_PROCESS, "intruder", {"skipped": reason})
+        progress(f"no intruder: {reason}")
+        return None
+    token = await asyncio.to_thread(issuer.add_token, INTRUDER_PRINCIPAL, list(INTRUDER_GRANTS))
+    history.info(CHECKER_INPUT_PROCESS, "intruder", {"principal": INTRUDER_PRINCIPAL, "process": INTRUDER_PROCESS,
+                                                     "grants": list(INTRUDER_GRANTS), "guest_queue": GUEST_QUEUE})
+    progress(f"intruder: principal {INTRUDER_PRINCIPAL!r} (process {INTRUDER_PROCESS}) may use {GUEST_QUEUE}* only")
+    return token
 
 
 def _final_digests(cluster: ChaosTarget, timeout_s: float) -> tuple[dict[str, str | None], bool]:
@@ -297,8 +337,9 @@ FAULT_COLORS = ("#e6550d", "#3182bd", "#31a354", "#756bb1", "#636363", "#fd8d3c"
 
 
 def plot_timeline(history: list[dict[str, Any]], path: Path, title: str = "rcq chaos") -> Path:
-    """Throughput (ok / fail / info per second) and latency of every client op over time, with
-    each fault window shaded in its colour — the way Jepsen draws them."""
+    """Throughput (ok / fail / info per second) and latency of every workload op over time, with
+    each fault window shaded in its colour — the way Jepsen draws them. The intruder's ops are
+    left out: its refusals are the system working, not failing."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -306,9 +347,10 @@ def plot_timeline(history: list[dict[str, Any]], path: Path, title: str = "rcq c
     from matplotlib.patches import Patch
 
     from chaos.checkers import fault_windows
+    from chaos.checkers.security import is_security_op
     from chaos.history import pair_ops
 
-    pairs = [p for p in pair_ops(history) if p.completion is not None]
+    pairs = [p for p in pair_ops(history) if p.completion is not None and not is_security_op(p.f)]
     end_s = max((float(op.get("time_s", 0)) for op in history), default=1.0)
     buckets = int(end_s) + 1
     figure, (throughput, latency) = plt.subplots(2, 1, figsize=(14, 7), sharex=True)

@@ -11,6 +11,11 @@ class:
 * :meth:`ChaosTarget.node_isolation` — whole nodes taken off the network and put back;
   None when the target does not offer it (with link faults it is not needed).
 
+Restricted tokens (the workload's intruder) are a capability only some targets have, found by
+name like the power failure: :func:`token_issuer` returns the target as a :class:`TokenIssuer`
+(the local target: every node's tokens file) or None (docker: the nodes know the admin token of
+the compose project only).
+
 Node indices are 0-based and node ``i`` is ``node-i`` on every target.
 
 Must not import: any rcq module, nor the targets (they import this).
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from chaos.netproxy import LinkFault
 
@@ -57,6 +62,18 @@ class NodeIsolation(Protocol):
     def isolate_nodes(self, indices: Iterable[int]) -> None: ...
 
     def reconnect_nodes(self, indices: Iterable[int]) -> None: ...
+
+
+class TokenIssuer(Protocol):
+    """Adds a token of principal ``name`` with ``grants`` to what every node accepts, and returns
+    it once the nodes accept it (rcq.testing.cluster.LocalCluster.add_token)."""
+
+    def add_token(self, name: str, grants: Iterable[Mapping[str, Any]] = ..., admin: bool = ...) -> str: ...
+
+
+def token_issuer(cluster: object) -> TokenIssuer | None:
+    """The target as a :class:`TokenIssuer`, or None when it cannot issue tokens."""
+    return cast(TokenIssuer, cluster) if callable(getattr(cluster, "add_token", None)) else None
 
 
 class TargetNode(Protocol):

@@ -17,6 +17,9 @@ Every operation is an ``invoke`` line, then exactly one completion:
 * ``info``: anything else once the commit may have left — CommitOutcomeUnknown,
   a transport error, a timeout, an exception we did not expect.
 
+The intruder, a principal that tries what it must not, is :mod:`chaos.intruder`; workers register
+their open transactions in an :class:`OpenTransactions` for it.
+
 Must not import: any rcq module but rcq.client and rcq.errors (black box).
 """
 
@@ -30,7 +33,14 @@ from collections.abc import Callable
 from typing import Any
 
 from rcq.client import Item, RcqClient, Transaction
-from rcq.errors import InvalidRequest, QueueFull, StorageFull, TooManyQueues, TransactionAborted, TransactionNotFound
+from rcq.errors import (
+    InvalidRequest,
+    QueueFull,
+    StorageFull,
+    TooManyQueues,
+    TransactionAborted,
+    TransactionNotFound,
+)
 
 OP_TIMEOUT_S = 30.0  # an op still running after this is abandoned (info if its commit may have left)
 TRANSACTION_TIMEOUT_S = 8.0
@@ -49,6 +59,7 @@ DEFAULT_MIX: dict[str, int] = {
 # The run's first queue gets its own max_items (checked by the limits checker); queue_full refusals
 # are definite failures the total-queue checker must account for.
 LIMITED_QUEUE_ITEMS_MAX = 40
+
 
 
 def queue_names(count: int) -> list[str]:
@@ -99,7 +110,7 @@ class Generator:
         return Spec(f, {"queue": queue, "max": rng.randint(1, 3)}, head_rank=f == "dequeue-abort" and rng.random() < 0.5)
 
 
-def _text(item: Item | bytes) -> str:
+def text_of(item: Item | bytes) -> str:
     value = item.value if isinstance(item, Item) else item
     return value.decode("utf-8", errors="replace")
 
@@ -109,19 +120,48 @@ def error_name(exc: BaseException) -> str:
     return str(code) if isinstance(code, str) else type(exc).__name__
 
 
-class Executor:
-    """Runs one Spec against the cluster and decides ok / fail / info."""
+class OpenTransactions:
+    """The workers' transactions open right now, for the intruder to try to hijack: an Executor
+    adds its transaction's id when it begins and removes it when the op ends (a vanished client's
+    transaction stays open on the server until its deadline, but is no longer listed). One event
+    loop shares it: no lock."""
 
-    def __init__(self, client: RcqClient) -> None:
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[int | str, str]] = {}
+
+    def add(self, transaction_id: str, process: int | str, f: str) -> None:
+        self._open[transaction_id] = (process, f)
+
+    def remove(self, transaction_id: str) -> None:
+        self._open.pop(transaction_id, None)
+
+    def snapshot(self) -> list[tuple[str, int | str, str]]:
+        """(transaction id, process, f) of each, in id order (a seeded draw then picks the same one)."""
+        return sorted((tid, process, f) for tid, (process, f) in self._open.items())
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+class Executor:
+    """Runs one Spec against the cluster and decides ok / fail / info. With ``registry``, the
+    transaction of each op is listed there while the op runs (as process ``process``)."""
+
+    def __init__(self, client: RcqClient, registry: OpenTransactions | None = None, process: int | str = "") -> None:
         self.client = client
+        self.registry = registry
+        self.process = process
 
     async def run(self, spec: Spec) -> tuple[str, Any, str | None]:
-        state: dict[str, Any] = {"commit_sent": False, "values": []}
+        state: dict[str, Any] = {"commit_sent": False, "values": [], "f": spec.f}
         try:
             type_, value, error = await asyncio.wait_for(self._dispatch(spec, state), OP_TIMEOUT_S)
         except Exception as exc:  # an exception is data here: fail or info
             definite = not state["commit_sent"] or isinstance(exc, DEFINITELY_NOT_COMMITTED)
             type_, value, error = ("fail" if definite else "info"), self._partial(spec, state), error_name(exc)
+        finally:
+            if self.registry is not None and "transaction_id" in state:
+                self.registry.remove(state["transaction_id"])
         if "transaction_id" in state and isinstance(value, dict):
             value = {**value, "transaction_id": state["transaction_id"]}  # to find it in the nodes' logs
         return type_, value, error
@@ -142,6 +182,11 @@ class Executor:
         handler: Callable[..., Any] = getattr(self, "_" + spec.f.replace("-", "_"))
         return await handler(spec, state)
 
+    def _began(self, tx: Transaction, state: dict[str, Any]) -> None:
+        state["transaction_id"] = tx.transaction_id
+        if self.registry is not None:
+            self.registry.add(tx.transaction_id, self.process, state["f"])
+
     async def _commit(self, tx: Transaction, state: dict[str, Any]) -> None:
         state["commit_sent"] = True
         await tx.commit()
@@ -155,7 +200,7 @@ class Executor:
 
     async def _in_transaction(self, state: dict[str, Any], timeout_s: float, body: Callable[[Transaction], Any]) -> Any:
         tx = await self.client.begin(timeout_s, "chaos")
-        state["transaction_id"] = tx.transaction_id
+        self._began(tx, state)
         try:
             result = await body(tx)
         except BaseException:
@@ -179,7 +224,7 @@ class Executor:
 
         async def body(tx: Transaction) -> None:
             items = await tx.dequeue_items(queue, spec.value["max"])
-            state["values"] = [_text(i) for i in items]
+            state["values"] = [text_of(i) for i in items]
             await self._commit(tx, state)
 
         await self._in_transaction(state, TRANSACTION_TIMEOUT_S, body)
@@ -190,7 +235,7 @@ class Executor:
 
         async def body(tx: Transaction) -> None:
             items = await tx.dequeue_items(source, spec.value["max"])
-            state["values"] = [_text(i) for i in items]
+            state["values"] = [text_of(i) for i in items]
             if items:
                 await tx.enqueue_batch(target, [i.value for i in items])
             await self._commit(tx, state)
@@ -201,14 +246,14 @@ class Executor:
     async def _dequeue_abort(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         queue = spec.value["queue"]
         tx = await self.client.begin(TRANSACTION_TIMEOUT_S, "chaos")
-        state["transaction_id"] = tx.transaction_id
+        self._began(tx, state)
         try:
             items = await tx.dequeue_items(queue, spec.value["max"])
         except BaseException:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(self._abort_quietly(tx))
             raise
-        values = [_text(i) for i in items]
+        values = [text_of(i) for i in items]
         state["values"] = values
         abort_error = await self._abort_quietly(tx)
         value: dict[str, Any] = {"queue": queue, "values": values}
@@ -227,7 +272,7 @@ class Executor:
             items = await tx.dequeue_items(queue, HEAD_RANK_WINDOW)
         finally:
             await self._abort_quietly(tx)
-        return next((rank for rank, item in enumerate(items) if _text(item) in values), None)
+        return next((rank for rank, item in enumerate(items) if text_of(item) in values), None)
 
     async def _count(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         """The replicated count with the queue's own limit: the limits checker holds one to the other."""
@@ -238,15 +283,15 @@ class Executor:
 
     async def _peek(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         value = await self.client.peek(spec.value["queue"])
-        return "ok", {"queue": spec.value["queue"], "value": None if value is None else _text(value)}, None
+        return "ok", {"queue": spec.value["queue"], "value": None if value is None else text_of(value)}, None
 
     async def _vanish(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         queue = spec.value["queue"]
         tx = await self.client.begin(VANISH_TIMEOUT_S, "chaos-vanish")
-        state["transaction_id"] = tx.transaction_id
+        self._began(tx, state)
         items = await tx.dequeue_items(queue, spec.value["max"])
         # Walk away: no commit, no abort. The server's deadline must give the items back.
-        return "ok", {"queue": queue, "values": [_text(i) for i in items]}, None
+        return "ok", {"queue": queue, "values": [text_of(i) for i in items]}, None
 
 
 async def configure_limited_queue(history: Any, urls: list[str], queue: str, process: int,
@@ -269,11 +314,12 @@ def make_client(urls: list[str], token: str | None = None) -> RcqClient:
 
 async def run_worker(history: Any, urls: list[str], generator: Generator, stop: asyncio.Event,
                      on_complete: Callable[[str, str], None] | None = None, ops_max: int | None = None, *,
-                     token: str | None = None) -> int:
-    """Invoke the generator's ops one after another until ``stop`` is set; returns how many."""
+                     token: str | None = None, registry: OpenTransactions | None = None) -> int:
+    """Invoke the generator's ops one after another until ``stop`` is set; returns how many.
+    ``registry``: where the worker lists its open transactions (for the intruder)."""
     done = 0
     async with make_client(urls, token) as client:
-        executor = Executor(client)
+        executor = Executor(client, registry, generator.process)
         while not stop.is_set() and (ops_max is None or done < ops_max):
             spec = generator.next()
             op = history.invoke(generator.process, spec.f, spec.value)

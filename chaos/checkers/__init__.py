@@ -3,10 +3,13 @@
 Jepsen's protocol: a checker reads the whole history after the run (after the final heal and
 drain) and says whether it is valid. One module per concern (``queue``: lost, duplicated,
 unexpected items and atomicity; ``aborts``: aborted items come back; ``cluster``: convergence
-and liveness; ``limits``: a queue never holds more than its max_items; ``ordering``), each
+and liveness; ``limits``: a queue never holds more than its max_items; ``security``: the
+intruder is refused everything its token does not grant; ``ordering``), each
 ``check_x(...) -> dict`` with a ``"valid"`` key, counts and at most 20 sample offenders per
 kind; ``model`` parses the history once for them. Ordering and the liveness timings are
-metrics: only stuck transactions make liveness invalid, nothing makes ordering so.
+metrics: only stuck transactions make liveness invalid, nothing makes ordering so. Liveness
+measures the workload: the intruder's ops are left out of its availability (a refusal is the
+cluster working).
 ``python -m chaos.checkers history.jsonl`` re-checks a saved history.
 
 Pure Python: imports nothing from rcq.
@@ -25,6 +28,7 @@ from chaos.checkers.limits import check_limits
 from chaos.checkers.model import build_model
 from chaos.checkers.ordering import check_ordering
 from chaos.checkers.queue import check_atomicity, check_total_queue
+from chaos.checkers.security import check_security, is_security_op
 from chaos.history import NEMESIS_PROCESS, read_history
 
 __all__ = [
@@ -37,11 +41,13 @@ __all__ = [
     "check_limits",
     "check_liveness",
     "check_ordering",
+    "check_security",
     "check_total_queue",
     "fault_windows",
 ]
 
-CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "convergence", "liveness", "limits", "ordering")
+CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "convergence", "liveness", "limits", "security",
+                 "ordering")
 
 
 def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -53,8 +59,9 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "atomicity": check_atomicity(model),
         "aborted_return": check_aborted_return(model),
         "convergence": check_convergence(history),
-        "liveness": check_liveness(history),
+        "liveness": check_liveness([op for op in history if not is_security_op(str(op.get("f")))]),
         "limits": check_limits(model),
+        "security": check_security(model, history),
         "ordering": check_ordering(model),
     }
     op_counts = Counter(f"{op.f}:{op.type}" for op in model.ops)

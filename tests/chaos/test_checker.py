@@ -126,6 +126,7 @@ def test_a_clean_history_is_valid_by_every_checker() -> None:
     assert result["convergence"]["checked"] and result["convergence"]["distinct_count"] == 1
     assert result["liveness"]["by_fault"]["kill"]["windows"] == 1
     assert result["stats"]["client_ops"] == 10
+    assert result["security"] == {"valid": True, "checked": False, "skipped": "no intruder in this history"}
 
 
 def test_committed_enqueue_never_dequeued_is_lost() -> None:

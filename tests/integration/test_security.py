@@ -216,6 +216,11 @@ async def test_a_transaction_belongs_to_the_principal_that_began_it(secured: Loc
         status, payload, _ = await call(session, "POST", f"{url}/v1/batch", bob, {"requests": [
             {"op": "status", "transaction_id": tx}, {"op": "abort", "transaction_id": tx}]})
         assert [r["status"] for r in payload["responses"]] == [404, 404]
+        # Without the permission, the same 403 for alice's id and for an id that never existed.
+        for some_id in (tx, tx.split(".")[0] + ".000000000000000000000000"):
+            status, payload, _ = await call(session, "POST", f"{url}/v1/transactions/{some_id}/enqueue", bob,
+                                            {"queue": "sec-not-granted", "items": ["Yg=="], "encoding": "base64"})
+            assert (status, error_code(payload)) == (403, "forbidden")
         status, listed, _ = await call(session, "GET", f"{url}/v1/transactions", bob)
         assert status == 200 and tx not in {t["transaction_id"] for t in listed["transactions"]}
         status, listed, _ = await call(session, "GET", f"{url}/v1/transactions?label_prefix=alice", alice)
@@ -223,6 +228,12 @@ async def test_a_transaction_belongs_to_the_principal_that_began_it(secured: Loc
         # Untouched by bob: alice's transaction still holds its item and commits both ways.
         status, committed, _ = await call(session, "POST", f"{url}/v1/transactions/{tx}/commit", alice, {})
         assert status == 200 and (committed["enqueued"], committed["dequeued"]) == (1, 1)
+        # Once committed: still 404 for bob at the leader; a follower does not answer him (307).
+        status, payload, _ = await call(session, "GET", f"{url}/v1/transactions/{tx}", bob)
+        assert (status, error_code(payload)) == (404, "transaction_not_found")
+        for follower in (u for u in secured.urls if u != url):
+            status, payload, _ = await call(session, "GET", f"{follower}/v1/transactions/{tx}", bob)
+            assert (status, error_code(payload)) == (307, "not_leader"), payload
     async with RcqClient(secured.urls, token=bob) as client:
         with pytest.raises(TransactionNotFound):
             await client.commit_many([tx])

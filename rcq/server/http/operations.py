@@ -85,8 +85,8 @@ async def begin(manager: TransactionManager, body: BeginRequest, caller: Caller)
 
 async def enqueue(manager: TransactionManager, config: NodeConfig, transaction_id: str,
                   body: EnqueueRequest, caller: Caller) -> Answer:
+    caller.principal.require("produce", body.queue)  # before ownership: a 403 says nothing of the id
     manager.check_owner(transaction_id, caller.owner)
-    caller.principal.require("produce", body.queue)
     check_items_count(body.items, config)
     values = decode_items(body.items, body.encoding, config.item_bytes_max)
     buffered = manager.enqueue(transaction_id, body.queue, values, body.key)
@@ -96,8 +96,8 @@ async def enqueue(manager: TransactionManager, config: NodeConfig, transaction_i
 
 async def dequeue(manager: TransactionManager, transaction_id: str, body: DequeueRequest, caller: Caller,
                   budget: AnswerBudget | None = None) -> Answer:
+    caller.principal.require("consume", body.queue)  # before ownership: a 403 says nothing of the id
     manager.check_owner(transaction_id, caller.owner)
-    caller.principal.require("consume", body.queue)
     items = await manager.dequeue(transaction_id, body.queue, body.max_items, body.wait_ms, body.key, budget)
     return 200, {"transaction_id": transaction_id, "queue": body.queue,
                  "items": items_body(items, body.encoding)}
@@ -120,6 +120,10 @@ async def extend(manager: TransactionManager, transaction_id: str, body: ExtendR
 
 
 async def status(manager: TransactionManager, transaction_id: str, caller: Caller) -> Answer:
+    if caller.principal.authenticated and not caller.principal.admin:
+        # Only the leader knows owners (they are not replicated): a follower would answer a
+        # replicated outcome to anyone holding the id, so it redirects (307) like other verbs.
+        manager.require_serving()
     manager.check_owner(transaction_id, caller.owner)
     return 200, manager.describe(transaction_id)
 
