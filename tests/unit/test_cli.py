@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -17,10 +18,9 @@ from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
 
 
-@pytest.fixture
-async def url(tmp_path: Path) -> AsyncIterator[str]:
-    config = NodeConfig(node_id="n1", http_port=0, raft_address="127.0.0.1:10001", data_dir=tmp_path,
-                        insecure=True)
+@contextlib.asynccontextmanager
+async def serving_node(config: NodeConfig) -> AsyncIterator[str]:
+    """An in-process node (in-memory replication) serving HTTP; yields its URL."""
     node = Node(config, replicator=InMemoryReplicator())
     await node.start()
     try:
@@ -28,6 +28,13 @@ async def url(tmp_path: Path) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{node.port}"
     finally:
         await node.stop()
+
+
+@pytest.fixture
+async def url(tmp_path: Path) -> AsyncIterator[str]:
+    async with serving_node(NodeConfig(node_id="n1", http_port=0, raft_address="127.0.0.1:10001",
+                                       data_dir=tmp_path, insecure=True)) as node_url:
+        yield node_url
 
 
 @pytest.fixture

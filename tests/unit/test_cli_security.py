@@ -22,9 +22,8 @@ from rcq import cli
 from rcq.cli import admin_token_entry, main, read_cluster_secret
 from rcq.errors import InvalidRequest
 from rcq.server.config import NodeConfig
-from rcq.server.node import Node
 from rcq.server.security.tokens import Grant, TokenEntry, new_token, parse_tokens_file, token_hash
-from rcq.testing import InMemoryReplicator, wait_until
+from tests.unit.test_cli import serving_node
 
 SECRET = "s3cret-cluster-key-0123456789"
 
@@ -232,13 +231,8 @@ async def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
                          grants=(Grant(queues="other.*", actions=("produce",)),), expires_at=None))
     config = NodeConfig(node_id="n1", http_port=0, raft_address="127.0.0.1:10001", data_dir=tmp_path / "data",
                         insecure=True, tokens=tokens)
-    node = Node(config, replicator=InMemoryReplicator())
-    await node.start()
-    try:
-        await wait_until(lambda: node.manager.serving, 5, message="node serving")
-        yield f"http://127.0.0.1:{node.port}"
-    finally:
-        await node.stop()
+    async with serving_node(config) as node_url:
+        yield node_url
 
 
 async def rcq(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
