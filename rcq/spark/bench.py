@@ -14,6 +14,11 @@ each with enqueue/dequeue requests of ``--batch-size`` items, and then
 callers) on the same cluster. The issue's target: the Spark path reaches at
 least 50% of rcq's items/s.
 
+``--standalone`` measures the Spark figures a second time on a Spark standalone
+cluster it starts (a master and a worker of ``--partitions`` cores, each its own
+JVM: :mod:`rcq.testing.spark_standalone`), so the executors run in a JVM of
+their own instead of the driver's, and prints both rows side by side.
+
 The fresh cluster requires tokens: Spark reads its admin token from the private file
 (option ``tokenFile``, so the token itself is in no Spark option or plan), and the
 comparison's clients send it too. With ``--urls``, both take ``$RCQ_TOKEN``.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -39,17 +45,20 @@ from rcq.bench import Target, fresh_cluster, run_scenario
 from rcq.testing.cluster import ADMIN_TOKEN_NAME
 
 
-def make_spark(master: str) -> Any:
+def make_spark(master: str, config: dict[str, str] | None = None) -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     import rcq.spark
 
-    spark = (SparkSession.builder.master(master).appName("rcq-spark-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
-             .config("spark.sql.streaming.pollingDelay", "100ms").getOrCreate())
+    builder = (SparkSession.builder.master(master).appName("rcq-spark-bench")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g")
+               .config("spark.sql.streaming.pollingDelay", "100ms"))
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("OFF")
     rcq.spark.register(spark)
     return spark
@@ -96,6 +105,37 @@ async def rcq_bench(target: Target, concurrency: int, duration_s: float) -> dict
     return figures
 
 
+def spark_figures(spark: Any, urls: str, args: argparse.Namespace, options: dict[str, str],
+                  temp: Path) -> dict[str, float]:
+    """Warm this session up (its executors are new JVMs and Python workers), then measure."""
+    warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
+    sink_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, options)
+    source_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, 1000, temp / f"w-{warm}", options)
+    queue = f"bench-spark-{uuid.uuid4().hex[:8]}"
+    figures = {"spark_sink_rows_per_s": sink_rows_per_s(spark, urls, queue, args.rows, args.partitions,
+                                                         args.batch_size, options)}
+    print(f"batch sink:        {figures['spark_sink_rows_per_s']:10.0f} rows/s", flush=True)
+    figures["spark_source_rows_per_s"] = source_rows_per_s(
+        spark, urls, queue, args.rows, args.partitions, args.batch_size, args.items_per_partition,
+        temp / f"checkpoint-{queue}", options)
+    print(f"streaming source:  {figures['spark_source_rows_per_s']:10.0f} rows/s", flush=True)
+    return figures
+
+
+def print_modes(by_mode: dict[str, dict[str, float]], rcq_figures: dict[str, float]) -> None:
+    """One row per Spark mode: rows/s and the share of rcq's own items/s."""
+    width = max(len("Spark mode"), *(len(mode) for mode in by_mode))
+    print(f"\n{'Spark mode':<{width}}  {'batch sink rows/s':>24}  {'streaming source rows/s':>24}")
+    for mode, figures in by_mode.items():
+        sink = figures["spark_sink_rows_per_s"]
+        source = figures["spark_source_rows_per_s"]
+        sink_share = sink / max(rcq_figures["enqueue-100"], 1e-9)
+        source_share = source / max(rcq_figures["dequeue-100"], 1e-9)
+        print(f"{mode:<{width}}  {f'{sink:,.0f} ({sink_share:.0%})':>24}  {f'{source:,.0f} ({source_share:.0%})':>24}")
+    print(f"{'rcq.bench, 100-item requests':<{width}}  {rcq_figures['enqueue-100']:>24,.0f}  "
+          f"{rcq_figures['dequeue-100']:>24,.0f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rcq.spark.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--urls", help="comma-separated node URLs of a running cluster (default: start one)")
@@ -104,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2, help="Spark tasks writing / reading per batch")
     parser.add_argument("--items-per-partition", type=int, default=10_000, help="streaming: per task per micro-batch")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--standalone", action="store_true",
+                        help="also measure on a Spark standalone cluster it starts (a master and a worker JVM with "
+                             "--partitions cores), next to --master")
     parser.add_argument("--rcq-concurrency", type=int, default=32, help="callers of the rcq.bench comparison")
     parser.add_argument("--rcq-duration-s", type=float, default=5.0)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -114,41 +157,39 @@ def main(argv: list[str] | None = None) -> int:
     # Spark's own options for the cluster: its admin token by the file that holds it ($RCQ_TOKEN with --urls)
     options = {"tokenFile": str(cluster.base_dir / ADMIN_TOKEN_NAME)} if cluster is not None else {}
     config = {"rows": args.rows, "item_bytes": 100, "batch_size": args.batch_size, "partitions": args.partitions,
-              "items_per_partition": args.items_per_partition, "master": args.master,
+              "items_per_partition": args.items_per_partition, "master": args.master, "standalone": args.standalone,
               "nodes": len(urls.split(",")), "cpus": os.cpu_count(), "python": platform.python_version(),
               "load_average": os.getloadavg()[0], "rcq_concurrency": args.rcq_concurrency}
     print("configuration:", json.dumps(config), flush=True)
+    by_mode: dict[str, dict[str, float]] = {}
     try:
-        spark = make_spark(args.master)
-        try:
-            with tempfile.TemporaryDirectory(prefix="rcq-spark-bench-") as temp:
-                warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
-                sink_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, options)
-                source_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, 1000, Path(temp) / "w",
-                                  options)
-                queue = f"bench-spark-{uuid.uuid4().hex[:8]}"
-                figures = {"spark_sink_rows_per_s": sink_rows_per_s(spark, urls, queue, args.rows, args.partitions,
-                                                                     args.batch_size, options)}
-                print(f"batch sink:        {figures['spark_sink_rows_per_s']:10.0f} rows/s", flush=True)
-                figures["spark_source_rows_per_s"] = source_rows_per_s(
-                    spark, urls, queue, args.rows, args.partitions, args.batch_size, args.items_per_partition,
-                    Path(temp) / "checkpoint", options)
-                print(f"streaming source:  {figures['spark_source_rows_per_s']:10.0f} rows/s", flush=True)
-        finally:
-            spark.stop()
+        with tempfile.TemporaryDirectory(prefix="rcq-spark-bench-") as temp, contextlib.ExitStack() as stack:
+            modes: list[tuple[str, str, dict[str, str]]] = [(args.master, args.master, {})]
+            if args.standalone:  # started first: a cluster that cannot start fails the run before minutes of work
+                from rcq.testing.spark_standalone import SparkStandalone
+
+                standalone = stack.enter_context(SparkStandalone(cores=args.partitions, memory="1g"))
+                modes.append((f"standalone (1 worker, {args.partitions} cores)", standalone.master_url,
+                              standalone.session_config()))
+            for mode, master, spark_config in modes:
+                print(f"Spark on {mode}:", flush=True)
+                spark = make_spark(master, spark_config)
+                try:
+                    by_mode[mode] = spark_figures(spark, urls, args, options, Path(temp))
+                finally:
+                    spark.stop()
         rcq_figures = asyncio.run(rcq_bench(target, args.rcq_concurrency, args.rcq_duration_s))
     finally:
         if cluster is not None:
             cluster.close()
-    figures["rcq_enqueue_100_items_per_s"] = rcq_figures["enqueue-100"]
-    figures["rcq_dequeue_100_items_per_s"] = rcq_figures["dequeue-100"]
-    sink_ratio = figures["spark_sink_rows_per_s"] / max(rcq_figures["enqueue-100"], 1e-9)
-    source_ratio = figures["spark_source_rows_per_s"] / max(rcq_figures["dequeue-100"], 1e-9)
-    print(f"rcq enqueue-100:   {rcq_figures['enqueue-100']:10.0f} items/s  -> sink at {sink_ratio:.0%} of it")
-    print(f"rcq dequeue-100:   {rcq_figures['dequeue-100']:10.0f} items/s  -> source at {source_ratio:.0%} of it")
-    print("target (>= 50% of rcq's items/s):", "met" if min(sink_ratio, source_ratio) >= 0.5 else "NOT met")
+    figures = {**by_mode[args.master], "rcq_enqueue_100_items_per_s": rcq_figures["enqueue-100"],
+               "rcq_dequeue_100_items_per_s": rcq_figures["dequeue-100"]}
+    print_modes(by_mode, rcq_figures)
+    shares = [f[key] / max(rcq_figures[name], 1e-9) for f in by_mode.values()
+              for key, name in (("spark_sink_rows_per_s", "enqueue-100"), ("spark_source_rows_per_s", "dequeue-100"))]
+    print("target (>= 50% of rcq's items/s in every mode):", "met" if min(shares) >= 0.5 else "NOT met")
     if args.json:
-        args.json.write_text(json.dumps({"config": config, "figures": figures}, indent=2))
+        args.json.write_text(json.dumps({"config": config, "figures": figures, "modes": by_mode}, indent=2))
     return 0
 
 

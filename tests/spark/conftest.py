@@ -1,9 +1,15 @@
-"""Fixtures for the Spark connector tests: one SparkSession and one 3-node rcq cluster per run.
+"""Fixtures for the Spark connector tests: one SparkSession at a time and one 3-node rcq cluster per run.
 
 The JVM reads its environment when it starts, so the variables are set at
 import time, before any fixture runs. Without Java the ``spark`` tests are
 skipped, and the terminal summary says so in a warning line: a skipped
 connector test suite must never look like a passing one.
+
+PySpark allows one SparkContext per process, so :class:`SparkSessions` holds
+the one session and switches masters when a test asks for another: ``spark``
+is ``local[2,3]``; ``standalone_spark`` drives a Spark standalone cluster (a
+master and a worker JVM, :mod:`rcq.testing.spark_standalone`) that a module
+starts for itself and stops when it is done.
 """
 
 from __future__ import annotations
@@ -11,16 +17,18 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rcq.testing.cluster import LocalCluster
+from rcq.testing.spark_standalone import SparkStandalone
 
 ROOT = Path(__file__).resolve().parents[2]
 LEADER_TIMEOUT_S = 60.0
+LOCAL_MASTER = "local[2,3]"  # two cores, and up to 3 attempts per task so retries happen
 JAVA_MISSING = "Java is not installed (no `java` on PATH): the rcq Spark connector tests did NOT run"
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -51,43 +59,97 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    cluster = getattr(item, "funcargs", {}).get("rcq_cluster")
+    funcargs = getattr(item, "funcargs", {})
+    cluster = funcargs.get("rcq_cluster")
     if report.failed and isinstance(cluster, LocalCluster):
         report.sections.append((f"rcq node logs ({report.when})", cluster.dump_logs()))
+    standalone = funcargs.get("spark_standalone")
+    if report.failed and isinstance(standalone, SparkStandalone):
+        report.sections.append((f"Spark standalone logs ({report.when})", standalone.dump_logs()))
 
 
-def make_spark_session() -> Any:
-    """local[2,3]: two cores, and up to 3 attempts per task so retries happen; quiet and small."""
+def make_spark_session(master: str = LOCAL_MASTER, config: Mapping[str, str] | None = None) -> Any:
+    """A quiet, small session on ``master`` with ``rcq`` and the tests' ``rcq_faulty`` registered."""
     from pyspark.sql import SparkSession
 
     import rcq.spark
+    from tests.spark.faulty import FaultyRcqDataSource
 
-    spark = (SparkSession.builder.master("local[2,3]").appName("rcq-spark-tests")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.default.parallelism", "2")
-             .config("spark.sql.streaming.pollingDelay", "100ms")
-             .config("spark.driver.memory", "1g")
-             .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-             .getOrCreate())
+    builder = (SparkSession.builder.master(master).appName("rcq-spark-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.streaming.pollingDelay", "100ms")
+               .config("spark.driver.memory", "1g")
+               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"))
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("OFF")
     rcq.spark.register(spark)
+    spark.dataSource.register(FaultyRcqDataSource)
     return spark
 
 
+class SparkSessions:
+    """The process's one SparkSession, made for the master last asked for (another master: the
+    current session is stopped first; the driver JVM stays, so a switch costs seconds)."""
+
+    def __init__(self) -> None:
+        self.master: str | None = None
+        self.session: Any = None
+
+    def get(self, master: str = LOCAL_MASTER, config: Mapping[str, str] | None = None) -> Any:
+        if self.session is None or self.master != master:
+            self.stop()
+            self.session = make_spark_session(master, config)
+            self.master = master
+        return self.session
+
+    def stop(self) -> None:
+        if self.session is not None:
+            session, self.session, self.master = self.session, None, None
+            session.stop()
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark_sessions() -> Iterator[SparkSessions]:
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")
-    session = make_spark_session()
-    from tests.spark.faulty import FaultyRcqDataSource
-
-    session.dataSource.register(FaultyRcqDataSource)
+    sessions = SparkSessions()
     try:
-        yield session
+        yield sessions
     finally:
-        session.stop()
+        sessions.stop()
+
+
+@pytest.fixture
+def spark(spark_sessions: SparkSessions) -> Any:
+    """A ``local[2,3]`` session (kept across tests until one asks for another master)."""
+    return spark_sessions.get(LOCAL_MASTER)
+
+
+@pytest.fixture(scope="module")
+def spark_standalone(spark_sessions: SparkSessions) -> Iterator[SparkStandalone]:
+    """A Spark standalone cluster for one module: a master and a worker (2 cores, 1 GiB) on loopback."""
+    with SparkStandalone(cores=2, memory="1g") as cluster:
+        try:
+            yield cluster
+        finally:
+            if spark_sessions.master == cluster.master_url:  # its application ends before its cluster
+                spark_sessions.stop()
+
+
+@pytest.fixture
+def standalone_spark(spark_sessions: SparkSessions, spark_standalone: SparkStandalone) -> Any:
+    """A session whose executors run on ``spark_standalone``: up to 4 attempts per task (Spark's
+    default outside local mode), Arrow batches of 1000 rows (so a task hands rows on while it runs)."""
+    return spark_sessions.get(spark_standalone.master_url, {
+        **spark_standalone.session_config(),
+        "spark.executor.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "1000",
+    })
 
 
 @pytest.fixture(scope="session")
