@@ -15,6 +15,13 @@ failover (which aborts every open transaction) costs a task retry, not the
 query: the retry finds no open transaction and begins a new one, and the
 aborted items are back at the head.
 
+**Replayed batches** (a restarted query re-runs the last batch of its offset log, one this
+reader never offered through ``latestOffset``): their tasks only *reuse* open transactions and,
+where none is left (expired, or aborted by a failover), read nothing. Reading fresh items there
+would lose them: a sink that already wrote batch ``n`` drops its replay as a duplicate, and the
+source would then commit their dequeue. The items of the vanished transactions are back at the
+head and come in a later batch: at least once, never lost.
+
 **Commit** (driver-side runner): a transaction of batch ``n`` is committed only
 once Spark has recorded batch ``n`` as done, which Spark shows by calling
 ``latestOffset(start={"batch": n})`` or ``commit({"batch": n})``. Spark calls
@@ -53,27 +60,36 @@ class ReadPartition(InputPartition):
     """One reader task: up to ``max_items`` of the queue under ``label``, dequeue keys ``<key_prefix>:<chunk>``.
     ``transaction_id``: a drain's driver-side transaction; None: find or begin one by label."""
 
-    def __init__(self, label: str, key_prefix: str, max_items: int, transaction_id: str | None = None) -> None:
+    def __init__(self, label: str, key_prefix: str, max_items: int, transaction_id: str | None = None,
+                 replay: bool = False) -> None:
         super().__init__(label)
         self.label = label
         self.key_prefix = key_prefix
         self.max_items = max_items
         self.transaction_id = transaction_id
+        self.replay = replay  # a batch replayed after a restart: reuse a transaction or read nothing
 
 
-async def _transaction_for(client: RcqClient, options: RcqOptions, partition: ReadPartition) -> Transaction:
+async def _transaction_for(client: RcqClient, options: RcqOptions, partition: ReadPartition) -> Transaction | None:
     if partition.transaction_id is not None:
         return client.attach(partition.transaction_id)
     for described in await client.transactions(label_prefix=partition.label):
         if described.get("label") == partition.label and described.get("state") == "open":
             return client.attach(described["transaction_id"], partition.label)
+    if partition.replay:
+        return None  # see the module docstring: a replay never reads fresh items
     return await client.begin(options.transaction_timeout_s, partition.label)
 
 
 async def take_items(client: RcqClient, options: RcqOptions, partition: ReadPartition) -> tuple[str, list[Item]]:
     """Dequeue up to ``max_items`` with replayable keys, ``requestsInFlight`` requests at a time, until
-    a request comes back short; an empty own transaction is aborted."""
+    a request comes back short; an empty own transaction is aborted. A replayed batch whose
+    transaction is gone reads nothing (``""``, no items)."""
     transaction = await _transaction_for(client, options, partition)
+    if transaction is None:
+        log.warning("rcq source: %s is a replayed batch whose transaction is gone; it reads nothing "
+                    "(its items are back in the queue)", partition.label)
+        return "", []
     items: list[Item] = []
     chunk = 0
     while len(items) < partition.max_items:
@@ -157,6 +173,7 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.consumer_id = consumer_id
         self.budget_items: int | None = None  # availableNow: items left to read
+        self.offered: set[int] = set()  # batches this reader announced; any other one is a replay
 
     def initialOffset(self) -> dict[str, int]:
         return {"batch": 0}
@@ -186,13 +203,18 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         info = self._queue_info()
         available = info.get("available")
         available = int(info["count"]) if available is None else int(available)
-        return {"batch": done + 1} if available > 0 else start
+        if available <= 0:
+            return start
+        self.offered.add(done + 1)
+        return {"batch": done + 1}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ReadPartition]:
         batch = int(end["batch"])
         if batch == int(start["batch"]):
             return []
-        return [ReadPartition(f"{label_prefix(self.consumer_id)}{batch}:{i}", f"p{i}", self.options.max_items_per_partition)
+        replay = batch not in self.offered  # from the offset log of an earlier run
+        return [ReadPartition(f"{label_prefix(self.consumer_id)}{batch}:{i}", f"p{i}", self.options.max_items_per_partition,
+                              replay=replay)
                 for i in range(self.options.num_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -4,7 +4,11 @@
   so transactions, the HTTP API and the client are tested fast and deterministically;
 * :func:`wait_until` (``rcq.testing.waits``): poll a condition with a deadline, never a bare sleep;
 * ``rcq.testing.cluster`` (with ``nodes`` and ``polls``): real multi-process loopback clusters,
-  the one harness of the tests, chaos, the benchmark and the launcher.
+  the one harness of the tests, chaos, the benchmark and the launcher; ``rcq.testing.tls``: a
+  throwaway CA for HTTPS clusters;
+* ``rcq.testing.spark_standalone``: a Spark standalone master and worker (separate JVMs from
+  the pyspark package) for the connector's tests, example and bench; ``rcq.testing.powerfs``:
+  the FUSE filesystem that loses unsynced writes (the power nemesis).
 
 ``rcq.testing`` itself imports only the waits; the replicator is loaded on first use so that
 a client-only install (no server extra) can still use the waits. The cluster harness needs the

@@ -41,6 +41,23 @@ def take_all(urls: str, token: str | None, queue: str) -> list[bytes]:
     return _run(urls, token, work)
 
 
+def take_some(urls: str, token: str | None, queue: str, count: int) -> list[bytes]:
+    """Up to ``count`` items of ``queue``, dequeued and committed (another consumer's share)."""
+    return _run(urls, token, lambda client: client.dequeue(queue, count))
+
+
+def abort_open_transactions(urls: str, token: str | None, label_prefix: str) -> int:
+    """Abort the open transactions labelled ``label_prefix``...: what a leader failover does to them."""
+
+    async def work(client: RcqClient) -> int:
+        open_ones = await client.transactions(label_prefix=label_prefix)
+        for described in open_ones:
+            await client.attach(described["transaction_id"]).abort()
+        return len(open_ones)
+
+    return _run(urls, token, work)
+
+
 def enqueue_values(urls: str, token: str | None, queue: str, values: list[str]) -> None:
     async def work(client: RcqClient) -> None:
         for start in range(0, len(values), 1000):

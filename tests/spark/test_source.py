@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +12,13 @@ import pytest
 
 from rcq.testing.cluster import LocalCluster
 from tests.spark.helpers import (
+    abort_open_transactions,
     duplicates,
     enqueue_values,
     open_transactions,
     queue_info,
     take_all,
+    take_some,
     unique_queue,
 )
 
@@ -106,6 +110,50 @@ def test_query_killed_mid_batch_and_restarted_from_its_checkpoint_loses_nothing(
     dup = duplicates(values)
     print(f"restart: {len(values)} rows, {len(dup)} duplicated")
     assert dup == {}  # the replayed batch reused the dead run's transactions and keys
+    _assert_drained(urls, token, queue, consumer)
+
+
+def test_a_replayed_batch_whose_transactions_are_gone_reads_nothing_rather_than_lose_items(
+        spark: Any, urls: str, token: str, tmp_path: Path) -> None:
+    """The sink wrote batch 0, the query died before Spark recorded it, and its source transactions
+    vanished (a failover aborted them; another consumer took the returned items). On restart
+    Spark replays batch 0: the exactly-once sink drops it as written already, so a replay that
+    read fresh items would lose them once the source commits. It must read nothing."""
+    queue, consumer = unique_queue("src-replay-gone"), unique_queue("consumer")
+    enqueue_values(urls, token, queue, [str(i) for i in range(600)])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    out.mkdir()
+
+    def exactly_once_sink(crash_after_batch_0: bool) -> Any:
+        def handler(df: Any, batch_id: int) -> None:
+            # Like the rcq sink: the tasks run, and the commit drops a batch written already.
+            staging = tmp_path / "staging" / f"{batch_id}-{uuid.uuid4().hex}"
+            df.select("value").write.parquet(str(staging))
+            target = out / f"batch={batch_id}"
+            if target.exists():
+                shutil.rmtree(staging)
+            else:
+                staging.rename(target)
+            if crash_after_batch_0 and batch_id == 0:
+                raise RuntimeError("driver died after the sink wrote batch 0")
+        return handler
+
+    def run(handler: Any) -> Any:
+        stream = _stream(spark, urls, token, queue, consumer, valueType="string", maxItemsPerPartition="150")
+        return (stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True).start())
+
+    query = run(exactly_once_sink(crash_after_batch_0=True))
+    with pytest.raises(Exception, match="driver died after the sink wrote batch 0"):
+        query.awaitTermination(QUERY_TIMEOUT_S)
+    query.stop()
+    abort_open_transactions(urls, token, f"rcq-source:{consumer}:")  # what a failover does
+    elsewhere = [int(v) for v in take_some(urls, token, queue, 300)]  # the returned items, elsewhere
+    enqueue_values(urls, token, queue, [str(i) for i in range(600, 900)])
+    _finish(run(exactly_once_sink(crash_after_batch_0=False)))
+    written = [int(row.value) for row in spark.read.parquet(str(out)).select("value").collect()]
+    missing = set(range(900)) - set(written) - set(elsewhere)
+    assert not missing, f"{len(missing)} items lost, e.g. {sorted(missing)[:5]}"
     _assert_drained(urls, token, queue, consumer)
 
 
