@@ -14,9 +14,11 @@ starts for itself and stops when it is done.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
         report.sections.append((f"Spark standalone logs ({report.when})", standalone.dump_logs()))
 
 
+# The JVMs' java.io.tmpdir: Spark's codecs unpack native libraries there (liblz4-java, snappy) and
+# a killed executor never deletes its copy; a directory of the test run's own, removed at exit.
+JVM_TMPDIR = Path(tempfile.mkdtemp(prefix="rcq-spark-jvm-"))
+atexit.register(shutil.rmtree, JVM_TMPDIR, True)
+JVM_OPTIONS = f"-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.io.tmpdir={JVM_TMPDIR}"
+
+
 def make_spark_session(master: str = LOCAL_MASTER, config: Mapping[str, str] | None = None) -> Any:
     """A quiet, small session on ``master`` with ``rcq`` and the tests' ``rcq_faulty`` registered."""
     from pyspark.sql import SparkSession
@@ -82,7 +91,7 @@ def make_spark_session(master: str = LOCAL_MASTER, config: Mapping[str, str] | N
                .config("spark.default.parallelism", "2")
                .config("spark.sql.streaming.pollingDelay", "100ms")
                .config("spark.driver.memory", "1g")
-               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"))
+               .config("spark.driver.extraJavaOptions", JVM_OPTIONS))
     for key, value in (config or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -147,7 +156,7 @@ def standalone_spark(spark_sessions: SparkSessions, spark_standalone: SparkStand
     default outside local mode), Arrow batches of 1000 rows (so a task hands rows on while it runs)."""
     return spark_sessions.get(spark_standalone.master_url, {
         **spark_standalone.session_config(),
-        "spark.executor.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+        "spark.executor.extraJavaOptions": JVM_OPTIONS,
         "spark.sql.execution.arrow.maxRecordsPerBatch": "1000",
     })
 
