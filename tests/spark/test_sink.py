@@ -48,7 +48,11 @@ def test_job_whose_every_attempt_fails_leaves_the_queue_untouched(spark: Any, ur
     assert take_all(urls, token, queue) == []
 
 
-def test_stream_sink_replayed_batch_adds_nothing_twice(spark: Any, urls: str, token: str, tmp_path: Path) -> None:
+def check_stream_sink_replay_adds_nothing_twice(spark: Any, urls: str, token: str, tmp_path: Path,
+                                                timeout_s: float = 180) -> None:
+    """Three micro-batches into a queue; the last one's commit file removed (as after a driver crash),
+    the query re-run: Spark replays it and the sink's idempotency key makes the replay add nothing.
+    Shared by local mode (here) and the standalone cluster (test_standalone)."""
     queue = unique_queue("stream-sink")
     source = tmp_path / "in"
     source.mkdir()
@@ -62,8 +66,11 @@ def test_stream_sink_replayed_batch_adds_nothing_twice(spark: Any, urls: str, to
         query = (stream.selectExpr("cast(n as string) AS value").writeStream.format("rcq")
                  .option("url", urls).option("token", token).option("queue", queue).option("checkpointLocation", str(checkpoint))
                  .trigger(availableNow=True).start())
-        assert query.awaitTermination(180), "the stream did not finish within 180 s"
-        assert query.exception() is None
+        try:
+            assert query.awaitTermination(timeout_s), f"the stream did not finish within {timeout_s} s"
+            assert query.exception() is None
+        finally:
+            query.stop()
 
     run()
     commits = sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
@@ -77,6 +84,10 @@ def test_stream_sink_replayed_batch_adds_nothing_twice(spark: Any, urls: str, to
     assert duplicates(values) == {}
     assert sorted(values) == list(range(300))
     shutil.rmtree(checkpoint)
+
+
+def test_stream_sink_replayed_batch_adds_nothing_twice(spark: Any, urls: str, token: str, tmp_path: Path) -> None:
+    check_stream_sink_replay_adds_nothing_twice(spark, urls, token, tmp_path)
 
 
 def test_writer_without_a_value_column_says_so(spark: Any, urls: str, token: str) -> None:

@@ -17,7 +17,6 @@ items; the rcq stream sink is exactly once per micro-batch, also when Spark repl
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from tests.spark.helpers import (
     take_all,
     unique_queue,
 )
+from tests.spark.test_sink import check_stream_sink_replay_adds_nothing_twice
 
 pytestmark = pytest.mark.spark
 HOLD_S = 180.0  # how long a held task waits to be killed (a failing test releases it sooner)
@@ -183,36 +183,7 @@ def test_batch_sink_adds_every_row_once_though_the_executor_dies_mid_write(
 def test_stream_sink_replayed_batch_adds_nothing_twice(
         standalone_spark: Any, urls: str, token: str, tmp_path: Path) -> None:
     """A re-run of the same micro-batch commits with the same idempotency key, from executors of their own."""
-    queue = unique_queue("standalone-stream-sink")
-    source = tmp_path / "in"
-    source.mkdir()
-    for number in range(3):
-        lines = [json.dumps({"n": number * 100 + i}) for i in range(100)]
-        (source / f"part-{number}.json").write_text("\n".join(lines) + "\n")
-    checkpoint = tmp_path / "checkpoint"
-
-    def run() -> None:
-        stream = (standalone_spark.readStream.format("json").schema("n BIGINT").option("maxFilesPerTrigger", 1)
-                  .load(str(source)))
-        query = (stream.selectExpr("cast(n as string) AS value").writeStream.format("rcq")
-                 .option("url", urls).option("token", token).option("queue", queue)
-                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-        try:
-            assert query.awaitTermination(WAIT_S), f"the stream did not finish within {WAIT_S} s"
-            assert query.exception() is None
-        finally:
-            query.stop()
-
-    run()
-    assert sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()) == [0, 1, 2]
-    # Forget that the last batch was committed: Spark replays it on restart, as after a driver crash.
-    (checkpoint / "commits" / "2").unlink()
-    for crc in (checkpoint / "commits").glob(".2.crc"):
-        crc.unlink()
-    run()
-    values = [int(v) for v in take_all(urls, token, queue)]
-    assert duplicates(values) == {}
-    assert sorted(values) == list(range(300))
+    check_stream_sink_replay_adds_nothing_twice(standalone_spark, urls, token, tmp_path, timeout_s=WAIT_S)
 
 
 def test_streaming_source_loses_nothing_when_the_executor_dies_mid_batch(
