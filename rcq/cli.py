@@ -127,22 +127,6 @@ def admin_token_entry() -> TokenEntry | None:
     return TokenEntry(name="admin", admin=True, sha256=token_hash(token), grants=(), expires_at=None)
 
 
-def _tokens_with(config_file: Path | None, added: TokenEntry | None) -> list[Any] | None:
-    """The config file's ``tokens`` plus ``added``, as an override of load_config (None: no
-    override). Added, not replacing: a node keeps the tokens its config file lists. A file that
-    cannot be read counts as none here: load_config says what is wrong with it."""
-    if added is None:
-        return None
-    existing: Any = []
-    if config_file is not None:
-        try:
-            data = json.loads(Path(config_file).read_text())
-        except (OSError, ValueError):
-            data = {}
-        existing = data.get("tokens") if isinstance(data, dict) else None
-    return [*(existing if isinstance(existing, list) else []), added]
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     os.umask(0o077)  # the data dir, journal, snapshot and logs this node creates are its user's only
     logging.basicConfig(level=args.log_level.upper(),
@@ -158,7 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure,
         cluster_secrets_previous=[read_private(path, "previous cluster secret") for path in args.previous_secret_file]
         if args.previous_secret_file else None,
-        tokens=_tokens_with(args.config, admin), tokens_file=args.tokens_file, insecure_http=args.insecure_http,
+        extra_tokens=(admin,) if admin is not None else (), tokens_file=args.tokens_file, insecure_http=args.insecure_http,
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
         tls_client_ca_file=args.tls_client_ca_file, tls_peer_ca_file=args.tls_peer_ca_file)
     asyncio.run(run_node(config))

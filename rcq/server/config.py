@@ -274,9 +274,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def load_config(path: Path | None = None, **overrides: Any) -> NodeConfig:
-    """Read a JSON config file (optional) and apply overrides (None values ignored). A config file
-    that holds the cluster secret must be private (mode 0600). Error messages never echo a value."""
+def load_config(path: Path | None = None, *, extra_tokens: tuple[TokenEntry, ...] = (),
+                **overrides: Any) -> NodeConfig:
+    """Read a JSON config file (optional) and apply overrides (None values ignored); ``extra_tokens``
+    are added to the file's ``tokens``, not put in their place. A config file that holds the
+    cluster secret must be private (mode 0600). Error messages never echo a value."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -290,6 +292,9 @@ def load_config(path: Path | None = None, **overrides: Any) -> NodeConfig:
         if data.get("cluster_secret") is not None or data.get("cluster_secrets_previous"):
             read_private(Path(path), "config (it holds the cluster secret)")
     data.update({k: v for k, v in overrides.items() if v is not None})
+    if extra_tokens:
+        listed = data.get("tokens")
+        data["tokens"] = [*(listed if isinstance(listed, list) else []), *extra_tokens]
     renamed = sorted(set(data) & set(RENAMED_FIELDS))
     if renamed:
         raise InvalidRequest("invalid node configuration: renamed fields (units and qualifiers last): "

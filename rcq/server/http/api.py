@@ -440,11 +440,9 @@ async def readyz(request: web.Request) -> web.Response:
     return _json({"ready": ready, **status}, status=200 if ready else 503)
 
 
-def create_app(config: NodeConfig, manager: TransactionManager, replicator: Replicator,
-               tokens: TokenRegistry | None = None) -> web.Application:
-    """The node's HTTP application. ``tokens``: the tokens it accepts (default: its config's)."""
+def create_app(config: NodeConfig, manager: TransactionManager, replicator: Replicator) -> web.Application:
     metrics = NodeMetrics(config, manager, replicator)
-    tokens = tokens if tokens is not None else TokenRegistry(config.tokens, config.tokens_file)
+    tokens = TokenRegistry(config.tokens, config.tokens_file)
     # The metrics middleware is outermost: it counts the status error_middleware answered with,
     # and error_middleware renders what authentication refuses.
     app = web.Application(middlewares=[metrics.middleware, error_middleware, auth_middleware(tokens)],
