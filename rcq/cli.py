@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 ADMIN_TOKEN_MIN_CHARS = 16
 TOKEN_CHARACTERS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: it travels in a header
 EXPIRES_IN_DAYS_MAX = 36_500.0
+# The flags of ``rcq queue ACTION`` by action (the attribute names; the flag is ``--`` and dashes).
+QUEUE_SETTINGS = ("max_items", "max_bytes", "max_deliveries", "dead_letter_queue", "default_ttl_s",
+                  "default_delay_s", "max_priority")
+QUEUE_FLAGS = {"configure": QUEUE_SETTINGS, "set": QUEUE_SETTINGS, "redrive": ("max_items", "source_queue")}
 
 
 def _peer(text: str) -> dict[str, str]:
@@ -56,6 +60,17 @@ def _peer(text: str) -> dict[str, str]:
         raise argparse.ArgumentTypeError(f"peer {text!r}: expected node_id=raft_host:port=http_url")
     node_id, raft_address, http_url = parts
     return {"node_id": node_id, "raft_address": raft_address, "http_url": http_url}
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds; NaN and infinity are refused here (JSON has no form for them)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
+    return seconds
 
 
 def add_serve_parser(commands: Any) -> None:
@@ -171,9 +186,17 @@ def add_client_parsers(commands: Any) -> None:
     enqueue.add_argument("queue")
     enqueue.add_argument("items", nargs="+", metavar="ITEM")
     enqueue.add_argument("--base64", action="store_true", help="the ITEMs are base64 (binary items)")
+    enqueue.add_argument("--priority", type=int, default=None,
+                         help="0 to 255, at most the queue's max_priority; higher ones are dequeued first (default 0)")
+    enqueue.add_argument("--delay-s", type=_seconds, default=None,
+                         help="invisible to dequeues this long after the commit (default: the queue's default_delay_s)")
+    enqueue.add_argument("--ttl-s", type=_seconds, default=None,
+                         help="leaves the queue (expired) if not consumed this long after the commit "
+                              "(default: the queue's default_ttl_s)")
     enqueue.set_defaults(func=cmd_enqueue)
     dequeue = commands.add_parser("dequeue", parents=[common],
-                                  help="dequeue and commit (at most once: items are gone once printed)")
+                                  help="dequeue and commit (at most once: items are gone once printed); --json adds "
+                                       "each item's delivery_count, priority and dead_letter")
     dequeue.add_argument("queue")
     dequeue.add_argument("--max", type=int, default=1, dest="max_items", help="most items to take (default 1)")
     dequeue.add_argument("--wait-ms", type=int, default=0, help="wait this long for an item (default 0)")
@@ -187,12 +210,29 @@ def add_client_parsers(commands: Any) -> None:
     queues = commands.add_parser("queues", parents=[common], help="every queue and its count")
     queues.set_defaults(func=cmd_queues)
     queue = commands.add_parser("queue", parents=[common],
-                                help="show, configure, purge or delete one queue (replicated)")
-    queue.add_argument("action", choices=["show", "set", "purge", "delete"])
+                                help="show, configure, purge, delete or redrive one queue (replicated)",
+                                description="configure (or set) replaces every setting of the queue: a flag not "
+                                            "given unsets its setting. redrive moves the dead items of a dead-letter "
+                                            "queue back to their source queues. See docs/queue-features.md.")
+    queue.add_argument("action", choices=["show", "configure", "set", "purge", "delete", "redrive"])
     queue.add_argument("queue")
-    queue.add_argument("--max-items", type=int, default=None, help="with set: most items the queue may hold")
+    queue.add_argument("--max-items", type=int, default=None,
+                       help="with configure: most items the queue may hold; with redrive: most items to move back")
     queue.add_argument("--max-bytes", type=int, default=None,
-                       help="with set: most bytes it may hold, each item's bookkeeping included")
+                       help="with configure: most bytes it may hold, each item's bookkeeping included")
+    queue.add_argument("--max-deliveries", type=int, default=None,
+                       help="with configure: an item delivered this many times without a commit goes to the "
+                            "dead-letter queue (dropped without one)")
+    queue.add_argument("--dead-letter-queue", default=None, metavar="QUEUE",
+                       help="with configure: where dead items go (an existing queue)")
+    queue.add_argument("--default-ttl-s", type=_seconds, default=None,
+                       help="with configure: an item not consumed this long after its enqueue leaves (expired)")
+    queue.add_argument("--default-delay-s", type=_seconds, default=None,
+                       help="with configure: an item is invisible this long after its enqueue")
+    queue.add_argument("--max-priority", type=int, default=None,
+                       help="with configure: the highest priority an enqueue may give, 0 to 255")
+    queue.add_argument("--source-queue", default=None, metavar="QUEUE",
+                       help="with redrive: only the dead items that came from this queue")
     queue.set_defaults(func=cmd_queue)
     status = commands.add_parser("status", parents=[common],
                                  help="each node's view: role, term, leader, indexes (exit 1 if one is down)")
@@ -254,14 +294,24 @@ def _wire(value: bytes) -> dict[str, str]:
     return {"value": text, "encoding": used}
 
 
-def _print_items(args: argparse.Namespace, values: list[bytes]) -> None:
+def _item_wire(item: Any) -> dict[str, Any]:
+    """A dequeued Item for --json: its value, then how it was delivered (dead_letter only on a dead item)."""
+    wire: dict[str, Any] = {**_wire(item.value), "delivery_count": item.delivery_count, "priority": item.priority}
+    if item.dead_letter is not None:
+        dead = item.dead_letter
+        wire["dead_letter"] = {"reason": dead.reason, "source_queue": dead.source_queue,
+                               "delivery_count": dead.delivery_count}
+    return wire
+
+
+def _print_items(args: argparse.Namespace, items: list[dict[str, Any]]) -> None:
+    """``items``: wire dicts. For people, one value per line and nothing else, so scripts can read it."""
     if args.json:
-        print(json.dumps({"queue": args.queue, "items": [_wire(v) for v in values]}))
+        print(json.dumps({"queue": args.queue, "items": items}))
         return
-    for value in values:
-        wire = _wire(value)
+    for wire in items:
         print(wire["value"] if wire["encoding"] == "utf-8" else f"base64:{wire['value']}")
-    if not values:
+    if not items:
         print(f"(queue {args.queue} is empty)", file=sys.stderr)
 
 
@@ -281,7 +331,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             raise InvalidRequest(f"an ITEM is not valid base64: {exc}") from exc
 
     async def verb(client: Any) -> int:
-        info = await client.enqueue(args.queue, *items)
+        info = await client.enqueue(args.queue, *items, priority=args.priority, delay_s=args.delay_s, ttl_s=args.ttl_s)
         if args.json:
             print(json.dumps({"queue": args.queue, "enqueued": len(items), "index": info.index,
                               "duplicate": info.duplicate, "transaction_ids": list(info.transaction_ids)}))
@@ -295,7 +345,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def cmd_dequeue(args: argparse.Namespace) -> int:
     async def verb(client: Any) -> int:
-        _print_items(args, await client.dequeue(args.queue, args.max_items, args.wait_ms))
+        _print_items(args, [_item_wire(item) for item in await client.dequeue_items(args.queue, args.max_items,
+                                                                                    args.wait_ms)])
         return 0
 
     return _with_client(args, verb)
@@ -304,7 +355,7 @@ def cmd_dequeue(args: argparse.Namespace) -> int:
 def cmd_peek(args: argparse.Namespace) -> int:
     async def verb(client: Any) -> int:
         value = await client.peek(args.queue)
-        _print_items(args, [] if value is None else [value])
+        _print_items(args, [] if value is None else [_wire(value)])
         return 0
 
     return _with_client(args, verb)
@@ -331,18 +382,37 @@ def cmd_queues(args: argparse.Namespace) -> int:
     return _with_client(args, verb)
 
 
+def _queue_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given to ``rcq queue ACTION``, by name; one that ACTION does not take is an error, not
+    silently ignored."""
+    given = {name: getattr(args, name) for names in QUEUE_FLAGS.values() for name in names
+             if getattr(args, name) is not None}
+    for name in given:
+        if name not in QUEUE_FLAGS.get(args.action, ()):
+            takers = " or ".join(action for action, names in QUEUE_FLAGS.items() if name in names and action != "set")
+            raise InvalidRequest(f"--{name.replace('_', '-')} goes with rcq queue {takers}, not {args.action}")
+    return given
+
+
 def cmd_queue(args: argparse.Namespace) -> int:
+    flags = _queue_flags(args)
+
     async def verb(client: Any) -> int:
         if args.action == "show":
             answer: dict[str, Any] = await client.stats(args.queue)
-        elif args.action == "set":
-            answer = await client.configure_queue(args.queue, max_items=args.max_items, max_bytes=args.max_bytes)
+        elif args.action in ("configure", "set"):
+            answer = await client.configure_queue(args.queue, **flags)
+        elif args.action == "redrive":
+            answer = await client.redrive(args.queue, **flags)
         elif args.action == "purge":
             answer = {"queue": args.queue, "purged": True, "removed": await client.purge_queue(args.queue)}
         else:
             answer = {"queue": args.queue, "deleted": True, "removed": await client.delete_queue(args.queue)}
-        if args.json or args.action in ("show", "set"):
+        if args.json or args.action in ("show", "configure", "set"):
             print(json.dumps(answer, indent=None if args.json else 2))
+        elif args.action == "redrive":
+            by_queue = ", ".join(f"{count} to {source}" for source, count in sorted(answer["by_queue"].items()))
+            print(f"redrove {args.queue}: {answer['redriven']} item(s) moved back" + (f" ({by_queue})" if by_queue else ""))
         else:
             print(f"{args.action}d {args.queue}: {answer['removed']} item(s) removed")
         return 0

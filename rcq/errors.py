@@ -134,6 +134,13 @@ class TooManyQueues(RcqError):
     http_status = 409
 
 
+class QueueInUse(RcqError):
+    """The queue is another queue's dead-letter queue: change that queue's setting first."""
+
+    code = "queue_in_use"
+    http_status = 409
+
+
 class QueueNotFound(RcqError):
     """No queue with this name exists."""
 

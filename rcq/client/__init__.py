@@ -26,6 +26,7 @@ from rcq.client.exchange import CONNECTIONS_MAX
 from rcq.client.transaction import Transaction
 from rcq.client.wire import (
     CommitInfo,
+    DeadLetter,
     Dequeue,
     Enqueue,
     ExecuteResult,
@@ -50,6 +51,7 @@ from rcq.errors import (
     OutcomeExpired,
     PayloadTooLarge,
     QueueFull,
+    QueueInUse,
     QueueNotFound,
     RcqError,
     RequestTimeout,
@@ -72,11 +74,12 @@ from rcq.errors import (
 )
 
 __all__ = [
-    "CONNECTIONS_MAX", "PEEK_TIMEOUT_S", "CertificateError", "CommitConflict", "CommitInfo", "CommitOutcomeUnknown", "Dequeue",
-    "Enqueue", "ExecuteResult", "Forbidden", "InternalError", "InvalidQueueName", "InvalidRequest", "Item", "ItemValue",
-    "LeaderChanged", "MethodNotAllowed", "NoLeader", "NotLeader", "NotReady", "OperationResult", "OutcomeExpired",
-    "PayloadTooLarge", "QueueFull", "QueueNotFound", "RcqClient", "RcqError", "RequestTimeout", "RouteNotFound",
-    "StorageFull", "TokenExpired", "TooManyConnections", "TooManyQueues", "TooManyRequests", "TooManyTransactions", "Transaction",
-    "TransactionAborted", "TransactionBusy", "TransactionClosed", "TransactionCommitted", "TransactionExpired",
-    "TransactionLifetimeExceeded", "TransactionNotFound", "Unauthorized", "Unavailable", "encode_items",
+    "CONNECTIONS_MAX", "PEEK_TIMEOUT_S", "CertificateError", "CommitConflict", "CommitInfo", "CommitOutcomeUnknown",
+    "DeadLetter", "Dequeue", "Enqueue", "ExecuteResult", "Forbidden", "InternalError", "InvalidQueueName", "InvalidRequest",
+    "Item", "ItemValue", "LeaderChanged", "MethodNotAllowed", "NoLeader", "NotLeader", "NotReady", "OperationResult",
+    "OutcomeExpired", "PayloadTooLarge", "QueueFull", "QueueInUse", "QueueNotFound", "RcqClient", "RcqError", "RequestTimeout",
+    "RouteNotFound", "StorageFull", "TokenExpired", "TooManyConnections", "TooManyQueues", "TooManyRequests",
+    "TooManyTransactions", "Transaction", "TransactionAborted", "TransactionBusy", "TransactionClosed",
+    "TransactionCommitted", "TransactionExpired", "TransactionLifetimeExceeded", "TransactionNotFound", "Unauthorized",
+    "Unavailable", "encode_items",
 ]

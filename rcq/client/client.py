@@ -26,6 +26,7 @@ from rcq.client.wire import (
     Dequeue,
     Enqueue,
     ExecuteResult,
+    Item,
     ItemValue,
     begin_body,
     commit_info,
@@ -147,11 +148,16 @@ class RcqClient:
         return await self.attach(transaction_id).status()
 
     # ------------------------------------------------- one-request transactions
-    async def enqueue(self, queue: str, *items: ItemValue, idempotency_key: str | None = None) -> CommitInfo:
-        """Enqueue and commit in one request. Exactly once under retries (idempotency key)."""
-        operation = {"op": "enqueue", **enqueue_body(queue, items)}
+    async def enqueue(self, queue: str, *items: ItemValue, idempotency_key: str | None = None,
+                      priority: int | None = None, delay_s: float | None = None,
+                      ttl_s: float | None = None) -> CommitInfo:
+        """Enqueue and commit in one request. Exactly once under retries (idempotency key).
+        ``priority``, ``delay_s``, ``ttl_s``: as :meth:`Transaction.enqueue_batch`."""
+        operation = {"op": "enqueue", **enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s)}
         key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
-        rest_body = {"items": operation["items"], "encoding": operation["encoding"], "idempotency_key": key}
+        # the path names the queue; everything else of the operation is the REST body
+        rest_body = {**{name: value for name, value in operation.items() if name not in ("op", "queue")},
+                     "idempotency_key": key}
         batch_operation = {"op": "execute", "idempotency_key": key, "operations": [operation]}
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE, batch_operation=batch_operation))
@@ -160,12 +166,17 @@ class RcqClient:
     async def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[bytes]:
         """Dequeue and commit in one request: **at most once**. A failed attempt is re-sent; if the
         lost attempt had committed, the items it took are lost. Use a transaction for at least once."""
+        return [item.value for item in await self.dequeue_items(queue, max_items, wait_ms)]
+
+    async def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[Item]:
+        """:meth:`dequeue` (at most once), as :class:`Item` objects: ids, delivery counts, priorities,
+        dead-letter details."""
         check_queue_name(queue)
         batch_operation = {"op": "execute", "operations": [{"op": "dequeue", "queue": queue, "max_items": max_items}]}
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "dequeue"), {"max_items": max_items, "wait_ms": wait_ms}, WRITE,
                     batch_operation=batch_operation, wait_ms=wait_ms))
-        return [item.value for result in execute_result(answer).results for item in result.items]
+        return [item for result in execute_result(answer).results for item in result.items]
 
     async def execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]],
                       idempotency_key: str | None = None) -> ExecuteResult:
@@ -191,7 +202,8 @@ class RcqClient:
             await transaction.abort_quietly()
 
     async def queue_info(self, queue: str) -> dict[str, Any]:
-        """``count`` (replicated, includes locked items), ``locked`` and ``available`` (leader only)."""
+        """``count`` (replicated, includes locked items), ``locked`` and ``available`` (leader only);
+        from servers with delays and dead letters also ``ready``, ``delayed`` and the ``*_total`` counters."""
         return dict(await self._transport.request(Request("GET", queue_path(queue))))
 
     async def count(self, queue: str) -> int:
@@ -204,11 +216,36 @@ class RcqClient:
         """Every queue with its ``count`` and ``locked`` items."""
         return list((await self._transport.request(Request("GET", "/v1/queues")))["queues"])
 
-    async def configure_queue(self, queue: str, *, max_items: int | None = None,
-                              max_bytes: int | None = None) -> dict[str, Any]:
-        """Create ``queue`` if needed and set its own limits (None: the node's defaults); replicated."""
-        body = {"max_items": max_items, "max_bytes": max_bytes}
+    async def configure_queue(self, queue: str, *, max_items: int | None = None, max_bytes: int | None = None,
+                              max_deliveries: int | None = None, dead_letter_queue: str | None = None,
+                              default_ttl_s: float | None = None, default_delay_s: float | None = None,
+                              max_priority: int | None = None) -> dict[str, Any]:
+        """Create ``queue`` if needed and replace **all** its settings (None: unset; the limits fall back
+        to the node's defaults); replicated. Answers ``settings`` and ``limits``; a bad setting (an
+        unknown dead-letter queue, the queue itself, a cycle) raises InvalidRequest and changes nothing.
+        See docs/queue-features.md for what each setting does."""
+        if dead_letter_queue is not None:
+            check_queue_name(dead_letter_queue)
+        newer = {"max_deliveries": max_deliveries, "dead_letter_queue": dead_letter_queue,
+                 "default_ttl_s": default_ttl_s, "default_delay_s": default_delay_s, "max_priority": max_priority}
+        # The limits are always sent, as before; the newer settings only when given: the server takes
+        # an absent one as null, and one that predates them refuses fields it does not know.
+        body = {"max_items": max_items, "max_bytes": max_bytes,
+                **{name: value for name, value in newer.items() if value is not None}}
         return dict(await self._transport.request(Request("PUT", queue_path(queue), body)))
+
+    async def redrive(self, dlq: str, *, max_items: int | None = None,
+                      source_queue: str | None = None) -> dict[str, Any]:
+        """Move the dead items of ``dlq`` that no transaction holds back to the tail of their source queues
+        (only those of ``source_queue`` if given; at most ``max_items``); replicated. Answers ``redriven``
+        and ``by_queue`` (source queue -> count). Retried after an unknown outcome it redrives again
+        (what died in between, or up to ``max_items`` more) and answers with the last attempt's counts."""
+        body: dict[str, Any] = {}
+        if max_items is not None:
+            body["max_items"] = max_items
+        if source_queue is not None:
+            body["source_queue"] = check_queue_name(source_queue)
+        return dict(await self._transport.request(Request("POST", queue_path(dlq, "redrive"), body, WRITE)))
 
     async def purge_queue(self, queue: str) -> int:
         """Remove every item of ``queue`` (replicated; open transactions holding its items are

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-from rcq.client.transport import COMMIT, SAFE, Request, RetryPolicy, Transport
+from rcq.client.transport import COMMIT, ONCE, SAFE, Request, RetryPolicy, Transport
 from rcq.client.wire import CommitInfo, Item, ItemValue, commit_info, enqueue_body, item_from_wire, transaction_path
-from rcq.errors import CommitOutcomeUnknown, RcqError, TransactionAborted
+from rcq.errors import CommitOutcomeUnknown, InvalidRequest, RcqError, TransactionAborted
 from rcq.names import check_queue_name
 
 log = logging.getLogger(__name__)
@@ -56,13 +56,20 @@ class Transaction:
         return Request("POST", transaction_path(self.transaction_id, verb), body, policy,
                        batch_operation=operation, wait_ms=wait_ms)
 
-    async def enqueue(self, queue: str, item: ItemValue) -> int:
-        """Buffer one item; returns the transaction's buffered item count (retry-safe: keyed)."""
-        return await self.enqueue_batch(queue, [item])
+    async def enqueue(self, queue: str, item: ItemValue, *, priority: int | None = None,
+                      delay_s: float | None = None, ttl_s: float | None = None) -> int:
+        """Buffer one item; returns the transaction's buffered item count (retry-safe: keyed).
+        ``priority``, ``delay_s``, ``ttl_s``: as :meth:`enqueue_batch`."""
+        return await self.enqueue_batch(queue, [item], priority=priority, delay_s=delay_s, ttl_s=ttl_s)
 
-    async def enqueue_batch(self, queue: str, items: Iterable[ItemValue]) -> int:
+    async def enqueue_batch(self, queue: str, items: Iterable[ItemValue], *, priority: int | None = None,
+                            delay_s: float | None = None, ttl_s: float | None = None) -> int:
+        """Buffer items; returns the buffered item count. The options apply to every item (None: the
+        queue's default): ``priority`` 0..255 (at most the queue's ``max_priority``), ``delay_s``
+        invisible this long after the commit, ``ttl_s`` gone this long after the commit unless consumed."""
         # The key makes a re-sent enqueue buffer nothing twice, so it is safe to retry.
-        body = {**enqueue_body(queue, items), "key": secrets.token_hex(12)}
+        body = {**enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s),
+                "key": secrets.token_hex(12)}
         answer = await self._transport.request(self._request("enqueue", body))
         return int(answer["buffered"])
 
@@ -81,6 +88,20 @@ class Transaction:
     async def dequeue(self, queue: str, wait_ms: int = 0, key: str | None = None) -> bytes | None:
         items = await self.dequeue_items(queue, 1, wait_ms, key)
         return items[0].value if items else None
+
+    async def reject(self, queue: str, item_ids_or_items: Iterable[int | Item], reason: str | None = None) -> int:
+        """Send items this transaction dequeued from ``queue`` to its dead-letter queue at once (dropped
+        if it has none), whatever the transaction does next; they leave the transaction. Returns how many.
+
+        Not re-sent after an attempt that may have executed (policy ONCE): the request has no key, and
+        a repeat of one that applied would meet items the transaction no longer holds and fail. Such an
+        attempt raises CommitOutcomeUnknown: each item is dead or still held, never lost; abort to give
+        back whatever is still held."""
+        body: dict[str, Any] = {"queue": check_queue_name(queue), "item_ids": item_ids(queue, item_ids_or_items)}
+        if reason is not None:
+            body["reason"] = reason
+        answer = await self._transport.request(self._request("reject", body, ONCE))
+        return int(answer["rejected"])
 
     async def commit(self, idempotency_key: str | None = None) -> CommitInfo:
         """Commit; retried with the same transaction id until definite. Raises TransactionAborted
@@ -142,6 +163,22 @@ class Transaction:
             await self.abort_quietly()
         else:  # cancelled: do not hold the cancellation up; abort in the background
             self._transport.spawn(self.abort_quietly())
+
+
+def item_ids(queue: str, item_ids_or_items: Iterable[int | Item]) -> list[int]:
+    """Item ids, from ids or from :class:`Item` objects of ``queue`` (one of another queue is refused
+    here: the server would only say it is not held)."""
+    ids = []
+    for entry in item_ids_or_items:
+        if isinstance(entry, Item):
+            if entry.queue != queue:
+                raise InvalidRequest(f"item {entry.item_id} was dequeued from {entry.queue!r}, not {queue!r}")
+            ids.append(entry.item_id)
+        elif isinstance(entry, int) and not isinstance(entry, bool):
+            ids.append(entry)
+        else:
+            raise InvalidRequest(f"items to reject are item ids or Items, not {type(entry).__name__}")
+    return ids
 
 
 class TransactionContext:

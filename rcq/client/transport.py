@@ -12,8 +12,8 @@ repeated 503s settle at the server's pace while the first retries stay quick
 enough for a failover) until ``retry_timeout_s`` has passed.
 
 **What is re-sent after a failure that may have executed** (the connection
-broke after the request was sent, a timeout, a 504): everything, because every request is
-safe to re-send:
+broke after the request was sent, a timeout, a 504): everything but a transaction's
+``reject``, because every other request is safe to re-send:
 
 * reads, ``begin`` (a lost one leaves an empty transaction that expires),
   ``abort``, ``extend``, and transactional dequeues and enqueues: each carries
@@ -27,7 +27,14 @@ safe to re-send:
   twice; the dequeues of a duplicate answer are dropped (they were returned to
   their queues, and what the first attempt took is unknown);
 * one-request ``dequeue`` is **at most once**: if the answer of an attempt that
-  committed is lost, the items it took are gone and the retry takes others.
+  committed is lost, the items it took are gone and the retry takes others;
+* a queue's ``purge`` and ``redrive`` act on what the queue holds when they apply: a repeat
+  purges what was enqueued in between, or redrives up to ``max_items`` more;
+* a transaction's ``reject`` (policy :data:`ONCE`) carries no key, and the server answers a
+  repeat with an error (the items are no longer the transaction's) although the first attempt
+  applied: an attempt that may have executed is never re-sent, the caller gets
+  :class:`CommitOutcomeUnknown` at once. Attempts that certainly did not execute (a redirect,
+  a refused connection, a 503 with an rcq body) are re-sent as any other.
 
 **A leader that stops answering** (frozen by SIGSTOP, a VM stall, a long pause) holds a request
 until its timeout, although the cluster elects a new leader within a couple of seconds. So while
@@ -96,11 +103,15 @@ class RetryPolicy:
     # After such an attempt these answers mean "still unknown", not a definite failure: a
     # leader answers a commit whose Raft outcome is pending with 404.
     unknown_after_ambiguous: tuple[type[RcqError], ...] = ()
+    # False: such an attempt is not re-sent (CommitOutcomeUnknown at once), for a request the
+    # server cannot tell from its repeat and answers, repeated, with an error.
+    resend_ambiguous: bool = True
 
 
 SAFE = RetryPolicy(maybe_committed=False)  # reads and keyed transaction verbs
 WRITE = RetryPolicy(maybe_committed=True)  # one-request transactions
 COMMIT = RetryPolicy(maybe_committed=True, unknown_after_ambiguous=(TransactionNotFound,))
+ONCE = RetryPolicy(maybe_committed=True, resend_ambiguous=False)  # unkeyed transaction writes: reject
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +252,9 @@ class Transport:
                 raise error
             if ambiguous:
                 attempts.ambiguous = True
+                if not request.policy.resend_ambiguous:
+                    raise CommitOutcomeUnknown(
+                        f"an attempt may have executed and cannot safely be re-sent: {error.message}") from error
             failures += 1
             if outcome.rotate:
                 self._demote(outcome.node_url)

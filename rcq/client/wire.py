@@ -1,8 +1,8 @@
 """The client's wire types and their JSON form: what goes into a request body and comes out of an answer.
 
-* the result types (:class:`Item`, :class:`CommitInfo`, :class:`OperationResult`,
-  :class:`ExecuteResult`) and the operations of :meth:`RcqClient.execute`
-  (:class:`Enqueue`, :class:`Dequeue`);
+* the result types (:class:`Item`, :class:`DeadLetter`, :class:`CommitInfo`,
+  :class:`OperationResult`, :class:`ExecuteResult`) and the operations of
+  :meth:`RcqClient.execute` (:class:`Enqueue`, :class:`Dequeue`);
 * body builders and answer decoders, and the URL paths of queues and transactions.
 
 **Item encodings.** Items are bytes; ``str`` items are sent as their UTF-8
@@ -13,6 +13,12 @@ server decode it. Answers are decoded by each item's own ``encoding``. The
 encoding itself is :mod:`rcq.encoding` (shared with the server and the CLI) and
 queue names are checked by :mod:`rcq.names`: neither rule is repeated here.
 
+**Newer fields, older servers.** The per-enqueue options (``priority``, ``delay_s``,
+``ttl_s``) enter a body only when given, so a server that predates them (and refuses
+fields it does not know) still takes every request that does not use them; an item's
+``delivery_count``, ``priority``, ``enqueued_at_ms`` and ``dead_letter`` default when an
+answer lacks them. See docs/queue-features.md.
+
 Must not import: aiohttp, the other client modules (this is the bottom layer: no I/O,
 no retries), rcq.server, pysyncobj, lmdb.
 """
@@ -20,8 +26,9 @@ no retries), rcq.server, pysyncobj, lmdb.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -32,14 +39,34 @@ from rcq.names import check_queue_name
 ItemValue = bytes | bytearray | memoryview | str
 # What one sub-request adds to a batch besides its items' text, in the coalescer's size estimate.
 OPERATION_OVERHEAD_BYTES = 64
+PRIORITY_MAX = 255  # the wire's range of an enqueue's priority (a queue's max_priority may be lower)
 
 
 # ------------------------------------------------------------------------- results
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Why an item of a dead-letter queue is there: ``reason`` (``max_deliveries``, ``expired``,
+    ``rejected``), the queue it died in and its delivery count then."""
+
+    reason: str
+    source_queue: str
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Item:
+    """A dequeued item. ``delivery_count``: how many earlier deliveries ended without a commit;
+    ``enqueued_at_ms``: when its enqueue committed (None from a server that does not say);
+    ``dead_letter``: only on an item of a dead-letter queue."""
+
     item_id: int
     queue: str
     value: bytes
+    _: KW_ONLY
+    delivery_count: int = 0
+    priority: int = 0
+    enqueued_at_ms: int | None = None
+    dead_letter: DeadLetter | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +83,15 @@ class CommitInfo:
 
 @dataclass(frozen=True, slots=True)
 class Enqueue:
-    """An operation of :meth:`RcqClient.execute`."""
+    """An operation of :meth:`RcqClient.execute`; the options apply to each of its items (None:
+    not sent, the queue's default)."""
 
     queue: str
     items: Sequence[ItemValue]
+    _: KW_ONLY
+    priority: int | None = None
+    delay_s: float | None = None
+    ttl_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +151,17 @@ def item_from_wire(entry: Mapping[str, Any]) -> Item:
         value = encoding.decode_item(text, "base64" if entry.get("encoding") == "base64" else "utf-8")
     except ValueError as exc:  # the server broke the protocol: nothing the caller did
         raise InternalError(f"the server sent an item that is {exc}: {text[:32]!r}") from exc
-    return Item(int(entry["item_id"]), str(entry["queue"]), value)
+    enqueued_at_ms = entry.get("enqueued_at_ms")
+    return Item(int(entry["item_id"]), str(entry["queue"]), value,
+                delivery_count=int(entry.get("delivery_count") or 0), priority=int(entry.get("priority") or 0),
+                enqueued_at_ms=None if enqueued_at_ms is None else int(enqueued_at_ms),
+                dead_letter=dead_letter_from_wire(entry.get("dead_letter")))
+
+
+def dead_letter_from_wire(entry: Mapping[str, Any] | None) -> DeadLetter | None:
+    if entry is None:
+        return None
+    return DeadLetter(str(entry["reason"]), str(entry["source_queue"]), int(entry["delivery_count"]))
 
 
 # ------------------------------------------------------------------ request bodies
@@ -137,17 +179,48 @@ def begin_body(timeout_s: float | None, label: str | None) -> dict[str, Any]:
     return body
 
 
-def enqueue_body(queue: str, items: Iterable[ItemValue]) -> dict[str, Any]:
-    """``queue`` (checked before any request leaves), ``items`` and their ``encoding``."""
+def enqueue_body(queue: str, items: Iterable[ItemValue], *, priority: int | None = None,
+                 delay_s: float | None = None, ttl_s: float | None = None) -> dict[str, Any]:
+    """``queue`` (checked before any request leaves), ``items``, their ``encoding`` and the options given."""
     check_queue_name(queue)
     texts, item_encoding = encode_items(items)
-    return {"queue": queue, "items": texts, "encoding": item_encoding}
+    return {"queue": queue, "items": texts, "encoding": item_encoding, **enqueue_options(priority, delay_s, ttl_s)}
+
+
+def enqueue_options(priority: int | None, delay_s: float | None, ttl_s: float | None) -> dict[str, Any]:
+    """The options that were given (None: left out, for servers that predate them), each checked against
+    the wire's range before sending: one bad part would spoil a whole coalesced batch. The queue's own
+    bounds (``max_priority``, the longest delay and TTL) are the server's to check."""
+    options: dict[str, Any] = {}
+    if priority is not None:
+        if not _is_int(priority) or not 0 <= priority <= PRIORITY_MAX:
+            raise InvalidRequest(f"priority must be an integer from 0 to {PRIORITY_MAX}, not {priority!r}")
+        options["priority"] = priority
+    if delay_s is not None:
+        if not _is_number(delay_s) or delay_s < 0:
+            raise InvalidRequest(f"delay_s must be a finite number of seconds >= 0, not {delay_s!r}")
+        options["delay_s"] = delay_s
+    if ttl_s is not None:
+        if not _is_number(ttl_s) or ttl_s <= 0:
+            raise InvalidRequest(f"ttl_s must be a finite number of seconds > 0, not {ttl_s!r}")
+        options["ttl_s"] = ttl_s
+    return options
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True would travel as true, not 1
+
+
+def _is_number(value: object) -> bool:
+    """An int or a finite float (NaN and infinity have no JSON form)."""
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def operation_body(operation: Enqueue | Dequeue | Mapping[str, Any]) -> dict[str, Any]:
     """One operation of ``/v1/execute``; a dict is passed on, its queue checked and its items encoded."""
     if isinstance(operation, Enqueue):
-        return {"op": "enqueue", **enqueue_body(operation.queue, operation.items)}
+        return {"op": "enqueue", **enqueue_body(operation.queue, operation.items, priority=operation.priority,
+                                                delay_s=operation.delay_s, ttl_s=operation.ttl_s)}
     if isinstance(operation, Dequeue):
         return {"op": "dequeue", "queue": check_queue_name(operation.queue), "max_items": operation.max_items,
                 "wait_ms": operation.wait_ms}

@@ -147,6 +147,9 @@ class NodeConfig(BaseModel):
 
     # --- commits
     commit_timeout_s: float = Field(10.0, gt=0, description="after this, a commit's outcome is reported unknown (504)")
+    test_clock_offset_ms: int = Field(
+        0, description="FOR TESTS ONLY: skews this node's clock (as leader) by this many ms, to test that "
+                       "time in the replicated state never goes back (docs/queue-features.md)")
     commit_batch_units_max: int = Field(4096, ge=1, description="most commit units grouped into one Raft entry")
     commit_batch_bytes_max: int = Field(
         limits.COMMIT_BATCH_BYTES_MAX, ge=1024, description="most item bytes grouped into one Raft entry")

@@ -1,4 +1,5 @@
-"""The client verbs of ``rcq`` end to end: ``rcq.cli.main`` in a thread against an in-process node."""
+"""The client verbs of ``rcq`` end to end: ``rcq.cli.main`` in a thread against an in-process node, and
+against a recording fake node for what the flags of docs/queue-features.md put on the wire."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -16,6 +18,7 @@ from rcq.cli import main
 from rcq.server.config import NodeConfig
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
+from tests.unit.test_client_features import COMMITTED, FULL_ITEM, OLD_ITEM, FakeNode, serving_fake
 
 
 @contextlib.asynccontextmanager
@@ -35,6 +38,13 @@ async def url(tmp_path: Path) -> AsyncIterator[str]:
     async with serving_node(NodeConfig(node_id="n1", http_port=0, raft_address="127.0.0.1:10001",
                                        data_dir=tmp_path, insecure=True)) as node_url:
         yield node_url
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeNode]:
+    """A recording fake node (see test_client_features): what the client verbs send, exactly."""
+    async with serving_fake() as node:
+        yield node
 
 
 @pytest.fixture
@@ -74,8 +84,9 @@ async def test_json_output_for_machines(url: str, capsys):
     code, out, _ = await rcq(capsys, "queues", "--json", "--url", url)
     assert code == 0 and json.loads(out) == [{"queue": "q", "count": 2, "locked": 0}]
     code, out, _ = await rcq(capsys, "dequeue", "--json", "--url", url, "q", "--max", "9")
-    assert code == 0 and json.loads(out) == {"queue": "q", "items": [{"value": "a", "encoding": "utf-8"},
-                                                        {"value": "b", "encoding": "utf-8"}]}
+    assert code == 0 and json.loads(out) == {"queue": "q", "items": [
+        {"value": "a", "encoding": "utf-8", "delivery_count": 0, "priority": 0},
+        {"value": "b", "encoding": "utf-8", "delivery_count": 0, "priority": 0}]}
 
 
 async def test_binary_items_go_in_and_come_out_as_base64(url: str, capsys):
@@ -84,7 +95,8 @@ async def test_binary_items_go_in_and_come_out_as_base64(url: str, capsys):
     assert (await rcq(capsys, "enqueue", "--base64", "--url", url, "bin", encoded))[0] == 0
     assert await rcq(capsys, "peek", "--url", url, "bin") == (0, f"base64:{encoded}\n", "")
     code, out, _ = await rcq(capsys, "dequeue", "--json", "--url", url, "bin")
-    assert code == 0 and json.loads(out)["items"] == [{"value": encoded, "encoding": "base64"}]
+    assert code == 0 and json.loads(out)["items"] == [  # the peek was a delivery (dequeue + abort)
+        {"value": encoded, "encoding": "base64", "delivery_count": 1, "priority": 0}]
 
 
 async def test_urls_come_from_the_environment(url: str, capsys, monkeypatch):
@@ -131,3 +143,83 @@ async def test_status_shows_every_node_and_fails_when_one_is_down(url: str, dead
     nodes = json.loads(out)["nodes"]
     assert code == 1 and [n["ok"] for n in nodes] == [True, False]
     assert nodes[0]["status"]["role"] == "leader" and nodes[1]["error"]["code"] == "unavailable"
+
+
+# ------------------------------------------------------- docs/queue-features.md
+async def test_enqueue_flags_reach_the_request_body(fake: FakeNode, capsys):
+    fake.answer("POST", "/v1/queues/jobs/enqueue", COMMITTED)
+    code, out, _ = await rcq(capsys, "enqueue", "--url", fake.url, "jobs", "a", "--priority", "7", "--delay-s", "1.5",
+                             "--ttl-s", "60")
+    assert code == 0 and out == "enqueued 1 item into jobs (commit index 7)\n"
+    assert (await rcq(capsys, "enqueue", "--url", fake.url, "jobs", "b"))[0] == 0
+    assert fake.bodies("POST", "/v1/queues/jobs/enqueue") == [
+        {"items": ["a"], "encoding": "utf-8", "priority": 7, "delay_s": 1.5, "ttl_s": 60.0, "idempotency_key": ANY},
+        {"items": ["b"], "encoding": "utf-8", "idempotency_key": ANY},
+    ]
+
+
+async def test_bad_enqueue_flags_are_clear_errors_and_send_nothing(fake: FakeNode, capsys):
+    code, out, err = await rcq(capsys, "enqueue", "--url", fake.url, "jobs", "a", "--priority", "256")
+    assert (code, out) == (2, "") and err == "rcq: invalid_request: priority must be an integer from 0 to 255, not 256\n"
+    code, _, err = await rcq(capsys, "enqueue", "--url", fake.url, "jobs", "a", "--ttl-s", "0")
+    assert code == 2 and err.startswith("rcq: invalid_request: ttl_s must be a finite number of seconds > 0")
+    for flag, value in (("--delay-s", "nan"), ("--ttl-s", "soon"), ("--priority", "high")):
+        with pytest.raises(SystemExit) as raised:
+            main(["enqueue", "--url", fake.url, "jobs", "a", flag, value])
+        assert raised.value.code == 2 and f"argument {flag}: " in capsys.readouterr().err
+    assert fake.requests == []
+
+
+async def test_dequeue_json_shows_delivery_count_priority_and_dead_letter(fake: FakeNode, capsys):
+    fake.answer("POST", "/v1/queues/jobs.dlq/dequeue", {**COMMITTED, "results": [
+        {"op": "dequeue", "queue": "jobs.dlq", "items": [FULL_ITEM, OLD_ITEM]}]})
+    code, out, _ = await rcq(capsys, "dequeue", "--json", "--url", fake.url, "jobs.dlq", "--max", "2")
+    assert code == 0 and json.loads(out) == {"queue": "jobs.dlq", "items": [
+        {"value": "job", "encoding": "utf-8", "delivery_count": 2, "priority": 5,
+         "dead_letter": {"reason": "max_deliveries", "source_queue": "jobs", "delivery_count": 3}},
+        {"value": "old", "encoding": "utf-8", "delivery_count": 0, "priority": 0}]}
+    # for people: one value per line, as before
+    assert await rcq(capsys, "dequeue", "--url", fake.url, "jobs.dlq", "--max", "2") == (0, "job\nold\n", "")
+    assert fake.bodies("POST", "/v1/queues/jobs.dlq/dequeue") == [{"max_items": 2, "wait_ms": 0}] * 2
+
+
+async def test_queue_configure_flags_reach_the_put_body(fake: FakeNode, capsys):
+    settings = {"max_items": 10, "max_bytes": None, "max_deliveries": 3, "dead_letter_queue": "jobs.dlq",
+                "default_ttl_s": 3600.0, "default_delay_s": 0.5, "max_priority": 9}
+    fake.answer("PUT", "/v1/queues/jobs", {"queue": "jobs", "settings": settings, "limits": {}})
+    code, out, _ = await rcq(capsys, "queue", "configure", "jobs", "--url", fake.url, "--max-items", "10",
+                             "--max-deliveries", "3", "--dead-letter-queue", "jobs.dlq", "--default-ttl-s", "3600",
+                             "--default-delay-s", "0.5", "--max-priority", "9")
+    assert code == 0 and json.loads(out)["settings"] == settings
+    assert (await rcq(capsys, "queue", "set", "jobs", "--url", fake.url, "--max-bytes", "99"))[0] == 0
+    assert fake.bodies("PUT", "/v1/queues/jobs") == [settings, {"max_items": None, "max_bytes": 99}]
+
+
+async def test_queue_redrive_sends_its_flags_and_says_where_items_went(fake: FakeNode, capsys):
+    answer = {"queue": "jobs.dlq", "redriven": 3, "by_queue": {"other": 1, "jobs": 2}}
+    fake.answer("POST", "/v1/queues/jobs.dlq/redrive", answer)
+    code, out, _ = await rcq(capsys, "queue", "redrive", "jobs.dlq", "--url", fake.url)
+    assert code == 0 and out == "redrove jobs.dlq: 3 item(s) moved back (2 to jobs, 1 to other)\n"
+    code, out, _ = await rcq(capsys, "queue", "redrive", "jobs.dlq", "--json", "--url", fake.url, "--max-items", "5",
+                             "--source-queue", "jobs")
+    assert code == 0 and json.loads(out) == answer
+    assert fake.bodies("POST", "/v1/queues/jobs.dlq/redrive") == [{}, {"max_items": 5, "source_queue": "jobs"}]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["show", "jobs", "--max-deliveries", "3"], "--max-deliveries goes with rcq queue configure, not show"),
+    (["purge", "jobs", "--max-items", "3"], "--max-items goes with rcq queue configure or redrive, not purge"),
+    (["redrive", "dlq", "--max-bytes", "3"], "--max-bytes goes with rcq queue configure, not redrive"),
+    (["configure", "jobs", "--source-queue", "q"], "--source-queue goes with rcq queue redrive, not configure"),
+], ids=["show", "purge", "redrive", "configure"])
+async def test_a_queue_flag_of_another_action_is_an_error(fake: FakeNode, capsys, argv: list[str], message: str):
+    code, out, err = await rcq(capsys, "queue", *argv, "--url", fake.url)
+    assert (code, out, err) == (2, "", f"rcq: invalid_request: {message}\n")
+    assert fake.requests == []
+
+
+async def test_queue_configure_refuses_seconds_that_are_not_numbers(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["queue", "configure", "jobs", "--url", "http://127.0.0.1:1", "--default-ttl-s", "inf"])
+    assert raised.value.code == 2
+    assert "argument --default-ttl-s: 'inf' is not a number of seconds" in capsys.readouterr().err

@@ -513,10 +513,12 @@ def test_count_queue_stats_and_item_ids_reflect_state(node):
     assert node.sm.item_ids("a") == [1, 3]
     assert node.sm.values("a", [1, 2, 3, 4]) == [b"one", None, b"", None]
     assert node.sm.contains("a", 1) and not node.sm.contains("a", 2) and not node.sm.contains("b", 1)
+    quiet = {"delayed": 0, "dead_lettered_total": 0, "dropped_total": 0, "expired_total": 0, "rejected_total": 0,
+             "max_deliveries_total": 0, "redriven_total": 0}
     assert node.sm.queue_stats("a") == {"count": 2, "bytes": 3, "cost_bytes": 3 + 2 * sm_module.ITEM_OVERHEAD_BYTES,
-                                        "enqueued_total": 3, "dequeued_total": 1, "purged_total": 0}
+                                        "enqueued_total": 3, "dequeued_total": 1, "purged_total": 0, **quiet}
     assert node.sm.queue_stats("b") == {"count": 1, "bytes": 2, "cost_bytes": 2 + sm_module.ITEM_OVERHEAD_BYTES,
-                                        "enqueued_total": 1, "dequeued_total": 0, "purged_total": 0}
+                                        "enqueued_total": 1, "dequeued_total": 0, "purged_total": 0, **quiet}
     assert node.sm.queue_names() == ["a", "b"]
     assert list(node.sm.snapshot_items()) == [("a", 1, b"one"), ("a", 3, b""), ("b", 4, b"xy")]
 
@@ -878,7 +880,9 @@ class QueueModel(RuleBasedStateMachine):
                     "count": len(expected), "bytes": sum(len(v) for _, v in expected),
                     "cost_bytes": sum(len(v) + sm_module.ITEM_OVERHEAD_BYTES for _, v in expected),
                     "enqueued_total": self.enqueued_total[queue],
-                    "dequeued_total": self.dequeued_total[queue], "purged_total": 0}
+                    "dequeued_total": self.dequeued_total[queue], "purged_total": 0, "delayed": 0,
+                    "dead_lettered_total": 0, "dropped_total": 0, "expired_total": 0, "rejected_total": 0,
+                    "max_deliveries_total": 0, "redriven_total": 0}
             else:
                 assert sm.queue_stats(queue) is None
         assert sm.snapshot_meta()["next_item_id"] == self.next_id

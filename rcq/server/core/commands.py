@@ -20,11 +20,34 @@ COMMAND_VERSION = 1
 KIND_COMMIT = "commit"
 KIND_BARRIER = "barrier"
 KIND_QUEUE = "queue"
+KIND_ITEMS = "items"  # an ItemsAction inside a commit entry's units
 QUEUE_ACTIONS = ("configure", "purge", "delete")
+# What an ItemsAction does to the items it names (docs/queue-features.md):
+ITEM_ACTIONS = (
+    "deliver",  # count a delivery before the leader hands the items out (queues with max_deliveries)
+    "dead_letter",  # items whose delivery count reached max_deliveries leave for the dead-letter queue
+    "expire",  # items past their expiry leave (dead-letter queue, or dropped)
+    "reject",  # a transaction rejected items it holds: to the dead-letter queue at once
+    "redrive",  # dead items go back to their source queues
+)
+DEAD_REASONS = ("max_deliveries", "expired", "rejected")
 
 
 class MalformedCommand(ValueError):
     """A log entry that is not a command this version understands."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """How the items of one enqueue are stored: priority, delay and time to live.
+
+    ``delay_ms``/``ttl_ms`` None: the queue's default when the commit applies; a delay of 0: none.
+    Times are relative: the state machine adds them to the time of the entry that commits.
+    """
+
+    priority: int = 0
+    delay_ms: int | None = None
+    ttl_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +59,26 @@ class TransactionWrite:
     enqueues: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
     # queue -> ids of the items the transaction dequeued
     dequeues: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # the options of each enqueue, parallel to ``enqueues``; () when every one is plain
+    enqueue_options: tuple[EnqueueOptions | None, ...] = ()
+
+    def options_of(self, position: int) -> EnqueueOptions | None:
+        return self.enqueue_options[position] if self.enqueue_options else None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemsAction:
+    """A leader's action on named items of one queue, a unit of a CommitBatch of its own.
+
+    The state machine checks each item against the rule (present, at the limit, past its
+    expiry...) at the entry's time and acts only where the rule holds, so a stale or repeated
+    action changes nothing it should not. ``note``: a rejecting client's reason, kept with the item.
+    """
+
+    action: Literal["deliver", "dead_letter", "expire", "reject", "redrive"]
+    queue: str
+    item_ids: tuple[int, ...]
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +106,11 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class CommitBatch:
-    """Many independent commit units grouped into one Raft entry (group commit)."""
+    """Many independent commit units (and item actions) grouped into one Raft entry (group commit)."""
 
     term: int  # the proposing leader's term: entries of a deposed leader are fenced off
     now_ms: int  # the leader's clock when it proposed the entry: time enters as data
-    units: tuple[CommitUnit, ...]
+    units: tuple[CommitUnit | ItemsAction, ...]
     limits: Limits | None = None  # None (entries of older versions): no storage limit is checked
 
 
@@ -75,9 +118,9 @@ class CommitBatch:
 class QueueChange:
     """Configure, purge or delete one queue: an administrative entry of its own.
 
-    ``configure`` creates the queue if needed and sets its limits (None: the defaults of the
-    entries that grow it); ``purge`` removes every item and keeps the queue; ``delete`` removes
-    the queue, its items and its settings.
+    ``configure`` creates the queue if needed and sets every setting (None: the default: the
+    limits of the entries that grow it, no delivery limit...); ``purge`` removes every item and
+    keeps the queue; ``delete`` removes the queue, its items and its settings.
     """
 
     term: int
@@ -86,6 +129,22 @@ class QueueChange:
     action: Literal["configure", "purge", "delete"]
     max_items: int | None = None
     max_bytes: int | None = None
+    settings: QueueSettings | None = None  # the settings beyond the limits (None: all default)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A queue's delivery, dead-letter, time and priority settings (docs/queue-features.md)."""
+
+    max_deliveries: int | None = None
+    dead_letter_queue: str | None = None
+    default_ttl_ms: int | None = None
+    default_delay_ms: int | None = None
+    max_priority: int | None = None
+
+    def as_tuple(self) -> tuple[int | str | None, ...]:
+        return (self.max_deliveries, self.dead_letter_queue, self.default_ttl_ms, self.default_delay_ms,
+                self.max_priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +160,16 @@ Command = CommitBatch | Barrier | QueueChange
 
 @dataclass(frozen=True, slots=True)
 class EnqueuedRange:
-    """Ids ``first_item_id .. first_item_id + count - 1`` were given to items appended to ``queue``."""
+    """Ids ``first_item_id .. first_item_id + count - 1`` were given to items appended to ``queue``,
+    all with this priority, visible from ``visible_at_ms`` (0: at once), expiring at
+    ``expires_at_ms`` (None: never)."""
 
     queue: str
     first_item_id: int
     count: int
+    priority: int = 0
+    visible_at_ms: int = 0
+    expires_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +185,30 @@ class UnitOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class ItemsOutcome:
+    """What an ItemsAction did, identical on every replica.
+
+    ``acted``: the named items the rule applied to (delivered, dead-lettered, expired, rejected,
+    redriven); ``counts``: for ``deliver``, each acted item's delivery count after this one;
+    ``dead``: items a ``deliver`` found at the limit and dead-lettered instead; ``removed``: every
+    item that left ``queue``; ``moved``: where the items that left went (ranges of new ids).
+    """
+
+    status: Literal["done", "rejected"]
+    index: int
+    action: str
+    queue: str
+    acted: tuple[int, ...] = ()
+    counts: tuple[int, ...] = ()
+    dead: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+    moved: tuple[EnqueuedRange, ...] = ()
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class BatchResult:
-    outcomes: tuple[UnitOutcome, ...]
+    outcomes: tuple[UnitOutcome | ItemsOutcome, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +217,9 @@ class QueueChangeResult:
     queue: str
     action: str
     removed: int = 0  # items purge or delete removed
-    reason: str | None = None  # why it was rejected: queue_not_found, too_many_queues, stale_leader
+    # why it was rejected: queue_not_found, too_many_queues, stale_leader, queue_in_use,
+    # dead_letter_queue_unknown, dead_letter_queue_self, dead_letter_queue_cycle
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,20 +247,29 @@ def encode(command: Command) -> tuple[Any, ...]:
     if isinstance(command, Barrier):
         return (COMMAND_VERSION, KIND_BARRIER, command.term, command.now_ms)
     if isinstance(command, QueueChange):
-        return (COMMAND_VERSION, KIND_QUEUE, command.term, command.now_ms, command.queue, command.action,
+        head = (COMMAND_VERSION, KIND_QUEUE, command.term, command.now_ms, command.queue, command.action,
                 command.max_items, command.max_bytes)
-    units = tuple(
-        (
-            unit.idempotency_key,
-            tuple((t.transaction_id, t.enqueues, t.dequeues) for t in unit.transactions),
-        )
-        for unit in command.units
-    )
+        return head if command.settings is None else (*head, command.settings.as_tuple())
+    units = tuple(_encode_unit(unit) for unit in command.units)
     if command.limits is None:
         return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units)
     limits = command.limits
     return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units,
             (limits.storage_bytes_max, limits.queue_items_max, limits.queue_bytes_max))
+
+
+def _encode_unit(unit: CommitUnit | ItemsAction) -> tuple[Any, ...]:
+    """A commit unit is a pair (key, transactions); an item action a 5-tuple (the lengths tell them apart)."""
+    if isinstance(unit, ItemsAction):
+        return (KIND_ITEMS, unit.action, unit.queue, unit.item_ids, unit.note)
+    return (unit.idempotency_key, tuple(_encode_transaction(t) for t in unit.transactions))
+
+
+def _encode_transaction(t: TransactionWrite) -> tuple[Any, ...]:
+    if not any(t.enqueue_options):
+        return (t.transaction_id, t.enqueues, t.dequeues)
+    options = tuple(None if o is None else (o.priority, o.delay_ms, o.ttl_ms) for o in t.enqueue_options)
+    return (t.transaction_id, t.enqueues, t.dequeues, options)
 
 
 def decode(raw: Any) -> Command:
@@ -196,17 +293,38 @@ def decode(raw: Any) -> Command:
             return CommitBatch(term=_int(term), now_ms=_int(now_ms),
                                units=tuple(_decode_unit(u) for u in _seq(units)), limits=limits)
         if kind == KIND_QUEUE:
-            _, _, term, now_ms, queue, action, max_items, max_bytes = raw
+            # Eight fields: limits only (older versions); nine: with the other settings.
+            _, _, term, now_ms, queue, action, max_items, max_bytes, *rest = raw
             if action not in QUEUE_ACTIONS:
                 raise ValueError(f"unknown queue action {action!r}")
+            if len(rest) > 1:
+                raise ValueError(f"{len(raw)} fields")
             return QueueChange(term=_int(term), now_ms=_int(now_ms), queue=_str(queue), action=action,
-                               max_items=_optional_positive(max_items), max_bytes=_optional_positive(max_bytes))
+                               max_items=_optional_positive(max_items), max_bytes=_optional_positive(max_bytes),
+                               settings=_decode_settings(rest[0]) if rest else None)
     except (TypeError, ValueError) as exc:
         raise MalformedCommand(f"bad {kind} command: {exc}") from exc
     raise MalformedCommand(f"unknown command kind {kind!r}")
 
 
-def _decode_unit(raw: Any) -> CommitUnit:
+def _decode_settings(raw: Any) -> QueueSettings:
+    max_deliveries, dead_letter_queue, ttl_ms, delay_ms, max_priority = _seq(raw)
+    return QueueSettings(
+        max_deliveries=_optional_positive(max_deliveries),
+        dead_letter_queue=None if dead_letter_queue is None else _str(dead_letter_queue),
+        default_ttl_ms=_optional_positive(ttl_ms), default_delay_ms=_optional_natural(delay_ms),
+        max_priority=_optional_natural(max_priority))
+
+
+def _decode_unit(raw: Any) -> CommitUnit | ItemsAction:
+    if len(_seq(raw)) == 5:
+        kind, action, queue, item_ids, note = raw
+        if kind != KIND_ITEMS or action not in ITEM_ACTIONS:
+            raise ValueError(f"unknown item action {action!r}")
+        if note is not None:
+            _str(note)
+        return ItemsAction(action=action, queue=_str(queue), item_ids=tuple(_int(i) for i in _seq(item_ids)),
+                           note=note)
     key, transactions = raw
     if key is not None and not isinstance(key, str):
         raise ValueError("idempotency key must be str or None")
@@ -217,14 +335,29 @@ def _decode_unit(raw: Any) -> CommitUnit:
 
 
 def _decode_transaction(raw: Any) -> TransactionWrite:
-    transaction_id, enqueues, dequeues = raw
+    # Three fields: no enqueue options (older versions, and plain enqueues); four: with them.
+    transaction_id, enqueues, dequeues, *rest = raw
     if not isinstance(transaction_id, str):
         raise ValueError("transaction id must be str")
-    return TransactionWrite(
+    if len(rest) > 1:
+        raise ValueError(f"{len(raw)} transaction fields")
+    write = TransactionWrite(
         transaction_id=transaction_id,
         enqueues=tuple((_str(q), tuple(_bytes(i) for i in _seq(items))) for q, items in _seq(enqueues)),
         dequeues=tuple((_str(q), tuple(_int(i) for i in _seq(ids))) for q, ids in _seq(dequeues)),
+        enqueue_options=tuple(_decode_options(o) for o in _seq(rest[0])) if rest else (),
     )
+    if write.enqueue_options and len(write.enqueue_options) != len(write.enqueues):
+        raise ValueError("enqueue options do not match the enqueues")
+    return write
+
+
+def _decode_options(raw: Any) -> EnqueueOptions | None:
+    if raw is None:
+        return None
+    priority, delay_ms, ttl_ms = _seq(raw)
+    return EnqueueOptions(priority=_natural(priority), delay_ms=_optional_natural(delay_ms),
+                          ttl_ms=_optional_positive(ttl_ms))
 
 
 def _seq(value: Any) -> tuple[Any, ...] | list[Any]:
@@ -247,6 +380,16 @@ def _positive(value: Any) -> int:
 
 def _optional_positive(value: Any) -> int | None:
     return None if value is None else _positive(value)
+
+
+def _natural(value: Any) -> int:
+    if _int(value) < 0:
+        raise ValueError(f"expected an int >= 0, got {value}")
+    return int(value)
+
+
+def _optional_natural(value: Any) -> int | None:
+    return None if value is None else _natural(value)
 
 
 def _str(value: Any) -> str:

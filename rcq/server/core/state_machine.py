@@ -9,10 +9,14 @@ over sets whose order could reach a result or a snapshot.
 becomes an :class:`~rcq.server.core.commands.ApplyFailed` value, because an exception in a
 replicated method would be re-applied by pysyncobj on every tick, for ever.
 
-Each queue is a deque of item ids in id order plus a dict id -> value. Ids are
-assigned from one counter at apply time, so a queue's id order is its commit
-order. Committed dequeues delete from the dict; the deque keeps a tombstone id
-until it reaches the head (dequeues almost always take the head).
+Each queue (:mod:`rcq.server.core.queue`) is a deque of item ids in id order plus a dict
+id -> value, and sparse metadata for the items that have any. Ids are assigned from one counter
+at apply time, so a queue's id order is its commit order.
+
+Time (docs/queue-features.md): the state machine's clock is the largest ``now_ms`` of the
+entries it applied. Delays and TTLs become absolute times when an enqueue commits; expiry,
+dead-lettering and redrive are :class:`~rcq.server.core.commands.ItemsAction` units that a leader
+proposes, and that apply only where the rule holds at the entry's time.
 
 Storage limits (docs/design.md, "Limits"): a unit that would grow a queue past its
 ``max_items``/``max_bytes``, or every queue together past the storage budget, is rejected whole
@@ -29,12 +33,12 @@ Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rcq.server.core.commands import (
+    DEAD_REASONS,
     ApplyFailed,
     ApplyResult,
     Barrier,
@@ -44,13 +48,18 @@ from rcq.server.core.commands import (
     CommitBatch,
     CommitUnit,
     EnqueuedRange,
+    EnqueueOptions,
+    ItemsAction,
+    ItemsOutcome,
     Limits,
     MalformedCommand,
     QueueChange,
     QueueChangeResult,
+    QueueSettings,
     UnitOutcome,
     decode,
 )
+from rcq.server.core.queue import ItemMeta, Queue, QueueStats
 from rcq.server.core.retention import TimedTable
 
 # Limits are constants, not node configuration: every replica must apply the
@@ -65,8 +74,11 @@ QUEUES_MAX = 10_000
 # What one item costs in RAM besides its bytes: the bytes object's header, its id (an int
 # object), a dict slot and a deque slot, measured with tracemalloc (docs/design.md, "Limits").
 ITEM_OVERHEAD_BYTES = 160
-SNAPSHOT_FORMAT = 2
-SNAPSHOT_FORMATS_READ = (1, 2)
+SNAPSHOT_FORMAT = 3
+SNAPSHOT_FORMATS_READ = (1, 2, 3)
+MAX_DELIVERIES_MAX = 1000
+MAX_PRIORITY_MAX = 255
+ITEM_ACTION_IDS_MAX = 10_000  # items one ItemsAction may name (redrive moves at most this many at once)
 
 
 def item_cost(items: int, item_bytes: int) -> int:
@@ -90,38 +102,6 @@ class KeyRecord:
     at_ms: int
 
 
-@dataclass(slots=True)
-class QueueStats:
-    enqueued_total: int = 0
-    dequeued_total: int = 0
-    purged_total: int = 0
-    bytes: int = 0
-
-
-class _Queue:
-    __slots__ = ("ids", "items", "max_bytes", "max_items", "stats")
-
-    def __init__(self, max_items: int | None = None, max_bytes: int | None = None) -> None:
-        self.ids: deque[int] = deque()
-        self.items: dict[int, bytes] = {}
-        self.stats = QueueStats()
-        self.max_items = max_items  # None: the default the entry's limits carry
-        self.max_bytes = max_bytes
-
-    @property
-    def cost(self) -> int:
-        return item_cost(len(self.items), self.stats.bytes)
-
-    def drop_head_tombstones(self) -> None:
-        ids, items = self.ids, self.items
-        while ids and ids[0] not in items:
-            ids.popleft()
-
-    def live_ids(self) -> Iterator[int]:
-        items = self.items
-        return (i for i in self.ids if i in items)
-
-
 def id_term(transaction_id: str) -> int:
     """The term in a transaction id (``<term hex>.<random>``); 0 when it has none."""
     head, _, _ = transaction_id.partition(".")
@@ -133,7 +113,7 @@ def id_term(transaction_id: str) -> int:
 
 class QueueStateMachine:
     def __init__(self) -> None:
-        self._queues: dict[str, _Queue] = {}
+        self._queues: dict[str, Queue] = {}
         self._next_item_id = 1
         self._now_ms = 0
         self._last_index = 0
@@ -190,9 +170,13 @@ class QueueStateMachine:
             # applied part (pysyncobj may forward it to the new leader). The new leader
             # built its view of the queues at its barrier; this entry must not change them.
             return BatchResult(outcomes=tuple(self._fence(u, index) for u in batch.units))
-        return BatchResult(outcomes=tuple(self._apply_unit(u, index, batch.limits) for u in batch.units))
+        return BatchResult(outcomes=tuple(
+            self._apply_action(u, index) if isinstance(u, ItemsAction) else self._apply_unit(u, index, batch.limits)
+            for u in batch.units))
 
-    def _fence(self, unit: CommitUnit, index: int) -> UnitOutcome:
+    def _fence(self, unit: CommitUnit | ItemsAction, index: int) -> UnitOutcome | ItemsOutcome:
+        if isinstance(unit, ItemsAction):
+            return ItemsOutcome("rejected", index, unit.action, unit.queue, reason="stale_leader")
         previous = self._previous_outcome(unit, index)
         if previous is not None:
             return previous
@@ -222,15 +206,15 @@ class QueueStateMachine:
                 queue = self._queues[queue_name]
                 removed_bytes = 0
                 for item_id in ids:
-                    removed_bytes += len(queue.items.pop(item_id))
+                    removed_bytes += len(queue.remove(item_id))
                 queue.stats.bytes -= removed_bytes
                 queue.stats.dequeued_total += len(ids)
                 self._items_total -= len(ids)
                 self._bytes_total -= removed_bytes
                 queue.drop_head_tombstones()
-            for queue_name, values in transaction.enqueues:
+            for position, (queue_name, values) in enumerate(transaction.enqueues):
                 if values:
-                    enqueued.append(self._append(queue_name, values))
+                    enqueued.append(self._append(queue_name, values, transaction.options_of(position)))
         self._record(unit, TransactionOutcome("committed", index, self._now_ms))
         return UnitOutcome("committed", index, enqueued=tuple(enqueued))
 
@@ -303,24 +287,154 @@ class QueueStateMachine:
             return "storage_full", (), None
         return None
 
-    def _append(self, queue_name: str, values: tuple[bytes, ...]) -> EnqueuedRange:
+    def _queue(self, queue_name: str) -> Queue:
         queue = self._queues.get(queue_name)
         if queue is None:
-            queue = self._queues[queue_name] = _Queue()
+            queue = self._queues[queue_name] = Queue()
+        return queue
+
+    def _append(self, queue_name: str, values: tuple[bytes, ...], options: EnqueueOptions | None) -> EnqueuedRange:
+        queue = self._queue(queue_name)
+        meta = self._enqueue_meta(queue, options)
         first = self._next_item_id
         item_id = first
         added_bytes = 0
         for value in values:
-            queue.ids.append(item_id)
-            queue.items[item_id] = value
+            queue.append(item_id, value, None if meta is None else ItemMeta(
+                priority=meta.priority, visible_at_ms=meta.visible_at_ms, expires_at_ms=meta.expires_at_ms))
             added_bytes += len(value)
             item_id += 1
         self._next_item_id = item_id
+        queue.note_enqueue_time(first, self._now_ms)
         queue.stats.bytes += added_bytes
         queue.stats.enqueued_total += len(values)
         self._items_total += len(values)
         self._bytes_total += added_bytes
-        return EnqueuedRange(queue_name, first, len(values))
+        if meta is None:
+            return EnqueuedRange(queue_name, first, len(values))
+        return EnqueuedRange(queue_name, first, len(values), meta.priority, meta.visible_at_ms, meta.expires_at_ms)
+
+    def _enqueue_meta(self, queue: Queue, options: EnqueueOptions | None) -> ItemMeta | None:
+        """Absolute times from the options (or the queue's defaults) at this entry's time; None: plain."""
+        settings = queue.settings
+        priority = options.priority if options is not None else 0
+        delay_ms = options.delay_ms if options is not None and options.delay_ms is not None \
+            else settings.default_delay_ms
+        ttl_ms = options.ttl_ms if options is not None and options.ttl_ms is not None else settings.default_ttl_ms
+        priority = min(priority, settings.max_priority or 0)  # the setting may have shrunk since the enqueue
+        if not priority and not delay_ms and ttl_ms is None:
+            return None
+        return ItemMeta(priority=priority, visible_at_ms=self._now_ms + delay_ms if delay_ms else 0,
+                        expires_at_ms=None if ttl_ms is None else self._now_ms + ttl_ms)
+
+    def _move(self, queue: Queue, item_id: int, target_name: str, meta: ItemMeta) -> EnqueuedRange:
+        """Move one item to the tail of ``target_name`` under a new id (storage does not change)."""
+        value = queue.remove(item_id)
+        queue.stats.bytes -= len(value)
+        target = self._queue(target_name)
+        new_id = self._next_item_id
+        self._next_item_id += 1
+        target.append(new_id, value, meta)
+        target.note_enqueue_time(new_id, self._now_ms)
+        target.stats.bytes += len(value)
+        target.stats.enqueued_total += 1
+        return EnqueuedRange(target_name, new_id, 1, meta.priority, meta.visible_at_ms, meta.expires_at_ms)
+
+    def _kill(self, queue_name: str, queue: Queue, item_id: int, reason: str, note: str | None = None
+              ) -> EnqueuedRange | None:
+        """An item dies (``reason`` in DEAD_REASONS): to the queue's dead-letter queue, or dropped."""
+        assert reason in DEAD_REASONS
+        old = queue.meta_of(item_id)
+        stats = queue.stats
+        if reason == "expired":
+            stats.expired_total += 1
+        elif reason == "rejected":
+            stats.rejected_total += 1
+        else:
+            stats.max_deliveries_total += 1
+        target_name = queue.settings.dead_letter_queue
+        if target_name is None or target_name == queue_name:
+            value = queue.remove(item_id)
+            stats.bytes -= len(value)
+            stats.dropped_total += 1
+            self._items_total -= 1
+            self._bytes_total -= len(value)
+            return None
+        stats.dead_lettered_total += 1
+        target = self._queue(target_name)
+        ttl_ms = target.settings.default_ttl_ms
+        # Dead items keep their priority (docs/queue-features.md): a move is not an enqueue, and redrive
+        # gives it back to the source (clamped to the source's max_priority there).
+        meta = ItemMeta(priority=old.priority,
+                        expires_at_ms=None if ttl_ms is None else self._now_ms + ttl_ms,
+                        dead_reason=reason, dead_source=queue_name, dead_deliveries=old.deliveries, dead_note=note)
+        return self._move(queue, item_id, target_name, meta)
+
+    # ------------------------------------------------------------ item actions
+    def _apply_action(self, action: ItemsAction, index: int) -> ItemsOutcome:
+        queue = self._queues.get(action.queue)
+        if queue is None:
+            return ItemsOutcome("done", index, action.action, action.queue)
+        if len(action.item_ids) > ITEM_ACTION_IDS_MAX:
+            return ItemsOutcome("rejected", index, action.action, action.queue, reason="too_many_items")
+        acted: list[int] = []
+        counts: list[int] = []
+        dead: list[int] = []
+        removed: list[int] = []
+        moved: list[EnqueuedRange] = []
+        max_deliveries = queue.settings.max_deliveries
+        now = self._now_ms
+        for item_id in dict.fromkeys(action.item_ids):  # each id once, in the order given
+            if item_id not in queue.items:
+                continue
+            meta = queue.meta_of(item_id)
+            kind = action.action
+            if kind == "deliver":
+                if max_deliveries is not None and meta.deliveries >= max_deliveries:
+                    dead.append(item_id)
+                    reason = "max_deliveries"
+                else:
+                    own = queue.own_meta(item_id)
+                    own.deliveries += 1
+                    acted.append(item_id)
+                    counts.append(own.deliveries)
+                    continue
+            elif kind == "dead_letter":
+                if max_deliveries is None or meta.deliveries < max_deliveries:
+                    continue
+                reason = "max_deliveries"
+            elif kind == "expire":
+                if meta.expires_at_ms is None or meta.expires_at_ms > now:
+                    continue
+                reason = "expired"
+            elif kind == "reject":
+                reason = "rejected"
+            else:  # redrive
+                if meta.dead_reason is None or meta.dead_source is None:
+                    continue
+                acted.append(item_id)
+                removed.append(item_id)
+                moved.append(self._redrive(queue, item_id, meta))
+                continue
+            if kind != "deliver":
+                acted.append(item_id)
+            removed.append(item_id)
+            arrival = self._kill(action.queue, queue, item_id, reason, action.note if kind == "reject" else None)
+            if arrival is not None:
+                moved.append(arrival)
+        if removed:
+            queue.drop_head_tombstones()
+        return ItemsOutcome("done", index, action.action, action.queue, acted=tuple(acted), counts=tuple(counts),
+                            dead=tuple(dead), removed=tuple(removed), moved=tuple(moved))
+
+    def _redrive(self, queue: Queue, item_id: int, meta: ItemMeta) -> EnqueuedRange:
+        assert meta.dead_source is not None
+        source = self._queue(meta.dead_source)
+        ttl_ms = source.settings.default_ttl_ms
+        queue.stats.redriven_total += 1
+        fresh = ItemMeta(priority=min(meta.priority, source.settings.max_priority or 0),
+                         expires_at_ms=None if ttl_ms is None else self._now_ms + ttl_ms)
+        return self._move(queue, item_id, meta.dead_source, fresh)
 
     def _record(self, unit: CommitUnit, outcome: TransactionOutcome) -> None:
         for transaction in unit.transactions:
@@ -337,25 +451,56 @@ class QueueStateMachine:
             return rejected("stale_leader")
         queue = self._queues.get(change.queue)
         if change.action == "configure":
+            settings = change.settings or QueueSettings()
+            problem = self.settings_problem(change.queue, settings)
+            if problem is not None:
+                return rejected(problem)
             if queue is None:
                 if len(self._queues) >= QUEUES_MAX:
                     return rejected("too_many_queues")
-                queue = self._queues[change.queue] = _Queue()
+                queue = self._queues[change.queue] = Queue()
             queue.max_items, queue.max_bytes = change.max_items, change.max_bytes
+            queue.settings = settings
             return QueueChangeResult("done", change.queue, change.action)
         if queue is None:
             return rejected("queue_not_found")
-        removed = len(queue.items)
+        if change.action == "delete" and self.dead_letter_users(change.queue):
+            return rejected("queue_in_use")
+        bytes_before = queue.stats.bytes
+        removed = queue.clear()
         self._items_total -= removed
-        self._bytes_total -= queue.stats.bytes
+        self._bytes_total -= bytes_before
         if change.action == "delete":
             del self._queues[change.queue]
         else:
-            queue.ids.clear()
-            queue.items.clear()
-            queue.stats.bytes = 0
             queue.stats.purged_total += removed
         return QueueChangeResult("done", change.queue, change.action, removed=removed)
+
+    def settings_problem(self, queue_name: str, settings: QueueSettings) -> str | None:
+        """Why ``settings`` cannot be given to ``queue_name`` now (a reason code), or None."""
+        if settings.max_deliveries is not None and not 1 <= settings.max_deliveries <= MAX_DELIVERIES_MAX:
+            return "max_deliveries_out_of_range"
+        if settings.max_priority is not None and not 0 <= settings.max_priority <= MAX_PRIORITY_MAX:
+            return "max_priority_out_of_range"
+        target = settings.dead_letter_queue
+        if target is None:
+            return None
+        if target == queue_name:
+            return "dead_letter_queue_self"
+        if target not in self._queues:
+            return "dead_letter_queue_unknown"
+        seen = {queue_name}
+        while target is not None:  # follow the chain of dead-letter queues: it must end
+            if target in seen:
+                return "dead_letter_queue_cycle"
+            seen.add(target)
+            next_queue = self._queues.get(target)
+            target = next_queue.settings.dead_letter_queue if next_queue is not None else None
+        return None
+
+    def dead_letter_users(self, queue_name: str) -> list[str]:
+        """The queues whose dead-letter queue is ``queue_name``."""
+        return sorted(name for name, q in self._queues.items() if q.settings.dead_letter_queue == queue_name)
 
     # ---------------------------------------------------------------- queries
     @property
@@ -392,7 +537,7 @@ class QueueStateMachine:
     def usage(self, queue_name: str) -> tuple[int, int]:
         """(items, cost) of a queue; (0, 0) when it does not exist."""
         queue = self._queues.get(queue_name)
-        return (len(queue.items), queue.cost) if queue is not None else (0, 0)
+        return (len(queue.items), item_cost(len(queue.items), queue.stats.bytes)) if queue is not None else (0, 0)
 
     def effective_limits(self, queue_name: str, limits: Limits) -> tuple[int, int]:
         """(max_items, max_bytes) that apply to a queue: its own settings, else the defaults in ``limits``."""
@@ -411,6 +556,11 @@ class QueueStateMachine:
         queue = self._queues.get(queue_name)
         return (queue.max_items, queue.max_bytes) if queue is not None else None
 
+    def queue_features(self, queue_name: str) -> QueueSettings | None:
+        """The queue's delivery, dead-letter, time and priority settings; None when there is no queue."""
+        queue = self._queues.get(queue_name)
+        return queue.settings if queue is not None else None
+
     def count(self, queue_name: str) -> int:
         queue = self._queues.get(queue_name)
         return len(queue.items) if queue is not None else 0
@@ -422,16 +572,80 @@ class QueueStateMachine:
         queue = self._queues.get(queue_name)
         return self._stats_of(queue) if queue is not None else None
 
-    @staticmethod
-    def _stats_of(queue: _Queue) -> dict[str, int]:
+    def _stats_of(self, queue: Queue) -> dict[str, int]:
+        stats = queue.stats
         return {
             "count": len(queue.items),
-            "bytes": queue.stats.bytes,
-            "cost_bytes": queue.cost,
-            "enqueued_total": queue.stats.enqueued_total,
-            "dequeued_total": queue.stats.dequeued_total,
-            "purged_total": queue.stats.purged_total,
+            "delayed": self._delayed_count(queue),
+            "bytes": stats.bytes,
+            "cost_bytes": item_cost(len(queue.items), stats.bytes),
+            **dict(zip(QueueStats.TOTALS, stats.totals(), strict=True)),
         }
+
+    def _delayed_count(self, queue: Queue) -> int:
+        """Items not visible yet at the state machine's time: O(items with metadata)."""
+        now = self._now_ms
+        return sum(1 for meta in queue.meta.values() if meta.visible_at_ms > now)
+
+    def item_meta(self, queue_name: str, item_ids: Iterable[int]) -> list[tuple[ItemMeta, int | None]]:
+        """(metadata, enqueue time) of items (plain metadata for an item not there)."""
+        queue = self._queues.get(queue_name)
+        if queue is None:
+            return [(ItemMeta(), None) for _ in item_ids]
+        return [(queue.meta_of(i), queue.enqueued_at_ms(i)) for i in item_ids]
+
+    def dead_items(self, queue_name: str, limit: int, source_queue: str | None = None,
+                   exclude: set[int] | frozenset[int] = frozenset()) -> list[tuple[int, str]]:
+        """Up to ``limit`` (item id, source queue) of dead items in ``queue_name``, head first, from
+        ``source_queue`` only when given, leaving out ``exclude``."""
+        queue = self._queues.get(queue_name)
+        if queue is None:
+            return []
+        found: list[tuple[int, str]] = []
+        for item_id in queue.live_ids():
+            meta = queue.meta.get(item_id)
+            if meta is None or meta.dead_source is None or item_id in exclude:
+                continue
+            if source_queue is None or meta.dead_source == source_queue:
+                found.append((item_id, meta.dead_source))
+                if len(found) >= limit:
+                    break
+        return found
+
+    def view_seed(self, queue_name: str) -> ViewSeed:
+        """What a new leader's view of the queue starts from: the items visible at the state
+        machine's time by priority (ranges, head first), the delayed ones, the expiring ones,
+        the recorded delivery counts, and the items already at their delivery limit."""
+        queue = self._queues.get(queue_name)
+        seed = ViewSeed({}, [], [], {}, [])
+        if queue is None:
+            return seed
+        now, meta_of = self._now_ms, queue.meta
+        max_deliveries = queue.settings.max_deliveries
+        plain: list[int] = []
+        by_priority: dict[int, list[int]] = {}
+        for item_id in queue.live_ids():
+            meta = meta_of.get(item_id)
+            if meta is None:
+                plain.append(item_id)
+                continue
+            if meta.expires_at_ms is not None:
+                seed.expiring.append((meta.expires_at_ms, item_id))
+            if meta.deliveries:
+                seed.deliveries[item_id] = meta.deliveries
+                if max_deliveries is not None and meta.deliveries >= max_deliveries:
+                    seed.at_limit.append(item_id)
+                    continue
+            if meta.visible_at_ms > now:
+                seed.delayed.append((meta.visible_at_ms, item_id, meta.priority))
+            elif meta.priority:
+                by_priority.setdefault(meta.priority, []).append(item_id)
+            else:
+                plain.append(item_id)
+        if plain:
+            by_priority[0] = plain
+        seed.ranges = {p: coalesce_ranges(ids) for p, ids in by_priority.items()}
+        return seed
 
     def item_ids(self, queue_name: str) -> list[int]:
         """Ids of the items in ``queue_name``, head first."""
@@ -482,8 +696,12 @@ class QueueStateMachine:
             "barrier_term": self._barrier_term,
             "queues": [
                 (name, q.stats.enqueued_total, q.stats.dequeued_total, q.stats.purged_total, q.max_items,
-                 q.max_bytes)
+                 q.max_bytes, q.settings.as_tuple(), q.stats.totals(), q.time_boundaries())
                 for name, q in sorted(self._queues.items())
+            ],
+            "item_meta": [
+                (name, item_id, meta.as_tuple())
+                for name, q in sorted(self._queues.items()) for item_id, meta in sorted(q.meta.items())
             ],
             "outcomes": [
                 (tid, o.status, o.index, o.at_ms, o.reason) for tid, o in self._outcomes.items()
@@ -506,20 +724,27 @@ class QueueStateMachine:
         """Discard all state and load a snapshot (``items`` sorted as snapshot_items yields them)."""
         if meta.get("format") not in SNAPSHOT_FORMATS_READ:
             raise ValueError(f"snapshot format {meta.get('format')!r}, expected one of {SNAPSHOT_FORMATS_READ}")
-        queues: dict[str, _Queue] = {}
+        queues: dict[str, Queue] = {}
         for name, enqueued_total, dequeued_total, *rest in meta["queues"]:
-            purged_total, max_items, max_bytes = rest if rest else (0, None, None)  # format 1: no settings
-            queue = queues[name] = _Queue(max_items, max_bytes)
+            purged_total, max_items, max_bytes = rest[:3] if rest else (0, None, None)  # format 1: no settings
+            queue = queues[name] = Queue(max_items, max_bytes)
             queue.stats.enqueued_total = enqueued_total
             queue.stats.dequeued_total = dequeued_total
             queue.stats.purged_total = purged_total
+            if len(rest) > 3:  # format 3: settings, every total, enqueue times
+                settings, totals, (time_ids, time_ms) = rest[3:6]
+                queue.settings = QueueSettings(*settings)
+                for field_name, total in zip(QueueStats.TOTALS, totals, strict=True):
+                    setattr(queue.stats, field_name, total)
+                queue.restore_times(time_ids, time_ms)
+        item_meta = {(name, item_id): fields for name, item_id, fields in meta.get("item_meta", ())}
         self._items_total = self._bytes_total = 0
         for name, item_id, value in items:
             if name not in queues:
-                queues[name] = _Queue()
+                queues[name] = Queue()
             queue = queues[name]
-            queue.ids.append(item_id)
-            queue.items[item_id] = value
+            fields = item_meta.get((name, item_id))
+            queue.append(item_id, value, None if fields is None else ItemMeta(*fields))
             queue.stats.bytes += len(value)
             self._items_total += 1
             self._bytes_total += len(value)
@@ -536,6 +761,15 @@ class QueueStateMachine:
         self._idempotency.replace_all(
             (key, KeyRecord(index, at_ms)) for key, _ids, index, at_ms in meta["idempotency"]
         )
+
+
+@dataclass(slots=True)
+class ViewSeed:
+    ranges: dict[int, list[tuple[int, int]]]  # priority -> [first, end) ranges of visible ids, head first
+    delayed: list[tuple[int, int, int]]  # (visible_at_ms, item id, priority)
+    expiring: list[tuple[int, int]]  # (expires_at_ms, item id)
+    deliveries: dict[int, int]  # item id -> recorded deliveries
+    at_limit: list[int]  # items whose deliveries reached max_deliveries: they must die
 
 
 def coalesce_ranges(item_ids: Iterable[int]) -> list[tuple[int, int]]:

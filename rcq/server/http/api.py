@@ -34,6 +34,7 @@ from rcq.errors import (
 )
 from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
+from rcq.server.core.queue import QueueStats
 from rcq.server.http import operations
 from rcq.server.http.auth import CHALLENGE, auth_middleware, principal_of
 from rcq.server.http.connections import read_body
@@ -47,6 +48,7 @@ from rcq.server.http.models import (
     BatchEnqueue,
     BatchExecute,
     BatchExtend,
+    BatchReject,
     BatchRequest,
     BatchStatus,
     BeginRequest,
@@ -62,6 +64,8 @@ from rcq.server.http.models import (
     QueueDequeueRequest,
     QueueEnqueueRequest,
     QueueSettingsRequest,
+    RedriveRequest,
+    RejectRequest,
 )
 from rcq.server.http.openapi import openapi_spec
 from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
@@ -192,6 +196,12 @@ async def abort(request: web.Request) -> web.Response:
     return _json(body, status)
 
 
+async def reject(request: web.Request) -> web.Response:
+    status, body = await operations.reject(request.app[MANAGER], request.match_info["transaction_id"],
+                                           await _body(request, RejectRequest), caller_of(request))
+    return _json(body, status)
+
+
 async def extend(request: web.Request) -> web.Response:
     status, body = await operations.extend(request.app[MANAGER], request.match_info["transaction_id"],
                                            await _body(request, ExtendRequest), caller_of(request))
@@ -253,6 +263,8 @@ def _batch_operation(manager: TransactionManager, config: NodeConfig, caller: op
         return operations.abort(manager, sub.transaction_id, caller)
     if isinstance(sub, BatchExtend):
         return operations.extend(manager, sub.transaction_id, sub, caller)
+    if isinstance(sub, BatchReject):
+        return operations.reject(manager, sub.transaction_id, sub, caller)
     if isinstance(sub, BatchStatus):
         return operations.status(manager, sub.transaction_id, caller)
     if isinstance(sub, BatchExecute):
@@ -276,7 +288,8 @@ async def queue_enqueue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     body = await _body(request, QueueEnqueueRequest)
     request_body = ExecuteRequest(
-        operations=[EnqueueOperation(op="enqueue", queue=queue, items=body.items, encoding=body.encoding)],
+        operations=[EnqueueOperation(op="enqueue", queue=queue, items=body.items, encoding=body.encoding,
+                                     priority=body.priority, delay_s=body.delay_s, ttl_s=body.ttl_s)],
         idempotency_key=body.idempotency_key)
     status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
                                               caller_of(request))
@@ -307,11 +320,9 @@ async def queue_count(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     principal_of(request).require_see(queue)
     replicator, config = request.app[REPLICATOR], request.app[CONFIG]
-    count, applied = replicator.read(lambda sm: (sm.count(queue), sm.last_index))
-    locked = request.app[MANAGER].locked_count(queue)
+    count, applied, stats = replicator.read(lambda sm: (sm.count(queue), sm.last_index, sm.queue_stats(queue)))
     return _json({
-        "queue": queue, "count": count, "depth": count,
-        "available": None if locked is None else count - locked, "locked": locked,
+        "queue": queue, "count": count, "depth": count, **_item_states(request.app[MANAGER], queue, count, stats),
         "approximate": True, "applied_index": applied,
         "node_id": config.node_id, "role": replicator.status().role,
         **operations.queue_settings_body(request.app[MANAGER], queue),
@@ -324,11 +335,29 @@ async def queue_stats(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     stats, applied = request.app[REPLICATOR].read(
         lambda sm: (sm.queue_stats(queue), sm.last_index))
-    stats = stats or {"count": 0, "bytes": 0, "cost_bytes": 0, "enqueued_total": 0, "dequeued_total": 0,
-                      "purged_total": 0}
-    return _json({"queue": queue, **stats, "locked": request.app[MANAGER].locked_count(queue),
+    stats = stats or {"count": 0, "bytes": 0, "cost_bytes": 0, **dict.fromkeys(QueueStats.TOTALS, 0)}
+    states = _item_states(request.app[MANAGER], queue, stats["count"], stats)
+    return _json({"queue": queue, **stats, **states,
                   "approximate": True, "applied_index": applied, "node_id": config.node_id,
                   **operations.queue_settings_body(request.app[MANAGER], queue)})
+
+
+def _item_states(manager: TransactionManager, queue: str, count: int, stats: dict[str, int] | None
+                 ) -> dict[str, int | None]:
+    """ready / delayed / locked: the leader's view when this node serves; elsewhere the delayed count
+    from the replicated state at its time, and nothing for locks (only the leader knows them)."""
+    counts = manager.queue_counts(queue)
+    if counts is not None:
+        return {"available": counts["ready"], **counts}
+    delayed = (stats or {}).get("delayed", 0)
+    return {"available": None, "locked": None, "delayed": delayed, "ready": None}
+
+
+async def redrive(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    status, body = await operations.redrive(request.app[MANAGER], queue, await _body(request, RedriveRequest),
+                                            caller_of(request))
+    return _json(body, status)
 
 
 async def configure_queue(request: web.Request) -> web.Response:
@@ -471,6 +500,7 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app.router.add_post("/v1/transactions/{transaction_id}/commit", commit)
     app.router.add_post("/v1/transactions/{transaction_id}/abort", abort)
     app.router.add_post("/v1/transactions/{transaction_id}/extend", extend)
+    app.router.add_post("/v1/transactions/{transaction_id}/reject", reject)
     app.router.add_post("/v1/commit", commit_many)
     app.router.add_post("/v1/execute", execute)
     app.router.add_post("/v1/execute-batch", execute_batch)
@@ -481,6 +511,7 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app.router.add_put("/v1/queues/{queue}", configure_queue)
     app.router.add_delete("/v1/queues/{queue}", delete_queue)
     app.router.add_post("/v1/queues/{queue}/purge", purge_queue)
+    app.router.add_post("/v1/queues/{queue}/redrive", redrive)
     app.router.add_get("/v1/queues/{queue}/stats", queue_stats)
     app.router.add_post("/v1/queues/{queue}/enqueue", queue_enqueue)
     app.router.add_post("/v1/queues/{queue}/dequeue", queue_dequeue)

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from rcq.encoding import Encoding, decode_item
 from rcq.errors import InvalidRequest, PayloadTooLarge
 from rcq.names import DOT_SEGMENTS, QUEUE_NAME_PATTERN
+from rcq.server.core.commands import EnqueueOptions, QueueSettings
 
 TRANSACTION_ID_PATTERN = r"^[0-9a-f]{1,16}\.[0-9a-f]{24}$"
 LABEL_MAX_CHARS = 256
@@ -33,6 +34,27 @@ def _queue_name_is_not_a_dot_segment(name: str) -> str:
 
 QueueName = Annotated[str, Field(pattern=QUEUE_NAME_PATTERN), AfterValidator(_queue_name_is_not_a_dot_segment)]
 OptionalKey = Annotated[str | None, Field(default=None, min_length=1, max_length=KEY_MAX_CHARS)]
+
+
+PRIORITY_MAX = 255
+DELAY_MAX_S = 7 * 24 * 3600.0
+TTL_MAX_S = 365 * 24 * 3600.0
+MAX_DELIVERIES_MAX = 1000
+NOTE_MAX_CHARS = 256
+Priority = Annotated[int | None, Field(None, ge=0, le=PRIORITY_MAX,
+                                       description="0..the queue's max_priority; higher is dequeued first")]
+DelayS = Annotated[float | None, Field(None, ge=0, le=DELAY_MAX_S,
+                                       description="invisible this long after the commit (default: the queue's)")]
+TtlS = Annotated[float | None, Field(None, gt=0, le=TTL_MAX_S,
+                                     description="leaves this long after the commit unless consumed (default: the queue's)")]
+
+
+def enqueue_options(priority: int | None, delay_s: float | None, ttl_s: float | None) -> EnqueueOptions | None:
+    """The state machine's options for an enqueue request (None: a plain enqueue)."""
+    if priority is None and delay_s is None and ttl_s is None:
+        return None
+    return EnqueueOptions(priority=priority or 0, delay_ms=None if delay_s is None else round(delay_s * 1000),
+                          ttl_ms=None if ttl_s is None else max(1, round(ttl_s * 1000)))
 
 
 def decode_items(items: list[str], encoding: Encoding, item_bytes_max: int) -> list[bytes]:
@@ -64,6 +86,9 @@ class EnqueueRequest(_Model):
     items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
     encoding: Encoding = "utf-8"
     key: OptionalKey = None  # repeating an enqueue with the same key in a transaction buffers nothing more
+    priority: Priority = None
+    delay_s: DelayS = None
+    ttl_s: TtlS = None
 
 
 class DequeueRequest(_Model):
@@ -93,6 +118,9 @@ class EnqueueOperation(_Model):
     queue: QueueName
     items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
     encoding: Encoding = "utf-8"
+    priority: Priority = None
+    delay_s: DelayS = None
+    ttl_s: TtlS = None
 
 
 class DequeueOperation(_Model):
@@ -119,13 +147,44 @@ class QueueEnqueueRequest(_Model):
     items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
     encoding: Encoding = "utf-8"
     idempotency_key: OptionalKey = None
+    priority: Priority = None
+    delay_s: DelayS = None
+    ttl_s: TtlS = None
 
 
 class QueueSettingsRequest(_Model):
-    """PUT /v1/queues/{queue}: the queue's own limits (null: the node's defaults)."""
+    """PUT /v1/queues/{queue}: every setting of the queue (an absent one is null: the default)."""
 
     max_items: int | None = Field(None, ge=1, description="most items the queue may hold")
     max_bytes: int | None = Field(None, ge=1, description="most bytes it may hold, each item's bookkeeping included")
+    max_deliveries: int | None = Field(None, ge=1, le=MAX_DELIVERIES_MAX,
+                                       description="deliveries without a commit before an item dies")
+    dead_letter_queue: QueueName | None = Field(None, description="an existing queue where dead items go")
+    default_ttl_s: float | None = Field(None, gt=0, le=TTL_MAX_S, description="time to live of items without ttl_s")
+    default_delay_s: float | None = Field(None, ge=0, le=DELAY_MAX_S, description="delay of items without delay_s")
+    max_priority: int | None = Field(None, ge=0, le=PRIORITY_MAX, description="the highest priority an enqueue may give")
+
+    def features(self) -> QueueSettings:
+        return QueueSettings(
+            max_deliveries=self.max_deliveries, dead_letter_queue=self.dead_letter_queue,
+            default_ttl_ms=None if self.default_ttl_s is None else max(1, round(self.default_ttl_s * 1000)),
+            default_delay_ms=None if self.default_delay_s is None else round(self.default_delay_s * 1000),
+            max_priority=self.max_priority)
+
+
+class RejectRequest(_Model):
+    """Items this transaction dequeued go to the queue's dead-letter queue at once."""
+
+    queue: QueueName
+    item_ids: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=10_000)
+    reason: str | None = Field(None, min_length=1, max_length=NOTE_MAX_CHARS, description="kept with the dead item")
+
+
+class RedriveRequest(_Model):
+    """Dead items of this (dead-letter) queue go back to their source queues."""
+
+    max_items: int | None = Field(None, ge=1, le=10_000)
+    source_queue: QueueName | None = None
 
 
 class QueueDequeueRequest(_Model):
@@ -182,6 +241,11 @@ class BatchExtend(ExtendRequest):
     transaction_id: TransactionId
 
 
+class BatchReject(RejectRequest):
+    op: Literal["reject"]
+    transaction_id: TransactionId
+
+
 class BatchStatus(_Model):
     op: Literal["status"]
     transaction_id: TransactionId
@@ -197,7 +261,7 @@ class BatchCommitMany(CommitManyRequest):
 
 BatchOperation = Annotated[
     BatchBegin | BatchEnqueue | BatchDequeue | BatchCommit | BatchAbort | BatchExtend | BatchStatus
-    | BatchExecute | BatchCommitMany,
+    | BatchExecute | BatchCommitMany | BatchReject,
     Field(discriminator="op"),
 ]
 

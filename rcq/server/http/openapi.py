@@ -32,6 +32,8 @@ from rcq.server.http.models import (
     QueueDequeueRequest,
     QueueEnqueueRequest,
     QueueSettingsRequest,
+    RedriveRequest,
+    RejectRequest,
 )
 
 API_VERSION = "1"
@@ -90,6 +92,8 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=LEADER + TRANSACTION + (504,)),
     Operation("POST", "/v1/transactions/{transaction_id}/extend", "Move the deadline", ExtendRequest,
               errors=LEADER + TRANSACTION + (504,)),
+    Operation("POST", "/v1/transactions/{transaction_id}/reject",
+              "Held items to the dead-letter queue at once", RejectRequest, errors=LEADER + TRANSACTION + (504,)),
     Operation("POST", "/v1/commit", "Commit several transactions atomically", CommitManyRequest,
               errors=LEADER + TRANSACTION + WRITE + (504,)),
     Operation("POST", "/v1/execute", "A one-request transaction", ExecuteRequest,
@@ -101,8 +105,10 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/queues/{queue}", "A queue's count, locked items and limits"),
     Operation("PUT", "/v1/queues/{queue}", "Create a queue / set its limits", QueueSettingsRequest,
               errors=(*LEADER, 409, 504)),
-    Operation("DELETE", "/v1/queues/{queue}", "Delete a queue and its items", errors=(*LEADER, 504)),
+    Operation("DELETE", "/v1/queues/{queue}", "Delete a queue and its items", errors=(*LEADER, 409, 504)),
     Operation("POST", "/v1/queues/{queue}/purge", "Remove every item of a queue", errors=(*LEADER, 504)),
+    Operation("POST", "/v1/queues/{queue}/redrive", "Dead items back to their source queues", RedriveRequest,
+              errors=(*LEADER, 429, 504)),
     Operation("GET", "/v1/queues/{queue}/stats", "A queue's statistics"),
     Operation("POST", "/v1/queues/{queue}/enqueue", "One-request enqueue", QueueEnqueueRequest,
               errors=LEADER + TRANSACTION + WRITE + (504,)),

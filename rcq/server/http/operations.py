@@ -16,6 +16,7 @@ from typing import Any
 from rcq.encoding import Encoding, encode_item
 from rcq.errors import PayloadTooLarge, RcqError
 from rcq.server.config import NodeConfig
+from rcq.server.core.commands import QueueSettings
 from rcq.server.http.models import (
     BeginRequest,
     CommitManyRequest,
@@ -27,7 +28,10 @@ from rcq.server.http.models import (
     ExecuteRequest,
     ExtendRequest,
     QueueSettingsRequest,
+    RedriveRequest,
+    RejectRequest,
     decode_items,
+    enqueue_options,
 )
 from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem
 from rcq.server.leader.transactions import TransactionManager
@@ -54,7 +58,14 @@ def items_body(items: list[DequeuedItem], encoding: Encoding) -> list[dict[str, 
     rendered = []
     for item in items:
         value, used = encode_item(item.value, encoding)
-        rendered.append({"item_id": item.item_id, "queue": item.queue, "value": value, "encoding": used})
+        entry: dict[str, Any] = {"item_id": item.item_id, "queue": item.queue, "value": value, "encoding": used,
+                                 "delivery_count": item.delivery_count, "priority": item.priority,
+                                 "enqueued_at_ms": item.enqueued_at_ms}
+        dead = item.dead_letter
+        if dead is not None:
+            entry["dead_letter"] = {"reason": dead.reason, "source_queue": dead.source_queue,
+                                    "delivery_count": dead.delivery_count, "note": dead.note}
+        rendered.append(entry)
     return rendered
 
 
@@ -89,7 +100,8 @@ async def enqueue(manager: TransactionManager, config: NodeConfig, transaction_i
     manager.check_owner(transaction_id, caller.owner)
     check_items_count(body.items, config)
     values = decode_items(body.items, body.encoding, config.item_bytes_max)
-    buffered = manager.enqueue(transaction_id, body.queue, values, body.key)
+    buffered = manager.enqueue(transaction_id, body.queue, values, body.key,
+                               enqueue_options(body.priority, body.delay_s, body.ttl_s))
     return 200, {"transaction_id": transaction_id, "queue": body.queue, "enqueued": len(values),
                  "buffered": buffered}
 
@@ -112,6 +124,14 @@ async def abort(manager: TransactionManager, transaction_id: str, caller: Caller
     manager.check_owner(transaction_id, caller.owner)
     returned = manager.abort(transaction_id)
     return 200, {"transaction_id": transaction_id, "aborted": True, "returned": returned}
+
+
+async def reject(manager: TransactionManager, transaction_id: str, body: RejectRequest, caller: Caller) -> Answer:
+    caller.principal.require("consume", body.queue)  # before ownership: a 403 says nothing of the id
+    manager.check_owner(transaction_id, caller.owner)
+    rejected, target = await manager.reject(transaction_id, body.queue, body.item_ids, body.reason)
+    return 200, {"transaction_id": transaction_id, "queue": body.queue, "rejected": rejected,
+                 "dead_letter_queue": target}
 
 
 async def extend(manager: TransactionManager, transaction_id: str, body: ExtendRequest, caller: Caller) -> Answer:
@@ -155,7 +175,8 @@ async def execute(manager: TransactionManager, config: NodeConfig, body: Execute
         for op, values in zip(body.operations, decoded, strict=True):
             if isinstance(op, EnqueueOperation):
                 assert values is not None
-                manager.enqueue(transaction_id, op.queue, values)
+                manager.enqueue(transaction_id, op.queue, values,
+                                options=enqueue_options(op.priority, op.delay_s, op.ttl_s))
                 results.append({"op": "enqueue", "queue": op.queue, "enqueued": len(values)})
             else:
                 assert isinstance(op, DequeueOperation)
@@ -180,16 +201,34 @@ async def execute(manager: TransactionManager, config: NodeConfig, body: Execute
 # ------------------------------------------------------------------ queue admin
 def queue_settings_body(manager: TransactionManager, queue: str) -> dict[str, Any]:
     """The queue's own settings and the limits that apply to it (its own, else this node's defaults)."""
-    settings, (max_items, max_bytes) = manager.queue_limits(queue)
+    settings, (max_items, max_bytes), features = manager.queue_limits(queue)
     own_items, own_bytes = settings or (None, None)
     return {"queue": queue, "exists": settings is not None,
-            "settings": {"max_items": own_items, "max_bytes": own_bytes},
+            "settings": {"max_items": own_items, "max_bytes": own_bytes, **features_body(features)},
             "limits": {"max_items": max_items, "max_bytes": max_bytes}}
 
 
+def features_body(features: QueueSettings | None) -> dict[str, Any]:
+    features = features or QueueSettings()
+    return {"max_deliveries": features.max_deliveries, "dead_letter_queue": features.dead_letter_queue,
+            "default_ttl_s": None if features.default_ttl_ms is None else features.default_ttl_ms / 1000,
+            "default_delay_s": None if features.default_delay_ms is None else features.default_delay_ms / 1000,
+            "max_priority": features.max_priority}
+
+
 async def configure_queue(manager: TransactionManager, queue: str, body: QueueSettingsRequest) -> Answer:
-    await manager.change_queue(queue, "configure", body.max_items, body.max_bytes)
+    await manager.change_queue(queue, "configure", body.max_items, body.max_bytes, body.features())
     return 200, queue_settings_body(manager, queue)
+
+
+async def redrive(manager: TransactionManager, queue: str, body: RedriveRequest, caller: Caller) -> Answer:
+    """Dead items back to their sources: manage on the dead-letter queue, produce on each source."""
+    caller.principal.require("manage", queue)
+    if body.source_queue is not None:
+        caller.principal.require("produce", body.source_queue)
+    moved = await manager.redrive(queue, body.max_items, body.source_queue,
+                                  may_redrive_to=lambda source: caller.principal.may("produce", source))
+    return 200, {"queue": queue, "redriven": sum(moved.values()), "by_queue": moved}
 
 
 async def purge_queue(manager: TransactionManager, queue: str) -> Answer:

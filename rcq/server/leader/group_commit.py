@@ -18,21 +18,34 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rcq.errors import InternalError, LeaderChanged, RcqError
-from rcq.server.core.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, Limits, UnitOutcome
+from rcq.server.core.commands import (
+    ApplyFailed,
+    BatchResult,
+    CommitBatch,
+    CommitUnit,
+    ItemsAction,
+    ItemsOutcome,
+    Limits,
+    UnitOutcome,
+)
 from rcq.server.raft.protocol import Replicator
+
+Outcome = UnitOutcome | ItemsOutcome
 
 
 @dataclass(slots=True)
 class _Pending:
-    unit: CommitUnit
+    unit: CommitUnit | ItemsAction
     size_bytes: int
-    future: asyncio.Future[UnitOutcome]
+    future: asyncio.Future[Outcome]
 
 
 class GroupCommitter:
     def __init__(self, replicator: Replicator, *, units_max: int, bytes_max: int,
-                 in_flight_max: int, timeout_s: float, limits: Limits | None = None) -> None:
+                 in_flight_max: int, timeout_s: float, limits: Limits | None = None,
+                 clock: Callable[[], int] | None = None) -> None:
         self._replicator = replicator
+        self._clock = clock or (lambda: int(time.time() * 1000))  # entry time, ms
         self._limits = limits  # stamped on every entry: the state machine enforces them
         self._units_max = units_max
         self._bytes_max = bytes_max
@@ -55,8 +68,10 @@ class GroupCommitter:
             if not p.future.done():
                 p.future.set_exception(LeaderChanged())
 
-    def commit(self, unit: CommitUnit, size_bytes: int) -> asyncio.Future[UnitOutcome]:
-        future: asyncio.Future[UnitOutcome] = asyncio.get_running_loop().create_future()
+    def commit(self, unit: CommitUnit | ItemsAction, size_bytes: int) -> asyncio.Future[Outcome]:
+        """Propose ``unit`` (a commit, or a leader's item action) in the next entry; its future gets
+        the unit's own outcome."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(unit, size_bytes, future))
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -82,7 +97,7 @@ class GroupCommitter:
 
     async def _propose(self, batch: list[_Pending]) -> None:
         units = [p.unit for p in batch]
-        command = CommitBatch(term=self._term, now_ms=int(time.time() * 1000), units=tuple(units),
+        command = CommitBatch(term=self._term, now_ms=self._clock(), units=tuple(units),
                               limits=self._limits)
         self.entries_proposed += 1
         self.units_proposed += len(units)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rcq.server.core.commands import EnqueueOptions
+
 
 class State(StrEnum):
     OPEN = "open"
@@ -37,7 +39,8 @@ class Session:
     owner: str = ""  # the principal that began it: only it may see or use it ("" without tokens)
     lifetime_deadline: float = float("inf")  # loop time past which no extend reaches
     state: State = State.OPEN
-    enqueues: dict[str, list[bytes]] = field(default_factory=dict)
+    # (queue, options) -> items, in the order the transaction enqueued them (None: plain items)
+    enqueues: dict[tuple[str, EnqueueOptions | None], list[bytes]] = field(default_factory=dict)
     enqueued_bytes: int = 0
     enqueued_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # queue -> (items, bytes)
     dequeued: dict[str, list[int]] = field(default_factory=dict)
@@ -48,6 +51,9 @@ class Session:
     dequeue_keys: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     enqueue_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (queue, items)
     commit_future: asyncio.Future[CommitResult] | None = None
+
+    def enqueued_queues(self) -> set[str]:
+        return {queue for queue, _ in self.enqueues}
 
     def describe(self, now: float) -> dict[str, Any]:
         return {
@@ -94,10 +100,24 @@ class CommitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Why an item in a dead-letter queue died, and where it came from."""
+
+    reason: str
+    source_queue: str
+    delivery_count: int
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DequeuedItem:
     item_id: int
     queue: str
     value: bytes
+    delivery_count: int = 0  # earlier deliveries that ended without a commit
+    priority: int = 0
+    enqueued_at_ms: int | None = None
+    dead_letter: DeadLetter | None = None
 
 
 def term_of(transaction_id: str) -> int | None:

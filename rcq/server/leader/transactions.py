@@ -26,6 +26,7 @@ Must not import: pysyncobj, lmdb, aiohttp.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -36,6 +37,7 @@ from typing import Any
 from rcq.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
+    Forbidden,
     InternalError,
     InvalidRequest,
     LeaderChanged,
@@ -44,6 +46,7 @@ from rcq.errors import (
     NotReady,
     OutcomeExpired,
     PayloadTooLarge,
+    QueueInUse,
     QueueNotFound,
     RcqError,
     TooManyQueues,
@@ -66,17 +69,23 @@ from rcq.server.core.commands import (
     Command,
     CommitBatch,
     CommitUnit,
+    EnqueueOptions,
+    ItemsAction,
+    ItemsOutcome,
     QueueChange,
     QueueChangeResult,
+    QueueSettings,
     TransactionWrite,
     UnitOutcome,
 )
 from rcq.server.leader.admission import Admission, merge_growth
 from rcq.server.leader.answers import ClosedTransactions
+from rcq.server.leader.clock import LeaderClock
 from rcq.server.leader.deadlines import DeadlineReaper
 from rcq.server.leader.group_commit import GroupCommitter
+from rcq.server.leader.item_rules import ItemRules
 from rcq.server.leader.queue_view import QueueView
-from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem, Session, State
+from rcq.server.leader.session import AnswerBudget, CommitResult, DeadLetter, DequeuedItem, Session, State
 from rcq.server.raft.protocol import Replicator
 
 log = logging.getLogger(__name__)
@@ -108,6 +117,7 @@ class TransactionManager:
         self._epoch = 0
         self._serving_term = 0  # term whose barrier is applied; 0 = not serving
         self._leader_term = 0
+        self._clock = LeaderClock(config.test_clock_offset_ms)
         self._committer = GroupCommitter(
             replicator,
             units_max=config.commit_batch_units_max,
@@ -115,8 +125,10 @@ class TransactionManager:
             in_flight_max=config.commits_in_flight_max,
             timeout_s=config.commit_timeout_s,
             limits=self._admission.limits,
+            clock=self._clock.now_ms,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._rules = ItemRules(replicator, self._committer, self._clock, lambda: self._views, self._spawn)
         self._settling = False  # a fence that settles unknown commit outcomes is on its way
         # What the metrics read (rcq.server.http.metrics): plain counters, kept here once.
         self.closed_total: Counter[str] = Counter()  # how transactions ended, by outcome
@@ -176,6 +188,7 @@ class TransactionManager:
         for view in self._views.values():
             view.fail_waiters(error)
         self._views = {}
+        self._rules.reset()
         self._deadlines.clear()
         self._admission.clear_reservations()
 
@@ -186,7 +199,7 @@ class TransactionManager:
                and self._replicator.term == term):
             try:
                 await self._replicator.submit(
-                    Barrier(term=term, now_ms=int(time.time() * 1000)), self._config.commit_timeout_s)
+                    Barrier(term=term, now_ms=self._clock.now_ms()), self._config.commit_timeout_s)
             except RcqError as exc:
                 log.info("barrier for term %d not applied yet: %s", term, exc.code)
                 await asyncio.sleep(delay_s)
@@ -194,26 +207,43 @@ class TransactionManager:
 
     def on_applied(self, index: int, command: Command | None, result: ApplyResult) -> None:
         """Every applied entry, in apply order, on the loop thread: keep the views in step."""
+        if command is not None:
+            self._clock.observe(command.now_ms)
         if isinstance(result, QueueChangeResult):
             if self._serving_term and result.status == "done" and result.action in ("purge", "delete"):
                 self._on_queue_emptied(result.queue, result.action)
+            if self._serving_term and result.status == "done" and isinstance(command, QueueChange) \
+                    and result.action == "configure":
+                view = self._views.get(result.queue)
+                if view is None:
+                    view = self._views[result.queue] = QueueView()
+                view.max_deliveries = command.settings.max_deliveries if command.settings else None
             return
         if isinstance(result, BarrierResult):
             if (result.term == self._leader_term and not self._serving_term
                     and self._replicator.term == result.term):
                 # Every entry of earlier terms is applied, and nothing after the barrier can
                 # change the queues but this leader's own commits: build the views now.
-                self._views = self._replicator.read(
-                    lambda sm: {q: QueueView.from_ranges(sm.item_ranges(q)) for q in sm.queue_names()})
+                seeds = self._replicator.read(lambda sm: [
+                    (q, sm.view_seed(q), (sm.queue_features(q) or QueueSettings()).max_deliveries)
+                    for q in sm.queue_names()])
+                self._views = {q: QueueView.from_seed(seed, limit) for q, seed, limit in seeds}
                 self._committer.start_term(result.term)
                 self._serving_term = result.term
+                for queue, seed, _ in seeds:  # locked when their leader died, at their limit: they die now
+                    self._rules.propose("dead_letter", queue, seed.at_limit)
+                epoch = self._epoch
+                self._spawn(self._rules.run_timer(lambda: self._epoch == epoch and self.serving))
                 log.info("serving as leader of term %d from index %d", result.term, index)
             return
         if not self._serving_term or not isinstance(result, BatchResult):
             return
         if isinstance(command, CommitBatch) and len(command.units) == len(result.outcomes):
             for unit, outcome in zip(command.units, result.outcomes, strict=True):
-                self._on_unit_applied(unit, outcome)
+                if isinstance(unit, ItemsAction) and isinstance(outcome, ItemsOutcome):
+                    self._rules.on_applied(outcome, unit, command.now_ms)
+                elif isinstance(unit, CommitUnit) and isinstance(outcome, UnitOutcome):
+                    self._on_unit_applied(unit, outcome, command.now_ms)
 
     # -------------------------------------------------------------- guards
     def require_serving(self) -> None:
@@ -330,10 +360,18 @@ class TransactionManager:
                 if t.owner == owner and (label_prefix is None or (t.label or "").startswith(label_prefix))]
 
     # ---------------------------------------------------------- operations
-    def enqueue(self, transaction_id: str, queue: str, values: list[bytes], key: str | None = None) -> int:
+    def enqueue(self, transaction_id: str, queue: str, values: list[bytes], key: str | None = None,
+                options: EnqueueOptions | None = None) -> int:
         """Buffer items; returns how many the transaction holds. A repeated ``key`` buffers nothing."""
         transaction = self._get_open(transaction_id)
         check_queue_name(queue)
+        if options is not None and options.priority:
+            features = self._replicator.read(lambda sm: sm.queue_features(queue))
+            allowed = (features.max_priority if features is not None else None) or 0
+            if options.priority > allowed:
+                raise InvalidRequest(f"priority {options.priority} is over queue {queue!r}'s max_priority {allowed} "
+                                     "(set it with PUT /v1/queues/{queue})",
+                                     details={"queue": queue, "max_priority": allowed})
         if key is not None and key in transaction.enqueue_keys:
             if transaction.enqueue_keys[key] != (queue, len(values)):
                 raise InvalidRequest(f"enqueue key {key!r} was used for other items")
@@ -350,7 +388,7 @@ class TransactionManager:
         growth = merge_growth([transaction.growth(), {queue: (len(values), size)}])
         self._replicator.read(lambda sm: self._admission.check_growth(growth, sm))
         items_before, bytes_before = transaction.enqueued_sizes.get(queue, (0, 0))
-        transaction.enqueues.setdefault(queue, []).extend(values)
+        transaction.enqueues.setdefault((queue, options), []).extend(values)
         transaction.enqueued_bytes += size
         transaction.enqueued_sizes[queue] = (items_before + len(values), bytes_before + size)
         transaction.items_count += len(values)
@@ -377,17 +415,20 @@ class TransactionManager:
                                   f"{self._config.transaction_items_max}")
         max_items = min(max_items, allowance)
         if key is not None and key in transaction.dequeue_keys:
-            key_queue, ids = transaction.dequeue_keys[key]
+            key_queue, replayed = transaction.dequeue_keys[key]
             if key_queue != queue:
                 raise InvalidRequest(f"dequeue key {key!r} was used for queue {key_queue!r}")
-            return self._items(queue, ids)
+            return self._items(queue, replayed, delivered=True)
         if budget.exhausted:
             return []  # this request's answer is full: the items stay at the head for the next one
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + wait_ms / 1000
         while True:
             view = self._views.get(queue)
-            ids = view.take(max_items) if view is not None else []
+            ids: list[int] = []
+            if view is not None:
+                ids, expired = view.take(max_items, self._clock.now_ms())
+                self._rules.propose("expire", queue, expired)  # found past their expiry on the way
             if ids:
                 break
             remaining_s = min(give_up_at, transaction.deadline) - loop.time()
@@ -409,13 +450,68 @@ class TransactionManager:
         items = self._items(queue, ids)
         self._drop_missing(transaction, queue, items, ids)
         items = self._fit_answer(transaction, queue, items, budget)
+        if items and view is not None and view.max_deliveries is not None:
+            items = await self._deliver(transaction, queue, items)
         if key is not None:
             transaction.dequeue_keys[key] = (queue, [item.item_id for item in items])
         return items
 
-    def _items(self, queue: str, ids: list[int]) -> list[DequeuedItem]:
-        values = self._replicator.read(lambda sm: sm.values(queue, ids))
-        return [DequeuedItem(i, queue, v) for i, v in zip(ids, values, strict=True) if v is not None]
+    async def _deliver(self, transaction: Session, queue: str, items: list[DequeuedItem]) -> list[DequeuedItem]:
+        """On a queue with ``max_deliveries``, record each delivery in the replicated state before the
+        item is handed out, so a crash of this leader cannot lose the count. Items the entry found at
+        their limit went to the dead-letter queue instead: they are not handed out."""
+        ids = tuple(item.item_id for item in items)
+        try:
+            outcome = await self._committer.commit(ItemsAction("deliver", queue, ids), 16 * len(ids))
+        except RcqError:
+            self._release_held(transaction, queue, items)
+            raise
+        if not isinstance(outcome, ItemsOutcome) or outcome.status != "done":
+            self._release_held(transaction, queue, items)
+            raise LeaderChanged()
+        if transaction.state is not State.OPEN or transaction.epoch != self._epoch:
+            raise self._closed_error(transaction.transaction_id)  # closing gave the items back
+        counts = dict(zip(outcome.acted, outcome.counts, strict=True))
+        lost = [item for item in items if item.item_id not in counts]
+        if lost:  # dead at their limit, or gone: no longer this transaction's
+            self._drop_held(transaction, queue, lost)
+        return [dataclasses.replace(item, delivery_count=counts[item.item_id] - 1)
+                for item in items if item.item_id in counts]
+
+    def _release_held(self, transaction: Session, queue: str, items: list[DequeuedItem]) -> None:
+        """Items whose delivery could not be recorded: not handed out, back to the head."""
+        self._drop_held(transaction, queue, items)
+        view = self._views.get(queue)
+        if view is not None and transaction.epoch == self._epoch:
+            view.give_back([item.item_id for item in items])
+
+    @staticmethod
+    def _drop_held(transaction: Session, queue: str, items: list[DequeuedItem]) -> None:
+        dropped = {item.item_id for item in items}
+        held = transaction.dequeued.get(queue, [])
+        held[:] = [i for i in held if i not in dropped]
+        dropped_bytes = sum(len(item.value) for item in items)
+        transaction.dequeued_bytes[queue] = transaction.dequeued_bytes.get(queue, 0) - dropped_bytes
+        transaction.items_count -= len(items)
+
+    def _items(self, queue: str, ids: list[int], *, delivered: bool = False) -> list[DequeuedItem]:
+        """The items with their values and what they carry; ``delivered``: their delivery is
+        counted already (a replayed dequeue)."""
+        values, metas = self._replicator.read(lambda sm: (sm.values(queue, ids), sm.item_meta(queue, ids)))
+        view = self._views.get(queue)
+        replicated = view is None or view.max_deliveries is not None
+        items = []
+        for item_id, value, (meta, enqueued_at_ms) in zip(ids, values, metas, strict=True):
+            if value is None:
+                continue
+            if replicated:
+                deliveries = max(0, meta.deliveries - 1) if delivered else meta.deliveries
+            else:
+                deliveries = view.deliveries.get(item_id, 0) if view is not None else 0
+            dead = None if meta.dead_reason is None else DeadLetter(
+                meta.dead_reason, meta.dead_source or "", meta.dead_deliveries, meta.dead_note)
+            items.append(DequeuedItem(item_id, queue, value, deliveries, meta.priority, enqueued_at_ms, dead))
+        return items
 
     def _fit_answer(self, transaction: Session, queue: str, items: list[DequeuedItem],
                     budget: AnswerBudget) -> list[DequeuedItem]:
@@ -426,7 +522,7 @@ class TransactionManager:
             size += len(item.value)
             if size > budget.remaining and (position > 0 or budget.answered):
                 extra = [i.item_id for i in items[position:]]
-                self._views[queue].give_back(extra)
+                self._views[queue].give_back(extra)  # never handed out: no delivery to count
                 dropped = set(extra)
                 held = transaction.dequeued[queue]
                 held[:] = [i for i in held if i not in dropped]
@@ -518,6 +614,8 @@ class TransactionManager:
         started = time.monotonic()
         try:
             outcome = await unit_future
+            if not isinstance(outcome, UnitOutcome):
+                raise InternalError(f"a commit unit got {outcome!r}")
             if self.on_commit_latency is not None:
                 self.on_commit_latency(time.monotonic() - started)
         except CommitOutcomeUnknown as exc:
@@ -550,7 +648,7 @@ class TransactionManager:
     def _check_room(self, sm: state_machine.QueueStateMachine, growth: dict[str, tuple[int, int]], transactions: int,
                     idempotency_key: str | None) -> None:
         self._admission.check_growth(growth, sm)
-        if not sm.can_remember(transactions, idempotency_key is not None, int(time.time() * 1000)):
+        if not sm.can_remember(transactions, idempotency_key is not None, self._clock.now_ms()):
             raise TooManyRequests("the cluster remembers as many recent commits (or idempotency keys) as it "
                                   "can; retry shortly")
 
@@ -570,13 +668,15 @@ class TransactionManager:
 
     @staticmethod
     def _write_of(transaction: Session) -> TransactionWrite:
+        groups = [(queue, options, tuple(v)) for (queue, options), v in transaction.enqueues.items() if v]
         return TransactionWrite(
             transaction_id=transaction.transaction_id,
-            enqueues=tuple((q, tuple(v)) for q, v in transaction.enqueues.items() if v),
+            enqueues=tuple((queue, values) for queue, _, values in groups),
             dequeues=tuple((q, tuple(ids)) for q, ids in transaction.dequeued.items() if ids),
+            enqueue_options=tuple(options for _, options, _ in groups) if any(o for _, o, _ in groups) else (),
         )
 
-    def _on_unit_applied(self, unit: CommitUnit, outcome: UnitOutcome) -> None:
+    def _on_unit_applied(self, unit: CommitUnit, outcome: UnitOutcome, now_ms: int) -> None:
         applied = outcome.status == "committed"
         missing = set(outcome.missing_item_ids)
         for write in unit.transactions:
@@ -593,12 +693,15 @@ class TransactionManager:
                 elif ours is not None and ours.epoch == self._epoch:
                     # duplicate or rejected: nothing was removed but what was already missing
                     view.forget([i for i in ids if i in missing])
-                    view.give_back([i for i in ids if i not in missing])
+                    self._rules.return_items(queue, view, [i for i in ids if i not in missing], delivered=True)
         for enqueued in outcome.enqueued:
             view = self._views.get(enqueued.queue)
             if view is None:
                 view = self._views[enqueued.queue] = QueueView()
-            view.add_range(enqueued.first_item_id, enqueued.count)
+            view.add_range(enqueued.first_item_id, enqueued.count, enqueued.priority, enqueued.visible_at_ms,
+                           enqueued.expires_at_ms, now_ms)
+            if enqueued.visible_at_ms > now_ms or enqueued.expires_at_ms is not None:
+                self._rules.wake()  # the timer may have to run sooner
         state = State.ABORTED if outcome.status == "rejected" else State.COMMITTED
         for write in unit.transactions:
             transaction = self._transactions.get(write.transaction_id)
@@ -612,8 +715,7 @@ class TransactionManager:
             for queue, ids in transaction.dequeued.items():
                 view = self._views.get(queue)
                 if view is not None:
-                    view.give_back(ids)
-                    self.returned_total[queue] += len(ids)
+                    self.returned_total[queue] += self._rules.return_items(queue, view, ids, delivered=True)
         self._forget_transaction(transaction, state, reason)
 
     def _forget_transaction(self, transaction: Session, state: State, reason: str) -> None:
@@ -652,7 +754,7 @@ class TransactionManager:
                 if not waiting:
                     return
                 try:
-                    await self._replicator.submit(Barrier(term=self._serving_term, now_ms=int(time.time() * 1000)),
+                    await self._replicator.submit(Barrier(term=self._serving_term, now_ms=self._clock.now_ms()),
                                                   self._config.commit_timeout_s)
                 except RcqError as exc:
                     log.info("fence for unknown commit outcomes not applied yet: %s", exc.code)
@@ -670,26 +772,35 @@ class TransactionManager:
                 self._settling = False
 
     # ------------------------------------------------------------ queue admin
-    def queue_limits(self, queue: str) -> tuple[tuple[int | None, int | None] | None, tuple[int, int]]:
-        """The queue's own (max_items, max_bytes) (None: no such queue), and the limits that apply to it."""
-        return self._replicator.read(
-            lambda sm: (sm.queue_settings(queue), sm.effective_limits(queue, self._admission.limits)))
+    def queue_limits(self, queue: str) -> tuple[tuple[int | None, int | None] | None, tuple[int, int],
+                                                QueueSettings | None]:
+        """The queue's own (max_items, max_bytes) (None: no such queue), the limits that apply to it,
+        and its other settings."""
+        return self._replicator.read(lambda sm: (
+            sm.queue_settings(queue), sm.effective_limits(queue, self._admission.limits), sm.queue_features(queue)))
 
     async def change_queue(self, queue: str, action: str, max_items: int | None = None,
-                           max_bytes: int | None = None) -> QueueChangeResult:
+                           max_bytes: int | None = None, settings: QueueSettings | None = None) -> QueueChangeResult:
         """Configure, purge or delete ``queue`` through Raft; answers once applied."""
         self.require_serving()
         check_queue_name(queue)
         # Refused here, a request changes nothing at all (not even the log): a queue that is not
-        # there, or one more queue than the cap. The state machine checks again when it applies.
-        exists, queues = self._replicator.read(
-            lambda sm: (sm.queue_settings(queue) is not None, sm.table_sizes()["queues"]))
+        # there, one more queue than the cap, bad settings, a dead-letter queue still in use. The
+        # state machine checks again when it applies.
+        exists, queues, problem, users = self._replicator.read(lambda sm: (
+            sm.queue_settings(queue) is not None, sm.table_sizes()["queues"],
+            sm.settings_problem(queue, settings) if settings is not None else None, sm.dead_letter_users(queue)))
         if not exists and action != "configure":
             raise QueueNotFound(f"no queue {queue!r}")
         if not exists and queues >= state_machine.QUEUES_MAX:
             raise TooManyQueues(details={"queue": queue})
-        change = QueueChange(term=self._serving_term, now_ms=int(time.time() * 1000), queue=queue,
-                             action=action, max_items=max_items, max_bytes=max_bytes)  # type: ignore[arg-type]
+        if action == "configure" and problem is not None:
+            raise self._settings_error(queue, settings, problem)
+        if action == "delete" and users:
+            raise self._in_use_error(queue, users)
+        change = QueueChange(term=self._serving_term, now_ms=self._clock.now_ms(), queue=queue,
+                             action=action, max_items=max_items, max_bytes=max_bytes,  # type: ignore[arg-type]
+                             settings=settings if settings != QueueSettings() else None)
         result = await self._replicator.submit(change, self._config.commit_timeout_s)
         if not isinstance(result, QueueChangeResult):
             raise InternalError(f"queue change not applied: {result!r}")
@@ -697,9 +808,95 @@ class TransactionManager:
             raise QueueNotFound(f"no queue {queue!r}")
         if result.reason == "too_many_queues":
             raise TooManyQueues(details={"queue": queue})
+        if result.reason == "queue_in_use":
+            raise self._in_use_error(queue, self._replicator.read(lambda sm: sm.dead_letter_users(queue)))
+        if result.status != "done" and result.reason and result.reason != "stale_leader" and settings is not None:
+            raise self._settings_error(queue, settings, result.reason)
         if result.status != "done":
             raise Unavailable(f"the leader changed before the queue change applied ({result.reason}); retry")
         return result
+
+    @staticmethod
+    def _settings_error(queue: str, settings: QueueSettings | None, problem: str) -> InvalidRequest:
+        target = settings.dead_letter_queue if settings is not None else None
+        messages = {
+            "dead_letter_queue_self": f"queue {queue!r} cannot be its own dead-letter queue",
+            "dead_letter_queue_unknown": f"dead-letter queue {target!r} does not exist: create it first "
+                                         "(PUT /v1/queues/{name})",
+            "dead_letter_queue_cycle": f"dead-letter queue {target!r} leads back to {queue!r}: dead-letter "
+                                       "queues must not form a cycle",
+        }
+        return InvalidRequest(messages.get(problem, f"invalid queue settings: {problem}"),
+                              details={"queue": queue, "reason": problem})
+
+    @staticmethod
+    def _in_use_error(queue: str, users: list[str]) -> QueueInUse:
+        return QueueInUse(f"queue {queue!r} is the dead-letter queue of {', '.join(map(repr, users[:5]))}; "
+                          "remove that setting first", details={"queue": queue, "used_by": users[:100]})
+
+    # ----------------------------------------------------- dead letters
+    async def reject(self, transaction_id: str, queue: str, item_ids: list[int], note: str | None = None
+                     ) -> tuple[int, str | None]:
+        """Items this transaction dequeued from ``queue`` die at once (reason ``rejected``): to the
+        dead-letter queue, or dropped. They are no longer the transaction's, whatever it does next.
+        Returns how many were rejected and the dead-letter queue (None: dropped)."""
+        transaction = self._get_open(transaction_id)
+        check_queue_name(queue)
+        held = transaction.dequeued.get(queue, [])
+        not_held = sorted(set(item_ids) - set(held))
+        if not_held:
+            raise InvalidRequest(f"item(s) {not_held[:10]} of queue {queue!r} are not held by this transaction",
+                                 details={"item_ids": not_held[:100]})
+        if not item_ids:
+            return 0, None
+        values = self._replicator.read(lambda sm: sm.values(queue, item_ids))
+        self._drop_held(transaction, queue, [DequeuedItem(i, queue, v or b"") for i, v in
+                                             zip(item_ids, values, strict=True)])
+        view = self._views[queue]
+        unique = list(dict.fromkeys(item_ids))
+        view.release(unique)
+        outcomes = await self._rules.settle(self._rules.propose("reject", queue, unique, note))
+        target = self._replicator.read(lambda sm: (sm.queue_features(queue) or QueueSettings()).dead_letter_queue)
+        return sum(len(o.acted) for o in outcomes), target
+
+    async def redrive(self, dead_letter_queue: str, max_items: int | None = None, source_queue: str | None = None,
+                      may_redrive_to: Callable[[str], bool] = lambda _: True) -> dict[str, int]:
+        """Move dead items of ``dead_letter_queue`` that no transaction holds back to their source
+        queues (at most ``max_items``, and only from ``source_queue`` when given), in one entry.
+        Returns how many went to each source queue."""
+        self.require_serving()
+        check_queue_name(dead_letter_queue)
+        limit = min(max_items or state_machine.ITEM_ACTION_IDS_MAX, state_machine.ITEM_ACTION_IDS_MAX)
+        view = self._views.get(dead_letter_queue)
+        locked = view.locked if view is not None else set()
+        exists, candidates = self._replicator.read(lambda sm: (
+            sm.queue_settings(dead_letter_queue) is not None,
+            sm.dead_items(dead_letter_queue, limit, source_queue, locked)))
+        if not exists:
+            raise QueueNotFound(f"no queue {dead_letter_queue!r}")
+        sources = sorted({source for _, source in candidates})
+        refused = [s for s in sources if not may_redrive_to(s)]
+        if refused:
+            raise Forbidden(f"redriving needs produce permission on {refused[0]!r}", details={"queue": refused[0]})
+        if not candidates or view is None:
+            return {}
+        ids = [item_id for item_id, _ in candidates]
+        view.withhold(ids)
+        outcomes = await self._rules.settle(self._rules.propose("redrive", dead_letter_queue, ids, taken=False))
+        moved: Counter[str] = Counter()
+        for outcome in outcomes:
+            for arrival in outcome.moved:
+                moved[arrival.queue] += arrival.count
+        return dict(sorted(moved.items()))
+
+    def queue_counts(self, queue: str) -> dict[str, int] | None:
+        """What this leader knows of a queue's items: locked, delayed, ready; None when not serving."""
+        if not self.serving:
+            return None
+        view = self._views.get(queue)
+        if view is None:
+            return {"locked": 0, "delayed": 0, "ready": 0}
+        return {"locked": len(view.locked), "delayed": view.delayed_count(), "ready": view.available_count()}
 
     def _on_queue_emptied(self, queue: str, action: str) -> None:
         """A purge or delete applied: transactions holding its items (or, for a delete, about to
@@ -709,7 +906,7 @@ class TransactionManager:
             if transaction.epoch != self._epoch or transaction.state is not State.OPEN:
                 continue
             held = bool(transaction.dequeued.get(queue))
-            if held or (action == "delete" and queue in transaction.enqueues):
+            if held or (action == "delete" and queue in transaction.enqueued_queues()):
                 transaction.dequeued.pop(queue, None)
                 self._close(transaction, State.ABORTED, reason)
         view = self._views.pop(queue, None) if action == "delete" else self._views.get(queue)

@@ -1,0 +1,172 @@
+"""One replicated queue: its items, their metadata, settings and counters.
+
+Items are a deque of ids in id order (id order is commit order) plus a dict id -> value. Committed
+dequeues delete from the dict; the deque keeps a tombstone id until it reaches the head.
+
+Everything else is paid for only by the items that use it:
+
+* ``meta`` holds an :class:`ItemMeta` only for items with a priority, a delay, a time to live, a
+  delivery count, or a dead-letter record; a plain item costs nothing more than before;
+* enqueue times are a step function of the id (ids and entry times both only grow), kept as
+  boundaries (first id of an entry, entry time) in two ``array('q')`` — 16 bytes per entry whose
+  time differs from the previous one, pruned as the head moves on.
+
+Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rcq.server.core.commands import QueueSettings
+
+_TIMES_COMPACT_AT = 4096  # pruned boundaries are deleted from the arrays in bulk past this many
+
+
+@dataclass(slots=True)
+class ItemMeta:
+    """What an item carries besides its value, when it carries anything."""
+
+    priority: int = 0
+    visible_at_ms: int = 0  # 0: visible from its enqueue
+    expires_at_ms: int | None = None
+    deliveries: int = 0  # deliveries recorded in the replicated state (queues with max_deliveries)
+    dead_reason: str | None = None  # set on an item in a dead-letter queue
+    dead_source: str | None = None
+    dead_deliveries: int = 0
+    dead_note: str | None = None
+
+    def is_plain(self) -> bool:
+        return (self.priority == 0 and self.visible_at_ms == 0 and self.expires_at_ms is None
+                and self.deliveries == 0 and self.dead_reason is None)
+
+    def as_tuple(self) -> tuple[int | str | None, ...]:
+        return (self.priority, self.visible_at_ms, self.expires_at_ms, self.deliveries, self.dead_reason,
+                self.dead_source, self.dead_deliveries, self.dead_note)
+
+
+PLAIN = ItemMeta()  # what an item without metadata reads as (never mutated)
+
+
+@dataclass(slots=True)
+class QueueStats:
+    enqueued_total: int = 0
+    dequeued_total: int = 0
+    purged_total: int = 0
+    bytes: int = 0
+    dead_lettered_total: int = 0  # items that left for the dead-letter queue, whatever the reason
+    dropped_total: int = 0  # items that died without a dead-letter queue to go to
+    expired_total: int = 0  # items that left because their time to live ran out
+    rejected_total: int = 0  # items a transaction rejected
+    max_deliveries_total: int = 0  # items that reached max_deliveries
+    redriven_total: int = 0  # dead items this queue sent back to their sources
+
+    TOTALS = ("enqueued_total", "dequeued_total", "purged_total", "dead_lettered_total", "dropped_total",
+              "expired_total", "rejected_total", "max_deliveries_total", "redriven_total")
+
+    def totals(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name in self.TOTALS)
+
+
+class Queue:
+    __slots__ = ("_times_ids", "_times_ms", "_times_start", "ids", "items", "max_bytes", "max_items", "meta",
+                 "settings", "stats")
+
+    def __init__(self, max_items: int | None = None, max_bytes: int | None = None,
+                 settings: QueueSettings | None = None) -> None:
+        self.ids: deque[int] = deque()
+        self.items: dict[int, bytes] = {}
+        self.meta: dict[int, ItemMeta] = {}
+        self.stats = QueueStats()
+        self.max_items = max_items  # None: the default the entry's limits carry
+        self.max_bytes = max_bytes
+        self.settings = settings or QueueSettings()
+        self._times_ids = array("q")
+        self._times_ms = array("q")
+        self._times_start = 0
+
+    # ----------------------------------------------------------------- items
+    def append(self, item_id: int, value: bytes, meta: ItemMeta | None) -> None:
+        self.ids.append(item_id)
+        self.items[item_id] = value
+        if meta is not None and not meta.is_plain():
+            self.meta[item_id] = meta
+
+    def remove(self, item_id: int) -> bytes:
+        """Take an item out (its id stays in ``ids`` as a tombstone until it reaches the head)."""
+        value = self.items.pop(item_id)
+        self.meta.pop(item_id, None)
+        return value
+
+    def meta_of(self, item_id: int) -> ItemMeta:
+        return self.meta.get(item_id, PLAIN)
+
+    def own_meta(self, item_id: int) -> ItemMeta:
+        """The item's metadata, created when it has none, to be changed in place."""
+        meta = self.meta.get(item_id)
+        if meta is None:
+            meta = self.meta[item_id] = ItemMeta()
+        return meta
+
+    def drop_head_tombstones(self) -> None:
+        ids, items = self.ids, self.items
+        while ids and ids[0] not in items:
+            ids.popleft()
+        self._prune_times()
+
+    def live_ids(self) -> Iterator[int]:
+        items = self.items
+        return (i for i in self.ids if i in items)
+
+    def clear(self) -> int:
+        removed = len(self.items)
+        self.ids.clear()
+        self.items.clear()
+        self.meta.clear()
+        self.stats.bytes = 0
+        self._times_ids, self._times_ms, self._times_start = array("q"), array("q"), 0
+        return removed
+
+    # ----------------------------------------------------------------- times
+    def note_enqueue_time(self, first_id: int, at_ms: int) -> None:
+        """Items from ``first_id`` on were appended by an entry of time ``at_ms``."""
+        ms = self._times_ms
+        if len(ms) > self._times_start and ms[-1] == at_ms:
+            return
+        self._times_ids.append(first_id)
+        ms.append(at_ms)
+
+    def enqueued_at_ms(self, item_id: int) -> int | None:
+        """When the item's enqueue committed (entry time); None when unknown (a snapshot of an
+        older version)."""
+        position = bisect_right(self._times_ids, item_id, lo=self._times_start) - 1
+        return self._times_ms[position] if position >= self._times_start else None
+
+    def time_boundaries(self) -> tuple[list[int], list[int]]:
+        start = self._times_start
+        return self._times_ids[start:].tolist(), self._times_ms[start:].tolist()
+
+    def restore_times(self, ids: list[int], times: list[int]) -> None:
+        self._times_ids, self._times_ms, self._times_start = array("q", ids), array("q", times), 0
+
+    def _prune_times(self) -> None:
+        """Boundaries wholly below the head item describe no item any more."""
+        if not self.ids:
+            head = None
+        else:
+            head = self.ids[0]
+        ids, start, end = self._times_ids, self._times_start, len(self._times_ids)
+        if head is None:
+            start = max(start, end - 1)  # keep the last: the next entry may repeat its time
+        else:
+            while start + 1 < end and ids[start + 1] <= head:
+                start += 1
+        if start >= _TIMES_COMPACT_AT and start * 2 >= end:
+            del self._times_ids[:start]
+            del self._times_ms[:start]
+            start = 0
+        self._times_start = start
