@@ -144,20 +144,60 @@ async def _dequeue_hundred(client: RcqClient, queue: str) -> int:
         return len(await transaction.dequeue_batch(queue, 100))
 
 
+POISON = b"P" * 100  # a consumer that gets this aborts: it dies after max_deliveries deliveries
+POISON_EVERY = 10  # 10% of the items of the poison scenario
+POISON_MAX_DELIVERIES = 3
+PRIORITIES = 3
+
+
+async def _session_poison(client: RcqClient, queue: str) -> int:
+    """A consumer that cannot process poison items: it aborts them (they die at max_deliveries)."""
+    transaction = await client.begin()
+    items = await transaction.dequeue_items(queue, 1)
+    if items and items[0].value == POISON:
+        await transaction.abort()
+        return 0
+    await transaction.commit()
+    return len(items)
+
+
 SCENARIOS: dict[str, tuple[Operation, int]] = {  # name -> (operation, items it needs queued)
     "enqueue-1": (_enqueue_one, 0),
     "dequeue-1": (_dequeue_one, 1),
     "session": (_session, 1),
     "enqueue-100": (_enqueue_hundred, 0),
     "dequeue-100": (_dequeue_hundred, 100),
+    # The session scenario on queues with settings (docs/queue-features.md): delivery counts
+    # replicated at each dequeue (max_deliveries), 10% poison items, 3 priorities.
+    "session-limited": (_session, 1),
+    "session-poison": (_session_poison, 1),
+    "session-priority": (_session, 1),
+}
+# Scenarios whose queue has settings: name -> configure_queue arguments
+QUEUE_SETTINGS: dict[str, dict[str, Any]] = {
+    "session-limited": {"max_deliveries": POISON_MAX_DELIVERIES},
+    "session-poison": {"max_deliveries": POISON_MAX_DELIVERIES},
+    "session-priority": {"max_priority": PRIORITIES - 1},
 }
 
 
-async def prefill(target: Target, queue: str, items: int) -> None:
+async def prefill(target: Target, queue: str, items: int, scenario: str = "") -> None:
     async with target.client(coalesce=True) as client:
+        if scenario in QUEUE_SETTINGS:
+            await client.configure_queue(queue, **QUEUE_SETTINGS[scenario])
         batches = [min(PREFILL_BATCH_ITEMS, items - start) for start in range(0, items, PREFILL_BATCH_ITEMS)]
         for start in range(0, len(batches), 16):
-            await asyncio.gather(*(client.enqueue(queue, *[ITEM_100_BYTES] * n) for n in batches[start:start + 16]))
+            await asyncio.gather(*(_prefill_batch(client, queue, n, scenario, position)
+                                   for position, n in enumerate(batches[start:start + 16], start)))
+
+
+async def _prefill_batch(client: RcqClient, queue: str, count: int, scenario: str, position: int) -> None:
+    if scenario == "session-poison":
+        await client.enqueue(queue, *[POISON if i % POISON_EVERY == 0 else ITEM_100_BYTES for i in range(count)])
+    elif scenario == "session-priority":
+        await client.enqueue(queue, *[ITEM_100_BYTES] * count, priority=position % PRIORITIES)
+    else:
+        await client.enqueue(queue, *[ITEM_100_BYTES] * count)
 
 
 async def run_scenario(target: Target, name: str, callers: str, concurrency: int, duration_s: float,
@@ -165,7 +205,7 @@ async def run_scenario(target: Target, name: str, callers: str, concurrency: int
     operation, items_per_tx = SCENARIOS[name]
     queue = f"bench-{name}-{callers}-{int(time.time() * 1000)}"
     if items_per_tx:  # enough for the whole run, from the rate seen so far, with a margin
-        await prefill(target, queue, int(expected_tx_per_s * duration_s * 1.5 * items_per_tx) + 1000)
+        await prefill(target, queue, int(expected_tx_per_s * duration_s * 1.5 * items_per_tx) + 1000, name)
     shared = target.client(coalesce=True) if callers == "coalesced" else None
     clients = [shared] * concurrency if shared else [target.client() for _ in range(concurrency)]
     figures = Figures(name, callers, concurrency, duration_s, 0, 0, 0)
@@ -369,7 +409,7 @@ async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability
     rates: dict[str, float] = {}
     for name in [s for s in SCENARIOS if s in args.scenarios]:
         for callers in args.callers:
-            producer = "enqueue-1" if name in ("dequeue-1", "session") else "enqueue-100"
+            producer = "enqueue-1" if name in ("dequeue-1", "session") or name.startswith("session-") else "enqueue-100"
             expected = rates.get(f"{producer}/{callers}", 2000.0)
             figures = await run_scenario(target, name, callers, args.concurrency, args.duration_s, expected)
             rates[f"{name}/{callers}"] = figures.transactions_per_s

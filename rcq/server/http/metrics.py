@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -38,6 +38,18 @@ FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
+class _QueueFamilies(NamedTuple):
+    items: GaugeMetricFamily
+    item_bytes: GaugeMetricFamily
+    enqueued: CounterMetricFamily
+    dequeued: CounterMetricFamily
+    purged: CounterMetricFamily
+    returned: CounterMetricFamily
+    died: CounterMetricFamily
+    dropped: CounterMetricFamily
+    redriven: CounterMetricFamily
+
+
 class RcqCollector(Collector):
     """Everything read at scrape time from the state machine, the leader and Raft."""
 
@@ -56,40 +68,54 @@ class RcqCollector(Collector):
         rows = self._replicator.read(lambda sm: sm.deepest_queues())
         shown, rest = rows[:QUEUE_LABELS_MAX], rows[QUEUE_LABELS_MAX:]
         items = GaugeMetricFamily("rcq_queue_items", "Items in a queue, by state (ready: available to a "
-                                  "dequeue; locked: held by open transactions, known on the leader only)",
-                                  labels=["queue", "state"])
+                                  "dequeue; locked: held by open transactions, known on the leader only; "
+                                  "delayed: not visible yet)", labels=["queue", "state"])
         item_bytes = GaugeMetricFamily("rcq_queue_bytes", "Bytes of the items in a queue", labels=["queue"])
         enqueued = CounterMetricFamily("rcq_queue_enqueued", "Items committed into a queue", labels=["queue"])
         dequeued = CounterMetricFamily("rcq_queue_dequeued", "Items committed out of a queue", labels=["queue"])
         purged = CounterMetricFamily("rcq_queue_purged", "Items removed from a queue by purges", labels=["queue"])
         returned = CounterMetricFamily("rcq_queue_returned", "Items given back to the head of a queue by aborts, "
                                        "expiries and leader changes (this node as leader)", labels=["queue"])
+        died = CounterMetricFamily("rcq_queue_died", "Items that left a queue dead, by reason (max_deliveries, "
+                                   "expired, rejected): to its dead-letter queue, or dropped", labels=["queue", "reason"])
+        dropped = CounterMetricFamily("rcq_queue_dropped", "Dead items dropped: their queue has no dead-letter queue",
+                                      labels=["queue"])
+        redriven = CounterMetricFamily("rcq_queue_redriven", "Dead items a dead-letter queue sent back to their "
+                                       "source queues", labels=["queue"])
+        families = _QueueFamilies(items, item_bytes, enqueued, dequeued, purged, returned, died, dropped, redriven)
         for name, stats in shown:
-            self._queue_sample(items, item_bytes, enqueued, dequeued, purged, returned, name, [stats],
-                               [self._manager.locked_count(name)], self._manager.returned_total.get(name, 0))
+            self._queue_sample(families, name, [stats], [self._manager.locked_count(name)],
+                               self._manager.returned_total.get(name, 0))
         if rest:
             names = {name for name, _ in rest}
-            self._queue_sample(items, item_bytes, enqueued, dequeued, purged, returned, OTHER_QUEUES,
-                               [stats for _, stats in rest], [self._manager.locked_count(n) for n in names],
+            self._queue_sample(families, OTHER_QUEUES, [stats for _, stats in rest],
+                               [self._manager.locked_count(n) for n in names],
                                sum(v for q, v in self._manager.returned_total.items() if q in names))
-        yield from (items, item_bytes, enqueued, dequeued, purged, returned)
+        yield from families
 
     @staticmethod
-    def _queue_sample(items: GaugeMetricFamily, item_bytes: GaugeMetricFamily, enqueued: CounterMetricFamily,
-                      dequeued: CounterMetricFamily, purged: CounterMetricFamily, returned: CounterMetricFamily,
-                      label: str, stats: list[dict[str, int]], locked: list[int | None], returned_count: int) -> None:
-        count = sum(s["count"] for s in stats)
+    def _queue_sample(families: _QueueFamilies, label: str, stats: list[dict[str, int]], locked: list[int | None],
+                      returned_count: int) -> None:
+        def total(key: str) -> int:
+            return sum(s.get(key, 0) for s in stats)
+
+        count, delayed = total("count"), total("delayed")
         known_locked = [n for n in locked if n is not None]
         if len(known_locked) == len(locked):
-            items.add_metric([label, "locked"], sum(known_locked))
-            items.add_metric([label, "ready"], count - sum(known_locked))
+            families.items.add_metric([label, "locked"], sum(known_locked))
+            families.items.add_metric([label, "ready"], max(0, count - sum(known_locked) - delayed))
         else:
-            items.add_metric([label, "total"], count)
-        item_bytes.add_metric([label], sum(s["bytes"] for s in stats))
-        enqueued.add_metric([label], sum(s["enqueued_total"] for s in stats))
-        dequeued.add_metric([label], sum(s["dequeued_total"] for s in stats))
-        purged.add_metric([label], sum(s["purged_total"] for s in stats))
-        returned.add_metric([label], returned_count)
+            families.items.add_metric([label, "total"], count - delayed)
+        families.items.add_metric([label, "delayed"], delayed)
+        families.item_bytes.add_metric([label], total("bytes"))
+        families.enqueued.add_metric([label], total("enqueued_total"))
+        families.dequeued.add_metric([label], total("dequeued_total"))
+        families.purged.add_metric([label], total("purged_total"))
+        families.returned.add_metric([label], returned_count)
+        for reason in ("max_deliveries", "expired", "rejected"):
+            families.died.add_metric([label, reason], total(f"{reason}_total"))
+        families.dropped.add_metric([label], total("dropped_total"))
+        families.redriven.add_metric([label], total("redriven_total"))
 
     def _storage(self) -> Iterator[Metric]:
         cost, sizes = self._replicator.read(lambda sm: (sm.storage_cost, sm.table_sizes()))
