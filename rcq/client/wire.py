@@ -34,12 +34,12 @@ from urllib.parse import quote
 
 from rcq import encoding
 from rcq.errors import InternalError, InvalidRequest
+from rcq.limits import PRIORITY_MAX
 from rcq.names import check_queue_name
 
 ItemValue = bytes | bytearray | memoryview | str
 # What one sub-request adds to a batch besides its items' text, in the coalescer's size estimate.
 OPERATION_OVERHEAD_BYTES = 64
-PRIORITY_MAX = 255  # the wire's range of an enqueue's priority (a queue's max_priority may be lower)
 
 
 # ------------------------------------------------------------------------- results

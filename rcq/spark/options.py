@@ -11,6 +11,11 @@ else the driver's ``$RCQ_TOKEN``) and ``caFile`` (a PEM CA bundle to verify HTTP
 with; its certificates travel in the options). The token is a secret: the connector never puts
 it in a repr, an error message or a log line.
 
+The sinks' per enqueue options (docs/queue-features.md) apply to every enqueue of a write:
+``delayS`` (seconds >= 0 each item stays invisible; ``0``: none, whatever the queue's default)
+and ``ttlS`` (seconds > 0 until an item not consumed expires); absent, the queue's defaults.
+An item's priority comes from the DataFrame's ``priority`` column (:mod:`rcq.spark.schema`).
+
 Must not import: pyspark (the executors unpickle this module), pysyncobj, lmdb.
 """
 
@@ -26,6 +31,7 @@ from pathlib import Path
 
 from rcq import limits
 from rcq.errors import InvalidRequest
+from rcq.limits import DELAY_MAX_S, TTL_MAX_S
 from rcq.names import QUEUE_NAME_PATTERN
 from rcq.private_files import read_private
 
@@ -35,6 +41,7 @@ DEQUEUE_ITEMS_MAX = limits.DEQUEUE_ITEMS_MAX
 TRANSACTION_TIMEOUT_MAX_S = limits.TRANSACTION_TIMEOUT_MAX_S
 TRANSACTION_BYTES_MAX = limits.COMMIT_BATCH_BYTES_MAX  # per transaction
 TOKEN_CHARACTERS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: it travels in a header
+# Per enqueue options of the sink (docs/queue-features.md): the server's bounds, checked here first.
 
 
 class RcqOptionError(ValueError):
@@ -59,6 +66,8 @@ class RcqOptions:
     sink_id: str | None = None  # stream writer: stable across restarts
     max_items: int | None = None  # drain: at most this many items in all
     transaction_id: str | None = None  # drain: the driver's transaction (set by rcq.spark.drain)
+    delay_s: float | None = None  # sink: every enqueued item invisible this long (None: the queue's default)
+    ttl_s: float | None = None  # sink: every enqueued item expires this long after (None: the queue's default)
     token: str | None = field(default=None, repr=False)  # a secret: in no repr, message or log line
     ca_pem: str | None = field(default=None, repr=False)  # option caFile's certificates, read on the driver
 
@@ -91,6 +100,22 @@ def _float(options: Mapping[str, str], key: str, default: float, low: float, hig
         raise RcqOptionError(f"option {key}={raw!r} is not a number") from None
     if not low < value <= high:
         raise RcqOptionError(f"option {key}={value} is out of range: use more than {low} and at most {high}")
+    return value
+
+
+def _seconds(options: Mapping[str, str], key: str, low: float, high: float, *, low_allowed: bool) -> float | None:
+    """An optional number of seconds (None when absent): at least ``low`` (more than ``low`` unless
+    ``low_allowed``) and at most ``high``."""
+    raw = options.get(key.lower())
+    if raw is None:
+        return None
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise RcqOptionError(f"option {key}={raw!r} is not a number of seconds") from None
+    if not ((low <= value) if low_allowed else (low < value)) or not value <= high:
+        lowest = f"at least {low:g}" if low_allowed else f"more than {low:g}"
+        raise RcqOptionError(f"option {key}={value:g} is out of range: use {lowest} and at most {high:g} seconds")
     return value
 
 
@@ -188,6 +213,8 @@ def parse_options(options: Mapping[str, str]) -> RcqOptions:
         sink_id=_identifier(options, "sinkId"),
         max_items=None if max_items_raw is None else _int(options, "maxItems", 0, 1),
         transaction_id=options.get("transactionid"),
+        delay_s=_seconds(options, "delayS", 0.0, DELAY_MAX_S, low_allowed=True),
+        ttl_s=_seconds(options, "ttlS", 0.0, TTL_MAX_S, low_allowed=False),
         token=_token(options),
         ca_pem=_ca_pem(options),
     )

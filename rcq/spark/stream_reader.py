@@ -125,6 +125,15 @@ def read_partition(options: RcqOptions, partition: ReadPartition) -> Iterator[pa
         yield items_to_batch(items[start:start + options.batch_size], schema)
 
 
+def available_items(info: dict[str, Any]) -> int:
+    """Items a dequeue could take now: ``ready`` (not locked, not delayed) where the server says so,
+    else ``available`` (not locked), else ``count``."""
+    for key in ("ready", "available", "count"):
+        if info.get(key) is not None:
+            return int(info[key])
+    return 0
+
+
 def label_prefix(consumer_id: str) -> str:
     """Labels of a consumer's transactions: ``rcq-source:<consumerId>:<batch>:<partition>``."""
     return f"rcq-source:{consumer_id}:"
@@ -200,10 +209,7 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.budget_items -= committed
             if self.budget_items <= 0:
                 return start
-        info = self._queue_info()
-        available = info.get("available")
-        available = int(info["count"]) if available is None else int(available)
-        if available <= 0:
+        if available_items(self._queue_info()) <= 0:
             return start
         self.offered.add(done + 1)
         return {"batch": done + 1}

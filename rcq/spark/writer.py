@@ -13,6 +13,12 @@ task's transactions in **one atomic** ``commit_many`` with an idempotency key:
 A failed or retried task attempt aborts its transactions (a killed one leaves
 them to expire): its enqueues vanish. A failed job commits nothing.
 
+**Priorities, delay, TTL** (docs/queue-features.md): an integer ``priority`` column gives each
+row its priority; the rows of different priorities go in separate enqueue operations, but into
+the same transactions, so the commit and its exactly once are unchanged. Options ``delayS``
+and ``ttlS`` apply to every enqueue of the write. A priority over the queue's ``max_priority``
+fails the task with the server's ``invalid_request``.
+
 Must not import: pysyncobj, lmdb.
 """
 
@@ -36,7 +42,7 @@ from rcq.client import RcqClient, Transaction
 from rcq.errors import RcqError
 from rcq.spark.options import RcqOptions
 from rcq.spark.remote import call
-from rcq.spark.schema import batch_values
+from rcq.spark.schema import batch_priorities, batch_values
 
 log = logging.getLogger(__name__)
 REQUEST_BYTES_MAX = 4 << 20  # item bytes per enqueue request (the server takes 32 MiB bodies)
@@ -52,32 +58,57 @@ class TransactionsMessage(WriterCommitMessage):
     attempt: int
 
 
-def _chunks(batches: Iterable[pa.RecordBatch], items_max: int, bytes_max: int) -> Iterator[tuple[list, int]]:
-    """Values in chunks of at most ``items_max`` items and ``bytes_max`` bytes (one item may exceed it)."""
-    chunk: list[str | bytes] = []
-    size = 0
+def _rows(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str | bytes, int]]:
+    """(value, priority) of every row; priority 0 without a ``priority`` column."""
     for batch in batches:
-        for value in batch_values(batch):
-            length = len(value.encode("utf-8")) if isinstance(value, str) else len(value)
-            if chunk and (len(chunk) >= items_max or size + length > bytes_max):
-                yield chunk, size
-                chunk, size = [], 0
-            chunk.append(value)
-            size += length
-    if chunk:
-        yield chunk, size
+        values = batch_values(batch)
+        priorities = batch_priorities(batch)
+        if priorities is None:
+            for value in values:
+                yield value, 0
+        else:
+            yield from zip(values, priorities, strict=True)
+
+
+def _chunks(batches: Iterable[pa.RecordBatch], items_max: int, bytes_max: int) -> Iterator[tuple[int, list, int]]:
+    """(priority, values, bytes): the rows in chunks of one priority each, of at most ``items_max`` items
+    and ``bytes_max`` bytes (one item may exceed it). The chunks being filled hold at most that much
+    *together* (when the next row would not fit, the fullest one goes out), so a task's memory stays
+    bounded however priorities interleave. Within a priority, rows keep their order."""
+    chunks: dict[int, list[str | bytes]] = {}  # the chunks being filled, by priority
+    sizes: dict[int, int] = {}
+    items = size = 0
+    for value, priority in _rows(batches):
+        length = len(value.encode("utf-8")) if isinstance(value, str) else len(value)
+        while chunks and (items >= items_max or size + length > bytes_max):
+            fullest = max(chunks, key=lambda p: (sizes[p], len(chunks[p])))
+            chunk, chunk_size = chunks.pop(fullest), sizes.pop(fullest)
+            items, size = items - len(chunk), size - chunk_size
+            yield fullest, chunk, chunk_size
+        filling = chunks.get(priority)
+        if filling is None:
+            filling = chunks[priority] = []
+            sizes[priority] = 0
+        filling.append(value)
+        sizes[priority] += length
+        items += 1
+        size += length
+    for priority, chunk in chunks.items():
+        yield priority, chunk, sizes[priority]
 
 
 async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable[pa.RecordBatch],
                        label: str) -> tuple[list[str], int]:
     """Enqueue every row into fresh transactions, uncommitted, with up to ``requestsInFlight`` requests
-    at a time; on any error abort them and re-raise."""
+    at a time, one enqueue operation per chunk of one priority (:func:`_chunks`), each with the
+    options' delay and TTL; on any error abort them and re-raise."""
     transactions: list[Transaction] = []
     in_flight: set[asyncio.Task[int]] = set()
     transaction_bytes = 0
     rows = 0
     try:
-        for chunk, size in _chunks(batches, options.batch_size, min(options.transaction_bytes_max, REQUEST_BYTES_MAX)):
+        for priority, chunk, size in _chunks(batches, options.batch_size,
+                                             min(options.transaction_bytes_max, REQUEST_BYTES_MAX)):
             if not transactions or transaction_bytes + size > options.transaction_bytes_max:
                 transactions.append(await client.begin(options.transaction_timeout_s, label))
                 transaction_bytes = 0
@@ -85,7 +116,9 @@ async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable
                 done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     task.result()  # raises the first failure
-            in_flight.add(asyncio.create_task(transactions[-1].enqueue_batch(options.queue, chunk)))
+            # priority 0 is the default and not sent: a write without priorities is what older servers take
+            in_flight.add(asyncio.create_task(transactions[-1].enqueue_batch(
+                options.queue, chunk, priority=priority or None, delay_s=options.delay_s, ttl_s=options.ttl_s)))
             transaction_bytes += size
             rows += len(chunk)
         for finished in asyncio.as_completed(in_flight):

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from rcq.encoding import Encoding, decode_item
 from rcq.errors import InvalidRequest, PayloadTooLarge
+from rcq.limits import DELAY_MAX_S, MAX_DELIVERIES_MAX, PRIORITY_MAX, TTL_MAX_S
 from rcq.names import DOT_SEGMENTS, QUEUE_NAME_PATTERN
 from rcq.server.core.commands import EnqueueOptions, QueueSettings
 
@@ -36,10 +37,6 @@ QueueName = Annotated[str, Field(pattern=QUEUE_NAME_PATTERN), AfterValidator(_qu
 OptionalKey = Annotated[str | None, Field(default=None, min_length=1, max_length=KEY_MAX_CHARS)]
 
 
-PRIORITY_MAX = 255
-DELAY_MAX_S = 7 * 24 * 3600.0
-TTL_MAX_S = 365 * 24 * 3600.0
-MAX_DELIVERIES_MAX = 1000
 NOTE_MAX_CHARS = 256
 Priority = Annotated[int | None, Field(None, ge=0, le=PRIORITY_MAX,
                                        description="0..the queue's max_priority; higher is dequeued first")]
