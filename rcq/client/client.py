@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from rcq.client.exchange import tls_context
-from rcq.client.transaction import Transaction, TransactionContext, timeout_s_of
+from rcq.client.transaction import Transaction, TransactionContext, received, timeout_s_of
 from rcq.client.transport import COMMIT, SAFE, WRITE, Attempts, Request, Transport
 from rcq.client.wire import (
     CommitInfo,
@@ -35,6 +35,7 @@ from rcq.client.wire import (
     operation_body,
     operations_wait_ms,
     queue_path,
+    receive_body,
 )
 from rcq.errors import CommitOutcomeUnknown, InvalidRequest, TransactionAborted, TransactionCommitted
 from rcq.names import check_queue_name
@@ -99,6 +100,26 @@ class RcqClient:
         answer = await self._transport.request(
             Request("POST", "/v1/transactions", body, SAFE, batch_operation={"op": "begin", **body}))
         return Transaction(self._transport, answer["transaction_id"], label=answer.get("label"))
+
+    async def receive(self, queue: str, max_items: int = 1, wait_ms: int = 0, timeout_s: float | None = None,
+                      label: str | None = None) -> Transaction | None:
+        """Begin a transaction and dequeue up to ``max_items`` of ``queue`` into it, in one request,
+        waiting up to ``wait_ms`` for the first (long poll). Returns the open transaction, its items in
+        ``.items``; None when nothing came (nothing is held then). Commit it with
+        :meth:`Transaction.commit_and_receive` to get the next one in the same request::
+
+            tx = await client.receive("jobs", 10, wait_ms=5000)
+            while tx is not None:
+                handle(tx.items)
+                tx = await tx.commit_and_receive(max_items=10, wait_ms=5000)
+
+        Re-sent like ``begin``: an attempt whose answer was lost holds its items until its
+        transaction's deadline, then they return to the head."""
+        body = receive_body(check_queue_name(queue), max_items, wait_ms, timeout_s, label)
+        answer = await self._transport.request(
+            Request("POST", queue_path(queue, "receive"), body, SAFE,
+                    batch_operation={"op": "receive", "queue": queue, **body}, wait_ms=wait_ms))
+        return received(self._transport, answer, label)
 
     def attach(self, transaction_id: str, label: str | None = None) -> Transaction:
         """A handle on a transaction begun elsewhere (to commit, abort or ask about it)."""

@@ -18,8 +18,17 @@ from types import TracebackType
 from typing import Any
 
 from rcq.client.transport import COMMIT, ONCE, SAFE, Request, RetryPolicy, Transport
-from rcq.client.wire import CommitInfo, Item, ItemValue, commit_info, enqueue_body, item_from_wire, transaction_path
-from rcq.errors import CommitOutcomeUnknown, InvalidRequest, RcqError, TransactionAborted
+from rcq.client.wire import (
+    CommitInfo,
+    Item,
+    ItemValue,
+    commit_info,
+    enqueue_body,
+    item_from_wire,
+    receive_body,
+    transaction_path,
+)
+from rcq.errors import CommitOutcomeUnknown, InvalidRequest, RcqError, TransactionAborted, error_from_body
 from rcq.names import check_queue_name
 
 log = logging.getLogger(__name__)
@@ -39,12 +48,16 @@ def timeout_s_of(timeout_s: float | None, timeout: float | None, where: str) -> 
 class Transaction:
     """An open server-side transaction. Use as ``async with`` to commit on a clean exit."""
 
-    def __init__(self, transport: Transport, transaction_id: str, *, label: str | None = None) -> None:
+    def __init__(self, transport: Transport, transaction_id: str, *, label: str | None = None,
+                 items: list[Item] | None = None, queue: str | None = None) -> None:
         self._transport = transport
         self.transaction_id = transaction_id
         self.label = label
         self.state = "open"  # open, committed, aborted, unknown (commit outcome unknown)
         self.commit_info: CommitInfo | None = None
+        self.items: list[Item] = items or []  # what a receive dequeued into it
+        self.queue = queue  # the queue it received from, if it was received
+        self.receive_error: RcqError | None = None  # why commit_and_receive's receive failed, if it did
 
     def __repr__(self) -> str:
         return f"Transaction({self.transaction_id!r}, state={self.state!r})"
@@ -117,6 +130,39 @@ class Transaction:
             raise
         self.state, self.commit_info = "committed", commit_info(answer)
         return self.commit_info
+
+    async def commit_and_receive(self, queue: str | None = None, max_items: int = 1, wait_ms: int = 0,
+                                 timeout_s: float | None = None, idempotency_key: str | None = None
+                                 ) -> Transaction | None:
+        """Commit, and in the same request begin the next transaction and dequeue up to ``max_items``
+        of ``queue`` (default: the queue this one received from) into it, waiting up to ``wait_ms``
+        for the first. Returns the next transaction, None when nothing came (nothing is held then).
+
+        The commit is retried exactly as :meth:`commit` is; the receive part of an attempt whose
+        answer was lost holds its items until that transaction's deadline, then they return."""
+        target = queue if queue is not None else self.queue
+        if target is None:
+            raise InvalidRequest("commit_and_receive needs a queue: this transaction was not received")
+        receive = receive_body(check_queue_name(target), max_items, wait_ms, timeout_s, self.label)
+        body: dict[str, Any] = {"receive": {"queue": target, **receive}}
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        try:
+            answer = await self._transport.request(self._request("commit", body, COMMIT, wait_ms=wait_ms))
+        except TransactionAborted:
+            self.state = "aborted"
+            raise
+        except CommitOutcomeUnknown:
+            self.state = "unknown"
+            raise
+        self.state, self.commit_info = "committed", commit_info(answer)
+        following = answer.get("next") or {}
+        if following.get("error"):
+            # Committed; only the receive failed (e.g. too many transactions): say it, return None,
+            # and let the caller's next receive() meet the error itself if it persists.
+            self.receive_error = error_from_body(200, {"error": following["error"]})
+            log.info("committed %s; the receive after it failed: %s", self.transaction_id, self.receive_error)
+        return received(self._transport, following, self.label)
 
     async def abort(self) -> int:
         """Abort: dequeued items return to the head of their queues. Returns how many did.
@@ -196,3 +242,12 @@ class TransactionContext:
                         traceback: TracebackType | None) -> None:
         assert self._transaction is not None, "__aexit__ without __aenter__"
         await self._transaction.__aexit__(exc_type, exc, traceback)
+
+
+def received(transport: Transport, answer: dict[str, Any], label: str | None) -> Transaction | None:
+    """The transaction a receive answered with (None: nothing was received, nothing is held)."""
+    if not answer.get("transaction_id"):
+        return None
+    items = [item_from_wire(entry) for entry in answer.get("items") or ()]
+    return Transaction(transport, answer["transaction_id"], label=answer.get("label", label), items=items,
+                       queue=answer.get("queue"))

@@ -170,6 +170,12 @@ def dumps(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def receive_body(queue: str, max_items: int, wait_ms: int, timeout_s: float | None,
+                 label: str | None) -> dict[str, Any]:
+    """The body of ``POST /v1/queues/{queue}/receive`` (and of a commit's ``receive``, with the queue)."""
+    return {"max_items": max_items, "wait_ms": wait_ms, **begin_body(timeout_s, label)}
+
+
 def begin_body(timeout_s: float | None, label: str | None) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if timeout_s is not None:

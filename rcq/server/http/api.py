@@ -48,6 +48,7 @@ from rcq.server.http.models import (
     BatchEnqueue,
     BatchExecute,
     BatchExtend,
+    BatchReceive,
     BatchReject,
     BatchRequest,
     BatchStatus,
@@ -64,6 +65,7 @@ from rcq.server.http.models import (
     QueueDequeueRequest,
     QueueEnqueueRequest,
     QueueSettingsRequest,
+    ReceiveRequest,
     RedriveRequest,
     RejectRequest,
 )
@@ -263,6 +265,8 @@ def _batch_operation(manager: TransactionManager, config: NodeConfig, caller: op
         return operations.abort(manager, sub.transaction_id, caller)
     if isinstance(sub, BatchExtend):
         return operations.extend(manager, sub.transaction_id, sub, caller)
+    if isinstance(sub, BatchReceive):
+        return operations.receive(manager, sub.queue, sub, caller, budget)
     if isinstance(sub, BatchReject):
         return operations.reject(manager, sub.transaction_id, sub, caller)
     if isinstance(sub, BatchStatus):
@@ -351,6 +355,13 @@ def _item_states(manager: TransactionManager, queue: str, count: int, stats: dic
         return {"available": counts["ready"], **counts}
     delayed = (stats or {}).get("delayed", 0)
     return {"available": None, "locked": None, "delayed": delayed, "ready": None}
+
+
+async def receive(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    status, body = await operations.receive(request.app[MANAGER], queue, await _body(request, ReceiveRequest),
+                                            caller_of(request))
+    return _json(body, status)
 
 
 async def redrive(request: web.Request) -> web.Response:
@@ -515,4 +526,5 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app.router.add_get("/v1/queues/{queue}/stats", queue_stats)
     app.router.add_post("/v1/queues/{queue}/enqueue", queue_enqueue)
     app.router.add_post("/v1/queues/{queue}/dequeue", queue_dequeue)
+    app.router.add_post("/v1/queues/{queue}/receive", receive)
     return app

@@ -96,8 +96,26 @@ class DequeueRequest(_Model):
     encoding: Encoding = "utf-8"
 
 
+class ReceiveRequest(_Model):
+    """POST /v1/queues/{queue}/receive: begin a transaction and dequeue in one request."""
+
+    max_items: int = Field(1, ge=1)
+    wait_ms: int = Field(0, ge=0, description="long poll: wait this long for the first item")
+    timeout_s: float | None = Field(None, gt=0, description="the transaction's deadline from now")
+    label: str | None = Field(None, min_length=1, max_length=LABEL_MAX_CHARS)
+    encoding: Encoding = "utf-8"
+
+
+class ReceiveNext(ReceiveRequest):
+    """What a commit also receives: the next transaction's items (SQS's delete-and-receive)."""
+
+    queue: QueueName
+
+
 class CommitRequest(_Model):
     idempotency_key: OptionalKey = None
+    receive: ReceiveNext | None = Field(None, description="once committed, begin the next transaction and "
+                                                          "dequeue into it, in the same request")
 
 
 class ExtendRequest(_Model):
@@ -238,6 +256,10 @@ class BatchExtend(ExtendRequest):
     transaction_id: TransactionId
 
 
+class BatchReceive(ReceiveNext):
+    op: Literal["receive"]
+
+
 class BatchReject(RejectRequest):
     op: Literal["reject"]
     transaction_id: TransactionId
@@ -258,7 +280,7 @@ class BatchCommitMany(CommitManyRequest):
 
 BatchOperation = Annotated[
     BatchBegin | BatchEnqueue | BatchDequeue | BatchCommit | BatchAbort | BatchExtend | BatchStatus
-    | BatchExecute | BatchCommitMany | BatchReject,
+    | BatchExecute | BatchCommitMany | BatchReject | BatchReceive,
     Field(discriminator="op"),
 ]
 

@@ -32,6 +32,7 @@ from rcq.server.http.models import (
     QueueDequeueRequest,
     QueueEnqueueRequest,
     QueueSettingsRequest,
+    ReceiveRequest,
     RedriveRequest,
     RejectRequest,
 )
@@ -114,6 +115,8 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=LEADER + TRANSACTION + WRITE + (504,)),
     Operation("POST", "/v1/queues/{queue}/dequeue", "One-request dequeue and commit (at most once)",
               QueueDequeueRequest, errors=LEADER + TRANSACTION + WRITE + (504,)),
+    Operation("POST", "/v1/queues/{queue}/receive", "Begin a transaction and dequeue into it, in one request",
+              ReceiveRequest, errors=(*LEADER, 429)),
 )
 
 _PATH_PARAMETERS: dict[str, dict[str, Any]] = {

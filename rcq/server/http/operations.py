@@ -10,6 +10,7 @@ Must not import: pysyncobj, lmdb, aiohttp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from rcq.server.http.models import (
     ExecuteRequest,
     ExtendRequest,
     QueueSettingsRequest,
+    ReceiveRequest,
     RedriveRequest,
     RejectRequest,
     decode_items,
@@ -117,7 +119,37 @@ async def dequeue(manager: TransactionManager, transaction_id: str, body: Dequeu
 
 async def commit(manager: TransactionManager, transaction_id: str, body: CommitRequest, caller: Caller) -> Answer:
     manager.check_owner(transaction_id, caller.owner)
-    return 200, commit_body(await manager.commit(transaction_id, body.idempotency_key))
+    if body.receive is not None:
+        caller.principal.require("consume", body.receive.queue)  # refused before anything commits
+    answer = commit_body(await manager.commit(transaction_id, body.idempotency_key))
+    if body.receive is not None:
+        # The commit is done whatever happens next: a failed receive is reported, not raised.
+        try:
+            answer["next"] = (await receive(manager, body.receive.queue, body.receive, caller))[1]
+        except RcqError as exc:
+            answer["next"] = {"transaction_id": None, "queue": body.receive.queue, "items": [],
+                              "error": exc.to_body()["error"]}
+    return 200, answer
+
+
+async def receive(manager: TransactionManager, queue: str, body: ReceiveRequest, caller: Caller,
+                  budget: AnswerBudget | None = None) -> Answer:
+    """Begin a transaction and dequeue into it. Nothing received: the transaction is aborted at once
+    and the answer has no transaction id, so an idle consumer holds nothing on the leader."""
+    caller.principal.require("consume", queue)
+    transaction = manager.begin(body.timeout_s, body.label, caller.client, caller.owner)
+    transaction_id = transaction.transaction_id
+    try:
+        items = await manager.dequeue(transaction_id, queue, body.max_items, body.wait_ms, budget=budget)
+    except BaseException:
+        with contextlib.suppress(RcqError):
+            manager.abort(transaction_id)
+        raise
+    if not items:
+        with contextlib.suppress(RcqError):
+            manager.abort(transaction_id)
+        return 200, {"transaction_id": None, "queue": queue, "items": []}
+    return 200, {**transaction.describe(_now()), "queue": queue, "items": items_body(items, body.encoding)}
 
 
 async def abort(manager: TransactionManager, transaction_id: str, caller: Caller) -> Answer:
