@@ -9,8 +9,8 @@ until Ctrl-C or SIGTERM, when it stops every node and exits 0. ``--demo`` runs a
 short walk through the queue semantics with the async client (:mod:`rcq.client`)
 and then shuts down, unless ``--stay``.
 
-The nodes require an API token, as a production cluster does: an admin token is made and
-kept in ``DIR/admin.token`` (mode 0600). The launcher prints how to use it, naming that file
+The nodes require an API token, as a production cluster does: an admin token is made (or taken
+from ``$RCQ_ADMIN_TOKEN``, as docker-compose does) and kept in ``DIR/admin.token`` (mode 0600). The launcher prints how to use it, naming that file
 rather than printing the token: a terminal's scrollback and a CI log are not private
 (``--no-auth``: no tokens, anyone on this machine may use the cluster). ``--tls``: the nodes
 serve HTTPS with certificates of a CA made for the cluster (``DIR/tls/ca.pem``, which clients
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import threading
@@ -85,8 +86,12 @@ def open_cluster(args: argparse.Namespace) -> LocalCluster:
         say(f"reopening the {len(cluster.nodes)}-node cluster in {args.data_dir} (queues kept)")
         return cluster
     nodes = args.nodes if args.nodes is not None else 3
+    # RCQ_ADMIN_TOKEN, as for docker-compose: a token chosen beforehand (a benchmark harness that
+    # starts the launcher can then hand it to its clients); otherwise one is made.
+    admin_token = os.environ.pop("RCQ_ADMIN_TOKEN", None) or None
     cluster = LocalCluster(nodes, base_dir=args.data_dir, log_level=args.log_level, keep=args.keep,
-                           insecure=args.insecure, base_port=args.base_port, auth=not args.no_auth, tls=args.tls)
+                           insecure=args.insecure, base_port=args.base_port, auth=not args.no_auth, tls=args.tls,
+                           admin_token=None if args.no_auth else admin_token)
     if args.data_dir is None:
         kept = "kept on exit" if args.keep else "removed on exit"
         say(f"starting a {nodes}-node cluster in {cluster.base_dir} ({kept})")

@@ -100,7 +100,8 @@ class LocalCluster(PolledCluster[LocalNode]):
     def __init__(self, nodes: int = 3, base_dir: Path | None = None, secret: str | None = None,
                  node_overrides: dict[str, Any] | None = None, log_level: str = "INFO", *,
                  keep: bool = False, insecure: bool = False, base_port: int | None = None,
-                 auth: bool = True, tls: bool = False, tls_client_certificates: bool = False) -> None:
+                 auth: bool = True, tls: bool = False, tls_client_certificates: bool = False,
+                 admin_token: str | None = None) -> None:
         if nodes < 1:
             raise ValueError("nodes must be at least 1")
         if tls_client_certificates and not tls:
@@ -118,7 +119,9 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.auth = auth
         self.tls = tls
         self.tls_client_certificates = tls_client_certificates
-        self.token = new_token() if auth else None
+        if admin_token is not None and (not auth or len(admin_token) < 16):
+            raise ValueError("admin_token needs auth and at least 16 characters")
+        self.token = (admin_token or new_token()) if auth else None
         self._token_entries = [TokenEntry(name=ADMIN_PRINCIPAL, sha256=token_hash(self.token), admin=True,
                                           grants=(), expires_at=None)] if self.token is not None else []
         self._issued: dict[str, str] = {}  # sha256 -> plain token, of those add_token made and not revoked

@@ -35,8 +35,9 @@ pytestmark = pytest.mark.cluster
 class Launcher:
     """A ``python -m cluster ...`` process whose stdout is collected line by line."""
 
-    def __init__(self, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in ("RCQ_CLUSTER_SECRET", "RCQ_TOKEN")}
+    def __init__(self, *args: str, extra_env: dict[str, str] | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("RCQ_CLUSTER_SECRET", "RCQ_TOKEN", "RCQ_ADMIN_TOKEN")}
+        env.update(extra_env or {})
         self.process = subprocess.Popen(
             [sys.executable, "-m", "cluster", *args], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -129,6 +130,16 @@ async def test_demo_runs_against_three_nodes_with_a_token_and_exits_zero(launche
     assert "rcq_" not in output
     assert all(url.startswith("https://" if tls else "http://") for _, url, _, _ in nodes)
     assert (f"  export RCQ_CA_FILE={temp_dirs[0]}/tls/ca.pem" in output) == tls, output
+
+
+async def test_a_preset_admin_token_is_the_clusters_admin_token(launchers: list[Launcher], tmp_path: Path) -> None:
+    token = "rcq_" + "ab" * 32
+    launcher = Launcher("up", "--nodes", "3", "--demo", "--data-dir", str(tmp_path / "cluster"),
+                        extra_env={"RCQ_ADMIN_TOKEN": token})
+    launchers.append(launcher)
+    assert launcher.wait(START_TIMEOUT_S + EXIT_TIMEOUT_S) == 0, launcher.output
+    assert "== demo done ==" in launcher.output and token not in launcher.output
+    assert (tmp_path / "cluster" / "admin.token").read_text().strip() == token
 
 
 async def test_sigterm_stops_every_node_and_exits_zero(launchers: list[Launcher], tmp_path: Path) -> None:
