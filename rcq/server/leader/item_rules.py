@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from rcq.errors import RcqError
-from rcq.server.core.commands import ItemsAction, ItemsOutcome
+from rcq.server.core.commands import Barrier, ItemsAction, ItemsOutcome
 from rcq.server.core.state_machine import ITEM_ACTION_IDS_MAX
 from rcq.server.leader.clock import LeaderClock
 from rcq.server.leader.group_commit import GroupCommitter
@@ -40,8 +40,12 @@ def chunks(item_ids: list[int]) -> Iterator[tuple[int, ...]]:
 
 class ItemRules:
     def __init__(self, replicator: Replicator, committer: GroupCommitter, clock: LeaderClock,
-                 views: Callable[[], dict[str, QueueView]], spawn: Callable[[Any], None]) -> None:
+                 views: Callable[[], dict[str, QueueView]], spawn: Callable[[Any], None],
+                 term: Callable[[], int], commit_timeout_s: float) -> None:
         self._replicator = replicator
+        self._term = term
+        self._commit_timeout_s = commit_timeout_s
+        self._advancing = False  # a time entry is on its way
         self._committer = committer
         self._clock = clock
         self._views = views
@@ -155,18 +159,31 @@ class ItemRules:
         self._wakeup.set()
 
     async def run_timer(self, still_serving: Callable[[], bool]) -> None:
-        """Promote delayed items and expire due ones until this leadership ends."""
+        """Promote delayed items and expire due ones until this leadership ends.
+
+        An item becomes visible only once the replicated state's time has reached its
+        ``visible_at_ms`` (a new leader rebuilds its views from that time: an item shown before
+        would be hidden again). When items are due by the clock but the state's time lags (no entry
+        for a while), a time entry (a barrier of this term) moves it on."""
         while still_serving():
             now = self._clock.now_ms()
+            applied = self._clock.applied_ms
             next_due: int | None = None
+            time_needed = False
             for queue, view in list(self._views().items()):
-                view.promote(now)
+                view.promote(applied)
+                visible_at = view.next_visible_ms()
+                if visible_at is not None and visible_at <= now:
+                    time_needed = True
                 due = view.due_expiries(now)
                 if due:
                     self.propose("expire", queue, due, taken=False)
-                when = view.next_due_ms()
-                if when is not None and (next_due is None or when < next_due):
-                    next_due = when
+                for when in (view.next_expiry_ms(), visible_at):
+                    # a visible_at already reached waits for the time entry, which wakes the timer
+                    if when is not None and when > now and (next_due is None or when < next_due):
+                        next_due = when
+            if time_needed:
+                self._advance_time()
             sleep_s = TIMER_MAX_SLEEP_S
             if next_due is not None:
                 sleep_s = min(sleep_s, max(0.001, (next_due - self._clock.now_ms()) / 1000))
@@ -176,6 +193,22 @@ class ItemRules:
                     await self._wakeup.wait()
             except TimeoutError:
                 pass
+
+    def _advance_time(self) -> None:
+        if not self._advancing:
+            self._advancing = True
+            self._spawn(self._time_entry())
+
+    async def _time_entry(self) -> None:
+        try:
+            await self._replicator.submit(Barrier(term=self._term(), now_ms=self._clock.now_ms()),
+                                          self._commit_timeout_s)
+        except RcqError as exc:
+            log.info("time entry not applied: %s", exc.code)
+            await asyncio.sleep(0.05)
+        finally:
+            self._advancing = False
+            self.wake()
 
     async def settle(self, futures: list[asyncio.Future[Any]]) -> list[ItemsOutcome]:
         """Wait for proposals made on a caller's behalf (reject, redrive); raise what failed."""

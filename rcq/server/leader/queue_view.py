@@ -219,10 +219,13 @@ class QueueView:
         self._wake()
 
     # --------------------------------------------------------------- time
-    def next_due_ms(self) -> int | None:
-        """When the next delayed item becomes visible or the next item expires (None: never)."""
-        times = [heap[0][0] for heap in (self._delayed, self._expiring) if heap]
-        return min(times) if times else None
+    def next_expiry_ms(self) -> int | None:
+        """When the next item expires (None: none expires)."""
+        return self._expiring[0][0] if self._expiring else None
+
+    def next_visible_ms(self) -> int | None:
+        """When the next delayed item becomes visible (None: none is delayed)."""
+        return self._delayed[0][0] if self._delayed else None
 
     def promote(self, now_ms: int) -> int:
         """Delayed items whose time has come join the head of their priority; how many did."""

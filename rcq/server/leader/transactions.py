@@ -128,7 +128,8 @@ class TransactionManager:
             clock=self._clock.now_ms,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._rules = ItemRules(replicator, self._committer, self._clock, lambda: self._views, self._spawn)
+        self._rules = ItemRules(replicator, self._committer, self._clock, lambda: self._views, self._spawn,
+                                lambda: self._serving_term, config.commit_timeout_s)
         self._settling = False  # a fence that settles unknown commit outcomes is on its way
         # What the metrics read (rcq.server.http.metrics): plain counters, kept here once.
         self.closed_total: Counter[str] = Counter()  # how transactions ended, by outcome
