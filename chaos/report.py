@@ -147,10 +147,17 @@ def _security_line(r: dict[str, Any]) -> str:
     return line
 
 
+def _features_line(r: dict[str, Any]) -> str:
+    from chaos.checkers.features import summary_line
+
+    return summary_line(r)
+
+
 _LINES = {
     "total_queue": _total_queue_line,
     "atomicity": _atomicity_line,
     "aborted_return": _aborted_line,
+    "features": _features_line,
     "convergence": _convergence_line,
     "liveness": _liveness_line,
     "limits": _limits_line,

@@ -4,15 +4,19 @@
    processes with every link through the proxy (chaos.cluster), or, with
    ``target="docker"``, docker-compose.yml's project (chaos.docker_cluster);
    and wait for a leader;
-2. run the workload and the nemesis together for the time limit, sampling who
+2. configure the queues (chaos.workload.Topology: q0 plain with its own
+   max_items, the others with dead-letter queues, delivery limits and
+   priorities), then run the workload and the nemesis together for the time limit, sampling who
    leads (for the liveness checker) and printing progress; an intruder with a token of its own
    (chaos.intruder.Intruder) tries what it may not do meanwhile — on the local target, which can
    issue tokens; on docker the history says it was skipped and why;
 3. heal everything (stop faults, heal links, resume and restart nodes) and wait
    for a leader and for every node to catch up;
-4. drain every queue completely;
-5. wait for quiet and record every node's state digest, the leader samples
-   and the transactions still open (checker inputs);
+4. drain every queue completely, dead-letter queues included (poison is
+   rejected out of workload queues, never committed);
+5. wait for quiet and record every node's state digest, the leader samples,
+   the transactions still open and every queue's replicated counters
+   (checker inputs);
 6. run the checkers and write ``history.jsonl``, ``results.json``,
    ``summary.txt`` and ``timeline.png`` into the output directory.
 
@@ -48,8 +52,10 @@ from chaos.target import ChaosTarget, token_issuer
 from chaos.workload import (
     Generator,
     OpenTransactions,
-    configure_limited_queue,
+    Topology,
+    configure_queues,
     drain,
+    error_name,
     make_client,
     queue_names,
     run_worker,
@@ -150,6 +156,7 @@ def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosT
 async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: HistoryWriter,
                        progress: Progress, timings: dict[str, float], now_s: Callable[[], float]) -> dict[str, Any]:
     queues = queue_names(config.queues)
+    topology = Topology.of(queues)  # q0 plain; the others with dead-letter queues, delivery limits, priorities
     urls = cluster.client_urls
     token = cluster.token  # the workload's clients use the cluster's admin token, as the harness does
     counts: dict[str, int] = {}
@@ -161,14 +168,14 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     def completed(f: str, type_: str) -> None:
         counts[type_] = counts.get(type_, 0) + 1
 
-    await configure_limited_queue(history, urls, queues[0], SETUP_PROCESS, token=token)
+    await configure_queues(history, urls, topology, SETUP_PROCESS, token=token)
     intruder_token = await _intruder_token(cluster, history, progress)
     sampler = asyncio.create_task(_sample_leaders(cluster, now_s, leaders, sampling))
     reporter = asyncio.create_task(_report_progress(stop, counts, nemesis, progress))
     t0 = time.monotonic()
     registry = OpenTransactions()  # the workers' open transactions: what the intruder tries to hijack
-    workers = [asyncio.create_task(run_worker(history, urls, Generator(config.seed, w, queues), stop, completed,
-                                              token=token, registry=registry))
+    workers = [asyncio.create_task(run_worker(history, urls, Generator(config.seed, w, queues, topology=topology),
+                                              stop, completed, token=token, registry=registry))
                for w in range(config.workers)]
     if intruder_token is not None:
         workers.append(asyncio.create_task(run_intruder(
@@ -213,9 +220,10 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
         progress(f"NOT recovered: {exc}")
     timings["recovery_s"] = time.monotonic() - t0
 
-    progress(f"draining {len(queues)} queues")
+    progress(f"draining {len(topology.all_queues)} queues")
     t0 = time.monotonic()
-    drained = await drain(history, urls, queues, DRAIN_PROCESS, config.drain_timeout_s, token=token)
+    drained = await drain(history, urls, topology.all_queues, DRAIN_PROCESS, config.drain_timeout_s, token=token,
+                          topology=topology)
     timings["drain_s"] = time.monotonic() - t0
     progress(f"drain {'complete' if drained['complete'] else 'INCOMPLETE'}: {drained['drained']}")
 
@@ -228,6 +236,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     sampling.set()
     await sampler
     history.info(CHECKER_INPUT_PROCESS, "leaders", leaders)
+    await _record_queue_stats(history, urls, topology.all_queues, token)
     timings["convergence_s"] = time.monotonic() - t0
     links = cluster.link_faults()
     return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
@@ -285,6 +294,21 @@ async def _report_progress(stop: asyncio.Event, counts: dict[str, int], nemesis:
         active = ", ".join(f.f for _, f in nemesis.active) or "none"
         progress(f"ops ok {counts.get('ok', 0)} fail {counts.get('fail', 0)} info {counts.get('info', 0)}; "
                  f"faults active: {active}")
+
+
+async def _record_queue_stats(history: HistoryWriter, urls: list[str], queues: list[str], token: str | None) -> None:
+    """Every queue's replicated counters (dead-lettered, dropped, expired...) after the drain, as a
+    checker input: the features checker holds what the history saw die or vanish to them."""
+    stats: dict[str, Any] = {}
+    async with make_client(urls, token) as client:
+        for queue in queues:
+            try:
+                answer = await client.stats(queue)
+            except Exception as exc:  # not measured: the checker says so
+                stats[queue] = {"error": error_name(exc)}
+                continue
+            stats[queue] = {k: v for k, v in answer.items() if k == "count" or k.endswith("_total")}
+    history.info(CHECKER_INPUT_PROCESS, "queue-stats", stats)
 
 
 async def _record_open_transactions(urls: list[str], token: str | None, history: HistoryWriter) -> None:

@@ -17,6 +17,17 @@ Every operation is an ``invoke`` line, then exactly one completion:
 * ``info``: anything else once the commit may have left — CommitOutcomeUnknown,
   a transport error, a timeout, an exception we did not expect.
 
+Queue features (docs/queue-features.md), with a :class:`Topology`: ``q0`` stays plain; the other
+queues get dead-letter queues (``<queue>-dlq``), ``max_deliveries`` and ``max_priority`` (see
+Topology.of), set by ``configure`` ops before the workload starts. Writes to them carry
+priorities, delays and ttls, and some carry a poison value (``<process>-<seq>-poison``): a
+consumer never commits poison out of a workload queue — it aborts (``fail``, error
+``poison_abort``) or rejects it (``rejected`` in the op's value, with ``reject_outcome``), and a
+mover aborts. Dequeues record each item's id, delivery count, enqueue time, priority and
+dead-letter record (``items``); workers also consume the dead-letter queues and redrive them. An
+ok enqueue records its acknowledgement's wall time (``ack_ms``). The features checker
+(chaos.checkers.features) holds the cluster to the rules with all of it.
+
 The intruder, a principal that tries what it must not, is :mod:`chaos.intruder`; workers register
 their open transactions in an :class:`OpenTransactions` for it.
 
@@ -29,6 +40,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -60,10 +72,102 @@ DEFAULT_MIX: dict[str, int] = {
 # are definite failures the total-queue checker must account for.
 LIMITED_QUEUE_ITEMS_MAX = 40
 
+# Poison, time and priorities (docs/queue-features.md), on every queue but the first, which stays plain.
+MAX_DELIVERIES = 3
+MAX_PRIORITY = 2
+DEAD_LETTER_SUFFIX = "-dlq"
+POISON_SUFFIX = "-poison"  # a value ending so is poison: consumers never commit it out of a source queue
+FEATURE_MIX: dict[str, int] = {"dlq-dequeue": 8, "redrive": 2}  # added to the mix when there are dead-letter queues
+PRIORITY_SHARE = 0.5  # of the writes to a queue with priorities: a random priority 0..max_priority
+DELAY_SHARE = 0.2  # ... a delay of DELAY_S
+TTL_SHARE = 0.2  # ... a time to live of TTL_S (longer than any delay)
+POISON_SHARE = 0.15  # ... one poison value more (never with a ttl: poison must die of deliveries or rejects)
+POISON_REJECT_SHARE = 0.25  # on a queue with max_deliveries, a consumer rejects poison this often (else aborts)
+DELAY_S = (0.2, 2.0)
+TTL_S = (2.5, 6.0)
+REDRIVE_ITEMS_MAX = 4
 
 
 def queue_names(count: int) -> list[str]:
     return [f"q{i}" for i in range(count)]
+
+
+def is_poison(value: object) -> bool:
+    return isinstance(value, str) and value.endswith(POISON_SUFFIX)
+
+
+class PoisonAbort(Exception):
+    """A consumer met poison and aborts its transaction (the op definitely did not commit)."""
+
+    code = "poison_abort"
+
+
+@dataclasses.dataclass(frozen=True)
+class QueuePlan:
+    """The settings the run gives one of its queues before the workload starts."""
+
+    name: str
+    max_items: int | None = None
+    max_deliveries: int | None = None
+    dead_letter_queue: str | None = None
+    max_priority: int | None = None
+
+    def settings(self) -> dict[str, Any]:
+        return {"max_items": self.max_items, "max_deliveries": self.max_deliveries,
+                "dead_letter_queue": self.dead_letter_queue, "max_priority": self.max_priority}
+
+    @property
+    def featured(self) -> bool:
+        """Takes poison, delays, ttls and priorities."""
+        return self.max_deliveries is not None or self.dead_letter_queue is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The run's queues: each workload queue's plan, and the dead-letter queues they feed.
+
+    ``q0`` stays plain (its own max_items only: the old paths, the limits checker); then, in turn,
+    a queue with a dead-letter queue and ``max_deliveries`` (delivery counts replicated), one with a
+    dead-letter queue and no delivery limit (counts in the leader's memory; poison is rejected),
+    and one with ``max_deliveries`` and no dead-letter queue (dead items dropped)."""
+
+    plans: dict[str, QueuePlan]
+
+    @classmethod
+    def of(cls, queues: list[str]) -> Topology:
+        plans: dict[str, QueuePlan] = {}
+        for i, queue in enumerate(queues):
+            if i == 0:
+                plans[queue] = QueuePlan(queue, max_items=LIMITED_QUEUE_ITEMS_MAX)
+            elif i % 4 == 2:
+                plans[queue] = QueuePlan(queue, dead_letter_queue=queue + DEAD_LETTER_SUFFIX, max_priority=MAX_PRIORITY)
+            elif i % 4 == 3:
+                plans[queue] = QueuePlan(queue, max_deliveries=MAX_DELIVERIES, max_priority=MAX_PRIORITY)
+            else:
+                plans[queue] = QueuePlan(queue, max_deliveries=MAX_DELIVERIES,
+                                         dead_letter_queue=queue + DEAD_LETTER_SUFFIX, max_priority=MAX_PRIORITY)
+        return cls(plans)
+
+    @property
+    def queues(self) -> list[str]:
+        return list(self.plans)
+
+    @property
+    def dead_letter_queues(self) -> list[str]:
+        return [p.dead_letter_queue for p in self.plans.values() if p.dead_letter_queue is not None]
+
+    @property
+    def all_queues(self) -> list[str]:
+        """Workload queues first, then dead-letter queues (the drain's order: rejects land in the latter)."""
+        return self.queues + self.dead_letter_queues
+
+    def is_dead_letter_queue(self, queue: str) -> bool:
+        return queue in self.dead_letter_queues
+
+    def poison_policy(self, queue: str) -> str | None:
+        """What a consumer does with poison from ``queue`` by default: None (a dead-letter queue:
+        consume it), else reject it."""
+        return None if self.is_dead_letter_queue(queue) else "reject"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,40 +183,91 @@ class Generator:
     """A worker's op sequence, a pure function of (seed, worker)."""
 
     def __init__(self, seed: int, worker: int, queues: list[str], mix: dict[str, int] | None = None,
-                 values_max: int = 4) -> None:
+                 values_max: int = 4, topology: Topology | None = None) -> None:
+        """``topology``: the queues' plans; with it, writes to featured queues get priorities, delays,
+        ttls and poison, and dead-letter queues are consumed and redriven. Without it, the old workload."""
         self._random = random.Random(f"{seed}/{worker}")
         self.process = worker
         self.queues = queues
-        mix = mix or DEFAULT_MIX
+        self.topology = topology
+        custom = mix is not None
+        mix = dict(mix or DEFAULT_MIX)
+        if not custom and topology is not None and topology.dead_letter_queues:
+            mix.update(FEATURE_MIX)
         self._ops, self._weights = list(mix), list(mix.values())
         self._values_max = values_max
         self._seq = 0
 
-    def _value(self) -> str:
+    def _value(self, poison: bool = False) -> str:
         self._seq += 1
-        return f"{self.process}-{self._seq}"
+        return f"{self.process}-{self._seq}" + (POISON_SUFFIX if poison else "")
+
+    def _write(self, queue: str, count: int) -> dict[str, Any]:
+        rng = self._random
+        write: dict[str, Any] = {"queue": queue, "values": [self._value() for _ in range(count)]}
+        plan = self.topology.plans.get(queue) if self.topology is not None else None
+        if plan is None or not plan.featured:
+            return write
+        if plan.max_priority and rng.random() < PRIORITY_SHARE:
+            write["priority"] = rng.randint(0, plan.max_priority)
+        if rng.random() < DELAY_SHARE:
+            write["delay_s"] = round(rng.uniform(*DELAY_S), 3)
+        if rng.random() < TTL_SHARE:
+            write["ttl_s"] = round(rng.uniform(*TTL_S), 3)
+        elif rng.random() < POISON_SHARE:
+            write["values"].insert(rng.randint(0, count), self._value(poison=True))
+        return write
 
     def next(self) -> Spec:
         rng = self._random
         f = rng.choices(self._ops, self._weights)[0]
         queue = rng.choice(self.queues)
         if f == "enqueue":
-            writes = [{"queue": queue, "values": [self._value() for _ in range(rng.randint(1, self._values_max))]}]
+            writes = [self._write(queue, rng.randint(1, self._values_max))]
             if len(self.queues) > 1 and rng.random() < 0.3:  # a transaction spanning two queues
                 other = rng.choice([q for q in self.queues if q != queue])
-                writes.append({"queue": other, "values": [self._value() for _ in range(rng.randint(1, 2))]})
+                writes.append(self._write(other, rng.randint(1, 2)))
             return Spec(f, {"writes": writes})
         if f == "move":
             target = rng.choice([q for q in self.queues if q != queue] or self.queues)
             return Spec(f, {"from": queue, "to": target, "max": rng.randint(1, 3)})
         if f in ("peek", "count"):
             return Spec(f, {"queue": queue})
-        return Spec(f, {"queue": queue, "max": rng.randint(1, 3)}, head_rank=f == "dequeue-abort" and rng.random() < 0.5)
+        if f in ("dlq-dequeue", "redrive"):
+            assert self.topology is not None
+            dlq = rng.choice(self.topology.dead_letter_queues)
+            if f == "redrive":
+                return Spec(f, {"dlq": dlq, "max_items": rng.randint(1, REDRIVE_ITEMS_MAX)})
+            return Spec("dequeue", {"queue": dlq, "max": rng.randint(1, 3)})
+        value: dict[str, Any] = {"queue": queue, "max": rng.randint(1, 3)}
+        plan = self.topology.plans.get(queue) if self.topology is not None else None
+        if f == "dequeue" and plan is not None and plan.featured:
+            value["poison"] = "reject" if plan.max_deliveries is None or rng.random() < POISON_REJECT_SHARE else "abort"
+        # The head-rank look dequeues (and aborts) up to HEAD_RANK_WINDOW items: deliveries that would
+        # kill bystanders on a queue with max_deliveries, where priorities blur the rank anyway.
+        head_rank = f == "dequeue-abort" and rng.random() < 0.5 and (plan is None or not plan.featured)
+        return Spec(f, value, head_rank=head_rank)
 
 
 def text_of(item: Item | bytes) -> str:
     value = item.value if isinstance(item, Item) else item
     return value.decode("utf-8", errors="replace")
+
+
+def item_meta(item: Item) -> dict[str, Any]:
+    """What the history keeps of a dequeued item besides its value: id, delivery count, enqueue
+    time (ms, the server's), and its priority and dead-letter record when it has them."""
+    meta: dict[str, Any] = {"id": item.item_id, "dc": item.delivery_count, "at": item.enqueued_at_ms}
+    if item.priority:
+        meta["p"] = item.priority
+    if item.dead_letter is not None:
+        dead = item.dead_letter
+        meta["dl"] = [dead.reason, dead.source_queue, dead.delivery_count]
+    return meta
+
+
+def metas_of(items: list[Item]) -> dict[str, dict[str, Any]]:
+    return {text_of(i): item_meta(i) for i in items if isinstance(i, Item)}
 
 
 def error_name(exc: BaseException) -> str:
@@ -147,13 +302,15 @@ class Executor:
     """Runs one Spec against the cluster and decides ok / fail / info. With ``registry``, the
     transaction of each op is listed there while the op runs (as process ``process``)."""
 
-    def __init__(self, client: RcqClient, registry: OpenTransactions | None = None, process: int | str = "") -> None:
+    def __init__(self, client: RcqClient, registry: OpenTransactions | None = None, process: int | str = "",
+                 topology: Topology | None = None) -> None:
         self.client = client
         self.registry = registry
         self.process = process
+        self.topology = topology
 
     async def run(self, spec: Spec) -> tuple[str, Any, str | None]:
-        state: dict[str, Any] = {"commit_sent": False, "values": [], "f": spec.f}
+        state: dict[str, Any] = {"commit_sent": False, "values": [], "f": spec.f, "extra": {}}
         try:
             type_, value, error = await asyncio.wait_for(self._dispatch(spec, state), OP_TIMEOUT_S)
         except Exception as exc:  # an exception is data here: fail or info
@@ -162,13 +319,15 @@ class Executor:
         finally:
             if self.registry is not None and "transaction_id" in state:
                 self.registry.remove(state["transaction_id"])
+        if state["extra"] and isinstance(value, dict):
+            value = {**value, **state["extra"]}  # item details, rejects, poison: whatever the outcome
         if "transaction_id" in state and isinstance(value, dict):
             value = {**value, "transaction_id": state["transaction_id"]}  # to find it in the nodes' logs
         return type_, value, error
 
     @staticmethod
     def _partial(spec: Spec, state: dict[str, Any]) -> Any:
-        if spec.f == "enqueue":
+        if spec.f in ("enqueue", "redrive"):
             return spec.value
         if spec.f == "move":
             return {"from": spec.value["from"], "to": spec.value["to"], "values": state["values"]}
@@ -213,22 +372,59 @@ class Executor:
     async def _enqueue(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         async def body(tx: Transaction) -> None:
             for write in spec.value["writes"]:
-                await tx.enqueue_batch(write["queue"], write["values"])
+                options = {name: write[name] for name in ("priority", "delay_s", "ttl_s") if name in write}
+                await tx.enqueue_batch(write["queue"], write["values"], **options)
             await self._commit(tx, state)
 
         await self._in_transaction(state, TRANSACTION_TIMEOUT_S, body)
-        return "ok", spec.value, None
+        # The acknowledgement's wall time (ms): an item whose enqueue time is later lives again (redriven).
+        return "ok", {**spec.value, "ack_ms": int(time.time() * 1000)}, None
+
+    def _poison_policy(self, spec: Spec, queue: str) -> str | None:
+        """What to do with poison dequeued from ``queue``: "abort", "reject", or None (consume it:
+        a dead-letter queue, or a run without a topology)."""
+        if self.topology is None or self.topology.is_dead_letter_queue(queue):
+            return None
+        return spec.value.get("poison") or self.topology.poison_policy(queue)
+
+    def _record_items(self, state: dict[str, Any], items: list[Item]) -> None:
+        if self.topology is not None:
+            state["extra"].setdefault("items", {}).update(metas_of(items))
 
     async def _dequeue(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         queue = spec.value["queue"]
+        policy = self._poison_policy(spec, queue)
 
         async def body(tx: Transaction) -> None:
             items = await tx.dequeue_items(queue, spec.value["max"])
             state["values"] = [text_of(i) for i in items]
+            self._record_items(state, items)
+            poison = [i for i in items if is_poison(text_of(i))] if policy is not None else []
+            if poison and policy == "abort":
+                state["extra"]["poison"] = [text_of(i) for i in poison]
+                raise PoisonAbort(f"{len(poison)} poison item(s)")
+            if poison:
+                # Rejected items leave the transaction at once, for the dead-letter queue (or dropped):
+                # "values" keeps only what the commit takes.
+                state["values"] = [text_of(i) for i in items if i not in poison]
+                extra = state["extra"]
+                extra["rejected"] = [text_of(i) for i in poison]
+                extra["reject_outcome"] = "unknown"
+                try:
+                    await tx.reject(queue, poison, reason="poison")
+                except DEFINITELY_NOT_COMMITTED:
+                    extra["reject_outcome"] = "fail"
+                    raise
+                extra["reject_outcome"] = "ok"
             await self._commit(tx, state)
 
         await self._in_transaction(state, TRANSACTION_TIMEOUT_S, body)
         return "ok", {"queue": queue, "values": state["values"]}, None
+
+    async def _redrive(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
+        state["commit_sent"] = True  # one replicated request: its outcome may be unknown
+        answer = await self.client.redrive(spec.value["dlq"], max_items=spec.value["max_items"])
+        return "ok", {**spec.value, "redriven": answer.get("redriven"), "by_queue": answer.get("by_queue")}, None
 
     async def _move(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         source, target = spec.value["from"], spec.value["to"]
@@ -236,6 +432,11 @@ class Executor:
         async def body(tx: Transaction) -> None:
             items = await tx.dequeue_items(source, spec.value["max"])
             state["values"] = [text_of(i) for i in items]
+            self._record_items(state, items)
+            poison = [text_of(i) for i in items if is_poison(text_of(i))]
+            if poison:  # a mover is a consumer too: it never carries poison elsewhere
+                state["extra"]["poison"] = poison
+                raise PoisonAbort(f"{len(poison)} poison item(s)")
             if items:
                 await tx.enqueue_batch(target, [i.value for i in items])
             await self._commit(tx, state)
@@ -255,6 +456,7 @@ class Executor:
             raise
         values = [text_of(i) for i in items]
         state["values"] = values
+        self._record_items(state, items)
         abort_error = await self._abort_quietly(tx)
         value: dict[str, Any] = {"queue": queue, "values": values}
         if abort_error is not None:
@@ -290,6 +492,7 @@ class Executor:
         tx = await self.client.begin(VANISH_TIMEOUT_S, "chaos-vanish")
         self._began(tx, state)
         items = await tx.dequeue_items(queue, spec.value["max"])
+        self._record_items(state, items)
         # Walk away: no commit, no abort. The server's deadline must give the items back.
         return "ok", {"queue": queue, "values": [text_of(i) for i in items]}, None
 
@@ -307,6 +510,24 @@ async def configure_limited_queue(history: Any, urls: list[str], queue: str, pro
         history.complete(op, "ok", {"queue": queue, "max_items": max_items}, None)
 
 
+async def configure_queues(history: Any, urls: list[str], topology: Topology, process: int, *,
+                           token: str | None = None) -> None:
+    """Give every queue of ``topology`` its settings before the workload starts: dead-letter queues
+    first (a dead_letter_queue setting must name an existing queue), each a ``configure`` op whose
+    value is the queue's whole settings (the checkers read them from the history)."""
+    async with make_client(urls, token) as client:
+        plans = [QueuePlan(dlq) for dlq in topology.dead_letter_queues] + list(topology.plans.values())
+        for plan in plans:
+            value = {"queue": plan.name, **plan.settings()}
+            op = history.invoke(process, "configure", value)
+            try:
+                await client.configure_queue(plan.name, **plan.settings())
+            except Exception as exc:
+                history.complete(op, "info", value, error_name(exc))
+                raise
+            history.complete(op, "ok", value, None)
+
+
 def make_client(urls: list[str], token: str | None = None) -> RcqClient:
     """A client of the cluster, sending ``token`` (the cluster's, when it requires one) with every request."""
     return RcqClient(urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=RETRY_TIMEOUT_S, token=token)
@@ -319,7 +540,7 @@ async def run_worker(history: Any, urls: list[str], generator: Generator, stop: 
     ``registry``: where the worker lists its open transactions (for the intruder)."""
     done = 0
     async with make_client(urls, token) as client:
-        executor = Executor(client, registry, generator.process)
+        executor = Executor(client, registry, generator.process, generator.topology)
         while not stop.is_set() and (ops_max is None or done < ops_max):
             spec = generator.next()
             op = history.invoke(generator.process, spec.f, spec.value)
@@ -332,15 +553,18 @@ async def run_worker(history: Any, urls: list[str], generator: Generator, stop: 
 
 
 async def drain(history: Any, urls: list[str], queues: list[str], process: int, timeout_s: float,
-                quiet_s: float = VANISH_TIMEOUT_S + 1.0, *, token: str | None = None) -> dict[str, Any]:
+                quiet_s: float = VANISH_TIMEOUT_S + 1.0, *, token: str | None = None,
+                topology: Topology | None = None) -> dict[str, Any]:
     """Dequeue and commit every queue until all are empty and stay so (items of vanished or
-    aborted transactions come back on their deadlines). Returns what it saw."""
+    aborted transactions come back on their deadlines; delayed ones when their time comes). With
+    ``topology``, poison is rejected out of workload queues (to their dead-letter queues, which
+    ``queues`` should list after them) and never committed there. Returns what it saw."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     drained = {q: 0 for q in queues}
     empty_since: float | None = None
     async with make_client(urls, token) as client:
-        executor = Executor(client)
+        executor = Executor(client, topology=topology)
         while loop.time() < deadline:
             got_any = False
             for queue in queues:
@@ -349,7 +573,7 @@ async def drain(history: Any, urls: list[str], queues: list[str], process: int, 
                     op = history.invoke(process, "drain", spec.value)
                     type_, value, error = await executor.run(dataclasses.replace(spec, f="dequeue"))
                     history.complete(op, type_, value, error)
-                    if type_ == "ok" and not value["values"]:
+                    if type_ == "ok" and not value["values"] and not value.get("rejected"):
                         break
                     if type_ == "ok":
                         drained[queue] += len(value["values"])

@@ -10,6 +10,9 @@ kind; ``model`` parses the history once for them. Ordering and the liveness timi
 metrics: only stuck transactions make liveness invalid, nothing makes ordering so. Liveness
 measures the workload: the intruder's ops are left out of its availability (a refusal is the
 cluster working).
+``features`` holds poison, dead letters, delays, time to live and priorities to
+docs/queue-features.md (the queue checkers let dead items leave through dead-letter queues and
+expired or dropped ones vanish by rule; it checks those rules).
 ``python -m chaos.checkers history.jsonl`` re-checks a saved history.
 
 Pure Python: imports nothing from rcq.
@@ -24,6 +27,7 @@ from typing import Any
 
 from chaos.checkers.aborts import check_aborted_return
 from chaos.checkers.cluster import check_convergence, check_liveness, fault_windows
+from chaos.checkers.features import check_features
 from chaos.checkers.limits import check_limits
 from chaos.checkers.model import build_model
 from chaos.checkers.ordering import check_ordering
@@ -37,6 +41,7 @@ __all__ = [
     "check_aborted_return",
     "check_atomicity",
     "check_convergence",
+    "check_features",
     "check_file",
     "check_limits",
     "check_liveness",
@@ -46,8 +51,8 @@ __all__ = [
     "fault_windows",
 ]
 
-CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "convergence", "liveness", "limits", "security",
-                 "ordering")
+CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "features", "convergence", "liveness", "limits",
+                 "security", "ordering")
 
 
 def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -58,6 +63,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "total_queue": check_total_queue(model),
         "atomicity": check_atomicity(model),
         "aborted_return": check_aborted_return(model),
+        "features": check_features(model, history),
         "convergence": check_convergence(history),
         "liveness": check_liveness([op for op in history if not is_security_op(str(op.get("f")))]),
         "limits": check_limits(model),

@@ -9,8 +9,8 @@
   lines of one fault name, paired in order): time from the fault's start
   to a leader of a higher term (from sampled ``leaders`` observations), time
   from its stop to the next observed leader, and availability (share of
-  ok among completed client ops invoked in the window; the final drain is
-  left out). The one verdict: no transaction stuck open after its deadline
+  ok among completed client ops invoked in the window; the final drain and
+  a consumer's own aborts on poison are left out). The one verdict: no transaction stuck open after its deadline
   (an ``open-transactions`` line with a positive count).
 
 Pure Python: imports nothing from rcq.
@@ -122,7 +122,9 @@ def _availability(ops: Iterable[PairedOp]) -> dict[str, Any]:
 
 
 def check_liveness(history: list[dict[str, Any]]) -> dict[str, Any]:
-    ops = [op for op in pair_ops(history) if op.completion is not None and op.f != "drain"]
+    # A consumer that aborts on poison (error poison_abort) chose to: the cluster served it.
+    ops = [op for op in pair_ops(history)
+           if op.completion is not None and op.f != "drain" and op.error != "poison_abort"]
     windows = fault_windows(history)
     observations = _leader_observations(history)
     in_any_window: set[int] = set()

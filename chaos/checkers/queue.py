@@ -17,6 +17,11 @@ total-queue, over the whole run and the final drain:
 * **misplaced** — a value seen in a queue it was never enqueued or moved to.
 * **recovered** (info enqueues later dequeued) and **maybe_removed** (values
   whose only way out was an info dequeue) are counts, not failures.
+* Dead letters: a value that died is seen in its queue's dead-letter queue
+  and leaves from there (not misplaced); a value the rules let vanish
+  (``model.may_vanish``: expired or dropped where there is no dead-letter
+  queue) is **vanished_by_rule**, a count, not lost. The features checker
+  holds those to the queues' counters and every other rule of dead letters.
 
 atomicity: an ok enqueue's values all appear; an info enqueue's values all
 appear or none do; a committed move's values all reach ``to`` and are never
@@ -43,7 +48,8 @@ def check_total_queue(history: Any) -> dict[str, Any]:
     taken_out = {r.value for r in model.removals if r.committed and r.op.f in ("dequeue", "drain")}
     maybe_taken_out = {r.value for r in model.removals if r.committed is None and r.op.f in ("dequeue", "drain")}
     known_in = acknowledged | (unknown & seen)
-    lost = known_in - taken_out - maybe_taken_out
+    vanished = (known_in - taken_out - maybe_taken_out) & set(model.may_vanish)
+    lost = known_in - taken_out - maybe_taken_out - vanished
     never_enqueued = seen - acknowledged - unknown - failed
     from_failed = (seen & failed) - acknowledged - unknown
     unexpected = never_enqueued | from_failed
@@ -73,6 +79,8 @@ def check_total_queue(history: Any) -> dict[str, Any]:
         "unknown_enqueue_absent_count": len(unknown - seen),
         "maybe_removed_count": len(maybe_taken_out - taken_out),
         "maybe_removed": model.sample(maybe_taken_out - taken_out),
+        "vanished_by_rule_count": len(vanished),
+        "vanished_by_rule": model.sample(vanished),
     }
 
 
@@ -145,6 +153,8 @@ def _misplaced(model: QueueModel) -> dict[Hashable, dict[str, Any]]:
         if move.op.type != "fail":
             for value in move.values:
                 possible.setdefault(value, set()).add(move.target)
+    for queues in possible.values():  # a value may die into the dead-letter queue of a queue it was in
+        queues.update({dlq for queue in list(queues) if (dlq := model.dead_letter_queue_of(queue)) is not None})
     misplaced: dict[Hashable, dict[str, Any]] = {}
     for sighting in model.sightings:
         allowed = possible.get(sighting.value)
@@ -171,7 +181,7 @@ def check_atomicity(history: Any) -> dict[str, Any]:
     for tx in model.enqueues:
         values = tx.values
         appeared = [value for value in values if value in seen]
-        missing = [value for value in values if value not in seen]
+        missing = [value for value in values if value not in seen and value not in model.may_vanish]
         if tx.op.type == "ok" and missing:
             incomplete_ok.append(_tx_details(tx.op, appeared, missing))
         elif tx.op.type == "info" and appeared and missing:
@@ -220,8 +230,9 @@ def _move_violations(model: QueueModel) -> tuple[list[dict[str, Any]], list[dict
                        "invoke_index": move.op.invoke_index}
             if taken[(value, move.source)] > max(inserted_at_most[(value, move.source)], 1):
                 in_both.append(details)
-            arrived = any(
-                s.queue == move.target and s.op is not move.op and s.order_index > move.op.invoke_index
+            arrived_in = {move.target, model.dead_letter_queue_of(move.target)}  # dead there: it arrived
+            arrived = value in model.may_vanish or any(
+                s.queue in arrived_in and s.op is not move.op and s.order_index > move.op.invoke_index
                 for s in model.sightings_by_value.get(value, ())
             )
             if not arrived:
