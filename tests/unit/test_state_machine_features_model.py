@@ -518,7 +518,7 @@ class FeatureModel(RuleBasedStateMachine):
             assert all(x < y for x, y in itertools.pairwise(boundary_ids))
             assert all(x < y for x, y in itertools.pairwise(boundary_ms))
             if ids:
-                assert boundary_ids and boundary_ids[0] <= sm._queues[name].ids[0]
+                assert boundary_ids and boundary_ids[0] <= sm._queues[name].items.first_id()
         sizes = sm.table_sizes()
         assert (sizes["items"], sizes["item_bytes"]) == (items_total, bytes_total)
         assert sm.snapshot_meta()["next_item_id"] == self.next_id

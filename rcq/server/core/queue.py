@@ -1,7 +1,7 @@
 """One replicated queue: its items, their metadata, settings and counters.
 
-Items are a deque of ids in id order (id order is commit order) plus a dict id -> value. Committed
-dequeues delete from the dict; the deque keeps a tombstone id until it reaches the head.
+Items live in an :class:`~rcq.server.core.item_store.ItemStore`: values by id, in id order (id
+order is commit order), packed into chunks at a few bytes per item besides the value.
 
 Everything else is paid for only by the items that use it:
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rcq.server.core.commands import QueueSettings
+from rcq.server.core.item_store import ItemStore
 
 _TIMES_COMPACT_AT = 4096  # pruned boundaries are deleted from the arrays in bulk past this many
 
@@ -73,13 +73,12 @@ class QueueStats:
 
 
 class Queue:
-    __slots__ = ("_times_ids", "_times_ms", "_times_start", "ids", "items", "max_bytes", "max_items", "meta",
+    __slots__ = ("_times_ids", "_times_ms", "_times_start", "items", "max_bytes", "max_items", "meta",
                  "settings", "stats")
 
     def __init__(self, max_items: int | None = None, max_bytes: int | None = None,
                  settings: QueueSettings | None = None) -> None:
-        self.ids: deque[int] = deque()
-        self.items: dict[int, bytes] = {}
+        self.items = ItemStore()
         self.meta: dict[int, ItemMeta] = {}
         self.stats = QueueStats()
         self.max_items = max_items  # None: the default the entry's limits carry
@@ -91,13 +90,12 @@ class Queue:
 
     # ----------------------------------------------------------------- items
     def append(self, item_id: int, value: bytes, meta: ItemMeta | None) -> None:
-        self.ids.append(item_id)
-        self.items[item_id] = value
+        self.items.append(item_id, value)
         if meta is not None and not meta.is_plain():
             self.meta[item_id] = meta
 
     def remove(self, item_id: int) -> bytes:
-        """Take an item out (its id stays in ``ids`` as a tombstone until it reaches the head)."""
+        """Take an item out and return its value."""
         value = self.items.pop(item_id)
         self.meta.pop(item_id, None)
         return value
@@ -113,18 +111,14 @@ class Queue:
         return meta
 
     def drop_head_tombstones(self) -> None:
-        ids, items = self.ids, self.items
-        while ids and ids[0] not in items:
-            ids.popleft()
+        """Items left: the enqueue times of ids below the head are forgotten."""
         self._prune_times()
 
     def live_ids(self) -> Iterator[int]:
-        items = self.items
-        return (i for i in self.ids if i in items)
+        return self.items.ids()
 
     def clear(self) -> int:
         removed = len(self.items)
-        self.ids.clear()
         self.items.clear()
         self.meta.clear()
         self.stats.bytes = 0
@@ -155,10 +149,7 @@ class Queue:
 
     def _prune_times(self) -> None:
         """Boundaries wholly below the head item describe no item any more."""
-        if not self.ids:
-            head = None
-        else:
-            head = self.ids[0]
+        head = self.items.first_id()
         ids, start, end = self._times_ids, self._times_start, len(self._times_ids)
         if head is None:
             start = max(start, end - 1)  # keep the last: the next entry may repeat its time

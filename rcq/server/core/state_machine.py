@@ -713,12 +713,8 @@ class QueueStateMachine:
     def snapshot_items(self) -> Iterator[tuple[str, int, bytes]]:
         """Every item as (queue, item id, value), sorted by queue then id."""
         for name in sorted(self._queues):
-            queue = self._queues[name]
-            items = queue.items
-            for item_id in queue.ids:
-                value = items.get(item_id)
-                if value is not None:
-                    yield name, item_id, value
+            for item_id, value in self._queues[name].items.items():
+                yield name, item_id, value
 
     def restore(self, meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]]) -> None:
         """Discard all state and load a snapshot (``items`` sorted as snapshot_items yields them)."""
