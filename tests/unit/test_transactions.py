@@ -372,3 +372,11 @@ async def test_a_commit_many_over_the_entry_limit_is_refused_and_changes_nothing
         await manager.commit_many([t.transaction_id for t in transactions])
     assert replicator.state_machine.count("q") == 0 and manager.open_count == 3
     await manager.stop()
+
+
+def test_transaction_ids_come_from_a_refilled_random_pool_and_never_repeat():
+    from rcq.server.leader.session import RandomHex
+
+    source = RandomHex(12, pool=4)
+    ids = [source.next() for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(len(i) == 24 and int(i, 16) >= 0 for i in ids)

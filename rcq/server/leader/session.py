@@ -11,6 +11,7 @@ Must not import: pysyncobj, lmdb, aiohttp.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -118,6 +119,26 @@ class DequeuedItem:
     priority: int = 0
     enqueued_at_ms: int | None = None
     dead_letter: DeadLetter | None = None
+
+
+class RandomHex:
+    """Unguessable hex strings from a pool of random bytes refilled ``pool`` strings at a time: a
+    profile of the leader under single-item transactions put 4.8% of its samples in
+    ``secrets.token_hex`` (one getrandom call per transaction id)."""
+
+    __slots__ = ("_buffer", "_nbytes", "_pool", "_position")
+
+    def __init__(self, nbytes: int, pool: int = 512) -> None:
+        self._nbytes, self._pool = nbytes, pool
+        self._buffer = b""
+        self._position = 0
+
+    def next(self) -> str:
+        if self._position + self._nbytes > len(self._buffer):
+            self._buffer, self._position = secrets.token_bytes(self._nbytes * self._pool), 0
+        start = self._position
+        self._position = start + self._nbytes
+        return self._buffer[start:self._position].hex()
 
 
 def term_of(transaction_id: str) -> int | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -85,7 +84,15 @@ from rcq.server.leader.deadlines import DeadlineReaper
 from rcq.server.leader.group_commit import GroupCommitter
 from rcq.server.leader.item_rules import ItemRules
 from rcq.server.leader.queue_view import QueueView
-from rcq.server.leader.session import AnswerBudget, CommitResult, DeadLetter, DequeuedItem, Session, State
+from rcq.server.leader.session import (
+    AnswerBudget,
+    CommitResult,
+    DeadLetter,
+    DequeuedItem,
+    RandomHex,
+    Session,
+    State,
+)
 from rcq.server.raft.protocol import Replicator
 
 log = logging.getLogger(__name__)
@@ -118,6 +125,7 @@ class TransactionManager:
         self._serving_term = 0  # term whose barrier is applied; 0 = not serving
         self._leader_term = 0
         self._clock = LeaderClock(config.test_clock_offset_ms)
+        self._random_ids = RandomHex(12)
         self._committer = GroupCommitter(
             replicator,
             units_max=config.commit_batch_units_max,
@@ -288,7 +296,7 @@ class TransactionManager:
         timeout_s = self._timeout(timeout_s)
         now = asyncio.get_running_loop().time()
         transaction = Session(
-            transaction_id=f"{self._serving_term:x}.{secrets.token_hex(12)}",
+            transaction_id=f"{self._serving_term:x}.{self._random_ids.next()}",
             term=self._serving_term, epoch=self._epoch, label=label, timeout_s=timeout_s,
             deadline=now + timeout_s, created_ms=int(time.time() * 1000), client=client, owner=owner,
             lifetime_deadline=now + self._config.transaction_lifetime_max_s)
