@@ -76,6 +76,7 @@ from rcq.client.wire import dumps, estimated_item_bytes
 from rcq.errors import (
     CommitOutcomeUnknown,
     InvalidRequest,
+    LeaderChanged,
     NoLeader,
     NotLeader,
     PayloadTooLarge,
@@ -106,10 +107,14 @@ class RetryPolicy:
     # False: such an attempt is not re-sent (CommitOutcomeUnknown at once), for a request the
     # server cannot tell from its repeat and answers, repeated, with an error.
     resend_ambiguous: bool = True
+    # True: a ``leader_changed`` answer is re-sent (to the new leader) until the retry budget is
+    # spent. For one-request transactions: the answer means "aborted, not applied", and the
+    # repeat is a new transaction under the same idempotency key, so it cannot apply twice.
+    retry_leader_changed: bool = False
 
 
 SAFE = RetryPolicy(maybe_committed=False)  # reads and keyed transaction verbs
-WRITE = RetryPolicy(maybe_committed=True)  # one-request transactions
+WRITE = RetryPolicy(maybe_committed=True, retry_leader_changed=True)  # one-request transactions
 COMMIT = RetryPolicy(maybe_committed=True, unknown_after_ambiguous=(TransactionNotFound,))
 ONCE = RetryPolicy(maybe_committed=True, resend_ambiguous=False)  # unkeyed transaction writes: reject
 
@@ -248,7 +253,9 @@ class Transport:
                 self._leader = None
             ambiguous = outcome.maybe_executed or (
                 attempts.ambiguous and isinstance(error, request.policy.unknown_after_ambiguous))
-            if not ambiguous and not outcome.retryable:
+            retryable = outcome.retryable or (
+                request.policy.retry_leader_changed and isinstance(error, LeaderChanged))
+            if not ambiguous and not retryable:
                 raise error
             if ambiguous:
                 attempts.ambiguous = True

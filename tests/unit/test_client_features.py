@@ -27,7 +27,7 @@ from rcq.client import (
     Item,
     RcqClient,
 )
-from rcq.errors import NoLeader, RouteNotFound
+from rcq.errors import LeaderChanged, NoLeader, RouteNotFound
 from tests.unit.test_client import Wire
 
 TX = "tx-1"
@@ -304,3 +304,29 @@ async def test_configure_queue_refuses_a_bad_dead_letter_queue_name_before_sendi
     with pytest.raises(InvalidQueueName):
         await client.configure_queue("jobs", dead_letter_queue="no spaces")
     assert fake.requests == []
+
+
+# ------------------------------------------------------- leader_changed on one-request transactions
+async def test_a_one_request_enqueue_aborted_by_a_leader_change_is_retried_under_the_same_key(
+        fake: FakeNode, client: RcqClient):
+    fake.answer("POST", "/v1/queues/q/enqueue", LeaderChanged("aborted").to_body(), status=409)
+    fake.answer("POST", "/v1/queues/q/enqueue", COMMITTED)
+    info = await client.enqueue("q", b"x")
+    assert info.index == 7
+    sent = fake.bodies("POST", "/v1/queues/q/enqueue")
+    assert len(sent) == 2 and sent[0]["idempotency_key"] == sent[1]["idempotency_key"]
+
+
+async def test_a_one_request_enqueue_gives_up_on_leader_changed_when_the_budget_is_spent(fake: FakeNode):
+    fake.answer("POST", "/v1/queues/q/enqueue", LeaderChanged("aborted").to_body(), status=409)
+    async with RcqClient(fake.url, retry_timeout_s=0.3) as client:
+        with pytest.raises(LeaderChanged):
+            await client.enqueue("q", b"x")
+    assert len(fake.bodies("POST", "/v1/queues/q/enqueue")) >= 2
+
+
+async def test_an_interactive_commit_aborted_by_a_leader_change_is_not_retried(fake: FakeNode, client: RcqClient):
+    fake.answer("POST", f"{TX_PATH}/commit", LeaderChanged("aborted").to_body(), status=409)
+    with pytest.raises(LeaderChanged):
+        await client.attach(TX).commit()
+    assert len(fake.bodies("POST", f"{TX_PATH}/commit")) == 1  # its transaction died with the old leader

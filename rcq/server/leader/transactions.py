@@ -641,7 +641,11 @@ class TransactionManager:
             for transaction in transactions:
                 if transaction.state is not State.ABORTED:
                     self._close(transaction, State.ABORTED, exc.code)
-            error: RcqError = exc if isinstance(exc, TransactionAborted) else LeaderChanged(exc.message)
+            # Definitely not applied (not proposed, or its slot went to another leader's entry):
+            # said as leader_changed, with a message that says so, whatever the cause was.
+            error: RcqError = exc if isinstance(exc, TransactionAborted) else LeaderChanged(
+                f"the leader changed before this commit was applied; it was not ({exc.code}): commit "
+                "again in a new transaction", details={"cause": exc.code})
             future.set_exception(error)
             future.exception()
             raise error from exc
