@@ -10,8 +10,9 @@ short walk through the queue semantics with the async client (:mod:`rcq.client`)
 and then shuts down, unless ``--stay``.
 
 The nodes require an API token, as a production cluster does: an admin token is made (or taken
-from ``$RCQ_ADMIN_TOKEN``, as docker-compose does) and kept in ``DIR/admin.token`` (mode 0600). The launcher prints how to use it, naming that file
-rather than printing the token: a terminal's scrollback and a CI log are not private
+from ``$RCQ_ADMIN_TOKEN``, as docker-compose does) and kept in ``DIR/admin.token`` (mode 0600).
+The launcher prints how to use it, naming that file rather than printing the token: a
+terminal's scrollback and a CI log are not private
 (``--no-auth``: no tokens, anyone on this machine may use the cluster). ``--tls``: the nodes
 serve HTTPS with certificates of a CA made for the cluster (``DIR/tls/ca.pem``, which clients
 verify against).

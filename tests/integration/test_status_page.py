@@ -62,6 +62,12 @@ def test_the_status_page_shows_the_cluster_and_updates_live(tmp_path: Path) -> N
                 "document.querySelector('#queues tr[data-queue=\"jobs\"] td.enqueued').textContent === '11'",
                 timeout=WAIT_MS)
             assert page.evaluate("performance.getEntriesByType('navigation').length") == 1  # never reloaded
+            # a delayed item shows as delayed (queue features), still without a reload
+            post(f"{cluster.url(leader)}/v1/queues/jobs/enqueue", {"items": ["later"], "delay_s": 3600},
+                 cluster.auth_headers())
+            page.wait_for_function(
+                "document.querySelector('#queues tr[data-queue=\"jobs\"] td.delayed').textContent === '1'",
+                timeout=WAIT_MS)
             target = tmp_path / "status-page.png"
             if os.environ.get("RCQ_UPDATE_SCREENSHOT") == "1":
                 target = SCREENSHOT
