@@ -120,8 +120,14 @@ class Transaction:
         """Commit; retried with the same transaction id until definite. Raises TransactionAborted
         and its subclasses when definitely not committed, CommitOutcomeUnknown when it cannot know."""
         body = {} if idempotency_key is None else {"idempotency_key": idempotency_key}
+        await self._commit(body, 0)
+        assert self.commit_info is not None
+        return self.commit_info
+
+    async def _commit(self, body: dict[str, Any], wait_ms: int) -> dict[str, Any]:
+        """Send the commit (retried as COMMIT says) and record how it ended; returns the answer."""
         try:
-            answer = await self._transport.request(self._request("commit", body, COMMIT))
+            answer = await self._transport.request(self._request("commit", body, COMMIT, wait_ms=wait_ms))
         except TransactionAborted:
             self.state = "aborted"
             raise
@@ -129,7 +135,7 @@ class Transaction:
             self.state = "unknown"
             raise
         self.state, self.commit_info = "committed", commit_info(answer)
-        return self.commit_info
+        return dict(answer)
 
     async def commit_and_receive(self, queue: str | None = None, max_items: int = 1, wait_ms: int = 0,
                                  timeout_s: float | None = None, idempotency_key: str | None = None
@@ -147,15 +153,7 @@ class Transaction:
         body: dict[str, Any] = {"receive": {"queue": target, **receive}}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        try:
-            answer = await self._transport.request(self._request("commit", body, COMMIT, wait_ms=wait_ms))
-        except TransactionAborted:
-            self.state = "aborted"
-            raise
-        except CommitOutcomeUnknown:
-            self.state = "unknown"
-            raise
-        self.state, self.commit_info = "committed", commit_info(answer)
+        answer = await self._commit(body, wait_ms)
         following = answer.get("next") or {}
         if following.get("error"):
             # Committed; only the receive failed (e.g. too many transactions): say it, return None,
