@@ -16,6 +16,7 @@ Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -73,8 +74,8 @@ class QueueStats:
 
 
 class Queue:
-    __slots__ = ("_times_ids", "_times_ms", "_times_start", "items", "max_bytes", "max_items", "meta",
-                 "settings", "stats")
+    __slots__ = ("_delayed", "_delayed_ids", "_times_ids", "_times_ms", "_times_start", "items", "max_bytes",
+                 "max_items", "meta", "settings", "stats")
 
     def __init__(self, max_items: int | None = None, max_bytes: int | None = None,
                  settings: QueueSettings | None = None) -> None:
@@ -87,18 +88,36 @@ class Queue:
         self._times_ids = array("q")
         self._times_ms = array("q")
         self._times_start = 0
+        # Delayed items, to count them without a scan (stats, metrics and the status page ask often,
+        # under the state machine's lock): a heap by visible_at, and which of its ids are still
+        # here and not yet visible. Derived state: not in snapshots or the digest.
+        self._delayed: list[tuple[int, int]] = []
+        self._delayed_ids: set[int] = set()
 
     # ----------------------------------------------------------------- items
     def append(self, item_id: int, value: bytes, meta: ItemMeta | None) -> None:
         self.items.append(item_id, value)
         if meta is not None and not meta.is_plain():
             self.meta[item_id] = meta
+            if meta.visible_at_ms:
+                heapq.heappush(self._delayed, (meta.visible_at_ms, item_id))
+                self._delayed_ids.add(item_id)
 
     def remove(self, item_id: int) -> bytes:
         """Take an item out and return its value."""
         value = self.items.pop(item_id)
         self.meta.pop(item_id, None)
+        self._delayed_ids.discard(item_id)
         return value
+
+    def delayed_count(self, now_ms: int) -> int:
+        """Items not visible yet at ``now_ms`` (amortised O(log n) per item, never a scan)."""
+        delayed, ids = self._delayed, self._delayed_ids
+        while delayed and delayed[0][0] <= now_ms:
+            ids.discard(heapq.heappop(delayed)[1])
+        if not ids:
+            delayed.clear()  # only entries of items that left before their time remain
+        return len(ids)
 
     def meta_of(self, item_id: int) -> ItemMeta:
         return self.meta.get(item_id, PLAIN)
@@ -121,6 +140,7 @@ class Queue:
         removed = len(self.items)
         self.items.clear()
         self.meta.clear()
+        self._delayed, self._delayed_ids = [], set()
         self.stats.bytes = 0
         self._times_ids, self._times_ms, self._times_start = array("q"), array("q"), 0
         return removed

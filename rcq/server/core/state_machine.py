@@ -583,9 +583,8 @@ class QueueStateMachine:
         }
 
     def _delayed_count(self, queue: Queue) -> int:
-        """Items not visible yet at the state machine's time: O(items with metadata)."""
-        now = self._now_ms
-        return sum(1 for meta in queue.meta.values() if meta.visible_at_ms > now)
+        """Items not visible yet at the state machine's time."""
+        return queue.delayed_count(self._now_ms)
 
     def item_meta(self, queue_name: str, item_ids: Iterable[int]) -> list[tuple[ItemMeta, int | None]]:
         """(metadata, enqueue time) of items (plain metadata for an item not there)."""
