@@ -129,7 +129,7 @@ class Queue:
             meta = self.meta[item_id] = ItemMeta()
         return meta
 
-    def drop_head_tombstones(self) -> None:
+    def forget_old_times(self) -> None:
         """Items left: the enqueue times of ids below the head are forgotten."""
         self._prune_times()
 

@@ -211,7 +211,7 @@ class QueueStateMachine:
                 queue.stats.dequeued_total += len(ids)
                 self._items_total -= len(ids)
                 self._bytes_total -= removed_bytes
-                queue.drop_head_tombstones()
+                queue.forget_old_times()
             for position, (queue_name, values) in enumerate(transaction.enqueues):
                 if values:
                     enqueued.append(self._append(queue_name, values, transaction.options_of(position)))
@@ -423,7 +423,7 @@ class QueueStateMachine:
             if arrival is not None:
                 moved.append(arrival)
         if removed:
-            queue.drop_head_tombstones()
+            queue.forget_old_times()
         return ItemsOutcome("done", index, action.action, action.queue, acted=tuple(acted), counts=tuple(counts),
                             dead=tuple(dead), removed=tuple(removed), moved=tuple(moved))
 
@@ -650,11 +650,6 @@ class QueueStateMachine:
         """Ids of the items in ``queue_name``, head first."""
         queue = self._queues.get(queue_name)
         return list(queue.live_ids()) if queue is not None else []
-
-    def item_ranges(self, queue_name: str) -> list[tuple[int, int]]:
-        """The queue's item ids as [first, end) ranges of consecutive ids, head first."""
-        queue = self._queues.get(queue_name)
-        return coalesce_ranges(queue.live_ids()) if queue is not None else []
 
     def values(self, queue_name: str, item_ids: Iterable[int]) -> list[bytes | None]:
         queue = self._queues.get(queue_name)

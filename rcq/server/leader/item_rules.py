@@ -52,7 +52,6 @@ class ItemRules:
         self._spawn = spawn
         self._wakeup = asyncio.Event()
         self._leaving: dict[str, set[int]] = {}  # queue -> ids handed to an action under way
-        self.returned_total: dict[str, int] = {}
 
     def reset(self) -> None:
         self._leaving = {}
@@ -80,7 +79,7 @@ class ItemRules:
         replicated state; if this leader still serves, they are available again."""
         if future.cancelled() or future.exception() is None:
             return
-        log.info("%s action on %d item(s) of %s not applied: %r", "item", len(item_ids), queue, future.exception())
+        log.info("item action on %d item(s) of %s not applied: %r", len(item_ids), queue, future.exception())
         self._give_back_if_present(queue, list(item_ids))
 
     def _give_back_if_present(self, queue: str, item_ids: list[int]) -> None:
@@ -130,12 +129,13 @@ class ItemRules:
             return
         view = views.get(action.queue)
         leaving = self._leaving.get(action.queue, set())
+        removed = set(outcome.removed)
         if view is not None:
-            removed = list(outcome.removed)
-            taken = [i for i in removed if i in leaving or i in view.locked]
+            taken = [i for i in outcome.removed if i in leaving or i in view.locked]
+            taken_set = set(taken)
             leaving.difference_update(taken)
             view.forget_taken(taken)
-            view.forget([i for i in removed if i not in set(taken)])
+            view.forget([i for i in outcome.removed if i not in taken_set])
             for item_id, count in zip(outcome.acted, outcome.counts, strict=False):
                 view.deliveries[item_id] = count
         for arrival in outcome.moved:
@@ -146,7 +146,7 @@ class ItemRules:
                              arrival.expires_at_ms, now_ms)
             if arrival.visible_at_ms > now_ms or arrival.expires_at_ms is not None:
                 self.wake()
-        not_acted = [i for i in action.item_ids if i in leaving and i not in set(outcome.removed)]
+        not_acted = [i for i in action.item_ids if i in leaving and i not in removed]
         if action.action != "deliver" and not_acted:
             self._give_back_if_present(action.queue, not_acted)
 

@@ -91,13 +91,6 @@ class QueueView:
         self._waiters: list[asyncio.Future[None]] = []
 
     @classmethod
-    def from_ranges(cls, ranges: list[tuple[int, int]]) -> QueueView:
-        view = cls()
-        for first, end in ranges:
-            view._level(0).add_range(first, end - first)
-        return view
-
-    @classmethod
     def from_seed(cls, seed: ViewSeed, max_deliveries: int | None) -> QueueView:
         """A new leader's view of a queue (``at_limit`` items are not available: they must die)."""
         view = cls(max_deliveries)
