@@ -280,6 +280,43 @@ class Forbidden(RcqError):
     http_status = 403
 
 
+class MembershipConflict(RcqError):
+    """Another membership change is not yet committed, or the leader has not yet committed an entry of its term; retry shortly."""
+
+    code = "membership_conflict"
+    http_status = 409
+    retryable = True
+
+
+class MemberExists(RcqError):
+    """A member already has this node id or Raft address; nothing was changed."""
+
+    code = "member_exists"
+    http_status = 409
+
+
+class MemberNotFound(RcqError):
+    """No member of the cluster has this node id."""
+
+    code = "member_not_found"
+    http_status = 404
+
+
+class NodeUnreachable(RcqError):
+    """The node to add does not answer its health check as that node id; start it first (its peers: the current members)."""
+
+    code = "node_unreachable"
+    http_status = 422
+    retryable = True
+
+
+class WouldLoseQuorum(RcqError):
+    """The change would leave fewer reachable members than a majority of the new cluster; nothing was changed."""
+
+    code = "would_lose_quorum"
+    http_status = 409
+
+
 def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:
     found: list[type[RcqError]] = []
     for sub in cls.__subclasses__():

@@ -14,7 +14,7 @@ import ipaddress
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -74,7 +74,12 @@ class NodeConfig(BaseModel):
     advertise_url: str | None = Field(
         None, pattern=r"^https?://", description="URL other nodes give clients for this node; default http://http_host:http_port")
     raft_address: str = Field(pattern=HOST_PORT_PATTERN, description="host:port this node's Raft listens on")
-    peers: tuple[PeerConfig, ...] = Field((), description="the other nodes (2 or 4 for a 3- or 5-node cluster)")
+    peers: tuple[PeerConfig, ...] = Field(
+        (), description="the other nodes when this node starts (2 or 4 for a 3- or 5-node cluster); afterwards "
+        "membership changes, replicated, decide (docs/membership.md)")
+    raft_dial_addresses: dict[str, Annotated[str, Field(pattern=HOST_PORT_PATTERN)]] = Field(
+        default_factory=dict, description="peer Raft address -> host:port to connect to it at (a tunnel or "
+        "proxy); the peer is still known by its own address")
     data_dir: Path = Field(description="Raft journal, its meta file and the LMDB snapshot live here")
 
     # --- security
@@ -264,8 +269,20 @@ class NodeConfig(BaseModel):
     def snapshot_path(self) -> Path:
         return self.data_dir / "raft.snapshot.lmdb"
 
-    def peer_url_by_raft_address(self) -> dict[str, str]:
-        return {p.raft_address: p.http_url for p in self.peers}
+    def directory(self, recorded: dict[str, tuple[str, str]]) -> dict[str, PeerConfig]:
+        """Raft address -> node, for every node this one knows: itself, its configured peers, and
+        what membership changes recorded (``recorded``: node id -> (Raft address, HTTP URL), from
+        the state machine), which wins over the configuration where they differ."""
+        known = {p.raft_address: p for p in self.peers}
+        known[self.raft_address] = PeerConfig(node_id=self.node_id, raft_address=self.raft_address,
+                                              http_url=self.url)
+        for node_id, (raft_address, http_url) in recorded.items():
+            for address in [a for a, p in known.items() if p.node_id == node_id and a != self.raft_address]:
+                del known[address]
+            if raft_address != self.raft_address:
+                known[raft_address] = PeerConfig.model_construct(node_id=node_id, raft_address=raft_address,
+                                                                 http_url=http_url)
+        return known
 
 
 def is_loopback(host: str) -> bool:

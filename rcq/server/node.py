@@ -45,9 +45,8 @@ class Node:
         address = self.replicator.leader_raft_address()
         if address is None:
             return None
-        if address == self.config.raft_address:
-            return self.config.url
-        return self.config.peer_url_by_raft_address().get(address)
+        known = self.config.directory(self.replicator.read(lambda sm: sm.member_directory())).get(address)
+        return known.http_url if known is not None else None
 
     async def start(self) -> None:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
@@ -200,7 +200,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         return self.nodes[other].raft_address
 
     # ------------------------------------------------------------- files
-    def _node_config(self, node: LocalNode) -> dict[str, Any]:
+    def _node_config(self, node: LocalNode, peers: Sequence[int] | None = None) -> dict[str, Any]:
         config: dict[str, Any] = {
             **self.node_overrides,
             "node_id": node.node_id,
@@ -209,7 +209,8 @@ class LocalCluster(PolledCluster[LocalNode]):
             "raft_address": node.raft_address,
             "data_dir": str(node.data_dir),
             "peers": [{"node_id": p.node_id, "raft_address": self.peer_raft_address(node.index, p.index),
-                       "http_url": self.advertised_url(p.index)} for p in self.nodes if p is not node],
+                       "http_url": self.advertised_url(p.index)} for p in self.nodes
+                      if p is not node and (peers is None or p.index in peers)],
         }
         if self.advertised_url(node.index) != node.url:
             config["advertise_url"] = self.advertised_url(node.index)
@@ -250,6 +251,9 @@ class LocalCluster(PolledCluster[LocalNode]):
             write_private(node.config_path, json.dumps(self._node_config(node), indent=2) + "\n")
         if self.auth:
             self._write_tokens()
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
         manifest = {
             "version": MANIFEST_VERSION, "insecure": self.insecure, "auth": self.auth, "tls": self.tls,
             "tls_client_certificates": self.tls_client_certificates, "node_overrides": self.node_overrides,
@@ -273,6 +277,28 @@ class LocalCluster(PolledCluster[LocalNode]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def add_node(self, peers: Sequence[int] | None = None, *, start: bool = True) -> int:
+        """A new node (the next index), configured with ``peers`` (default: every other node) as the
+        members it starts with, and started unless ``start`` is false; returns its index. It is not
+        a member until the cluster adds it (``POST /v1/cluster/members``, docs/membership.md). The
+        other nodes' configurations are left as they are, as an operator's would be at first."""
+        if self._closed:
+            raise RuntimeError("the cluster is closed")
+        if self.tls:
+            raise NotImplementedError("add_node does not issue certificates yet; use a cluster without tls")
+        http_port, raft_port = free_ports(2)
+        index = len(self.nodes)
+        node = LocalNode(index, f"node-{index}", http_port, raft_port, self.base_dir / f"node-{index}", tls=self.tls)
+        self.nodes.append(node)
+        node.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_private(node.config_path, json.dumps(self._node_config(node, peers), indent=2) + "\n")
+        if self.auth:
+            self._write_tokens()
+        self._write_manifest()
+        if start:
+            self.start_node(index)
+        return index
 
     def start(self, timeout_s: float | None = None) -> None:
         """Start every stopped node and wait until each answers HTTP (not until a leader exists)."""

@@ -55,14 +55,16 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def http_json(url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET", *,
-              token: str | None = None, context: ssl.SSLContext | None = None) -> dict[str, Any]:
+              token: str | None = None, context: ssl.SSLContext | None = None,
+              body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One request straight to a node, decoding its JSON body; error statuses with a JSON body
     (``/readyz``'s 503, say) are answers too. ``token`` is sent as ``Authorization: Bearer``;
     ``context`` verifies an HTTPS node (default: the system's CAs)."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None, headers=headers)
+    data = json.dumps(body).encode() if body is not None else b"{}" if method == "POST" else None
+    request = urllib.request.Request(url, method=method, data=data, headers=headers)
     opener = _OPENER if context is None else _https_opener(context)
     try:
         with opener.open(request, timeout=timeout_s) as response:
@@ -185,9 +187,10 @@ class PolledCluster(Generic[N]):
         raise NotImplementedError
 
     # ------------------------------------------------------------- HTTP
-    def poll_json(self, url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET") -> dict[str, Any]:
+    def poll_json(self, url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET",
+                  body: dict[str, Any] | None = None) -> dict[str, Any]:
         """:func:`http_json` with the cluster's admin token, verifying HTTPS against its CA."""
-        return http_json(url, timeout_s, method, token=self.token, context=self._poll_context())
+        return http_json(url, timeout_s, method, token=self.token, context=self._poll_context(), body=body)
 
     def _poll_context(self) -> ssl.SSLContext | None:
         if self.ca_file is None:

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from rcq.errors import CommitOutcomeUnknown, NoLeader
+from rcq.errors import CommitOutcomeUnknown, MembershipConflict, NoLeader
 from rcq.server.core.commands import ApplyResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
@@ -38,6 +38,11 @@ class InMemoryReplicator:
         self.lose_next_answers = 0  # the next N submits apply, but answer unknown
         self.fail_submits_with: Exception | None = None
         self.snapshots_requested = 0
+        # Raft membership, in memory: the other members' addresses, and which of them answer.
+        self.other_members: list[str] = []
+        self.unreachable: set[str] = set()
+        self.refuse_membership_changes = False  # True: as a leader with a change not yet committed
+        self.transfers: list[str | None] = []
 
     # ------------------------------------------------------------ protocol
     def read(self, reader: Callable[[QueueStateMachine], T]) -> T:
@@ -89,10 +94,36 @@ class InMemoryReplicator:
         return "memory:0" if self._leader else None
 
     def status(self) -> RaftStatus:
+        details: dict[str, Any] = {}
+        for address in self.other_members:
+            reachable = address not in self.unreachable
+            details[f"partner_node_status_server_{address}"] = 2 if reachable else 0
+            details[f"match_idx_server_{address}"] = self._index if reachable else 0
         return RaftStatus(
             role="leader" if self._leader else "follower", term=self._term,
             leader_raft_address=self.leader_raft_address(), commit_index=self._index,
-            last_applied=self._index, log_length=self._index, has_quorum=self._leader)
+            last_applied=self._index, log_length=self._index, has_quorum=self._leader, details=details)
+
+    def members(self) -> list[str]:
+        return ["memory:0", *sorted(self.other_members)]
+
+    async def change_membership(self, action: str, raft_address: str, timeout_s: float) -> None:
+        if not self._leader:
+            raise NoLeader()
+        if self.refuse_membership_changes:
+            raise MembershipConflict()
+        await asyncio.sleep(0)
+        if action == "add" and raft_address not in self.other_members:
+            self.other_members.append(raft_address)
+        elif action == "remove" and raft_address in self.other_members:
+            self.other_members.remove(raft_address)
+        self._index += 1  # pysyncobj's entry: not applied to the state machine
+
+    async def transfer_leadership(self, raft_address: str | None) -> None:
+        if not self._leader:
+            raise NoLeader()
+        self.transfers.append(raft_address)
+        self.depose()
 
     def set_role_listener(self, listener: RoleListener) -> None:
         self._role_listener = listener

@@ -21,6 +21,8 @@ KIND_COMMIT = "commit"
 KIND_BARRIER = "barrier"
 KIND_QUEUE = "queue"
 KIND_ITEMS = "items"  # an ItemsAction inside a commit entry's units
+KIND_MEMBER = "member"
+MEMBER_ACTIONS = ("record", "forget")
 QUEUE_ACTIONS = ("configure", "purge", "delete")
 # What an ItemsAction does to the items it names (docs/queue-features.md):
 ITEM_ACTIONS = (
@@ -155,7 +157,25 @@ class Barrier:
     now_ms: int
 
 
-Command = CommitBatch | Barrier | QueueChange
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """Record (or forget) how to reach one node: its Raft address and the URL it serves clients on.
+
+    The cluster's directory (docs/membership.md). Who votes is Raft's membership, changed by
+    pysyncobj's own entries; the directory only names members, so a node whose static
+    configuration predates a member can still send clients to it. ``record`` replaces whatever
+    entry had the same node id or Raft address; ``forget`` removes the node id's entry.
+    """
+
+    term: int
+    now_ms: int
+    action: Literal["record", "forget"]
+    node_id: str
+    raft_address: str = ""
+    http_url: str = ""
+
+
+Command = CommitBatch | Barrier | QueueChange | MemberRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +243,13 @@ class QueueChangeResult:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberRecordResult:
+    status: Literal["done", "rejected"]
+    node_id: str
+    reason: str | None = None  # stale_leader
+
+
+@dataclass(frozen=True, slots=True)
 class BarrierResult:
     term: int
 
@@ -240,7 +267,7 @@ class ApplyFailed:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-ApplyResult = BatchResult | BarrierResult | QueueChangeResult | ApplyFailed
+ApplyResult = BatchResult | BarrierResult | QueueChangeResult | MemberRecordResult | ApplyFailed
 
 
 def encode(command: Command) -> tuple[Any, ...]:
@@ -250,6 +277,9 @@ def encode(command: Command) -> tuple[Any, ...]:
         head = (COMMAND_VERSION, KIND_QUEUE, command.term, command.now_ms, command.queue, command.action,
                 command.max_items, command.max_bytes)
         return head if command.settings is None else (*head, command.settings.as_tuple())
+    if isinstance(command, MemberRecord):
+        return (COMMAND_VERSION, KIND_MEMBER, command.term, command.now_ms, command.action, command.node_id,
+                command.raft_address, command.http_url)
     units = tuple(_encode_unit(unit) for unit in command.units)
     if command.limits is None:
         return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units)
@@ -302,6 +332,12 @@ def decode(raw: Any) -> Command:
             return QueueChange(term=_int(term), now_ms=_int(now_ms), queue=_str(queue), action=action,
                                max_items=_optional_positive(max_items), max_bytes=_optional_positive(max_bytes),
                                settings=_decode_settings(rest[0]) if rest else None)
+        if kind == KIND_MEMBER:
+            _, _, term, now_ms, action, node_id, raft_address, http_url = raw
+            if action not in MEMBER_ACTIONS:
+                raise ValueError(f"unknown member action {action!r}")
+            return MemberRecord(term=_int(term), now_ms=_int(now_ms), action=action, node_id=_str(node_id),
+                                raft_address=_str(raft_address), http_url=_str(http_url))
     except (TypeError, ValueError) as exc:
         raise MalformedCommand(f"bad {kind} command: {exc}") from exc
     raise MalformedCommand(f"unknown command kind {kind!r}")

@@ -53,6 +53,8 @@ from rcq.server.core.commands import (
     ItemsOutcome,
     Limits,
     MalformedCommand,
+    MemberRecord,
+    MemberRecordResult,
     QueueChange,
     QueueChangeResult,
     QueueSettings,
@@ -127,6 +129,9 @@ class QueueStateMachine:
         self._outcomes_forgotten_term = 0
         self._idempotency: TimedTable[KeyRecord] = TimedTable(
             IDEMPOTENCY_RETENTION_MS, IDEMPOTENCY_RETENTION_MIN_MS, IDEMPOTENCY_KEYS_MAX)
+        # The cluster's directory: node id -> (Raft address, HTTP URL) of members recorded by
+        # membership changes (docs/membership.md). Empty until the first change.
+        self._members: dict[str, tuple[str, str]] = {}
 
     def _outcome_forgotten(self, transaction_id: str) -> None:
         self._outcomes_forgotten_term = max(self._outcomes_forgotten_term, id_term(transaction_id))
@@ -157,6 +162,8 @@ class QueueStateMachine:
                 result: ApplyResult = BarrierResult(term=command.term)
             elif isinstance(command, QueueChange):
                 result = self._apply_queue_change(command)
+            elif isinstance(command, MemberRecord):
+                result = self._apply_member_record(command)
             else:
                 result = self._apply_batch(command, index)
         except Exception as exc:  # a bug: report it, keep the node alive
@@ -476,6 +483,22 @@ class QueueStateMachine:
             queue.stats.purged_total += removed
         return QueueChangeResult("done", change.queue, change.action, removed=removed)
 
+    # ----------------------------------------------------------- the directory
+    def _apply_member_record(self, record: MemberRecord) -> MemberRecordResult:
+        if record.term < self._barrier_term:
+            return MemberRecordResult("rejected", record.node_id, reason="stale_leader")
+        self._members.pop(record.node_id, None)
+        if record.action == "record":
+            for node_id, (raft_address, _url) in list(self._members.items()):
+                if raft_address == record.raft_address:
+                    del self._members[node_id]  # the address now belongs to another node
+            self._members[record.node_id] = (record.raft_address, record.http_url)
+        return MemberRecordResult("done", record.node_id)
+
+    def member_directory(self) -> dict[str, tuple[str, str]]:
+        """node id -> (Raft address, HTTP URL) of every member a membership change recorded."""
+        return dict(self._members)
+
     def settings_problem(self, queue_name: str, settings: QueueSettings) -> str | None:
         """Why ``settings`` cannot be given to ``queue_name`` now (a reason code), or None."""
         if settings.max_deliveries is not None and not 1 <= settings.max_deliveries <= MAX_DELIVERIES_MAX:
@@ -702,6 +725,9 @@ class QueueStateMachine:
             ],
             "outcomes_forgotten_term": self._outcomes_forgotten_term,
             "idempotency": [(k, (), r.index, r.at_ms) for k, r in self._idempotency.items()],
+            # Only once a membership change recorded one: older states keep their digest.
+            **({"members": sorted((node_id, *where) for node_id, where in self._members.items())}
+               if self._members else {}),
         }
 
     def snapshot_items(self) -> Iterator[tuple[str, int, bytes]]:
@@ -751,6 +777,7 @@ class QueueStateMachine:
         self._idempotency.replace_all(
             (key, KeyRecord(index, at_ms)) for key, _ids, index, at_ms in meta["idempotency"]
         )
+        self._members = {node_id: (raft_address, url) for node_id, raft_address, url in meta.get("members", ())}
 
 
 @dataclass(slots=True)

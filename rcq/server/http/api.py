@@ -38,6 +38,7 @@ from rcq.server.core.queue import QueueStats
 from rcq.server.http import operations
 from rcq.server.http.auth import CHALLENGE, auth_middleware, principal_of
 from rcq.server.http.connections import read_body
+from rcq.server.http.membership_routes import MEMBERSHIP, add_routes, make_probe
 from rcq.server.http.metrics import NodeMetrics
 from rcq.server.http.models import (
     BatchAbort,
@@ -71,6 +72,7 @@ from rcq.server.http.models import (
 )
 from rcq.server.http.openapi import openapi_spec
 from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
+from rcq.server.leader.membership import Membership
 from rcq.server.leader.session import AnswerBudget
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
@@ -405,10 +407,12 @@ async def storage(request: web.Request) -> web.Response:
 def cluster_status(app: web.Application) -> dict[str, Any]:
     config, replicator, manager = app[CONFIG], app[REPLICATOR], app[MANAGER]
     status = replicator.status()
+    directory = app[MEMBERSHIP].directory()
     leader_address = status.leader_raft_address
-    members = [(config.node_id, config.raft_address, config.url),
-               *((p.node_id, p.raft_address, p.http_url) for p in config.peers)]
+    members = [(p.node_id, p.raft_address, p.http_url) for p in directory.values()]
     leader = next((m for m in members if m[1] == leader_address), None)
+    voting = replicator.members()
+    peers = [directory[address] for address in voting[1:] if address in directory]
     return {
         "node_id": config.node_id, "url": config.url, "role": status.role, "term": status.term,
         "leader_id": leader[0] if leader else None, "leader_url": leader[2] if leader else None,
@@ -422,8 +426,8 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         "recent_leader_changes": [
             {"at": at, "leader_id": next((m[0] for m in members if m[1] == address), None), "term": term}
             for at, address, term in status.details.get("leader_history", [])],
-        "peers": [{"node_id": p.node_id, "url": p.http_url, "raft_address": p.raft_address}
-                  for p in config.peers],
+        "peers": [{"node_id": p.node_id, "url": p.http_url, "raft_address": p.raft_address} for p in peers],
+        "member": config.raft_address in voting,
     }
 
 
@@ -491,8 +495,10 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[MANAGER] = manager
     app[REPLICATOR] = replicator
     app[METRICS] = metrics
+    app[MEMBERSHIP] = Membership(config, manager, replicator, make_probe(peer_context(config)))
     overview = Overview(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
-                        peers=[peer.http_url for peer in config.peers], peer_tls=peer_context(config))
+                        peers=lambda: [peer["url"] for peer in cluster_status(app)["peers"]],
+                        peer_tls=peer_context(config))
     app.on_cleanup.append(overview.close)
     app.router.add_get("/", page)
     app.router.add_get("/v1/cluster/overview", admin_only("read the cluster overview", overview.handle))
@@ -503,6 +509,7 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app.router.add_get("/v1/cluster", cluster)
     app.router.add_get("/v1/cluster/digest", admin_only("read the state digest", state_digest))
     app.router.add_post("/v1/admin/snapshot", admin_only("request a snapshot", request_snapshot))
+    add_routes(app, _body, lambda body, status: _json(body, status), admin_only)
     app.router.add_post("/v1/transactions", begin)
     app.router.add_get("/v1/transactions", list_transactions)
     app.router.add_get("/v1/transactions/{transaction_id}", transaction_status)

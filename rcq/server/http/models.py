@@ -20,6 +20,7 @@ from rcq.encoding import Encoding, decode_item
 from rcq.errors import InvalidRequest, PayloadTooLarge
 from rcq.limits import DELAY_MAX_S, MAX_DELIVERIES_MAX, PRIORITY_MAX, TTL_MAX_S
 from rcq.names import DOT_SEGMENTS, QUEUE_NAME_PATTERN
+from rcq.server.config import HOST_PORT_PATTERN, NODE_ID_PATTERN
 from rcq.server.core.commands import EnqueueOptions, QueueSettings
 
 TRANSACTION_ID_PATTERN = r"^[0-9a-f]{1,16}\.[0-9a-f]{24}$"
@@ -289,3 +290,23 @@ class BatchRequest(_Model):
     """Independent requests sharing one HTTP request: each succeeds or fails on its own."""
 
     requests: list[BatchOperation] = Field(min_length=1, max_length=10_000)
+
+
+# ------------------------------------------------------------------ membership
+NodeId = Annotated[str, Field(pattern=NODE_ID_PATTERN, description="the node's id")]
+
+
+class AddMemberRequest(_Model):
+    """POST /v1/cluster/members: add a running node as a voting member (docs/membership.md)."""
+
+    node_id: NodeId
+    raft_address: str = Field(pattern=HOST_PORT_PATTERN, max_length=300,
+                              description="host:port of its Raft listener, as every member reaches it")
+    url: str = Field(pattern=r"^https?://[^/\s]+", max_length=2000, description="the base URL it serves clients on")
+    catch_up_timeout_s: float = Field(60.0, ge=0, le=600, description="how long to wait for it to catch up")
+
+
+class TransferLeadershipRequest(_Model):
+    """POST /v1/cluster/leadership: hand leadership to a member (null: the most caught-up follower)."""
+
+    node_id: NodeId | None = None

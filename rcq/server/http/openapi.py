@@ -18,7 +18,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from rcq.names import QUEUE_NAME_PATTERN
+from rcq.server.config import NODE_ID_PATTERN
 from rcq.server.http.models import (
+    AddMemberRequest,
     BatchRequest,
     BeginRequest,
     CommitManyRequest,
@@ -35,6 +37,7 @@ from rcq.server.http.models import (
     ReceiveRequest,
     RedriveRequest,
     RejectRequest,
+    TransferLeadershipRequest,
 )
 
 API_VERSION = "1"
@@ -51,7 +54,8 @@ WRITE = (409, 429, 507)  # too many queues; queue full or too many requests; sto
 STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted", 307: "Not the leader: re-send to the Location",
                400: "Invalid request", 401: "A valid token is needed", 403: "The token does not grant this",
                404: "Not found", 408: "Request body too slow", 409: "Conflict",
-               410: "Outcome no longer remembered (maybe committed)", 413: "Too large", 429: "Back off",
+               410: "Outcome no longer remembered (maybe committed)", 413: "Too large",
+               422: "The node to add does not answer as that node", 429: "Back off",
                503: "Unavailable: retry shortly", 504: "Commit outcome unknown (maybe committed)",
                507: "Storage budget used up"}
 
@@ -80,6 +84,13 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=(503,)),
     Operation("GET", "/v1/cluster/storage", "The memory budget and table sizes"),
     Operation("POST", "/v1/admin/snapshot", "Snapshot and compact the log now", ok=202),
+    Operation("GET", "/v1/cluster/members", "The voting members as this node sees them"),
+    Operation("POST", "/v1/cluster/members", "Add a running node as a voting member", AddMemberRequest,
+              errors=(*LEADER, 409, 422, 504)),
+    Operation("DELETE", "/v1/cluster/members/{node_id}", "Remove a member (the leader hands over first)",
+              errors=(*LEADER, 409, 504)),
+    Operation("POST", "/v1/cluster/leadership", "Hand leadership to a member", TransferLeadershipRequest,
+              errors=(*LEADER, 409)),
     Operation("POST", "/v1/transactions", "Begin a transaction", BeginRequest, 201, (*LEADER, 429)),
     Operation("GET", "/v1/transactions", "The leader's open transactions", errors=LEADER, query=("label_prefix",)),
     Operation("GET", "/v1/transactions/{transaction_id}", "A transaction's state", errors=LEADER + TRANSACTION),
@@ -122,6 +133,7 @@ OPERATIONS: tuple[Operation, ...] = (
 _PATH_PARAMETERS: dict[str, dict[str, Any]] = {
     "queue": {"type": "string", "pattern": QUEUE_NAME_PATTERN},
     "transaction_id": {"type": "string", "minLength": 1, "maxLength": 64},
+    "node_id": {"type": "string", "pattern": NODE_ID_PATTERN},
 }
 
 

@@ -47,11 +47,11 @@ async def _peer_view(session: aiohttp.ClientSession, url: str, authorization: st
 
 class Overview:
     """``GET /v1/cluster/overview``. ``own_status()``: this node's /v1/cluster body; ``queues()``: the
-    queue rows; ``peers``: the other nodes' URLs. Its HTTP session is made on first use and closed
+    queue rows; ``peers()``: the other members' URLs. Its HTTP session is made on first use and closed
     with the app (``close`` is an on_cleanup handler)."""
 
     def __init__(self, own_status: Callable[[], dict[str, Any]], queues: Callable[[], list[dict[str, Any]]],
-                 peers: list[str], peer_tls: ssl.SSLContext | None = None) -> None:
+                 peers: Callable[[], list[str]], peer_tls: ssl.SSLContext | None = None) -> None:
         self._own_status = own_status
         self._queues = queues
         self._peers = peers
@@ -64,7 +64,7 @@ class Overview:
             self._session = aiohttp.ClientSession(connector=connector)
         mine = self._own_status()
         authorization = request.headers.get("Authorization")
-        others = await asyncio.gather(*(_peer_view(self._session, url, authorization) for url in self._peers))
+        others = await asyncio.gather(*(_peer_view(self._session, url, authorization) for url in self._peers()))
         return web.json_response({
             "at": time.time(),
             "served_by": mine["node_id"],

@@ -254,6 +254,11 @@ class TransactionManager:
                 elif isinstance(unit, CommitUnit) and isinstance(outcome, UnitOutcome):
                     self._on_unit_applied(unit, outcome, command.now_ms)
 
+    def entry_stamp(self) -> tuple[int, int]:
+        """(term, now in ms) for an administrative entry this serving leader proposes."""
+        self.require_serving()
+        return self._serving_term, self._clock.now_ms()
+
     # -------------------------------------------------------------- guards
     def require_serving(self) -> None:
         if self.serving:

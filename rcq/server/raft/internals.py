@@ -22,7 +22,8 @@ from pysyncobj import SyncObj
 from pysyncobj import journal as journal_module
 from pysyncobj import pickle as pickle_module
 from pysyncobj import syncobj as syncobj_module
-from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj import transport as transport_module
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
@@ -160,3 +161,54 @@ def replace_pickle_to_bytes(make: Callable[[Callable[[Any], Any]], Callable[[Any
     original = pickle_module.to_bytes
     pickle_module.to_bytes = make(original)
     return Replaced(pickle_module, "to_bytes", original)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic membership (H11, H16..H18): pysyncobj's membership entries, its pending-change marker
+# and the method that applies one change to its view of the cluster.
+MEMBERSHIP_COMMAND_TYPE = syncobj_module._COMMAND_TYPE.MEMBERSHIP
+
+
+def membership_request(command: Any) -> Any | None:
+    """The change a log entry's command carries (``['add'|'rem', node id, node]``), or None."""
+    if not command or command[0] != MEMBERSHIP_COMMAND_TYPE:
+        return None
+    return pickle_module.loads(command[1:])
+
+
+def apply_membership_change(sync_obj: SyncObj, request: Any) -> bool:
+    """Apply one change to the node's view of the cluster (no-op, False, when already so)."""
+    return bool(sync_obj._SyncObj__doChangeCluster(request))
+
+
+def set_pending_change_index(sync_obj: SyncObj, index: int) -> None:
+    sync_obj._SyncObj__changeClusterIDx = index
+
+
+def current_log_index(sync_obj: SyncObj) -> int:
+    return int(sync_obj._SyncObj__getCurrentLogIndex())
+
+
+def log_entries_after(sync_obj: SyncObj, index: int) -> list[tuple[Any, int, int]]:
+    """The journal's entries (command, index, term) after ``index``, oldest first (tick thread)."""
+    journal = journal_of(sync_obj)
+    if not len(journal):
+        return []
+    first = int(journal[0][1])
+    start = max(0, index + 1 - first)
+    return [journal[i] for i in range(start, len(journal))]
+
+
+def connect_node(transport: Any, node: Any, host: str, port: int) -> bool:
+    """TCPTransport._connectIfNecessarySingle, dialling ``host:port`` instead of the node's own address."""
+    connections = transport._connections
+    if node in connections and connections[node].state != CONNECTION_STATE.DISCONNECTED:
+        return True
+    if not transport._shouldConnect(node):
+        return False
+    last_attempt = transport._lastConnectAttempt
+    now = transport_module.monotonicTime()
+    if node in last_attempt and now - last_attempt[node] < transport._syncObj.conf.connectionRetryTime:
+        return False
+    last_attempt[node] = now
+    return bool(connections[node].connect(host, port))

@@ -11,7 +11,8 @@ Both are explained in docs/raft-hazards.md, and tested in tests/integration
 pysyncobj does without them. ``install`` also installs the transport's fixes (H13..H15,
 rcq.server.raft.transport_patches).
 
-Must not import: anything of rcq's but rcq.server.raft.internals and rcq.server.raft.transport_patches.
+Must not import: anything of rcq's but rcq.server.raft.internals, rcq.server.raft.membership and
+rcq.server.raft.transport_patches.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj
 
-from rcq.server.raft import transport_patches
+from rcq.server.raft import membership, transport_patches
 from rcq.server.raft.internals import (
     journal_of,
     proposals_waiting,
@@ -144,6 +145,7 @@ def _on_message_received_with_fixes(original: Callable[..., Any]) -> Callable[..
             if is_append:
                 _bound_commit_index(self, message, commit_before, applied_before)
                 _answer_proposals_skipped_by_snapshot(self, applied_before)
+                membership.after_append_entries(self, message)  # H17
 
     return on_message_received
 
@@ -213,6 +215,7 @@ def install() -> None:
     SyncObj._checkCommandsToApply = _syncing_after_append(SyncObj._checkCommandsToApply)
     SyncObj._rcq_fixes_installed = True
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
+    membership.install()  # H16
     transport_patches.install()  # H13..H15; after the above: it wraps their message handler
 
 

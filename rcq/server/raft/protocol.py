@@ -88,6 +88,19 @@ class Replicator(Protocol):
         """Write a snapshot and compact the log soon, whatever the thresholds say."""
         ...
 
+    def members(self) -> list[str]:
+        """The Raft addresses of the voting members as this node sees them, itself first."""
+        ...
+
+    async def change_membership(self, action: str, raft_address: str, timeout_s: float) -> None:
+        """Add (``"add"``) or remove (``"remove"``) one voting member, on the leader; returns once
+        committed; :class:`~rcq.errors.MembershipConflict` while another change is not committed."""
+        ...
+
+    async def transfer_leadership(self, raft_address: str | None) -> None:
+        """Ask the leader to hand leadership to ``raft_address`` (None: the most caught-up)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...

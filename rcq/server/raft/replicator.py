@@ -33,11 +33,11 @@ from typing import Any, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjException
 
-from rcq.errors import CommitOutcomeUnknown, LeaderChanged, NoLeader, NotLeader, Unavailable
+from rcq.errors import CommitOutcomeUnknown, LeaderChanged, MembershipConflict, NoLeader, NotLeader, Unavailable
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import ApplyResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
-from rcq.server.raft import patches
+from rcq.server.raft import membership, patches
 from rcq.server.raft.consumer import QueueConsumer
 from rcq.server.raft.digest import ForkedDigest
 from rcq.server.raft.internals import default_journal, journal_bytes, journal_of, use_journal_factory
@@ -101,7 +101,6 @@ class RaftReplicator:
         self._consumer = QueueConsumer(state_machine, self._lock, self._on_applied)
         # Digests off the apply path, as snapshots (H9): the lock is held only to fork a child that hashes.
         self._digest = ForkedDigest(lambda: (state_machine.digest(), state_machine.last_index), self._lock)
-        self._peer_urls = config.peer_url_by_raft_address()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_obj: SyncObj | None = None
         self._writer: ForkingSnapshotWriter | None = None
@@ -119,6 +118,8 @@ class RaftReplicator:
         # The last leader changes this node saw, as (unix time, leader's Raft address or None, term).
         self.leader_history: collections.deque[tuple[float, str | None, int]] = collections.deque(maxlen=20)
         self.repair: CompactionRepair | None = None  # what start() repaired, for logs and tests
+        # Work for the tick thread (it owns pysyncobj's state and sockets), run at its next tick.
+        self._tick_tasks: collections.deque[Callable[[], None]] = collections.deque([self._use_the_log_membership])
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -156,6 +157,7 @@ class RaftReplicator:
         if self._config.journal_flush_interval_s is not None:
             self._sync_obj.addOnTickCallback(self._flush_journal_if_due)
         self._sync_obj.addOnTickCallback(self._compact_if_journal_large)
+        self._sync_obj.addOnTickCallback(self._on_tick_tasks)
         self._role_task = self._loop.create_task(self._poll_role(), name="rcq-raft-role")
 
     def _make_journal(self, journal_file: str | None) -> Any:
@@ -280,7 +282,87 @@ class RaftReplicator:
         leader = self.leader_raft_address()
         if leader is None or leader == self._config.raft_address:
             return NoLeader()
-        return NotLeader(f"this node is not the leader; {leader} is", leader_url=self._peer_urls.get(leader))
+        known = self._config.directory(self.read(lambda sm: sm.member_directory())).get(leader)
+        return NotLeader(f"this node is not the leader; {leader} is",
+                         leader_url=known.http_url if known is not None else None)
+
+    # ----------------------------------------------------------- membership
+    def members(self) -> list[str]:
+        """The Raft addresses of the cluster's voting members as this node sees them, itself first."""
+        sync_obj, _loop = self._running()
+        for _ in range(10):
+            try:  # the tick thread may change the set while it is copied: a torn read, read again
+                others = sorted(str(node) for node in sync_obj.otherNodes)
+                break
+            except RuntimeError:
+                time.sleep(0)
+        else:
+            others = sorted(str(node) for node in sync_obj.otherNodes)
+        return [self._config.raft_address, *others]
+
+    async def change_membership(self, action: str, raft_address: str, timeout_s: float) -> None:
+        """Add (``"add"``) or remove (``"remove"``) one voting member; returns once the change is
+        committed. Only on the leader, one change at a time (H16): a change while another is not
+        committed, or before this leader committed its first entry, is MembershipConflict."""
+        sync_obj, loop = self._running()
+        if not sync_obj._isLeader():
+            raise self._not_leader_error()
+        future: asyncio.Future[tuple[Any, int]] = loop.create_future()
+
+        def on_done(result: Any, fail_reason: int) -> None:
+            with contextlib.suppress(RuntimeError):  # loop closed: never raise into pysyncobj (H2)
+                loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
+
+        change = sync_obj.addNodeToCluster if action == "add" else sync_obj.removeNodeFromCluster
+        self._pending.add(future)
+        try:
+            change(raft_address, callback=on_done)
+            _result, fail_reason = await asyncio.wait_for(future, timeout_s)
+        except TimeoutError as exc:
+            raise CommitOutcomeUnknown(f"the membership change was not committed within {timeout_s} s; "
+                                       "it may still be") from exc
+        finally:
+            self._pending.discard(future)
+        if fail_reason == FAIL_REASON.REQUEST_DENIED:
+            raise MembershipConflict()
+        if fail_reason != FAIL_REASON.SUCCESS:
+            raise self._error_for(fail_reason)
+
+    async def transfer_leadership(self, raft_address: str | None) -> None:
+        """Ask pysyncobj to hand leadership to ``raft_address`` (None: the most caught-up follower);
+        MembershipConflict when it refuses (the target is not caught up, or not connected)."""
+        sync_obj, loop = self._running()
+        if not sync_obj._isLeader():
+            raise self._not_leader_error()
+        future: asyncio.Future[tuple[Any, int]] = loop.create_future()
+
+        def on_done(result: Any, fail_reason: int) -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
+
+        # pysyncobj reads its match indexes and sends a message: the tick thread's work.
+        self._tick_tasks.append(lambda: sync_obj.transferLeadership(raft_address, callback=on_done))
+        try:
+            _result, fail_reason = await asyncio.wait_for(future, 5.0)
+        except TimeoutError as exc:
+            raise Unavailable("the Raft thread did not take the leadership transfer; retry") from exc
+        if fail_reason != FAIL_REASON.SUCCESS:
+            raise MembershipConflict("the target of the leadership transfer is not connected or not caught up; "
+                                     "retry shortly")
+
+    def _use_the_log_membership(self) -> None:
+        """H18, once, at the first tick (after pysyncobj loaded the snapshot): the membership of
+        the whole log, not only of its committed part."""
+        sync_obj = self._sync_obj
+        if sync_obj is None:
+            return
+        try:
+            changes = membership.reapply_log_changes(sync_obj, int(sync_obj.raftLastApplied))
+            if changes:
+                logger.info("node %s: %d membership change(s) in the log beyond the last applied entry "
+                            "taken into account", self._config.node_id, changes)
+        except Exception:  # never end a tick with an exception
+            logger.exception("membership from the log failed")
 
     def _running(self) -> tuple[SyncObj, asyncio.AbstractEventLoop]:
         if self._sync_obj is None or self._loop is None or self._stopped:
@@ -411,6 +493,14 @@ class RaftReplicator:
             listener(index, command, result)
         except Exception:
             logger.exception("apply listener failed on entry %d", index)
+
+    def _on_tick_tasks(self) -> None:
+        while self._tick_tasks:
+            task = self._tick_tasks.popleft()
+            try:
+                task()
+            except Exception:  # never end a tick with an exception (H2)
+                logger.exception("tick task failed")
 
     def _compact_if_journal_large(self) -> None:
         # Tick thread. Entries carry items, so 50k entries can be gigabytes: snapshot by size too.

@@ -13,7 +13,7 @@ from pysyncobj import SERIALIZER_STATE, SyncObjConf
 from rcq.errors import InvalidRequest
 from rcq.server.config import NodeConfig
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
-from rcq.server.raft.transport_patches import FrameLimits, set_frame_limits
+from rcq.server.raft.transport_patches import FrameLimits, set_dial_addresses, set_frame_limits
 
 # A bind that keeps failing (port taken) fails start() after about 5 s instead of
 # pysyncobj's default of retrying for ever.
@@ -66,7 +66,9 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
         # the log grows in RAM. Snapshots are written by a forked child, so nodes
         # snapshotting at the same time cost CPU, not heartbeats.
         logCompactionSplit=False,
-        dynamicMembershipChange=False,  # H11
+        # H11: nodes are added and removed one at a time (docs/membership.md), with rcq's fixes to
+        # pysyncobj's membership (H16..H18, rcq.server.raft.membership).
+        dynamicMembershipChange=True,
         onStateChanged=on_state_changed,
         bindRetryTime=BIND_RETRY_INTERVAL_S,
         maxBindRetries=BIND_RETRIES_MAX,
@@ -74,6 +76,7 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
     # H13: the largest frame a connection may announce, before and after it authenticated.
     set_frame_limits(conf, FrameLimits(handshake_bytes_max=config.raft_handshake_frame_bytes_max,
                                        authenticated_bytes_max=config.raft_frame_bytes_max))
+    set_dial_addresses(conf, dict(config.raft_dial_addresses))
     try:
         conf.validate()
     except AssertionError as exc:

@@ -9,6 +9,10 @@
 * H15: a listener whose ``accept()`` fails for lack of descriptors or memory pauses and retries,
   instead of closing for good.
 
+Not a fix but a feature: ``raft_dial_addresses`` (:func:`set_dial_addresses`) lets a node reach
+a peer at another ``host:port`` (a tunnel, a sidecar, the chaos harness's fault proxy) while the
+peer keeps its one Raft address as its identity in the cluster's membership (docs/membership.md).
+
 Explained in docs/raft-hazards.md (H13..H15) and tested in tests/integration/test_raft_transport.py,
 each with a test showing what pysyncobj does without it (``REPLACED`` keeps pysyncobj's methods).
 rcq.server.raft.patches.install() installs these after its own fixes.
@@ -34,6 +38,7 @@ from pysyncobj.tcp_connection import TcpConnection
 
 from rcq.server.raft.internals import (
     Replaced,
+    connect_node,
     connection_private,
     replace_method,
     replace_pickle_to_bytes,
@@ -47,7 +52,28 @@ from rcq.server.raft.internals import (
 logger = logging.getLogger(__name__)
 
 # What install() replaced, by fix: pysyncobj's own methods, for the tests that show its behaviour.
-REPLACED: dict[str, list[Replaced]] = {"read path": [], "reassembly": [], "accept": []}
+REPLACED: dict[str, list[Replaced]] = {"read path": [], "reassembly": [], "accept": [], "dialling": []}
+
+_DIAL_ADDRESSES = "_rcq_dial_addresses"  # on a SyncObjConf: peer Raft address -> (host, port) to dial
+
+
+def set_dial_addresses(conf: Any, addresses: dict[str, str]) -> None:
+    """Make the SyncObj built with ``conf`` dial peer ``address`` at ``addresses[address]``."""
+    parsed = {}
+    for address, dial in addresses.items():
+        host, port = dial.rsplit(":", 1)
+        parsed[address] = (host.strip("[]"), int(port))
+    setattr(conf, _DIAL_ADDRESSES, parsed)
+
+
+def _dialling_configured_addresses(original: Callable[..., Any]) -> Callable[..., Any]:
+    def connect_if_necessary_single(self: Any, node: Any) -> Any:
+        dial = getattr(transport_conf(self), _DIAL_ADDRESSES, {}).get(getattr(node, "address", None))
+        if dial is None:
+            return original(self, node)
+        return connect_node(self, node, *dial)
+
+    return connect_if_necessary_single
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,5 +385,8 @@ def install() -> None:
     REPLACED["accept"] += [
         replace_method("TcpServer", "onNewConnection", lambda _pysyncobj: _on_new_connection),
         replace_method("TCPTransport", "_onTick", _resuming_accepts),
+    ]
+    REPLACED["dialling"] += [
+        replace_method("TCPTransport", "_connectIfNecessarySingle", _dialling_configured_addresses),
     ]
     TcpConnection._rcq_transport_fixes_installed = True

@@ -1,0 +1,75 @@
+"""The membership routes (admin only): list members, add, remove, hand leadership over.
+
+``GET /v1/cluster/members`` answers on any node (its own view); the changes answer on the
+serving leader only (others redirect). What a change does and checks is
+:class:`rcq.server.leader.membership.Membership`; this module adds HTTP, and the health probe of
+a node to be added (``GET {url}/healthz`` must answer with its node id).
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from rcq.server.http.models import AddMemberRequest, TransferLeadershipRequest
+from rcq.server.leader.membership import Membership
+
+PROBE_TIMEOUT_S = 3.0
+MEMBERSHIP = web.AppKey("membership", Membership)
+
+BodyReader = Callable[[web.Request, type[Any]], Awaitable[Any]]
+Responder = Callable[[Any, int], web.Response]
+
+
+def make_probe(peer_tls: ssl.SSLContext | None) -> Callable[[str, str], Awaitable[str | None]]:
+    """A probe: None when ``url``'s /healthz answers as ``node_id``, else what went wrong."""
+
+    async def probe(url: str, node_id: str) -> str | None:
+        connector = aiohttp.TCPConnector(ssl=peer_tls if peer_tls is not None else True)
+        try:
+            async with aiohttp.ClientSession(connector=connector) as session, session.get(
+                    f"{url.rstrip('/')}/healthz", timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as response:
+                if response.status != 200:
+                    return f"/healthz answered HTTP {response.status}"
+                body = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError) as exc:
+            return f"/healthz did not answer ({type(exc).__name__}: {exc})"
+        answered = body.get("node_id") if isinstance(body, dict) else None
+        if answered != node_id:
+            return f"the node there is {answered!r}, not {node_id!r}"
+        return None
+
+    return probe
+
+
+def add_routes(app: web.Application, read_body: BodyReader, respond: Responder,
+               admin_only: Callable[[str, Callable[[web.Request], Awaitable[web.StreamResponse]]],
+                                    Callable[[web.Request], Awaitable[web.StreamResponse]]]) -> None:
+    async def members(request: web.Request) -> web.Response:
+        membership = request.app[MEMBERSHIP]
+        return respond({"leader_id": membership.leader_id(),
+                        "members": [m.as_dict() for m in membership.members()]}, 200)
+
+    async def add_member(request: web.Request) -> web.Response:
+        body: AddMemberRequest = await read_body(request, AddMemberRequest)
+        answer = await request.app[MEMBERSHIP].add(body.node_id, body.raft_address, body.url,
+                                                   body.catch_up_timeout_s)
+        return respond(answer, 200)
+
+    async def remove_member(request: web.Request) -> web.Response:
+        return respond(await request.app[MEMBERSHIP].remove(request.match_info["node_id"]), 200)
+
+    async def transfer_leadership(request: web.Request) -> web.Response:
+        body: TransferLeadershipRequest = await read_body(request, TransferLeadershipRequest)
+        return respond(await request.app[MEMBERSHIP].transfer_leadership(body.node_id), 200)
+
+    app.router.add_get("/v1/cluster/members", admin_only("list the members", members))
+    app.router.add_post("/v1/cluster/members", admin_only("add a member", add_member))
+    app.router.add_delete("/v1/cluster/members/{node_id}", admin_only("remove a member", remove_member))
+    app.router.add_post("/v1/cluster/leadership", admin_only("hand leadership over", transfer_leadership))
