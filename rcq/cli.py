@@ -1,11 +1,13 @@
 """The ``rcq`` command: ``rcq serve`` runs one node; client verbs talk to a cluster; ``rcq token`` edits a tokens file.
 
-Client verbs: ``enqueue``, ``dequeue``, ``peek``, ``count``, ``queues``, ``queue``, ``status``. They
+Client verbs: ``enqueue``, ``dequeue``, ``peek``, ``count``, ``queues``, ``queue``, ``status``, and the
+admin verbs ``cluster members|add-node|remove-node|transfer-leader``. They
 find the cluster from ``--url`` (repeatable) or ``RCQ_URLS`` (comma-separated), print
 for people by default and JSON with ``--json``. Their token comes from ``--token-file`` or
 ``RCQ_TOKEN``, never from an argument (process lists show arguments); HTTPS nodes are verified
 against ``--ca-file`` or ``RCQ_CA_FILE`` (default: the system's CAs). Errors print
-``rcq: <code>: <message>`` on stderr and exit 2; ``status`` exits 1 when a node does not answer.
+``rcq: <code>: <message>`` on stderr (then, for some, ``rcq: <what to do>``) and exit 2; ``status``
+exits 1 when a node does not answer.
 
 ``rcq token create|list|revoke|hash`` are file operations on a node's tokens file: no node is
 asked, and nodes re-read the file on their own.
@@ -237,6 +239,43 @@ def add_client_parsers(commands: Any) -> None:
     status = commands.add_parser("status", parents=[common],
                                  help="each node's view: role, term, leader, indexes (exit 1 if one is down)")
     status.set_defaults(func=cmd_status)
+    add_cluster_parsers(commands, common)
+
+
+def add_cluster_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``rcq cluster members|add-node|remove-node|transfer-leader``: admin verbs, sent to the leader."""
+    cluster = commands.add_parser(
+        "cluster", help="list the members, add or remove a node, move leadership (admin token)",
+        description="The cluster's membership. Every action needs an admin token; changes go to the leader "
+                    "(found from any --url) and are refused while another change is being committed.")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    members = actions.add_parser("members", parents=[common],
+                                 help="every member: role, Raft address, URL, replication progress")
+    members.set_defaults(func=cmd_cluster_members, error_hint=_membership_hint)
+    add = actions.add_parser(
+        "add-node", parents=[common], help="add a running node to the cluster",
+        description="Add a node that is already running (rcq serve with its node id and Raft address, and the "
+                    "current members as --peer): the leader checks its health first, then replicates to it and "
+                    "waits up to --catch-up-timeout-s for it to catch up. --url names the nodes to ask, as in "
+                    "every verb; the new node's own URL is --node-url.")
+    add.add_argument("--node-id", required=True, help="the new node's id")
+    add.add_argument("--raft-address", required=True, metavar="HOST:PORT", help="the new node's Raft listener")
+    add.add_argument("--node-url", required=True, metavar="URL",
+                     help="the URL the new node serves clients on, e.g. http://10.0.0.4:7001")
+    add.add_argument("--catch-up-timeout-s", type=_seconds, default=60.0,
+                     help="how long the leader waits for the new node to catch up, 0 to 600 (default 60)")
+    add.set_defaults(func=cmd_cluster_add_node, error_hint=_membership_hint)
+    remove = actions.add_parser(
+        "remove-node", parents=[common], help="remove a member from the cluster",
+        description="Remove a member (stop it afterwards). Removing the leader makes it hand leadership over "
+                    "first; the request follows it to the new leader.")
+    remove.add_argument("node_id", metavar="NODE_ID")
+    remove.set_defaults(func=cmd_cluster_remove_node, error_hint=_membership_hint)
+    transfer = actions.add_parser(
+        "transfer-leader", parents=[common], help="hand leadership to a member",
+        description="Hand leadership to NODE_ID, or (without it) to the most caught-up follower.")
+    transfer.add_argument("node_id", metavar="NODE_ID", nargs="?", default=None)
+    transfer.set_defaults(func=cmd_cluster_transfer_leader, error_hint=_membership_hint)
 
 
 def _urls(args: argparse.Namespace) -> list[str]:
@@ -449,6 +488,96 @@ def cmd_status(args: argparse.Namespace) -> int:
     return _with_client(args, verb)
 
 
+# -------------------------------------------------------------------- cluster
+def _print_members(members: list[dict[str, Any]]) -> None:
+    def yes_no(value: Any) -> str | None:
+        return None if value is None else ("yes" if value else "no")
+
+    _print_table(["NODE", "ROLE", "RAFT_ADDRESS", "URL", "CONNECTED", "MATCH_INDEX"],
+                 [[m.get("node_id"), m.get("role"), m.get("raft_address"), m.get("url"), yes_no(m.get("connected")),
+                   m.get("match_index")] for m in members])
+
+
+def cmd_cluster_members(args: argparse.Namespace) -> int:
+    async def verb(client: Any) -> int:
+        members = await client.cluster_members()
+        if args.json:
+            print(json.dumps(members))
+        else:
+            _print_members(members)
+        return 0
+
+    return _with_client(args, verb)
+
+
+def cmd_cluster_add_node(args: argparse.Namespace) -> int:
+    async def verb(client: Any) -> int:
+        answer = await client.add_node(args.node_id, args.raft_address, args.node_url,
+                                       catch_up_timeout_s=args.catch_up_timeout_s)
+        if args.json:
+            print(json.dumps(answer))
+            return 0
+        added = answer["added"]
+        progress = ("it has caught up" if answer.get("caught_up") else
+                    f"it has not caught up within {args.catch_up_timeout_s:g} s and keeps catching up")
+        print(f"added node {added['node_id']} ({added['raft_address']}, {added['url']}): {progress}")
+        _print_members(answer["members"])
+        return 0
+
+    return _with_client(args, verb)
+
+
+def cmd_cluster_remove_node(args: argparse.Namespace) -> int:
+    async def verb(client: Any) -> int:
+        answer = await client.remove_node(args.node_id)
+        if args.json:
+            print(json.dumps(answer))
+            return 0
+        removed = answer["removed"]
+        print(f"removed node {removed['node_id']} ({removed['raft_address']}, {removed['url']}); "
+              f"{len(answer['members'])} member(s) left: stop it now")
+        _print_members(answer["members"])
+        return 0
+
+    return _with_client(args, verb)
+
+
+def cmd_cluster_transfer_leader(args: argparse.Namespace) -> int:
+    async def verb(client: Any) -> int:
+        answer = await client.transfer_leadership(args.node_id)
+        if args.json:
+            print(json.dumps(answer))
+        else:
+            print(f"leadership moved from {answer['previous_leader_id']} to {answer['leader_id']}")
+        return 0
+
+    return _with_client(args, verb)
+
+
+def _membership_hint(args: argparse.Namespace, error: RcqError) -> str | None:
+    """What to do about an error of ``rcq cluster ACTION``, in the terms of its flags (None: the message says it)."""
+    action = f"rcq cluster {args.cluster_command}"
+    node_id = getattr(args, "node_id", None)
+    hints = {
+        "forbidden": f"{action} needs an admin token (rcq token create --admin)",
+        "member_exists": f"node {node_id} or the Raft address {getattr(args, 'raft_address', None)} is already a "
+                         "member: see rcq cluster members",
+        "member_not_found": f"no member has the node id {node_id}: see rcq cluster members",
+        "membership_conflict": "another membership change is still being committed, or the new leader has not yet "
+                               "committed an entry of its term"
+                               + (", or the target has not caught up" if args.cluster_command == "transfer-leader"
+                                  else "") + ": try again in a moment",
+        "would_lose_quorum": "refused, nothing changed: afterwards fewer members would be reachable than a majority; "
+                             "rcq cluster members shows which are not connected: bring them back first",
+        "node_unreachable": f"the leader cannot reach {getattr(args, 'node_url', None)}/healthz as node {node_id}: "
+                            "start the node first (rcq serve with this node id and Raft address, and the current "
+                            "members as --peer) and check that the leader can reach that URL",
+        "commit_outcome_unknown": "the change may or may not have been applied: see rcq cluster members before "
+                                  "trying again",
+    }
+    return hints.get(error.code)
+
+
 # -------------------------------------------------------------------- tokens
 TOKENS_HELP = ("Nodes re-read a changed tokens file within about a second: a created token works and a revoked "
                "one stops working without a restart. Each node reads its own file: copy it to every node.")
@@ -620,6 +749,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rcq: {exc.code}: {exc.message}", file=sys.stderr)
         if isinstance(exc, Unauthorized) and not isinstance(exc, TokenExpired):
             print("rcq: the token comes from --token-file FILE or the RCQ_TOKEN variable", file=sys.stderr)
+        hint = args.error_hint(args, exc) if getattr(args, "error_hint", None) is not None else None
+        if hint:
+            print(f"rcq: {hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

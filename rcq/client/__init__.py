@@ -44,7 +44,11 @@ from rcq.errors import (
     InvalidQueueName,
     InvalidRequest,
     LeaderChanged,
+    MemberExists,
+    MemberNotFound,
+    MembershipConflict,
     MethodNotAllowed,
+    NodeUnreachable,
     NoLeader,
     NotLeader,
     NotReady,
@@ -71,15 +75,17 @@ from rcq.errors import (
     TransactionNotFound,
     Unauthorized,
     Unavailable,
+    WouldLoseQuorum,
 )
 
 __all__ = [
     "CONNECTIONS_MAX", "PEEK_TIMEOUT_S", "CertificateError", "CommitConflict", "CommitInfo", "CommitOutcomeUnknown",
     "DeadLetter", "Dequeue", "Enqueue", "ExecuteResult", "Forbidden", "InternalError", "InvalidQueueName", "InvalidRequest",
-    "Item", "ItemValue", "LeaderChanged", "MethodNotAllowed", "NoLeader", "NotLeader", "NotReady", "OperationResult",
+    "Item", "ItemValue", "LeaderChanged", "MemberExists", "MemberNotFound", "MembershipConflict", "MethodNotAllowed",
+    "NoLeader", "NodeUnreachable", "NotLeader", "NotReady", "OperationResult",
     "OutcomeExpired", "PayloadTooLarge", "QueueFull", "QueueInUse", "QueueNotFound", "RcqClient", "RcqError", "RequestTimeout",
     "RouteNotFound", "StorageFull", "TokenExpired", "TooManyConnections", "TooManyQueues", "TooManyRequests",
     "TooManyTransactions", "Transaction", "TransactionAborted", "TransactionBusy", "TransactionClosed",
     "TransactionCommitted", "TransactionExpired", "TransactionLifetimeExceeded", "TransactionNotFound", "Unauthorized",
-    "Unavailable", "encode_items",
+    "Unavailable", "WouldLoseQuorum", "encode_items",
 ]

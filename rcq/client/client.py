@@ -10,6 +10,7 @@ Must not import: rcq.server, pysyncobj, lmdb (``pip install rcq`` has no server)
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import ssl
@@ -20,18 +21,23 @@ import aiohttp
 
 from rcq.client.exchange import tls_context
 from rcq.client.transaction import Transaction, TransactionContext, received, timeout_s_of
-from rcq.client.transport import COMMIT, SAFE, WRITE, Attempts, Request, Transport
+from rcq.client.transport import COMMIT, MEMBERSHIP, SAFE, WRITE, Attempts, Request, Transport
 from rcq.client.wire import (
+    LEADERSHIP_PATH,
+    MEMBERS_PATH,
     CommitInfo,
     Dequeue,
     Enqueue,
     ExecuteResult,
     Item,
     ItemValue,
+    add_member_body,
     begin_body,
     commit_info,
     enqueue_body,
     execute_result,
+    leadership_body,
+    member_path,
     operation_body,
     operations_wait_ms,
     queue_path,
@@ -41,6 +47,12 @@ from rcq.errors import CommitOutcomeUnknown, InvalidRequest, TransactionAborted,
 from rcq.names import check_queue_name
 
 PEEK_TIMEOUT_S = 10.0  # how long a peeked item stays locked if the peek's abort is lost
+DEFAULT_CATCH_UP_TIMEOUT_S = 60.0  # how long an add waits, by default, for the new node to catch up
+# How long a membership change or a leadership hand-over may take the server (a Raft commit, an
+# election) beyond any wait asked for: the attempt's timeout grows by that, and it is not abandoned
+# for another leader (which would make its outcome unknown) before.
+MEMBERSHIP_CHANGE_S = 10.0
+MEMBERSHIP_CHANGE_MS = int(MEMBERSHIP_CHANGE_S * 1000)
 
 
 class RcqClient:
@@ -296,3 +308,49 @@ class RcqClient:
     async def wait_for_leader(self, timeout_s: float = 30.0) -> str:
         """Poll every known node until one is a serving leader; remember and return its URL."""
         return await self._transport.wait_for_leader(timeout_s)
+
+    # ------------------------------------------------------- membership (admin)
+    async def cluster_members(self, url: str | None = None) -> list[dict[str, Any]]:
+        """The cluster's members as a node sees them (any node answers; ``url``: exactly that node's
+        view, asked once): each has ``node_id``, ``raft_address``, ``url``, ``role`` (leader, follower,
+        unknown), ``self`` (the node that answered), ``connected`` and ``match_index`` (None when the
+        answering node does not know them). Needs an admin token."""
+        if url is None:
+            answer = await self._transport.request(Request("GET", MEMBERS_PATH))
+        else:
+            answer = await self._transport.ask_node(url, MEMBERS_PATH)
+        return list(answer["members"])
+
+    async def add_node(self, node_id: str, raft_address: str, url: str, *,
+                       catch_up_timeout_s: float = DEFAULT_CATCH_UP_TIMEOUT_S) -> dict[str, Any]:
+        """Add a node to the cluster. It must be running already (configured with the current members
+        as its peers): the leader checks its ``/healthz`` first (NodeUnreachable if it does not answer).
+        The leader waits up to ``catch_up_timeout_s`` (0 to 600) for the new node to catch up, and
+        the request may take that long. Answers ``added`` (the new member), ``caught_up`` and
+        ``members``. Raises MemberExists, WouldLoseQuorum, NodeUnreachable (retryable: the caller may
+        wait for the node and try again), InvalidRequest. Re-sent only after answers that say it was
+        not applied (a redirect, no leader, MembershipConflict) until the retry budget is spent; an
+        attempt that may have applied (a lost answer, a 504) is never re-sent: CommitOutcomeUnknown,
+        and :meth:`cluster_members` tells whether the node is a member. Needs an admin token."""
+        body = add_member_body(node_id, raft_address, url, catch_up_timeout_s)
+        # The server may hold the request while the node catches up: the HTTP timeout (and the
+        # patience before the client looks for another leader) grow by that long.
+        wait_ms = math.ceil((catch_up_timeout_s + MEMBERSHIP_CHANGE_S) * 1000)
+        return dict(await self._transport.request(Request("POST", MEMBERS_PATH, body, MEMBERSHIP, wait_ms=wait_ms)))
+
+    async def remove_node(self, node_id: str) -> dict[str, Any]:
+        """Remove a member; answers ``removed`` (the member) and ``members``. Removing the leader
+        makes it hand leadership over first; the request follows it to the new leader. Raises
+        MemberNotFound (also when aiohttp re-sent the DELETE after a dropped connection and the first
+        one had removed it, as :meth:`delete_queue`), WouldLoseQuorum; otherwise retried, and never
+        re-sent by rcq after an unknown outcome, as :meth:`add_node`. Needs an admin token."""
+        return dict(await self._transport.request(
+            Request("DELETE", member_path(node_id), None, MEMBERSHIP, wait_ms=MEMBERSHIP_CHANGE_MS)))
+
+    async def transfer_leadership(self, node_id: str | None = None) -> dict[str, Any]:
+        """Hand leadership to ``node_id`` (None: the most caught-up follower); answers ``leader_id``
+        and ``previous_leader_id``. Raises MemberNotFound; MembershipConflict (the target is not caught
+        up) is retried until the retry budget is spent; never re-sent after an unknown outcome.
+        Needs an admin token."""
+        return dict(await self._transport.request(
+            Request("POST", LEADERSHIP_PATH, leadership_body(node_id), MEMBERSHIP, wait_ms=MEMBERSHIP_CHANGE_MS)))

@@ -35,6 +35,13 @@ broke after the request was sent, a timeout, a 504): everything but a transactio
   applied: an attempt that may have executed is never re-sent, the caller gets
   :class:`CommitOutcomeUnknown` at once. Attempts that certainly did not execute (a redirect,
   a refused connection, a 503 with an rcq body) are re-sent as any other.
+* cluster membership changes (policy :data:`MEMBERSHIP`: add or remove a node, hand leadership
+  over) carry no key either, and a repeat of one that applied fails (``member_exists``,
+  ``member_not_found``): never re-sent after an attempt that may have executed
+  (:class:`CommitOutcomeUnknown` at once), and re-sent only after answers that say it was not
+  applied and may be later: a redirect, a 503 (``no_leader`` and the like, or a refused
+  connection) and ``membership_conflict``. Other retryable answers (``node_unreachable``) go
+  to the caller, who knows whether waiting can help.
 
 **A leader that stops answering** (frozen by SIGSTOP, a VM stall, a long pause) holds a request
 until its timeout, although the cluster elects a new leader within a couple of seconds. So while
@@ -77,6 +84,7 @@ from rcq.errors import (
     CommitOutcomeUnknown,
     InvalidRequest,
     LeaderChanged,
+    MembershipConflict,
     NoLeader,
     NotLeader,
     PayloadTooLarge,
@@ -111,12 +119,18 @@ class RetryPolicy:
     # spent. For one-request transactions: the answer means "aborted, not applied", and the
     # repeat is a new transaction under the same idempotency key, so it cannot apply twice.
     retry_leader_changed: bool = False
+    # None: every retryable answer is re-sent; else only these (each means "not applied"). A redirect
+    # with a leader to go to is always followed.
+    retry_only: tuple[type[RcqError], ...] | None = None
 
 
 SAFE = RetryPolicy(maybe_committed=False)  # reads and keyed transaction verbs
 WRITE = RetryPolicy(maybe_committed=True, retry_leader_changed=True)  # one-request transactions
 COMMIT = RetryPolicy(maybe_committed=True, unknown_after_ambiguous=(TransactionNotFound,))
 ONCE = RetryPolicy(maybe_committed=True, resend_ambiguous=False)  # unkeyed transaction writes: reject
+# unkeyed cluster changes (membership, leadership)
+MEMBERSHIP = RetryPolicy(maybe_committed=True, resend_ambiguous=False,
+                         retry_only=(NotLeader, Unavailable, MembershipConflict))
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +269,8 @@ class Transport:
                 attempts.ambiguous and isinstance(error, request.policy.unknown_after_ambiguous))
             retryable = outcome.retryable or (
                 request.policy.retry_leader_changed and isinstance(error, LeaderChanged))
+            if request.policy.retry_only is not None and not isinstance(error, request.policy.retry_only):
+                retryable = False
             if not ambiguous and not retryable:
                 raise error
             if ambiguous:

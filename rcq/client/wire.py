@@ -3,7 +3,7 @@
 * the result types (:class:`Item`, :class:`DeadLetter`, :class:`CommitInfo`,
   :class:`OperationResult`, :class:`ExecuteResult`) and the operations of
   :meth:`RcqClient.execute` (:class:`Enqueue`, :class:`Dequeue`);
-* body builders and answer decoders, and the URL paths of queues and transactions.
+* body builders and answer decoders, and the URL paths of queues, transactions and cluster members.
 
 **Item encodings.** Items are bytes; ``str`` items are sent as their UTF-8
 bytes. A request's items travel as ``utf-8`` text when every one is valid
@@ -40,6 +40,9 @@ from rcq.names import check_queue_name
 ItemValue = bytes | bytearray | memoryview | str
 # What one sub-request adds to a batch besides its items' text, in the coalescer's size estimate.
 OPERATION_OVERHEAD_BYTES = 64
+MEMBERS_PATH = "/v1/cluster/members"
+LEADERSHIP_PATH = "/v1/cluster/leadership"
+CATCH_UP_TIMEOUT_MAX_S = 600.0  # the most an add may wait for the new node to catch up (the server's bound)
 
 
 # ------------------------------------------------------------------------- results
@@ -262,6 +265,38 @@ def queue_path(queue: str, verb: str = "") -> str:
 def transaction_path(transaction_id: str, verb: str = "") -> str:
     """The URL path of a transaction, its id escaped (an attached id comes from anywhere)."""
     return f"/v1/transactions/{quote(transaction_id, safe='')}" + (f"/{verb}" if verb else "")
+
+
+def member_path(node_id: str) -> str:
+    """The URL path of a cluster member, its node id escaped."""
+    return f"{MEMBERS_PATH}/{quote(check_node_id(node_id), safe='')}"
+
+
+# --------------------------------------------------------------------- membership
+def check_node_id(node_id: object) -> str:
+    """A node id, refused before sending if it is not a non-empty string (the server checks its characters)."""
+    if not isinstance(node_id, str) or not node_id:
+        raise InvalidRequest(f"a node id is a non-empty string, not {node_id!r}")
+    return node_id
+
+
+def add_member_body(node_id: str, raft_address: str, url: str, catch_up_timeout_s: float) -> dict[str, Any]:
+    """The body of ``POST /v1/cluster/members``, each field checked before sending."""
+    host, colon, port = raft_address.rpartition(":") if isinstance(raft_address, str) else ("", "", "")
+    if not (host and colon and port.isdigit() and 0 < int(port) < 65536):
+        raise InvalidRequest(f"raft_address must be host:port, not {raft_address!r}")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
+        raise InvalidRequest(f"url must be the node's http://host:port (or https://), not {url!r}")
+    if not _is_number(catch_up_timeout_s) or not 0 <= catch_up_timeout_s <= CATCH_UP_TIMEOUT_MAX_S:
+        raise InvalidRequest(f"catch_up_timeout_s must be a number of seconds from 0 to {CATCH_UP_TIMEOUT_MAX_S:g}, "
+                             f"not {catch_up_timeout_s!r}")
+    return {"node_id": check_node_id(node_id), "raft_address": raft_address, "url": url,
+            "catch_up_timeout_s": catch_up_timeout_s}
+
+
+def leadership_body(node_id: str | None) -> dict[str, Any]:
+    """The body of ``POST /v1/cluster/leadership``: ``node_id`` null lets the leader choose."""
+    return {"node_id": None if node_id is None else check_node_id(node_id)}
 
 
 # ------------------------------------------------------------------------ answers
