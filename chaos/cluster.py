@@ -10,18 +10,19 @@ partition never blinds the checker.
 **Raft through the proxy.** pysyncobj keeps one TCP connection per pair of nodes. Only the
 node whose own address (``host:port`` string) is *greater* dials
 (``TCPTransport._shouldConnect``), and its first message is its own address, which the
-accepting node looks up in its peer list to learn who is calling. So:
+accepting node looks up in its peer list to learn who is calling. Every node is known to every
+other by its real ``raft_address`` (its identity, the one membership changes replicate), and a
+node dials each smaller node ``j`` through the proxy link ``raft:node-i->node-j``: its
+``raft_dial_addresses`` maps ``j``'s address to that link's port. Raft ports are the ``n``
+greatest (as strings) of one pool of free ports, in node order, so node ``i`` dials exactly the
+nodes below it; the smaller ports go to HTTP and the links. Client traffic reaches node ``i``
+through ``client->node-i``; every node advertises that URL, so the leader URLs nodes give clients
+go through the proxy too.
 
-* node ``i`` is known to every other node by its real ``raft_address`` (that string
-  identifies it when it dials), and
-* the dialler ``i`` reaches a smaller node ``j`` through the proxy link
-  ``raft:node-i->node-j``: in ``i``'s peer list, ``j``'s address is that link's port, which
-  must compare *below* ``i``'s own address or ``i`` would not dial.
-
-Ports are therefore picked from one pool of free ports: the ``n`` greatest (as strings) for
-the nodes' Raft listeners, the smaller ones for HTTP and the links. Client traffic reaches
-node ``i`` through ``client->node-i``; every node advertises that URL, so the leader URLs
-nodes give clients go through the proxy too.
+**Membership changes** (the ``membership`` nemesis) remove existing nodes and re-add each as
+itself: same node id, same real Raft address, its advertised URL (:meth:`ChaosCluster.member_identity`),
+so the proxy links made at start stay right. New nodes (``add_node``) are refused: the links are
+made for the first nodes only.
 
 **Tokens.** The nodes require API tokens, as a production cluster does (LocalCluster's
 default): the workload's clients, the drain and the harness's own polls all send the cluster's
@@ -50,8 +51,8 @@ from typing import Any, NoReturn, Self
 from chaos.netproxy import HOST, ProxyThread
 from chaos.target import TARGET_START_TIMEOUT_S, client_link, raft_link
 from rcq.testing.cluster import LocalCluster
-from rcq.testing.nodes import STOP_TIMEOUT_S, free_ports
-from rcq.testing.polls import poll_until
+from rcq.testing.nodes import STOP_TIMEOUT_S, LocalNode, free_ports
+from rcq.testing.polls import POLL_TIMEOUT_S, poll_until
 from rcq.testing.powerfs import PowerFSError, PowerMount, close_all
 
 log = logging.getLogger(__name__)
@@ -148,18 +149,35 @@ class ChaosCluster(LocalCluster):
                 if attempt + 1 == PORT_ALLOCATION_ATTEMPTS:
                     raise
                 continue
-            for (i, _), port in self.raft_proxy_ports.items():
-                assert address(port) < address(raft_ports[i]), "node i would not dial node j"
+            for i, j in self.raft_proxy_ports:
+                assert address(raft_ports[i]) > address(raft_ports[j]), "node i would not dial node j"
             return http_ports, raft_ports
         raise AssertionError("not reached: the last attempt returns or raises")
 
     def advertised_url(self, i: int) -> str:
         return f"{self.nodes[i].scheme}://{HOST}:{self.client_ports[i]}"
 
-    def peer_raft_address(self, me: int, other: int) -> str:
-        if other < me:  # I dial it, through the proxy
-            return address(self.raft_proxy_ports[(me, other)])
-        return self.nodes[other].raft_address  # it dials me and says its real address
+    def _node_config(self, node: LocalNode, peers: Sequence[int] | None = None) -> dict[str, Any]:
+        config = super()._node_config(node, peers)
+        # I dial the nodes below me through the proxy; they know me by my real address.
+        config["raft_dial_addresses"] = {self.nodes[j].raft_address: address(self.raft_proxy_ports[(node.index, j)])
+                                         for j in range(node.index)}
+        return config
+
+    def add_node(self, peers: Sequence[int] | None = None, *, start: bool = True) -> int:
+        raise NotImplementedError("the chaos cluster's proxy links are made for its first nodes; "
+                                  "membership changes there remove and re-add them")
+
+    # ------------------------------------------------ membership (chaos.target.MembershipControl)
+    def member_identity(self, i: int) -> dict[str, str]:
+        """Node ``i`` as it is re-added: its real Raft address (every peer dials it, through the
+        proxy links made at start) and the client link's URL, which it advertises."""
+        node = self.nodes[i]
+        return {"node_id": node.node_id, "raft_address": node.raft_address, "url": self.advertised_url(i)}
+
+    def admin_request(self, i: int, path: str, method: str = "GET", body: dict[str, Any] | None = None,
+                      timeout_s: float = POLL_TIMEOUT_S) -> dict[str, Any]:
+        return self.poll_json(self.poll_url(i) + path, timeout_s, method, body=body)
 
     # ------------------------------------------------------ ChaosTarget
     @property

@@ -70,9 +70,9 @@ def http_json(url: str, timeout_s: float = POLL_TIMEOUT_S, method: str = "GET", 
         with opener.open(request, timeout=timeout_s) as response:
             return dict(json.loads(response.read()))
     except urllib.error.HTTPError as exc:
-        body = exc.read()
+        answer = exc.read()
         try:
-            return dict(json.loads(body))
+            return dict(json.loads(answer))
         except ValueError:
             raise exc from None
 
@@ -97,18 +97,27 @@ def majority(size: int) -> int:
 
 
 def leader_from_views(views: dict[int, dict[str, Any]], urls: Sequence[str]) -> int | None:
-    """The node that says it is leader and serving, whose URL a majority of the whole cluster
-    (``len(urls)``) names as leader in ``views`` (index -> /v1/cluster body); else None.
+    """The node that says it is leader and serving, whose URL a majority of the cluster names as
+    leader in ``views`` (index -> /v1/cluster body); else None.
 
-    ``urls`` are the URLs the nodes advertise (what they put in ``leader_url``). The majority
-    is of the cluster, not of the nodes that answered: a node cut off from the others may
-    still call itself leader for a while, and its own view alone must not count.
+    ``urls`` are the URLs the nodes advertise (what they put in ``leader_url``). The cluster is
+    the membership the candidate reports (its ``peers`` and itself: membership changes make it
+    differ from the harness's nodes), or every node of ``urls`` for a view without ``peers``. The
+    majority is of that membership, not of the nodes that answered, and only members' views
+    count: a node cut off from the others may still call itself leader for a while, and its own
+    view alone must not count.
     """
     for index, view in views.items():
         if view.get("role") != "leader" or not view.get("serving"):
             continue
-        agreeing = sum(1 for other in views.values() if other.get("leader_url") == urls[index])
-        if agreeing >= majority(len(urls)):
+        peers = view.get("peers")
+        if isinstance(peers, list):
+            members = {str(p.get("url")) for p in peers if isinstance(p, dict)} | {urls[index]}
+        else:
+            members = set(urls)
+        agreeing = sum(1 for i, other in views.items()
+                       if urls[i] in members and other.get("leader_url") == urls[index])
+        if agreeing >= majority(len(members)):
             return index
     return None
 

@@ -104,6 +104,14 @@ def test_leader_from_views_picks_the_leader_the_majority_names_when_two_claim_it
     assert leader_from_views(views, URLS) == 1
 
 
+def test_leader_from_views_counts_a_majority_of_the_membership_the_leader_reports() -> None:
+    # Node 0 was removed: the cluster is nodes 1 and 2, and both of them are a majority of it...
+    leader = {**view("leader", 1, serving=True), "peers": [{"url": URLS[2]}]}
+    assert leader_from_views({1: leader, 2: view("follower", 1)}, URLS) == 1
+    # ...but not the leader alone, and the removed node's view does not count.
+    assert leader_from_views({0: view("follower", 1), 1: leader, 2: view("follower", None)}, URLS) is None
+
+
 def test_converged_needs_every_live_node_to_answer_the_same_digest_at_the_same_index() -> None:
     same = {"digest": "a", "applied_index": 7}
     assert converged({0: same, 1: same, 2: same}, [0, 1, 2])

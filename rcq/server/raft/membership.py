@@ -35,6 +35,7 @@ from typing import Any
 from pysyncobj import SyncObj
 
 from rcq.server.raft.internals import (
+    Replaced,
     apply_membership_change,
     current_log_index,
     log_entries_after,
@@ -44,6 +45,9 @@ from rcq.server.raft.internals import (
 )
 
 logger = logging.getLogger(__name__)
+
+# What install() replaced: pysyncobj's own method, for the tests that show its behaviour.
+REPLACED: list[Replaced] = []
 
 
 def _one_change_at_a_time(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -102,5 +106,5 @@ def install() -> None:
     """Patch SyncObj's membership once (rcq.server.raft.patches.install calls it)."""
     if getattr(SyncObj, "_rcq_membership_fixes_installed", False):
         return
-    replace_method("SyncObj", "changeCluster", _one_change_at_a_time)
+    REPLACED.append(replace_method("SyncObj", "changeCluster", _one_change_at_a_time))
     SyncObj._rcq_membership_fixes_installed = True
