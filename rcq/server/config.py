@@ -277,9 +277,11 @@ class NodeConfig(BaseModel):
         known[self.raft_address] = PeerConfig(node_id=self.node_id, raft_address=self.raft_address,
                                               http_url=self.url)
         for node_id, (raft_address, http_url) in recorded.items():
+            if node_id == self.node_id:
+                continue  # this node knows where it is
             for address in [a for a, p in known.items() if p.node_id == node_id and a != self.raft_address]:
                 del known[address]
-            if raft_address != self.raft_address:
+            if raft_address != self.raft_address:  # nor is another node at this node's address
                 known[raft_address] = PeerConfig.model_construct(node_id=node_id, raft_address=raft_address,
                                                                  http_url=http_url)
         return known

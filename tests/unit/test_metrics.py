@@ -40,6 +40,7 @@ async def test_metrics_follow_what_happens(tmp_path: Path):
         assert value(before, "rcq_transactions_open") == 0
         assert value(before, "rcq_raft_role", role="leader") == 1
         assert value(before, "rcq_serving") == 1
+        assert value(before, "rcq_raft_members") == 1
         assert "process_resident_memory_bytes" in before
         await client.enqueue("jobs", b"a", b"bb")
         async with client.transaction() as tx:

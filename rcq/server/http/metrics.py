@@ -152,6 +152,8 @@ class RcqCollector(Collector):
                                 value=status.log_length)
         yield GaugeMetricFamily("rcq_raft_has_quorum", "1 when this node (as leader) has a quorum",
                                 value=int(status.has_quorum))
+        yield GaugeMetricFamily("rcq_raft_members", "Voting members of the cluster, as this node sees them",
+                                value=len(self._replicator.members()))
         yield CounterMetricFamily("rcq_raft_snapshots", "Snapshots written or received since start",
                                   value=status.snapshot_count)
         yield CounterMetricFamily("rcq_raft_leader_changes_seen", "Leader changes this node has seen",
