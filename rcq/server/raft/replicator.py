@@ -288,8 +288,11 @@ class RaftReplicator:
 
     # ----------------------------------------------------------- membership
     def members(self) -> list[str]:
-        """The Raft addresses of the cluster's voting members as this node sees them, itself first."""
-        sync_obj, _loop = self._running()
+        """The Raft addresses of the cluster's voting members as this node sees them, itself first
+        (only itself while Raft is not running)."""
+        sync_obj = self._sync_obj
+        if sync_obj is None or self._stopped:
+            return [self._config.raft_address]
         for _ in range(10):
             try:  # the tick thread may change the set while it is copied: a torn read, read again
                 others = sorted(str(node) for node in sync_obj.otherNodes)
