@@ -70,9 +70,9 @@ class FakeNode:
 
 
 @asynccontextmanager
-async def serving_fake() -> AsyncIterator[FakeNode]:
-    """A :class:`FakeNode` serving HTTP on a loopback port (its ``url``)."""
-    node = FakeNode()
+async def serving_fake(node: FakeNode | None = None) -> AsyncIterator[FakeNode]:
+    """A :class:`FakeNode` (a new one by default) serving HTTP on a loopback port (its ``url``)."""
+    node = FakeNode() if node is None else node
     app = web.Application()
     app.router.add_route("*", "/{path:.*}", node.handle)
     runner = web.AppRunner(app)

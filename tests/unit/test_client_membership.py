@@ -10,7 +10,6 @@ import asyncio
 import math
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -35,7 +34,7 @@ from rcq.client import (
 from rcq.client.wire import member_path
 from rcq.errors import error_from_body
 from tests.unit.test_client import Wire
-from tests.unit.test_client_features import FakeNode
+from tests.unit.test_client_features import FakeNode, serving_fake
 
 MEMBERS = "/v1/cluster/members"
 LEADERSHIP = "/v1/cluster/leadership"
@@ -62,29 +61,15 @@ class SlowFakeNode(FakeNode):
         return response
 
 
-@asynccontextmanager
-async def serving(node: FakeNode) -> AsyncIterator[FakeNode]:
-    app = web.Application()
-    app.router.add_route("*", "/{path:.*}", node.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    node.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        yield node
-    finally:
-        await runner.cleanup()
-
-
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeNode]:
-    async with serving(FakeNode()) as node:
+    async with serving_fake(FakeNode()) as node:
         yield node
 
 
 @pytest.fixture
 async def other() -> AsyncIterator[FakeNode]:
-    async with serving(FakeNode()) as node:
+    async with serving_fake(FakeNode()) as node:
         yield node
 
 
@@ -312,7 +297,7 @@ async def test_a_remove_whose_answer_was_lost_is_not_resent_by_the_client(fake: 
 
 
 async def test_an_add_may_take_as_long_as_its_catch_up_timeout():
-    async with serving(SlowFakeNode()) as slow:
+    async with serving_fake(SlowFakeNode()) as slow:
         slow.delay_s = 0.6  # the leader waits for the new node to catch up
         slow.answer("POST", MEMBERS, ADDED)
         async with RcqClient(slow.url, request_timeout_s=0.2, retry_timeout_s=2) as client:
@@ -323,7 +308,7 @@ async def test_an_add_may_take_as_long_as_its_catch_up_timeout():
 
 async def test_an_add_that_outlasts_its_timeout_has_an_unknown_outcome(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(rcq.client.client, "MEMBERSHIP_CHANGE_S", 0.0)
-    async with serving(SlowFakeNode()) as slow:
+    async with serving_fake(SlowFakeNode()) as slow:
         slow.delay_s = 0.6
         slow.answer("POST", MEMBERS, ADDED)
         async with RcqClient(slow.url, request_timeout_s=0.2, retry_timeout_s=2) as client:

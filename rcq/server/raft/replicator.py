@@ -58,8 +58,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ROLE_POLL_INTERVAL_S = 0.05
-ROLE_POLL_INTERVAL_S = 0.05
 SNAPSHOT_CHILD_WAIT_S = 60.0
+LEADERSHIP_TRANSFER_WAIT_S = 5.0  # pysyncobj answers at once: it only checks and sends one message
 FSYNC_FAILED_EXIT_CODE = 75  # EX_TEMPFAIL: restart me (a supervisor does), after looking at the disk
 
 _ROLE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -232,35 +232,23 @@ class RaftReplicator:
 
     async def _submit_raw(self, raw: Any, timeout_s: float) -> ApplyResult:
         """Propose an already encoded entry (tests use it to feed malformed entries)."""
-        sync_obj, loop = self._running()
-        if not sync_obj._isLeader():
-            # H7: never let pysyncobj forward to the leader; a forwarded command's
-            # outcome can only be "unknown".
-            raise self._not_leader_error()
-        future: asyncio.Future[tuple[Any, int]] = loop.create_future()
+        # H7: never let pysyncobj forward to the leader; a forwarded command's outcome can only
+        # be "unknown".
+        self._leader_sync_obj()
 
-        def on_done(result: Any, fail_reason: int) -> None:
-            # Tick thread, or this thread for QUEUE_FULL (pysyncobj calls back
-            # synchronously then); call_soon_threadsafe is right for both.
+        def answer(fail_reason: int) -> int:
             if fail_reason == FAIL_REASON.SUCCESS and not self._consumer.applied_by_its_leader:
                 # Raft's rule: only the leader that proposed an entry, still leading that term,
                 # answers "committed" for it (rcq.server.raft.consumer._leads_term_of_entry).
-                fail_reason = FAIL_REASON.UNKNOWN_OUTCOME
-            try:
-                loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
-            except RuntimeError:  # loop closed: never raise into pysyncobj (H2)
-                pass
+                return FAIL_REASON.UNKNOWN_OUTCOME
+            return fail_reason
 
-        self._pending.add(future)
         try:
-            self._consumer.apply_command(raw, callback=on_done)
-            # Callbacks are not guaranteed to fire (H7): always bound the wait.
-            result, fail_reason = await asyncio.wait_for(future, timeout_s)
+            result, fail_reason = await self._answer_of(
+                lambda done: self._consumer.apply_command(raw, callback=done), timeout_s, answer)
         except TimeoutError as exc:
             raise CommitOutcomeUnknown(f"no commit answer within {timeout_s} s; the entry may "
                                        "still commit") from exc
-        finally:
-            self._pending.discard(future)
         if fail_reason == FAIL_REASON.SUCCESS:
             return result
         raise self._error_for(fail_reason)
@@ -307,25 +295,14 @@ class RaftReplicator:
         """Add (``"add"``) or remove (``"remove"``) one voting member; returns once the change is
         committed. Only on the leader, one change at a time (H16): a change while another is not
         committed, or before this leader committed its first entry, is MembershipConflict."""
-        sync_obj, loop = self._running()
-        if not sync_obj._isLeader():
-            raise self._not_leader_error()
-        future: asyncio.Future[tuple[Any, int]] = loop.create_future()
-
-        def on_done(result: Any, fail_reason: int) -> None:
-            with contextlib.suppress(RuntimeError):  # loop closed: never raise into pysyncobj (H2)
-                loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
-
+        sync_obj = self._leader_sync_obj()
         change = sync_obj.addNodeToCluster if action == "add" else sync_obj.removeNodeFromCluster
-        self._pending.add(future)
         try:
-            change(raft_address, callback=on_done)
-            _result, fail_reason = await asyncio.wait_for(future, timeout_s)
+            # pysyncobj queues the change for its tick thread (thread-safe, like a proposal).
+            _result, fail_reason = await self._answer_of(lambda done: change(raft_address, callback=done), timeout_s)
         except TimeoutError as exc:
             raise CommitOutcomeUnknown(f"the membership change was not committed within {timeout_s} s; "
                                        "it may still be") from exc
-        finally:
-            self._pending.discard(future)
         if fail_reason == FAIL_REASON.REQUEST_DENIED:
             raise MembershipConflict()
         if fail_reason != FAIL_REASON.SUCCESS:
@@ -334,24 +311,48 @@ class RaftReplicator:
     async def transfer_leadership(self, raft_address: str | None) -> None:
         """Ask pysyncobj to hand leadership to ``raft_address`` (None: the most caught-up follower);
         MembershipConflict when it refuses (the target is not caught up, or not connected)."""
-        sync_obj, loop = self._running()
-        if not sync_obj._isLeader():
-            raise self._not_leader_error()
-        future: asyncio.Future[tuple[Any, int]] = loop.create_future()
+        sync_obj = self._leader_sync_obj()
 
-        def on_done(result: Any, fail_reason: int) -> None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
+        def transfer(done: Callable[[Any, int], None]) -> None:
+            # pysyncobj reads its match indexes and sends a message: the tick thread's work.
+            self._tick_tasks.append(lambda: sync_obj.transferLeadership(raft_address, callback=done))
 
-        # pysyncobj reads its match indexes and sends a message: the tick thread's work.
-        self._tick_tasks.append(lambda: sync_obj.transferLeadership(raft_address, callback=on_done))
         try:
-            _result, fail_reason = await asyncio.wait_for(future, 5.0)
+            _result, fail_reason = await self._answer_of(transfer, LEADERSHIP_TRANSFER_WAIT_S)
         except TimeoutError as exc:
             raise Unavailable("the Raft thread did not take the leadership transfer; retry") from exc
         if fail_reason != FAIL_REASON.SUCCESS:
             raise MembershipConflict("the target of the leadership transfer is not connected or not caught up; "
                                      "retry shortly")
+
+    def _leader_sync_obj(self) -> SyncObj:
+        sync_obj, _loop = self._running()
+        if not sync_obj._isLeader():
+            raise self._not_leader_error()
+        return sync_obj
+
+    async def _answer_of(self, start: Callable[[Callable[[Any, int], None]], None], timeout_s: float,
+                         adjust: Callable[[int], int] | None = None) -> tuple[Any, int]:
+        """Start a pysyncobj request with a callback and wait (bounded: callbacks may never come,
+        H7) for its (result, fail reason); TimeoutError when none came in ``timeout_s``.
+        ``adjust`` may change the fail reason, in the thread that calls back."""
+        _sync_obj, loop = self._running()
+        future: asyncio.Future[tuple[Any, int]] = loop.create_future()
+
+        def done(result: Any, fail_reason: int) -> None:
+            # Tick thread, or this thread for QUEUE_FULL (pysyncobj calls back synchronously
+            # then); call_soon_threadsafe is right for both.
+            if adjust is not None:
+                fail_reason = adjust(fail_reason)
+            with contextlib.suppress(RuntimeError):  # loop closed: never raise into pysyncobj (H2)
+                loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
+
+        self._pending.add(future)
+        try:
+            start(done)
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._pending.discard(future)
 
     def _use_the_log_membership(self) -> None:
         """H18, once, at the first tick (after pysyncobj loaded the snapshot): the membership of
