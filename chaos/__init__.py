@@ -3,7 +3,8 @@
 Run it as ``python -m chaos --nodes 5 --time-limit-s 600 --nemesis all --seed 42 --out DIR``.
 The parts: ``target`` (what a cluster under test must offer), ``cluster`` (rcq's cluster
 harness with every link through ``netproxy``, the fault-injecting TCP proxy),
-``docker_cluster`` (the same protocol on docker-compose), ``nemesis`` (faults),
+``docker_cluster`` (the same protocol on docker-compose), ``nemesis`` (faults; ``faults``
+makes them, ``membership`` the membership changes through the admin API),
 ``workload`` (seeded client ops), ``history`` (the JSONL record), ``checkers`` (verdicts),
 ``runner`` (phases and report), ``sweep`` (many seeds, one table).
 

@@ -8,7 +8,12 @@
 ``--target docker`` runs docker-compose.yml's 3 nodes as a compose project and
 injects faults with the docker CLI (kill, pause, whole-node network partitions,
 wipe, snapshot; see chaos.docker_cluster): no proxy, so one-way, client-partition,
-delay and loss are refused there, as are --node-override and --nodes other than 3.
+delay and loss are refused there, as are membership (its nodes advertise host ports the leader
+cannot probe from its container), --node-override and --nodes other than 3.
+
+``--nemesis membership`` (local target) removes a voting member through the leader, the leader
+itself sometimes, and re-adds it when the fault stops, its data kept or wiped (chaos.membership);
+the run ends with every node a voting member, which the ``membership`` checker holds it to.
 
 ``--power-fs`` (implied by ``--nemesis power``; local target only) puts each node's data
 directory on its own powerfs mount (rcq.testing.powerfs, FUSE): a disk that keeps writes not

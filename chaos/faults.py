@@ -10,6 +10,15 @@ A power failure needs a capability that only some targets have, so it is found b
 the ChaosTarget protocol: :func:`power_failure` returns the target's :class:`PowerFailure`
 (the local target whose data directories are powerfs mounts) or None.
 
+Membership changes (``membership``) need another such capability
+(chaos.target.membership_control): a voting member is removed through the leader (sometimes the
+leader itself, which hands leadership over first) and re-added as itself when the fault stops,
+with its data kept (it rejoins with a stale log) or as a replacement with an empty disk (killed,
+wiped, restarted: it catches up from a snapshot). The HTTP side is chaos.membership. A removal the
+cluster refuses (``would_lose_quorum``, no leader within the deadline...) is
+:class:`FaultRefused`: the nemesis records it as an outcome, with no fault window. Such a fault
+stops after every other (``stop_last``): the node is re-added once the others have healed.
+
 Must not import: any rcq module but rcq.testing's cluster harness (for its bounded polls); nor a
 target's module (targets are seen through chaos.target).
 """
@@ -22,8 +31,9 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from chaos.membership import READD_TIMEOUT_S, REMOVE_TIMEOUT_S, MembershipChanger
 from chaos.netproxy import HEALTHY, LinkFault
-from chaos.target import ChaosTarget, LinkFaults, client_link, raft_link
+from chaos.target import ChaosTarget, LinkFaults, client_link, membership_control, raft_link
 from rcq.testing.polls import poll_until
 
 PAUSE_S = (2.0, 5.0)  # above raft_timeout_max_s (1.6 s): the others elect a new leader meanwhile
@@ -65,6 +75,18 @@ class Fault:
     stop: Callable[[], None]
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
     outcome: dict[str, Any] = dataclasses.field(default_factory=dict)  # what stop() saw, for its history line
+    stop_last: bool = False  # stopped after every other active fault (a re-add waits for the others' heal)
+
+
+class FaultRefused(Exception):
+    """The cluster would not take the fault (a membership change it refused, or no leader to ask):
+    an outcome for the history (``f``, ``nodes``, ``details``), not a failure; nothing to stop."""
+
+    def __init__(self, f: str, nodes: list[int], details: dict[str, Any]) -> None:
+        super().__init__(f"{f} refused: {details.get('reason')}")
+        self.f = f
+        self.nodes = nodes
+        self.details = details
 
 
 class FaultMaker:
@@ -74,6 +96,8 @@ class FaultMaker:
         self.cluster = cluster
         self.links: LinkFaults | None = cluster.link_faults()
         self.power: PowerFailure | None = power_failure(cluster)
+        control = membership_control(cluster)
+        self.membership: MembershipChanger | None = None if control is None else MembershipChanger(cluster, control)
         self._others_active = others_active
         self._link_layers: dict[str, dict[int, LinkFault]] = {}
         self._next_layer = 0
@@ -92,6 +116,67 @@ class FaultMaker:
         if leader is not None and leader in among:
             return leader
         return rng.choice(among) if among else None
+
+    def _begin_membership(self, rng: random.Random) -> Fault | None:
+        """Remove the leader or a follower (a voting member) through the leader; the fault's stop
+        re-adds it, data kept or wiped (drawn now)."""
+        changer = self.membership
+        assert changer is not None, "checked when the nemesis was made"
+        cluster = self.cluster
+        n = len(cluster.nodes)
+        if n < 2:
+            return None
+        variant = rng.choice(["membership-leader", "membership-follower"])
+        data = rng.choice(["kept", "wiped"])
+        pick = rng.random()
+        started = changer.clock()
+        deadline = started + REMOVE_TIMEOUT_S
+        view = changer.leader_view(deadline)
+        if view is None:
+            raise FaultRefused(variant, [], {"reason": "no_leader", "result": "refused", "readd": data,
+                                             "detail": f"no serving leader within {REMOVE_TIMEOUT_S} s"})
+        missing = [i for i in range(n) if changer.node_id(i) not in view["members"]]
+        if missing:  # one node out at a time: an earlier re-add did not happen (the final heal re-adds it)
+            raise FaultRefused(variant, missing, {"reason": "not_all_members", "result": "refused", "readd": data,
+                                                  "leader": view["leader_id"], "members": view["members"]})
+        leader = int(view["leader"])
+        followers = [i for i in range(n) if i != leader]
+        target = leader if variant == "membership-leader" else followers[int(pick * len(followers))]
+        removal = changer.remove(target, deadline)
+        details = {"node": changer.node_id(target), "leader": view["leader_id"], "was_leader": target == leader,
+                   "readd": data, "remove": removal}
+        if not removal["removed"]:
+            raise FaultRefused(variant, [target], {**details, "result": removal["result"],
+                                                   "reason": removal.get("reason", removal["result"])})
+        removed_at = changer.clock()
+
+        def stop() -> None:
+            begun = changer.clock()
+            outcome = fault.outcome
+            outcome["readd"] = data
+            if data == "wiped":  # a replacement with an empty disk: it catches up from a snapshot
+                cluster.kill_node(target)
+                cluster.wipe_node(target)
+                cluster.start_node(target, wait=True, timeout_s=READD_TIMEOUT_S / 2)
+            elif not cluster.nodes[target].running():  # killed meanwhile, and its restart failed
+                cluster.start_node(target, wait=True, timeout_s=READD_TIMEOUT_S / 2)
+                outcome["restarted"] = True
+            added = changer.readd(target, begun + READD_TIMEOUT_S)
+            outcome["added"] = added["added"]
+            outcome["catch_up_s"] = added.get("catch_up_s")
+            if added["added"]:  # from its removal to the answer that made it a member again
+                outcome["out_of_cluster_s"] = round(begun - removed_at + float(added["elapsed_s"]), 3)
+            outcome["add"] = added
+            if not added["added"]:
+                raise RuntimeError(f"{changer.node_id(target)} not re-added: {added['result']} "
+                                   f"({added.get('reason') or added['answers']})")
+
+        fault = Fault(variant, [target], stop, details, stop_last=True)
+        return fault
+
+    def readd_missing(self) -> list[dict[str, Any]]:
+        """Every node the leader does not count as a voting member re-added (the final heal)."""
+        return [] if self.membership is None else self.membership.readd_missing()
 
     def _begin_kill(self, rng: random.Random) -> Fault | None:
         cluster = self.cluster

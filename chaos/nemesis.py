@@ -40,6 +40,16 @@ includes ``power`` only with ``--power-fs``):
   fault stops. Its start line names the nodes that lost power (``lost_power``) and what each
   disk dropped (``dropped``). Local target with ``--power-fs`` only (``--nemesis power``
   implies it); a cut of one node never touches another node's disk.
+* ``membership``: a voting member removed through the leader (``membership-leader``: the leader
+  itself, which hands leadership over and has the removal re-sent to its successor;
+  ``membership-follower``), and re-added as itself when the fault stops: with its data kept (a
+  stale log) or wiped (killed, emptied, restarted: a replacement that catches up from a
+  snapshot), drawn at the start (``readd``). Mixes with the others; it stops after them (the
+  re-add retries while they heal, chaos.membership). Its start line has the removal's attempts
+  and outcome, its stop line the re-add's and the catch-up time; a removal the cluster refuses
+  (``would_lose_quorum``, no leader...) is a ``refused`` line, not a fault window. The final heal
+  re-adds every node the leader does not count as a member (``membership-heal`` ``readd``
+  lines), so a run ends with every node voting. Local target only (chaos.target.membership_control).
 
 The order and kind of faults, their durations and random targets come from
 ``random.Random(f"{seed}/nemesis")``; "the leader" is whoever leads then.
@@ -48,12 +58,13 @@ The nemesis drives any :class:`chaos.target.ChaosTarget` and chooses by its
 capabilities, never by its class. With ``link_faults()`` (the local target's
 proxy) every kind works but ``power``, which needs the target's
 ``power_failure()`` (chaos.faults.power_failure: the local target with its
-disks on powerfs). Without link faults (the docker target) ``kill``, ``pause``,
+disks on powerfs), and ``membership``, which needs ``member_identity()``
+(chaos.target.membership_control). Without link faults (the docker target) ``kill``, ``pause``,
 ``wipe`` and ``snapshot`` act on nodes all the same, ``partition`` takes whole
 nodes off the network through ``node_isolation()`` (the leader, or a random
 minority; no ring), and ``one-way``, ``client-partition``, ``delay``, ``loss``
-and ``deposed-leader`` need per-link control and are refused, as is ``power``
-(:func:`unsupported_kinds`, :func:`check_target` for the CLI).
+and ``deposed-leader`` need per-link control and are refused, as are ``power``
+and ``membership`` (:func:`unsupported_kinds`, :func:`check_target` for the CLI).
 
 Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness
 (for its bounded polls); nor a target's module (it sees targets through chaos.target).
@@ -67,16 +78,18 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from chaos.faults import Fault, FaultMaker, power_failure
-from chaos.target import ChaosTarget
+from chaos.faults import Fault, FaultMaker, FaultRefused, power_failure
+from chaos.target import ChaosTarget, membership_control
 
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "wipe", "snapshot",
-         "deposed-leader", "power")
-MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "power")
+         "deposed-leader", "power", "membership")
+MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "power", "membership")
 NEEDS_LINK_FAULTS = ("one-way", "client-partition", "delay", "loss", "deposed-leader")
 NEEDS_POWER_FS = ("power",)  # each node's data directory on its own powerfs mount (local target, --power-fs)
-# Whole-node isolation, no per-link faults, no powerfs.
-DOCKER_KINDS = tuple(k for k in KINDS if k not in NEEDS_LINK_FAULTS and k not in NEEDS_POWER_FS)
+NEEDS_MEMBERSHIP = ("membership",)  # nodes re-added as themselves (chaos.target.membership_control)
+# Whole-node isolation, no per-link faults, no powerfs, no membership changes.
+DOCKER_KINDS = tuple(k for k in KINDS if k not in NEEDS_LINK_FAULTS and k not in NEEDS_POWER_FS
+                     and k not in NEEDS_MEMBERSHIP)
 QUIET_S = (1.0, 4.0)
 FAULT_S = (2.0, 8.0)
 MIX_PROBABILITY = 0.3
@@ -99,23 +112,27 @@ def parse_kinds(text: str, *, power_fs: bool = False) -> list[str]:
 
 
 def unsupported_kinds(kinds: list[str], *, link_faults: bool, node_isolation: bool,
-                      power_fs: bool = False) -> list[str]:
-    """The kinds a target with these capabilities cannot make (``power_fs``: power failures)."""
+                      power_fs: bool = False, membership: bool = False) -> list[str]:
+    """The kinds a target with these capabilities cannot make (``power_fs``: power failures;
+    ``membership``: nodes removed and re-added as themselves)."""
     return [k for k in kinds
             if (k in NEEDS_POWER_FS and not power_fs)
+            or (k in NEEDS_MEMBERSHIP and not membership)
             or (not link_faults and (k in NEEDS_LINK_FAULTS or (k == "partition" and not node_isolation)))]
 
 
 def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node_isolation: bool,
-                       power_fs: bool = False) -> None:
+                       power_fs: bool = False, membership: bool = False) -> None:
     """ValueError naming the kinds of ``kinds`` that ``target`` cannot make, and why."""
-    capabilities = {"link_faults": link_faults, "node_isolation": node_isolation, "power_fs": power_fs}
+    capabilities = {"link_faults": link_faults, "node_isolation": node_isolation, "power_fs": power_fs,
+                    "membership": membership}
     unsupported = unsupported_kinds(kinds, **capabilities)
     if not unsupported:
         return
     supported = [k for k in KINDS if not unsupported_kinds([k], **capabilities)]
-    linked = [k for k in unsupported if k not in NEEDS_POWER_FS]
+    linked = [k for k in unsupported if k not in NEEDS_POWER_FS and k not in NEEDS_MEMBERSHIP]
     powered = [k for k in unsupported if k in NEEDS_POWER_FS]
+    membered = [k for k in unsupported if k in NEEDS_MEMBERSHIP]
     reasons = []
     if linked:
         partitions = ("its partitions are whole-node (a node is on the network or off it)" if node_isolation
@@ -130,6 +147,12 @@ def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node
             f"nemesis {', '.join(powered)} not supported with --target {target}"
             + (" without --power-fs" if target == "local" else "")
             + f": a power failure needs each node's data directory on its own powerfs mount (--power-fs{where})")
+    if membered:
+        why = ("its nodes advertise their published host ports, which the leader's health probe of a node "
+               "being re-added cannot reach from inside its container" if target == "docker"
+               else "the target cannot re-add a removed node as itself (no member_identity)")
+        reasons.append(f"nemesis {', '.join(membered)} not supported with --target {target}: {why}; membership "
+                       "changes need the local target")
     raise ValueError("; ".join(reasons) + f"; {target} supports {', '.join(supported)}"
                      + ("" if target == "local" else " (use --target local for the rest)"))
 
@@ -139,7 +162,8 @@ def check_target(kinds: list[str], target: str) -> None:
     cluster exists (docker isolates whole nodes and has no per-link faults nor powerfs; the
     local target mounts powerfs when ``power`` is chosen)."""
     docker = target == "docker"
-    refuse_unsupported(kinds, target, link_faults=not docker, node_isolation=docker, power_fs=not docker)
+    refuse_unsupported(kinds, target, link_faults=not docker, node_isolation=docker, power_fs=not docker,
+                       membership=not docker)
 
 
 class Nemesis:
@@ -213,6 +237,10 @@ class Nemesis:
         async with self._lock:
             try:
                 fault = await asyncio.wait_for(asyncio.to_thread(self._begin, kind, rng), STEP_TIMEOUT_S)
+            except FaultRefused as refused:  # the cluster said no: an outcome, not a fault window
+                self._note(refused.f, "refused", refused.nodes, refused.details)
+                self.progress(f"nemesis: {refused.f} refused: {refused.details.get('reason')}")
+                return
             except Exception as exc:  # a fault that could not start is reported, not fatal
                 self.progress(f"nemesis: {kind} did not start: {exc!r}")
                 return
@@ -225,9 +253,11 @@ class Nemesis:
             self.progress(f"nemesis: start {fault.f} on {self._names(fault.nodes)}")
 
     async def stop_all(self) -> None:
+        """Stop every active fault, the latest first, those marked ``stop_last`` after the others."""
         async with self._lock:
             while self.active:
-                fault_id, fault = self.active.pop()
+                rest = [k for k, (_, f) in enumerate(self.active) if not f.stop_last]
+                fault_id, fault = self.active.pop(rest[-1] if rest else -1)
                 try:
                     await asyncio.wait_for(asyncio.to_thread(fault.stop), STEP_TIMEOUT_S)
                     error = None
@@ -242,7 +272,23 @@ class Nemesis:
         await self.stop_all()
         async with self._lock:
             self.faults.forget_link_layers()  # the target's heal clears every link
-            await asyncio.to_thread(self.cluster.heal)
+            try:
+                await asyncio.to_thread(self.cluster.heal)
+            finally:
+                if "membership" in self.kinds:
+                    await self._readd_missing()
+
+    async def _readd_missing(self) -> None:
+        """Every node the leader does not count as a voting member re-added, one line each."""
+        try:
+            outcomes = await asyncio.to_thread(self.faults.readd_missing)
+        except Exception as exc:  # the membership checker finds the node missing
+            outcomes = [{"error": repr(exc)}]
+        for outcome in outcomes:
+            index = outcome.pop("index", None)
+            self._note("membership-heal", "readd", [] if index is None else [index], {"readd": "heal", **outcome})
+            self.progress(f"nemesis: final heal re-add {outcome.get('node', '')}: "
+                          f"{outcome.get('result') or outcome.get('error')}")
 
     def _record(self, f: str, phase: str, nodes: list[int], extra: dict[str, Any]) -> None:
         op = self.history.info("nemesis", f, {"phase": phase, "nodes": self._names(nodes), **extra})
@@ -255,6 +301,10 @@ class Nemesis:
                 if window["id"] == extra.get("id") and "stop_s" not in window:
                     window["stop_s"] = op.time_s
 
+    def _note(self, f: str, phase: str, nodes: list[int], extra: dict[str, Any]) -> None:
+        """A nemesis line that is no fault window (a refused fault, the final heal's re-adds)."""
+        self.history.info("nemesis", f, {"phase": phase, "nodes": self._names(nodes), **extra})
+
     def _names(self, nodes: list[int]) -> list[str]:
         return [self.cluster.nodes[i].node_id for i in nodes]
 
@@ -263,7 +313,8 @@ class Nemesis:
     def _check(kinds: list[str], cluster: ChaosTarget) -> None:
         refuse_unsupported(kinds, cluster.target, link_faults=cluster.link_faults() is not None,
                            node_isolation=cluster.node_isolation() is not None,
-                           power_fs=power_failure(cluster) is not None)
+                           power_fs=power_failure(cluster) is not None,
+                           membership=membership_control(cluster) is not None)
 
     def _begin(self, kind: str, rng: random.Random) -> Fault | None:
         self._check([kind], self.cluster)

@@ -92,6 +92,34 @@ def _convergence_line(r: dict[str, Any]) -> str:
     return line
 
 
+def _membership_line(r: dict[str, Any]) -> str:
+    final = r["final"]
+    if not final.get("checked") and not r["removals_count"] and not r["refused_count"]:
+        return "not checked (no membership changes, no final member list)"
+    readds = r["readds"]
+    refused = ", ".join(f"{reason} {count}" for reason, count in r["refused_by_reason"].items())
+    times = ", ".join(f"{kind} median {_seconds(t['median'])} max {_seconds(t['max'])} ({t['count']})"
+                      for kind, t in r["catch_up_s"].items() if t["count"])
+    line = (
+        f"{r['removals_count']} removals ({r['removals_of_leader_count']} of the leader, {r['handed_over_count']} "
+        f"handed over), {r['refused_count']} refused" + (f" ({refused})" if refused else "")
+        + f", {r['failed_removals_count']} failed; re-added {readds.get('kept', 0)} with data kept, "
+        f"{readds.get('wiped', 0)} wiped ({r.get('readds_from_snapshot', {}).get('wiped', 0)} from a snapshot), "
+        f"{readds.get('heal', 0)} at the final heal, "
+        f"{r['readd_failures_count']} re-adds failed; catch-up {times or '-'}"
+    )
+    if final.get("checked"):
+        line += (f"; at the end {final['members_count']}/{final['nodes_count']} voting members in "
+                 f"{final.get('leader')}'s view, digests {'equal' if final['digests_equal'] else 'NOT equal'}")
+    for problem in final["problems"]:
+        line += f"\n      {problem}"
+    for failure in r["readd_failures"][:SAMPLES_SHOWN_MAX]:
+        line += "\n      re-add failed: " + ", ".join(f"{k} {v}" for k, v in failure.items() if v is not None)
+    if final.get("not_member_in_own_view"):
+        line += f"\n      note: not a member in its own view: {', '.join(final['not_member_in_own_view'])}"
+    return line
+
+
 def _liveness_line(r: dict[str, Any]) -> str:
     stuck = r["stuck_transactions"]
     stuck_text = "not checked" if not stuck.get("checked") else f"{stuck['count']} (oldest {_seconds(stuck['oldest_age_s'])})"
@@ -159,6 +187,7 @@ _LINES = {
     "aborted_return": _aborted_line,
     "features": _features_line,
     "convergence": _convergence_line,
+    "membership": _membership_line,
     "liveness": _liveness_line,
     "limits": _limits_line,
     "security": _security_line,

@@ -14,7 +14,8 @@
    for a leader and for every node to catch up;
 4. drain every queue completely, dead-letter queues included (poison is
    rejected out of workload queues, never committed);
-5. wait for quiet and record every node's state digest, the leader samples,
+5. wait for quiet and record every node's state digest, the leader's view of the
+   voting members (on a target that can change membership), the leader samples,
    the transactions still open and every queue's replicated counters
    (checker inputs);
 6. run the checkers and write ``history.jsonl``, ``results.json``,
@@ -46,9 +47,10 @@ from chaos.intruder import (
     IntruderGenerator,
     run_intruder,
 )
+from chaos.membership import final_view
 from chaos.nemesis import Nemesis
 from chaos.report import summary_text, write_results
-from chaos.target import ChaosTarget, token_issuer
+from chaos.target import ChaosTarget, membership_control, token_issuer
 from chaos.workload import (
     Generator,
     OpenTransactions,
@@ -233,6 +235,12 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     if not agreed:
         progress(f"nodes did not converge: {digests}")
     history.info(CHECKER_INPUT_PROCESS, "digests", digests)
+    control = membership_control(cluster)
+    if control is not None:  # the membership checker: every node a voting member at the end
+        members = await asyncio.to_thread(final_view, cluster, control)
+        if members.get("error"):
+            progress(f"members not read: {members['error']}")
+        history.info(CHECKER_INPUT_PROCESS, "members", members)
     sampling.set()
     await sampler
     history.info(CHECKER_INPUT_PROCESS, "leaders", leaders)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-CHECKERS = ("total_queue", "atomicity", "aborted_return", "convergence", "liveness")
+CHECKERS = ("total_queue", "atomicity", "aborted_return", "convergence", "membership", "liveness")
 
 
 def parse_seeds(text: str) -> list[int]:

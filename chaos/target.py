@@ -16,6 +16,12 @@ name like the power failure: :func:`token_issuer` returns the target as a :class
 (the local target: every node's tokens file) or None (docker: the nodes know the admin token of
 the compose project only).
 
+Membership changes (the ``membership`` nemesis) are another: :func:`membership_control` returns
+the target as a :class:`MembershipControl` (the local target: a node removed and re-added keeps
+its real Raft address and advertised URL, which its peers reach) or None (docker: each node
+advertises its published host port, which the leader's health probe of a node to add cannot
+reach from inside its container).
+
 Node indices are 0-based and node ``i`` is ``node-i`` on every target.
 
 Must not import: any rcq module, nor the targets (they import this).
@@ -74,6 +80,28 @@ class TokenIssuer(Protocol):
 def token_issuer(cluster: object) -> TokenIssuer | None:
     """The target as a :class:`TokenIssuer`, or None when it cannot issue tokens."""
     return cast(TokenIssuer, cluster) if callable(getattr(cluster, "add_token", None)) else None
+
+
+class MembershipControl(Protocol):
+    """What the membership nemesis needs to remove a node and re-add it as itself
+    (chaos.cluster.ChaosCluster)."""
+
+    def member_identity(self, i: int) -> dict[str, str]:
+        """Node ``i`` as ``POST /v1/cluster/members`` adds it: ``node_id``, ``raft_address`` (its
+        real one, the identity its peers know) and ``url`` (the one it advertises)."""
+        ...
+
+    def admin_request(self, i: int, path: str, method: str = "GET", body: dict[str, Any] | None = None,
+                      timeout_s: float = ...) -> dict[str, Any]:
+        """Node ``i``'s JSON answer to ``method path`` (straight to it, with the admin token); an
+        error status with a JSON body (``{"error": {...}}``) is an answer too. Raises OSError or
+        ValueError when there is none."""
+        ...
+
+
+def membership_control(cluster: object) -> MembershipControl | None:
+    """The target as a :class:`MembershipControl`, or None when it cannot change membership."""
+    return cast(MembershipControl, cluster) if callable(getattr(cluster, "member_identity", None)) else None
 
 
 class TargetNode(Protocol):

@@ -3,7 +3,8 @@
 Jepsen's protocol: a checker reads the whole history after the run (after the final heal and
 drain) and says whether it is valid. One module per concern (``queue``: lost, duplicated,
 unexpected items and atomicity; ``aborts``: aborted items come back; ``cluster``: convergence
-and liveness; ``limits``: a queue never holds more than its max_items; ``security``: the
+and liveness; ``membership``: what the membership nemesis did, and every node a voting member of
+one converged cluster at the end; ``limits``: a queue never holds more than its max_items; ``security``: the
 intruder is refused everything its token does not grant; ``ordering``), each
 ``check_x(...) -> dict`` with a ``"valid"`` key, counts and at most 20 sample offenders per
 kind; ``model`` parses the history once for them. Ordering and the liveness timings are
@@ -29,6 +30,7 @@ from chaos.checkers.aborts import check_aborted_return
 from chaos.checkers.cluster import check_convergence, check_liveness, fault_windows
 from chaos.checkers.features import check_features
 from chaos.checkers.limits import check_limits
+from chaos.checkers.membership import check_membership
 from chaos.checkers.model import build_model
 from chaos.checkers.ordering import check_ordering
 from chaos.checkers.queue import check_atomicity, check_total_queue
@@ -45,14 +47,15 @@ __all__ = [
     "check_file",
     "check_limits",
     "check_liveness",
+    "check_membership",
     "check_ordering",
     "check_security",
     "check_total_queue",
     "fault_windows",
 ]
 
-CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "features", "convergence", "liveness", "limits",
-                 "security", "ordering")
+CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "features", "convergence", "membership", "liveness",
+                 "limits", "security", "ordering")
 
 
 def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -65,6 +68,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "aborted_return": check_aborted_return(model),
         "features": check_features(model, history),
         "convergence": check_convergence(history),
+        "membership": check_membership(history),
         "liveness": check_liveness([op for op in history if not is_security_op(str(op.get("f")))]),
         "limits": check_limits(model),
         "security": check_security(model, history),
