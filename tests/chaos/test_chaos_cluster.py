@@ -52,14 +52,16 @@ def test_every_link_goes_through_the_proxy_and_the_greater_address_dials(unstart
         assert config["tokens_file"] == str(node.tokens_path) and unstarted.token  # tokens, as in production
         assert config["commit_timeout_s"] == 7.0  # an override wins over chaos's own
         assert config["log_compaction_entries_min"] == CHAOS_NODE_OVERRIDES["log_compaction_entries_min"]
+        dials = config["raft_dial_addresses"]
         for peer in config["peers"]:
             j = int(peer["node_id"].removeprefix("node-"))
             assert peer["http_url"] == unstarted.client_urls[j]
-            if j < i:  # i dials j, through the link, whose address must compare below i's own
-                assert peer["raft_address"] == f"127.0.0.1:{unstarted.raft_proxy_ports[(i, j)]}"
-                assert peer["raft_address"] < node.raft_address
-            else:  # j dials i and introduces itself by its real address
-                assert peer["raft_address"] == unstarted.nodes[j].raft_address
+            assert peer["raft_address"] == unstarted.nodes[j].raft_address  # one identity cluster-wide
+            if j < i:  # i dials j (its address is the greater), through the link
+                assert node.raft_address > peer["raft_address"]
+                assert dials[peer["raft_address"]] == f"127.0.0.1:{unstarted.raft_proxy_ports[(i, j)]}"
+            else:  # j dials i
+                assert node.raft_address < peer["raft_address"] and peer["raft_address"] not in dials
     assert [unstarted.poll_url(i) for i in range(3)] == [node.url for node in unstarted.nodes]  # polls go direct
 
 

@@ -61,6 +61,23 @@ def test_a_leader_deposed_with_commits_in_flight_and_healed_into_a_snapshot_inst
     assert document["valid"], describe(document)
 
 
+@pytest.mark.timeout(480)
+def test_membership_changes_during_faults_lose_nothing_and_every_node_ends_a_voting_member(tmp_path):
+    """docs/membership.md: members removed (the leader too) and re-added (with their data, or wiped
+    and caught up from a snapshot) while nodes are killed and links cut."""
+    config = RunConfig(nodes=5, time_limit_s=45, nemesis=["membership", "kill", "partition"], seed=CI_SEED + 2,
+                       out=tmp_path, workers=5)
+    document = run(config, Progress(quiet=True))
+    results = document["results"]
+    membership = results["membership"]
+    assert membership["removals_count"] >= 1, describe(document)
+    assert sum(membership["readds"].values()) >= 1, describe(document)
+    assert membership["final"]["checked"] and membership["final"]["members_count"] == 5, describe(document)
+    for name in (*SAFETY_CHECKERS, "membership"):
+        assert results[name]["valid"], describe(document)
+    assert document["valid"], describe(document)
+
+
 @pytest.mark.timeout(300)
 def test_the_checker_catches_a_node_that_loses_acknowledged_commits(tmp_path):
     """Teeth: one node with an in-memory journal and no snapshots, killed during the run and at
