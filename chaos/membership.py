@@ -128,17 +128,15 @@ class MembershipChanger:
         (``removed`` true or false, ``result``: removed, refused, gave_up or error)."""
         log = _Attempts(self, self.node_id(i))
         uncertain = handed_over = False
-        redirect: int | None = None
-        redirects = 0
         pause = _Pause(self)
+        route = _Route(self, pause)
         while True:
             if self.clock() >= deadline:
                 if uncertain and self.is_member(i) is False:
                     return log.outcome("removed", removed=True, handed_over=handed_over,
                                        confirmed="absent from the leader's view after an attempt of unknown outcome")
                 return log.outcome("gave_up", removed=False, handed_over=handed_over)
-            leader = redirect if redirect is not None else self._leader()
-            redirect = None
+            leader = route.next()
             if leader is None:
                 log.note(None, "no_leader")
                 pause.wait(deadline)
@@ -150,13 +148,9 @@ class MembershipChanger:
                 return log.outcome("removed", removed=True, handed_over=handed_over, via=self.node_id(leader))
             if code == "not_leader":
                 handed_over = handed_over or leader == i  # the leader removed itself: it handed over first
-                redirect = self.index_of_url(answer.get("leader_url"))
-                redirects += 1
-                if redirect is None or redirect == leader or redirects > REDIRECTS_FOLLOWED_MAX:
-                    redirect, redirects = None, 0
-                    pause.wait(deadline)
+                route.redirected(leader, answer, deadline)
                 continue
-            redirects = 0
+            route.answered()
             if code == "member_not_found" and uncertain:  # an attempt with no answer removed it
                 return log.outcome("removed", removed=True, handed_over=handed_over, via=self.node_id(leader),
                                    confirmed="absent after an attempt of unknown outcome")
@@ -179,9 +173,8 @@ class MembershipChanger:
         body = {**identity, "catch_up_timeout_s": SERVER_CATCH_UP_S}
         log = _Attempts(self, identity["node_id"])
         uncertain_since: float | None = None
-        redirect: int | None = None
-        redirects = 0
         pause = _Pause(self)
+        route = _Route(self, pause)
         while True:
             if self.clock() >= deadline:
                 if uncertain_since is not None and self.is_member(i):
@@ -189,8 +182,7 @@ class MembershipChanger:
                                        after_unknown_outcome=True,
                                        confirmed="in the leader's view after an attempt of unknown outcome")
                 return log.outcome("gave_up", added=False)
-            leader = redirect if redirect is not None else self._leader()
-            redirect = None
+            leader = route.next()
             if leader is None:
                 log.note(None, "no_leader")
                 pause.wait(deadline)
@@ -204,13 +196,9 @@ class MembershipChanger:
                 return log.outcome("added", added=True, caught_up=answer.get("caught_up"), via=self.node_id(leader),
                                    leader=leader, asked_at=sent)
             if code == "not_leader":
-                redirect = self.index_of_url(answer.get("leader_url"))
-                redirects += 1
-                if redirect is None or redirect == leader or redirects > REDIRECTS_FOLLOWED_MAX:
-                    redirect, redirects = None, 0
-                    pause.wait(deadline)
+                route.redirected(leader, answer, deadline)
                 continue
-            redirects = 0
+            route.answered()
             if code == "member_exists":
                 found = answer.get("details")
                 details: dict[str, Any] = found if isinstance(found, dict) else {}
@@ -309,6 +297,32 @@ class _Pause:
         if left > 0:
             self.changer.sleep(min(self.next_s, left))
         self.next_s = min(self.largest_s, self.next_s * 2)
+
+
+class _Route:
+    """Whom to ask next: the node a ``not_leader`` answer named (followed up to
+    REDIRECTS_FOLLOWED_MAX times in a row), else the leader the harness finds."""
+
+    def __init__(self, changer: MembershipChanger, pause: _Pause) -> None:
+        self.changer = changer
+        self.pause = pause
+        self.redirect: int | None = None
+        self.redirects = 0
+
+    def next(self) -> int | None:
+        leader = self.redirect if self.redirect is not None else self.changer._leader()
+        self.redirect = None
+        return leader
+
+    def redirected(self, asked: int, answer: dict[str, Any], deadline: float) -> None:
+        self.redirect = self.changer.index_of_url(answer.get("leader_url"))
+        self.redirects += 1
+        if self.redirect is None or self.redirect == asked or self.redirects > REDIRECTS_FOLLOWED_MAX:
+            self.redirect, self.redirects = None, 0
+            self.pause.wait(deadline)
+
+    def answered(self) -> None:
+        self.redirects = 0
 
 
 class _Attempts:
