@@ -285,13 +285,14 @@ class LocalCluster(PolledCluster[LocalNode]):
         other nodes' configurations are left as they are, as an operator's would be at first."""
         if self._closed:
             raise RuntimeError("the cluster is closed")
-        if self.tls:
-            raise NotImplementedError("add_node does not issue certificates yet; use a cluster without tls")
         http_port, raft_port = free_ports(2)
         index = len(self.nodes)
         node = LocalNode(index, f"node-{index}", http_port, raft_port, self.base_dir / f"node-{index}", tls=self.tls)
         self.nodes.append(node)
         node.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.tls:  # a certificate of the cluster's CA, as the first nodes have
+            ca = self._tls_files(CA_NAME)
+            write_certificate(ca, ca.cert.parent, node.node_id)
         write_private(node.config_path, json.dumps(self._node_config(node, peers), indent=2) + "\n")
         if self.auth:
             self._write_tokens()

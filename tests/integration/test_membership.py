@@ -292,3 +292,17 @@ async def test_a_rolling_restart_by_the_documented_procedure_loses_nothing(grown
             await load.more_acknowledged(20)
         await check_nothing_lost(client, load.queue, load.history)
     await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, [0, 1, 2])
+
+
+async def test_a_node_serving_https_is_probed_over_tls_and_added() -> None:
+    """The leader checks a new node's health over HTTPS, verifying it with the cluster's CA."""
+    with LocalCluster(3, tls=True) as cluster:
+        await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+        new = await asyncio.to_thread(cluster.add_node)
+        assert cluster.url(new).startswith("https://")
+        async with client_of(cluster) as client:
+            answer = await add(client, cluster, new)
+            assert answer["caught_up"] is True and answer["added"]["url"].startswith("https://")
+            await client.enqueue("over-tls", "through four members")
+        await wait_members(cluster, list(range(4)), {f"node-{i}" for i in range(4)})
+        await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, list(range(4)))
