@@ -126,7 +126,7 @@ def test_h17_a_change_kept_in_the_log_stays_in_force(follower: tuple[SyncObj, TC
 
 def test_h17_without_the_fix_the_kept_change_is_undone(follower: tuple[SyncObj, TCPNode, Path],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(membership, "after_append_entries", lambda sync_obj, message: None)
+    monkeypatch.setattr(membership, "after_append_entries", lambda sync_obj, verified: None)
     sync_obj, new = kept_tail(follower)
     assert new not in members(sync_obj)
 

@@ -129,10 +129,6 @@ class Queue:
             meta = self.meta[item_id] = ItemMeta()
         return meta
 
-    def forget_old_times(self) -> None:
-        """Items left: the enqueue times of ids below the head are forgotten."""
-        self._prune_times()
-
     def live_ids(self) -> Iterator[int]:
         return self.items.ids()
 
@@ -167,8 +163,8 @@ class Queue:
     def restore_times(self, ids: list[int], times: list[int]) -> None:
         self._times_ids, self._times_ms, self._times_start = array("q", ids), array("q", times), 0
 
-    def _prune_times(self) -> None:
-        """Boundaries wholly below the head item describe no item any more."""
+    def forget_old_times(self) -> None:
+        """Items left: enqueue-time boundaries wholly below the head item describe no item any more."""
         head = self.items.first_id()
         ids, start, end = self._times_ids, self._times_start, len(self._times_ids)
         if head is None:

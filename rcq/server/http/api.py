@@ -497,7 +497,6 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[METRICS] = metrics
     app[MEMBERSHIP] = Membership(config, manager, replicator, make_probe(peer_context(config)))
     overview = Overview(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
-                        peers=lambda: [peer["url"] for peer in cluster_status(app)["peers"]],
                         peer_tls=peer_context(config))
     app.on_cleanup.append(overview.close)
     app.router.add_get("/", page)

@@ -46,15 +46,14 @@ async def _peer_view(session: aiohttp.ClientSession, url: str, authorization: st
 
 
 class Overview:
-    """``GET /v1/cluster/overview``. ``own_status()``: this node's /v1/cluster body; ``queues()``: the
-    queue rows; ``peers()``: the other members' URLs. Its HTTP session is made on first use and closed
-    with the app (``close`` is an on_cleanup handler)."""
+    """``GET /v1/cluster/overview``. ``own_status()``: this node's /v1/cluster body (whose ``peers``,
+    the other members, are asked for theirs); ``queues()``: the queue rows. Its HTTP session is made
+    on first use and closed with the app (``close`` is an on_cleanup handler)."""
 
     def __init__(self, own_status: Callable[[], dict[str, Any]], queues: Callable[[], list[dict[str, Any]]],
-                 peers: Callable[[], list[str]], peer_tls: ssl.SSLContext | None = None) -> None:
+                 peer_tls: ssl.SSLContext | None = None) -> None:
         self._own_status = own_status
         self._queues = queues
-        self._peers = peers
         self._peer_tls = peer_tls
         self._session: aiohttp.ClientSession | None = None
 
@@ -64,7 +63,8 @@ class Overview:
             self._session = aiohttp.ClientSession(connector=connector)
         mine = self._own_status()
         authorization = request.headers.get("Authorization")
-        others = await asyncio.gather(*(_peer_view(self._session, url, authorization) for url in self._peers()))
+        others = await asyncio.gather(*(_peer_view(self._session, peer["url"], authorization)
+                                        for peer in mine["peers"]))
         return web.json_response({
             "at": time.time(),
             "served_by": mine["node_id"],

@@ -153,7 +153,7 @@ class Membership:
                     raise WouldLoseQuorum("the last member cannot be removed")
                 await self._hand_over(None)
                 raise NotLeader(f"{node_id} handed leadership over to be removed; send the removal to the new leader",
-                                leader_url=self._leader_url())
+                                leader_url=self._manager.leader_url())
             self._check_quorum(members, without=member.raft_address, adding=False)
             await self._replicator.change_membership("remove", member.raft_address, MEMBERSHIP_COMMIT_TIMEOUT_S)
             log.info("member %s (%s) removed", node_id, member.raft_address)
@@ -207,11 +207,6 @@ class Membership:
             if time.monotonic() > deadline:
                 raise Unavailable("leadership was not handed over in time; retry")
             await asyncio.sleep(CATCH_UP_POLL_S)
-
-    def _leader_url(self) -> str | None:
-        leader = self._replicator.leader_raft_address()
-        known = self.directory().get(leader) if leader else None
-        return known.http_url if known else None
 
     async def _wait_caught_up(self, raft_address: str, target: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -254,6 +254,10 @@ class TransactionManager:
                 elif isinstance(unit, CommitUnit) and isinstance(outcome, UnitOutcome):
                     self._on_unit_applied(unit, outcome, command.now_ms)
 
+    def leader_url(self) -> str | None:
+        """The URL of the leader this node knows of (None: none, or its URL is unknown)."""
+        return self._leader_url()
+
     def entry_stamp(self) -> tuple[int, int]:
         """(term, now in ms) for an administrative entry this serving leader proposes."""
         self.require_serving()
@@ -265,7 +269,7 @@ class TransactionManager:
             return
         if self._replicator.is_leader():
             raise NotReady()
-        url = self._leader_url()
+        url = self.leader_url()
         if url:
             raise NotLeader(leader_url=url)
         raise NoLeader()

@@ -81,25 +81,12 @@ def reapply_log_changes(sync_obj: SyncObj, after_index: int) -> int:
     return changes
 
 
-def verified_through(message: dict[str, Any]) -> int | None:
-    """The last index an ``append_entries`` message's own entries reach (H17), None for messages
-    after which pysyncobj did not undo anything (a large entry's first parts, snapshots)."""
-    if "prevLogIdx" not in message:
-        return None
-    transmission = message.get("transmission")
-    if transmission in ("start", "process"):
-        return None
-    if transmission == "finish":
-        return int(message["prevLogIdx"]) + 1
-    entries = message.get("entries") or ()
-    return int(entries[-1][1]) if entries else int(message["prevLogIdx"])
-
-
-def after_append_entries(sync_obj: SyncObj, message: dict[str, Any]) -> None:
-    """H17: called after pysyncobj handled an ``append_entries`` message."""
-    through = verified_through(message)
-    if through is not None and sync_obj.conf.dynamicMembershipChange and current_log_index(sync_obj) > through:
-        reapply_log_changes(sync_obj, through)
+def after_append_entries(sync_obj: SyncObj, verified: int | None) -> None:
+    """H17: called after pysyncobj handled an ``append_entries`` message, with the last index the
+    message covered (rcq.server.raft.patches._verified_index; None when pysyncobj undid nothing:
+    a large entry's first parts, a snapshot chunk)."""
+    if verified is not None and sync_obj.conf.dynamicMembershipChange and current_log_index(sync_obj) > verified:
+        reapply_log_changes(sync_obj, verified)
 
 
 def install() -> None:

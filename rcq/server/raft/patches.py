@@ -111,12 +111,10 @@ def _verified_index(sync_obj: SyncObj, message: dict[str, Any], applied_before: 
     return None  # a snapshot chunk (not the last) or a heartbeat of one: nothing verified
 
 
-def _bound_commit_index(sync_obj: SyncObj, message: dict[str, Any], commit_before: int,
-                        applied_before: int) -> None:
+def _bound_commit_index(sync_obj: SyncObj, verified: int | None, commit_before: int) -> None:
     commit_now = int(sync_obj.raftCommitIndex)
     if commit_now <= commit_before:
         return
-    verified = _verified_index(sync_obj, message, applied_before)
     bound = max(commit_before, verified if verified is not None else 0)
     if commit_now > bound:
         set_commit_index(sync_obj, bound)
@@ -143,9 +141,10 @@ def _on_message_received_with_fixes(original: Callable[..., Any]) -> Callable[..
         finally:
             setattr(self, _TRUNCATE_FROM, None)
             if is_append:
-                _bound_commit_index(self, message, commit_before, applied_before)
+                verified = _verified_index(self, message, applied_before)
+                _bound_commit_index(self, verified, commit_before)
                 _answer_proposals_skipped_by_snapshot(self, applied_before)
-                membership.after_append_entries(self, message)  # H17
+                membership.after_append_entries(self, verified)  # H17
 
     return on_message_received
 

@@ -82,6 +82,17 @@ def _check_bindable(raft_address: str) -> None:
             raise Unavailable(f"cannot bind the Raft address {raft_address}: {exc.strerror}") from exc
 
 
+def _untorn(read: Callable[[], T]) -> T:
+    """``read()`` of pysyncobj state the tick thread may change meanwhile: a RuntimeError
+    ("changed size during iteration") is a torn read, so read again (the last try raises)."""
+    for _ in range(10):
+        try:
+            return read()
+        except RuntimeError:
+            time.sleep(0)
+    return read()
+
+
 def _resolve(future: asyncio.Future[tuple[Any, int]], result: Any, fail_reason: int) -> None:
     """Complete a submit's future on the loop; must never raise (H2)."""
     if not future.done():  # e.g. cancelled by the submit's timeout
@@ -281,14 +292,7 @@ class RaftReplicator:
         sync_obj = self._sync_obj
         if sync_obj is None or self._stopped:
             return [self._config.raft_address]
-        for _ in range(10):
-            try:  # the tick thread may change the set while it is copied: a torn read, read again
-                others = sorted(str(node) for node in sync_obj.otherNodes)
-                break
-            except RuntimeError:
-                time.sleep(0)
-        else:
-            others = sorted(str(node) for node in sync_obj.otherNodes)
+        others = _untorn(lambda: sorted(str(node) for node in sync_obj.otherNodes))
         return [self._config.raft_address, *others]
 
     async def change_membership(self, action: str, raft_address: str, timeout_s: float) -> None:
@@ -433,14 +437,8 @@ class RaftReplicator:
 
     @staticmethod
     def _raw_status(sync_obj: SyncObj) -> dict[str, Any]:
-        # getStatus() iterates dicts the tick thread may resize (leader change):
-        # a RuntimeError there is a torn read, so read again.
-        for _ in range(10):
-            try:
-                return dict(sync_obj.getStatus())
-            except RuntimeError:
-                time.sleep(0)
-        return dict(sync_obj.getStatus())
+        # getStatus() iterates dicts the tick thread may resize (leader change).
+        return _untorn(lambda: dict(sync_obj.getStatus()))
 
     # ------------------------------------------------------------ listeners
     def set_role_listener(self, listener: RoleListener) -> None:
