@@ -294,6 +294,28 @@ async def test_a_rolling_restart_by_the_documented_procedure_loses_nothing(grown
     await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, [0, 1, 2])
 
 
+async def test_leadership_is_handed_over_under_load_to_the_node_asked_each_time(grown: LocalCluster) -> None:
+    """A busy leader's log is always ahead of its followers': the hand-over holds new proposals
+    until the target has the whole log, so pysyncobj sends TimeoutNow and the target, as up to
+    date as anyone, wins at once (without the hold: "not caught up", or the old leader re-elected)."""
+    cluster = grown
+    async with client_of(cluster) as client:
+        async with Load(client) as load:
+            await load.more_acknowledged(30)
+            # The client must not spend its whole budget retrying a hand-over that keeps failing.
+            async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=5.0,
+                                 **cluster.client_options()) as admin:
+                for _ in range(4):
+                    leader = await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+                    target = next(i for i in range(3) if i != leader)
+                    answer = await admin.transfer_leadership(f"node-{target}")
+                    assert answer["previous_leader_id"] == f"node-{leader}", answer
+                    assert await asyncio.to_thread(cluster.wait_for_leader, WAIT_S) == target
+                    await load.more_acknowledged(20)
+        await check_nothing_lost(client, load.queue, load.history)
+    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, [0, 1, 2])
+
+
 async def test_a_node_serving_https_is_probed_over_tls_and_added() -> None:
     """The leader checks a new node's health over HTTPS, verifying it with the cluster's CA."""
     with LocalCluster(3, tls=True) as cluster:

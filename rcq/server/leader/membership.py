@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 Probe = Callable[[str, str], Awaitable[str | None]]
 
 CATCH_UP_POLL_S = 0.1
-LEADERSHIP_WAIT_S = 5.0
 MEMBERSHIP_COMMIT_TIMEOUT_S = 10.0
 
 
@@ -202,11 +201,6 @@ class Membership:
 
     async def _hand_over(self, target: str | None) -> None:
         await self._replicator.transfer_leadership(target)
-        deadline = time.monotonic() + LEADERSHIP_WAIT_S
-        while self._replicator.is_leader():
-            if time.monotonic() > deadline:
-                raise Unavailable("leadership was not handed over in time; retry")
-            await asyncio.sleep(CATCH_UP_POLL_S)
 
     async def _wait_caught_up(self, raft_address: str, target: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

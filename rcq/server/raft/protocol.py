@@ -98,7 +98,8 @@ class Replicator(Protocol):
         ...
 
     async def transfer_leadership(self, raft_address: str | None) -> None:
-        """Ask the leader to hand leadership to ``raft_address`` (None: the most caught-up)."""
+        """On the leader: hand leadership to ``raft_address`` (None: the most caught-up follower);
+        returns once this node no longer leads. Proposals wait meanwhile."""
         ...
 
     async def start(self) -> None: ...

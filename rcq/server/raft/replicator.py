@@ -12,7 +12,7 @@ callbacks and writes snapshots; everything public here is called on the event
 loop's thread. The state machine is guarded by one lock shared by apply,
 snapshot restore and :meth:`RaftReplicator.read`.
 
-Every workaround below names its hazard in docs/raft-hazards.md (H1..H12),
+Every workaround below names its hazard in docs/raft-hazards.md (H1..H19),
 which says what pysyncobj does, why it matters and what rcq does about it.
 
 Must not import: lmdb (rcq.server.raft.snapshots does), aiohttp.
@@ -60,6 +60,11 @@ T = TypeVar("T")
 ROLE_POLL_INTERVAL_S = 0.05
 SNAPSHOT_CHILD_WAIT_S = 60.0
 LEADERSHIP_TRANSFER_WAIT_S = 5.0  # pysyncobj answers at once: it only checks and sends one message
+# A hand-over holds new proposals while the target catches up (at most this long), then while it
+# wins its election (at most HAND_OVER_ELECTION_TIMEOUTS election timeouts).
+HAND_OVER_CATCH_UP_S = 3.0
+HAND_OVER_ELECTION_TIMEOUTS = 3
+HAND_OVER_POLL_S = 0.01
 FSYNC_FAILED_EXIT_CODE = 75  # EX_TEMPFAIL: restart me (a supervisor does), after looking at the disk
 
 _ROLE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -120,6 +125,8 @@ class RaftReplicator:
         self._apply_listener: ApplyListener | None = None
         self._reported_role: tuple[bool, int] | None = None
         self._pending: set[asyncio.Future[tuple[Any, int]]] = set()
+        # Set while leadership is being handed over: proposals wait for it (transfer_leadership).
+        self._handing_over: asyncio.Event | None = None
         self._stopped = False
         self._next_journal_flush_s = 0.0
         self._snapshot_loads_at_start = 0  # pysyncobj loads an existing snapshot once, at its first tick
@@ -243,6 +250,12 @@ class RaftReplicator:
 
     async def _submit_raw(self, raw: Any, timeout_s: float) -> ApplyResult:
         """Propose an already encoded entry (tests use it to feed malformed entries)."""
+        handing_over = self._handing_over
+        if handing_over is not None:
+            try:  # held, not proposed: the target must catch up and win with the log as it is
+                await asyncio.wait_for(handing_over.wait(), timeout_s)
+            except TimeoutError as exc:
+                raise Unavailable("leadership is being handed over; retry") from exc
         # H7: never let pysyncobj forward to the leader; a forwarded command's outcome can only
         # be "unknown".
         self._leader_sync_obj()
@@ -313,21 +326,63 @@ class RaftReplicator:
             raise self._error_for(fail_reason)
 
     async def transfer_leadership(self, raft_address: str | None) -> None:
-        """Ask pysyncobj to hand leadership to ``raft_address`` (None: the most caught-up follower);
-        MembershipConflict when it refuses (the target is not caught up, or not connected)."""
-        sync_obj = self._leader_sync_obj()
+        """Hand leadership to ``raft_address`` (None: the most caught-up connected follower) and
+        return once this node no longer leads.
 
-        def transfer(done: Callable[[Any, int], None]) -> None:
-            # pysyncobj reads its match indexes and sends a message: the tick thread's work.
-            self._tick_tasks.append(lambda: sync_obj.transferLeadership(raft_address, callback=done))
-
+        H19, Raft's leadership transfer (Ongaro's thesis, 3.10): new proposals are held, not appended,
+        until the transfer ends; once the target holds the whole log pysyncobj sends it TimeoutNow
+        and it stands for election at once. Without the hold a busy leader's log is always ahead
+        of every follower: pysyncobj refuses the transfer (the target is not caught up), or the
+        target stands with a shorter log, the old leader refuses its vote and is elected again.
+        MembershipConflict when the target did not catch up (or is not connected); Unavailable
+        when no one else was elected in time. Held proposals then go on: to pysyncobj if this
+        node still leads, else they are refused as not executed (NotLeader)."""
+        self._leader_sync_obj()
+        if self._handing_over is not None:
+            raise MembershipConflict("leadership is already being handed over")
+        gate = self._handing_over = asyncio.Event()
+        term = self.term
+        started = time.monotonic()
         try:
-            _result, fail_reason = await self._answer_of(transfer, LEADERSHIP_TRANSFER_WAIT_S)
-        except TimeoutError as exc:
-            raise Unavailable("the Raft thread did not take the leadership transfer; retry") from exc
-        if fail_reason != FAIL_REASON.SUCCESS:
-            raise MembershipConflict("the target of the leadership transfer is not connected or not caught up; "
-                                     "retry shortly")
+            await self._send_timeout_now(raft_address, started + HAND_OVER_CATCH_UP_S)
+            sent = time.monotonic()
+            await self._until_deposed(term, sent + HAND_OVER_ELECTION_TIMEOUTS * self._config.raft_timeout_max_s)
+            logger.info("node %s handed leadership over: %.0f ms to catch the target up, %.0f ms to its election",
+                        self._config.node_id, (sent - started) * 1000, (time.monotonic() - sent) * 1000)
+        finally:
+            self._handing_over = None
+            gate.set()
+
+    async def _send_timeout_now(self, raft_address: str | None, deadline: float) -> None:
+        """Ask pysyncobj to send TimeoutNow, again each poll while it refuses (the target's match
+        index is not yet the leader's last index) until ``deadline``."""
+        while True:
+            sync_obj = self._leader_sync_obj()
+
+            def transfer(done: Callable[[Any, int], None], sync_obj: SyncObj = sync_obj) -> None:
+                # pysyncobj reads its match indexes and sends a message: the tick thread's work.
+                self._tick_tasks.append(lambda: sync_obj.transferLeadership(raft_address, callback=done))
+
+            try:
+                _result, fail_reason = await self._answer_of(transfer, LEADERSHIP_TRANSFER_WAIT_S)
+            except TimeoutError as exc:
+                raise Unavailable("the Raft thread did not take the leadership transfer; retry") from exc
+            if fail_reason == FAIL_REASON.SUCCESS:
+                return
+            if fail_reason == FAIL_REASON.NOT_LEADER:
+                raise self._not_leader_error()
+            if time.monotonic() >= deadline:
+                raise MembershipConflict("the target of the leadership transfer is not connected or did not "
+                                         "catch up in time; retry shortly")
+            await asyncio.sleep(HAND_OVER_POLL_S)
+
+    async def _until_deposed(self, term: int, deadline: float) -> None:
+        while self.is_leader():
+            if self.term != term:
+                raise Unavailable("leadership was not handed over: this node was elected again; retry")
+            if time.monotonic() >= deadline:
+                raise Unavailable("leadership was not handed over in time; retry")
+            await asyncio.sleep(HAND_OVER_POLL_S)
 
     def _leader_sync_obj(self) -> SyncObj:
         sync_obj, _loop = self._running()
