@@ -252,10 +252,14 @@ class RaftReplicator:
         """Propose an already encoded entry (tests use it to feed malformed entries)."""
         handing_over = self._handing_over
         if handing_over is not None:
+            held_since = time.monotonic()
             try:  # held, not proposed: the target must catch up and win with the log as it is
                 await asyncio.wait_for(handing_over.wait(), timeout_s)
             except TimeoutError as exc:
                 raise Unavailable("leadership is being handed over; retry") from exc
+            timeout_s -= time.monotonic() - held_since
+            if timeout_s <= 0:
+                raise Unavailable("leadership was being handed over; retry")
         # H7: never let pysyncobj forward to the leader; a forwarded command's outcome can only
         # be "unknown".
         self._leader_sync_obj()

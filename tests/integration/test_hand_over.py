@@ -1,0 +1,136 @@
+"""Leadership hand-over holds new proposals (docs/raft-hazards.md, H19), played step by step on one
+real node whose two peers the test plays (tests/integration/manual_raft.py).
+
+While the node hands leadership over, a proposal is neither appended nor refused: it waits. What
+it becomes depends on how the hand-over ends: refused as not executed once another node leads,
+proposed as usual when the target never caught up or never won.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcq.errors import MembershipConflict, NoLeader, NotLeader, Unavailable
+from rcq.server.core.commands import Barrier, BarrierResult
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft import replicator as replicator_module
+from rcq.server.raft.replicator import RaftReplicator
+from tests.integration.manual_raft import ManualRaft, config_of
+
+TERM = 4
+SUBMIT_TIMEOUT_S = 30.0
+
+
+@contextlib.asynccontextmanager
+async def leading(data_dir: Path) -> AsyncIterator[ManualRaft]:
+    replicator = RaftReplicator(config_of(data_dir), QueueStateMachine(), auto_tick=False)
+    await replicator.start()
+    try:
+        raft = ManualRaft(replicator)
+        raft.become_leader(TERM)
+        await raft.run_until(replicator.is_leader, "the node leads")
+        yield raft
+    finally:
+        await replicator.stop()
+
+
+def barrier() -> Barrier:
+    return Barrier(term=TERM, now_ms=time.time_ns() // 1_000_000)
+
+
+def start(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    return asyncio.ensure_future(coroutine)
+
+
+async def commit_one(raft: ManualRaft) -> None:
+    proposal = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+    await raft.run_until(proposal.done, "a proposal commits", acknowledge=True)
+    assert isinstance(proposal.result(), BarrierResult)
+
+
+async def steps_until_done(raft: ManualRaft, task: asyncio.Task[Any], what: str) -> None:
+    """Tick (without acknowledging) until ``task`` ends; its own waits are in real time."""
+    deadline = time.monotonic() + 30.0
+    while not task.done():
+        assert time.monotonic() < deadline, f"not done: {what}"
+        await raft.step()
+        await asyncio.sleep(0.005)
+
+
+def vote_request(raft: ManualRaft, term: int) -> dict[str, Any]:
+    last_index, last_term = raft.log()[-1]
+    return {"type": "request_vote", "term": term, "last_log_index": last_index, "last_log_term": last_term}
+
+
+async def test_a_proposal_held_during_a_hand_over_is_refused_unexecuted_once_the_target_leads(
+        tmp_path: Path) -> None:
+    async with leading(tmp_path) as raft:
+        await commit_one(raft)
+        target = raft.peers[0]
+        hand_over = start(raft.replicator.transfer_leadership(str(target)))
+        await raft.step()  # the target holds the whole log: TimeoutNow goes out
+        log_before = raft.log()
+        held = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+        for _ in range(5):
+            await raft.step()
+        assert not held.done() and raft.log() == log_before, "a held proposal is neither answered nor appended"
+        raft.receive(target, vote_request(raft, TERM + 1))  # the target stands, with the same log
+        await steps_until_done(raft, hand_over, "the hand-over")
+        assert hand_over.exception() is None and not raft.replicator.is_leader()
+        await steps_until_done(raft, held, "the held proposal")
+        assert isinstance(held.exception(), NotLeader | NoLeader)
+        assert raft.log() == log_before, "the held proposal was never appended"
+
+
+async def test_a_target_that_never_catches_up_ends_the_hand_over_and_releases_the_held_proposals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replicator_module, "HAND_OVER_CATCH_UP_S", 0.3)
+    async with leading(tmp_path) as raft:
+        await commit_one(raft)
+        # An entry no peer acknowledges: the target's match index stays behind the leader's log.
+        unacknowledged = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+        log_end = raft.log()[-1][0]
+        await raft.run_until(lambda: raft.log()[-1][0] > log_end, "an entry appended")
+        hand_over = start(raft.replicator.transfer_leadership(str(raft.peers[0])))
+        await raft.step()
+        held = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+        await steps_until_done(raft, hand_over, "the hand-over")
+        assert isinstance(hand_over.exception(), MembershipConflict)
+        assert raft.replicator.is_leader()
+        await raft.run_until(lambda: held.done() and unacknowledged.done(), "both proposals commit", acknowledge=True)
+        assert isinstance(held.result(), BarrierResult) and isinstance(unacknowledged.result(), BarrierResult)
+
+
+async def test_a_target_that_never_wins_ends_the_hand_over_and_the_leader_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replicator_module, "HAND_OVER_ELECTION_TIMEOUTS", 0.3 / 600)  # 0.3 s here
+    async with leading(tmp_path) as raft:
+        await commit_one(raft)
+        hand_over = start(raft.replicator.transfer_leadership(str(raft.peers[1])))
+        await raft.step()
+        held = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+        await steps_until_done(raft, hand_over, "the hand-over")  # TimeoutNow lost: no vote request comes
+        assert isinstance(hand_over.exception(), Unavailable)
+        assert raft.replicator.is_leader()
+        await raft.run_until(held.done, "the held proposal commits", acknowledge=True)
+        assert isinstance(held.result(), BarrierResult)
+
+
+async def test_one_hand_over_at_a_time(tmp_path: Path) -> None:
+    async with leading(tmp_path) as raft:
+        await commit_one(raft)
+        hand_over = start(raft.replicator.transfer_leadership(str(raft.peers[1])))
+        await asyncio.sleep(0)
+        with pytest.raises(MembershipConflict):
+            await raft.replicator.transfer_leadership(str(raft.peers[0]))
+        await raft.step()
+        raft.receive(raft.peers[1], vote_request(raft, TERM + 1))
+        await steps_until_done(raft, hand_over, "the hand-over")
+        assert hand_over.exception() is None
