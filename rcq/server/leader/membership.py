@@ -150,7 +150,7 @@ class Membership:
             if member.self:
                 if len(members) == 1:
                     raise WouldLoseQuorum("the last member cannot be removed")
-                await self._hand_over(None)
+                await self._replicator.transfer_leadership(None)
                 raise NotLeader(f"{node_id} handed leadership over to be removed; send the removal to the new leader",
                                 leader_url=self._manager.leader_url())
             self._check_quorum(members, without=member.raft_address, adding=False)
@@ -173,7 +173,7 @@ class Membership:
                 if member.self:
                     return {"leader_id": previous, "previous_leader_id": previous}
                 target = member.raft_address
-            await self._hand_over(target)
+            await self._replicator.transfer_leadership(target)
         return {"leader_id": self.leader_id(), "previous_leader_id": previous}
 
     # ---------------------------------------------------------------- steps
@@ -198,9 +198,6 @@ class Membership:
         result = await self._replicator.submit(record, self._config.commit_timeout_s)
         if not isinstance(result, MemberRecordResult) or result.status != "done":
             raise Unavailable(f"the directory entry was not recorded ({result!r}); retry")
-
-    async def _hand_over(self, target: str | None) -> None:
-        await self._replicator.transfer_leadership(target)
 
     async def _wait_caught_up(self, raft_address: str, target: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
