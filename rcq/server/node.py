@@ -21,7 +21,7 @@ from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.http.api import create_app
 from rcq.server.http.connections import HttpListener, runner_options
 from rcq.server.leader.transactions import TransactionManager
-from rcq.server.raft.protocol import Replicator
+from rcq.server.raft.protocol import Replicator, known_nodes
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Node:
         address = self.replicator.leader_raft_address()
         if address is None:
             return None
-        known = self.config.directory(self.replicator.read(lambda sm: sm.member_directory())).get(address)
+        known = known_nodes(self.config, self.replicator).get(address)
         return known.http_url if known is not None else None
 
     async def start(self) -> None:

@@ -247,8 +247,15 @@ class LocalCluster(PolledCluster[LocalNode]):
 
     def _write_files(self) -> None:
         for node in self.nodes:
-            node.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_private(node.config_path, json.dumps(self._node_config(node), indent=2) + "\n")
+            self._write_node_config(node)
+        self._write_shared_files()
+
+    def _write_node_config(self, node: LocalNode, peers: Sequence[int] | None = None) -> None:
+        node.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_private(node.config_path, json.dumps(self._node_config(node, peers), indent=2) + "\n")
+
+    def _write_shared_files(self) -> None:
+        """The tokens every node reads (with auth) and the manifest that reopens the cluster."""
         if self.auth:
             self._write_tokens()
         self._write_manifest()
@@ -289,14 +296,11 @@ class LocalCluster(PolledCluster[LocalNode]):
         index = len(self.nodes)
         node = LocalNode(index, f"node-{index}", http_port, raft_port, self.base_dir / f"node-{index}", tls=self.tls)
         self.nodes.append(node)
-        node.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.tls:  # a certificate of the cluster's CA, as the first nodes have
             ca = self._tls_files(CA_NAME)
             write_certificate(ca, ca.cert.parent, node.node_id)
-        write_private(node.config_path, json.dumps(self._node_config(node, peers), indent=2) + "\n")
-        if self.auth:
-            self._write_tokens()
-        self._write_manifest()
+        self._write_node_config(node, peers)
+        self._write_shared_files()
         if start:
             self.start_node(index)
         return index

@@ -45,7 +45,7 @@ from rcq.errors import (
 from rcq.server.config import HOST_PORT_PATTERN, NODE_ID_PATTERN, NodeConfig, PeerConfig
 from rcq.server.core.commands import MemberRecord, MemberRecordResult
 from rcq.server.leader.transactions import TransactionManager
-from rcq.server.raft.protocol import Replicator
+from rcq.server.raft.protocol import Replicator, known_nodes
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Membership:
     # ---------------------------------------------------------------- reading
     def directory(self) -> dict[str, PeerConfig]:
         """Raft address -> node, for every node known (configuration and recorded changes)."""
-        return self._config.directory(self._replicator.read(lambda sm: sm.member_directory()))
+        return known_nodes(self._config, self._replicator)
 
     def members(self) -> list[Member]:
         """The voting members as this node sees them, with what it knows of each."""
@@ -110,8 +110,8 @@ class Membership:
         known = self.directory().get(leader)
         return known.node_id if known else leader
 
-    def _member(self, node_id: str) -> Member:
-        found = next((m for m in self.members() if m.node_id == node_id), None)
+    def _member(self, node_id: str, members: list[Member] | None = None) -> Member:
+        found = next((m for m in (members if members is not None else self.members()) if m.node_id == node_id), None)
         if found is None:
             raise MemberNotFound(f"no member has node id {node_id!r}", details={"node_id": node_id})
         return found
@@ -145,8 +145,8 @@ class Membership:
         """Remove a member (running or not). Removing the leader itself hands leadership to the
         most caught-up follower first and answers NotLeader: the client re-sends to the new leader."""
         async with self._exclusive():
-            member = self._member(node_id)
             members = self.members()
+            member = self._member(node_id, members)
             if member.self:
                 if len(members) == 1:
                     raise WouldLoseQuorum("the last member cannot be removed")

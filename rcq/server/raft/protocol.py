@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from rcq.server.config import NodeConfig, PeerConfig
 from rcq.server.core.commands import ApplyResult, Command
 from rcq.server.core.state_machine import QueueStateMachine
 
@@ -105,3 +106,9 @@ class Replicator(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+def known_nodes(config: NodeConfig, replicator: Replicator) -> dict[str, PeerConfig]:
+    """Raft address -> node, for every node this one knows: its configuration, and the directory
+    that membership changes recorded in the replicated state (NodeConfig.directory)."""
+    return config.directory(replicator.read(lambda sm: sm.member_directory()))

@@ -43,7 +43,7 @@ from rcq.server.raft.digest import ForkedDigest
 from rcq.server.raft.internals import default_journal, journal_bytes, journal_of, use_journal_factory
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.patches import ON_SYNC_FAILURE
-from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
+from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener, known_nodes
 from rcq.server.raft.secret_rotation import accepting_previous_secrets
 from rcq.server.raft.settings import build_conf
 from rcq.server.raft.snapshots import ForkingSnapshotWriter
@@ -298,7 +298,7 @@ class RaftReplicator:
         leader = self.leader_raft_address()
         if leader is None or leader == self._config.raft_address:
             return NoLeader()
-        known = self._config.directory(self.read(lambda sm: sm.member_directory())).get(leader)
+        known = known_nodes(self._config, self).get(leader)
         return NotLeader(f"this node is not the leader; {leader} is",
                          leader_url=known.http_url if known is not None else None)
 
@@ -419,17 +419,14 @@ class RaftReplicator:
 
     def _use_the_log_membership(self) -> None:
         """H18, once, at the first tick (after pysyncobj loaded the snapshot): the membership of
-        the whole log, not only of its committed part."""
+        the whole log, not only of its committed part. A tick task: _on_tick_tasks catches what it raises."""
         sync_obj = self._sync_obj
         if sync_obj is None:
             return
-        try:
-            changes = membership.reapply_log_changes(sync_obj, int(sync_obj.raftLastApplied))
-            if changes:
-                logger.info("node %s: %d membership change(s) in the log beyond the last applied entry "
-                            "taken into account", self._config.node_id, changes)
-        except Exception:  # never end a tick with an exception
-            logger.exception("membership from the log failed")
+        changes = membership.reapply_log_changes(sync_obj, int(sync_obj.raftLastApplied))
+        if changes:
+            logger.info("node %s: %d membership change(s) in the log beyond the last applied entry "
+                        "taken into account", self._config.node_id, changes)
 
     def _running(self) -> tuple[SyncObj, asyncio.AbstractEventLoop]:
         if self._sync_obj is None or self._loop is None or self._stopped:
