@@ -256,8 +256,10 @@ def text_of(item: Item | bytes) -> str:
 
 def item_meta(item: Item) -> dict[str, Any]:
     """What the history keeps of a dequeued item besides its value: id, delivery count, enqueue
-    time (ms, the server's), and its priority and dead-letter record when it has them."""
-    meta: dict[str, Any] = {"id": item.item_id, "dc": item.delivery_count, "at": item.enqueued_at_ms}
+    time and expiry (ms, the server's; expiry None: never), and its priority and dead-letter record
+    when it has them."""
+    meta: dict[str, Any] = {"id": item.item_id, "dc": item.delivery_count, "at": item.enqueued_at_ms,
+                            "exp": item.expires_at_ms}
     if item.priority:
         meta["p"] = item.priority
     if item.dead_letter is not None:

@@ -24,9 +24,14 @@ Violations (each fails the run; counts and samples):
 * **rejected_without_reject** — reason ``rejected`` for a value no reject of that queue named;
 * **delivered_early** — a delayed value handed out before its enqueue was invoked + its delay,
   by more than the clock margin (the op's completion is the latest the delivery can have been);
-* **delivered_after_expiry** — a value handed out, in the life its acknowledged enqueue gave it
-  (its enqueue time not after the acknowledgement), by an op invoked after the acknowledgement +
-  ttl + margin: a leader never hands out an item past its expiry;
+* **delivered_after_expiry** — an item handed out by an op invoked after the expiry the server
+  gave it (``exp``, wall ms) + the clock margin: a leader never hands out an item past its
+  expiry. The op's wall time is its history time + the history's wall offset, estimated from the
+  acknowledged enqueues (``ack_ms`` against the completion's time: a lower bound, so the estimate
+  never makes an op later than it was);
+* **wrong_expiry** — an item whose expiry is none its enqueue time (``at``) + a ttl could give: a
+  ttl one of its writes into that queue asked for, or the queue's ``default_ttl_s`` (moves,
+  redrives and dead letters get the target's default);
 * **over_delivered** — on a queue with ``max_deliveries``, an item handed out with a delivery
   count at the limit, or more times than the limit;
 * **delivery_count_decreased** — on a queue with ``max_deliveries`` (counts replicated), one item
@@ -69,7 +74,7 @@ DEAD_REASONS = ("max_deliveries", "expired", "rejected")
 POISON_DEAD_REASONS = ("max_deliveries", "rejected")
 VIOLATIONS = ("poison_consumed", "poison_not_dead", "poison_bad_reason", "bad_dead_letter", "dead_too_early",
               "expired_early", "expired_without_ttl", "rejected_without_reject", "delivered_early",
-              "delivered_after_expiry", "over_delivered", "delivery_count_decreased", "wrong_priority",
+              "delivered_after_expiry", "wrong_expiry", "over_delivered", "delivery_count_decreased", "wrong_priority",
               "consumed_and_dead", "seen_after_consumed", "counter_mismatch")
 
 
@@ -158,6 +163,14 @@ def check_features(history: Any, raw_history: list[dict[str, Any]] | None = None
             allowed.add(0)
         return allowed
 
+    def possible_ttls_ms(value: Hashable, queue: str) -> set[int]:
+        """The ttls an item of ``value`` in ``queue`` may carry: its writes' into that queue, the queue's default."""
+        ttls = {ttl_ms(options["ttl_s"]) for _, q, options in writes.get(value, ()) if q == queue and "ttl_s" in options}
+        default = settings.get(queue, {}).get("default_ttl_s")
+        if isinstance(default, int | float):
+            ttls.add(ttl_ms(default))
+        return ttls
+
     deaths: dict[tuple[str, Hashable], tuple[Hashable, str, str]] = {}  # (dlq, item id) -> value, reason, source
     delay_bounds: dict[Hashable, float] = {}
     for value, given in writes.items():
@@ -169,9 +182,11 @@ def check_features(history: Any, raw_history: list[dict[str, Any]] | None = None
     memory_counts: dict[tuple[str, Hashable], list[Sighting]] = defaultdict(list)
     batches: dict[int, list[int]] = defaultdict(list)
 
+    wall_offset_ms = _wall_offset_ms(model)
     for sighting in model.sightings:
         value, queue, item = sighting.value, sighting.queue, sighting.item
         dead = sighting.dead_letter
+        _check_expiry(findings, sighting, wall_offset_ms, possible_ttls_ms(value, queue))
         if queue in dlqs:
             if item is not None and dead is None:
                 findings.add("bad_dead_letter", why="no dead-letter record in a dead-letter queue", **_where(sighting))
@@ -193,7 +208,6 @@ def check_features(history: Any, raw_history: list[dict[str, Any]] | None = None
             earliest_done[value] = min(earliest_done.get(value, done), done)
             if bound - done > CLOCK_MARGIN_S:
                 findings.add("delivered_early", early_s=round(bound - done, 3), **_where(sighting))
-        _check_expiry(findings, sighting, writes, moved_into)
         if item is None:
             continue
         allowed = possible_priorities(value, queue)
@@ -290,20 +304,34 @@ def model_moved_into(model: QueueModel, value: Hashable) -> set[str]:
     return {move.target for move in model.moves if move.op.type != "fail" and value in move.values}
 
 
-def _check_expiry(findings: _Findings, sighting: Sighting,
-                  writes: dict[Hashable, list[tuple[EnqueueTx, str, dict[str, Any]]]],
-                  moved_into: dict[Hashable, set[str]]) -> None:
-    """No hand-out past the expiry the acknowledged enqueue gave, in the life it gave (a value a move
-    or a redrive brought back has no ttl any more: its enqueue time is later than the ack)."""
+def ttl_ms(ttl_s: Any) -> int:
+    """A ttl in ms as the server rounds it."""
+    return max(1, round(float(ttl_s) * 1000))
+
+
+def _wall_offset_ms(model: QueueModel) -> float | None:
+    """Wall ms at history time 0, as a lower bound: each acknowledged enqueue read the wall clock
+    (``ack_ms``) before its completion line took its history time. None: no enqueue says."""
+    offsets = [op.value["ack_ms"] - op.complete_time_s * 1000 for op in (tx.op for tx in model.enqueues)
+               if op.type == "ok" and op.complete_time_s is not None and isinstance(op.value, dict)
+               and isinstance(op.value.get("ack_ms"), int)]
+    return max(offsets) if offsets else None
+
+
+def _check_expiry(findings: _Findings, sighting: Sighting, wall_offset_ms: float | None, ttls_ms: set[int]) -> None:
+    """No hand-out past the item's expiry (``exp``, which the server reports with the item), and no
+    expiry but one a ttl of the value in that queue gives. An item without ``exp`` (a server that
+    does not report it) is not judged."""
     item = sighting.item
-    if item is None or not isinstance(item.get("at"), int) or moved_into.get(sighting.value):
+    if item is None or "exp" not in item:
         return
-    for tx, queue, options in writes.get(sighting.value, ()):
-        ack_ms = tx.op.value.get("ack_ms") if isinstance(tx.op.value, dict) else None
-        if (queue != sighting.queue or "ttl_s" not in options or tx.op.type != "ok" or tx.op.complete_time_s is None
-                or not isinstance(ack_ms, int) or item["at"] > ack_ms + CLOCK_MARGIN_S * 1000):
-            continue
-        late_s = sighting.op.invoke_time_s - (tx.op.complete_time_s + float(options["ttl_s"]))
+    expires_ms, at_ms = item["exp"], item.get("at")
+    if not isinstance(expires_ms, int):
+        return
+    if isinstance(at_ms, int) and expires_ms - at_ms not in ttls_ms:
+        findings.add("wrong_expiry", ttl_ms=expires_ms - at_ms, possible_ms=sorted(ttls_ms), **_where(sighting))
+    if wall_offset_ms is not None:
+        late_s = (wall_offset_ms + sighting.op.invoke_time_s * 1000 - expires_ms) / 1000
         if late_s > CLOCK_MARGIN_S:
             findings.add("delivered_after_expiry", late_s=round(late_s, 3), **_where(sighting))
 

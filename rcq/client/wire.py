@@ -16,8 +16,8 @@ queue names are checked by :mod:`rcq.names`: neither rule is repeated here.
 **Newer fields, older servers.** The per-enqueue options (``priority``, ``delay_s``,
 ``ttl_s``) enter a body only when given, so a server that predates them (and refuses
 fields it does not know) still takes every request that does not use them; an item's
-``delivery_count``, ``priority``, ``enqueued_at_ms`` and ``dead_letter`` default when an
-answer lacks them. See docs/queue-features.md.
+``delivery_count``, ``priority``, ``enqueued_at_ms``, ``expires_at_ms`` and ``dead_letter``
+default when an answer lacks them. See docs/queue-features.md.
 
 Must not import: aiohttp, the other client modules (this is the bottom layer: no I/O,
 no retries), rcq.server, pysyncobj, lmdb.
@@ -60,7 +60,8 @@ class DeadLetter:
 class Item:
     """A dequeued item. ``delivery_count``: how many earlier deliveries ended without a commit;
     ``enqueued_at_ms``: when its enqueue committed (None from a server that does not say);
-    ``dead_letter``: only on an item of a dead-letter queue."""
+    ``expires_at_ms``: when it leaves (expires) unless a commit takes it first (None: never, or a
+    server that does not say); ``dead_letter``: only on an item of a dead-letter queue."""
 
     item_id: int
     queue: str
@@ -70,6 +71,7 @@ class Item:
     priority: int = 0
     enqueued_at_ms: int | None = None
     dead_letter: DeadLetter | None = None
+    expires_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +156,12 @@ def item_from_wire(entry: Mapping[str, Any]) -> Item:
         value = encoding.decode_item(text, "base64" if entry.get("encoding") == "base64" else "utf-8")
     except ValueError as exc:  # the server broke the protocol: nothing the caller did
         raise InternalError(f"the server sent an item that is {exc}: {text[:32]!r}") from exc
-    enqueued_at_ms = entry.get("enqueued_at_ms")
+    enqueued_at_ms, expires_at_ms = entry.get("enqueued_at_ms"), entry.get("expires_at_ms")
     return Item(int(entry["item_id"]), str(entry["queue"]), value,
                 delivery_count=int(entry.get("delivery_count") or 0), priority=int(entry.get("priority") or 0),
                 enqueued_at_ms=None if enqueued_at_ms is None else int(enqueued_at_ms),
-                dead_letter=dead_letter_from_wire(entry.get("dead_letter")))
+                dead_letter=dead_letter_from_wire(entry.get("dead_letter")),
+                expires_at_ms=None if expires_at_ms is None else int(expires_at_ms))
 
 
 def dead_letter_from_wire(entry: Mapping[str, Any] | None) -> DeadLetter | None:

@@ -34,9 +34,12 @@ WALL0_MS = 1_800_000_000_000  # the fake wall clock at history time 0
 
 
 def m(item_id: int, dc: int = 0, *, p: int = 0, dl: tuple[str, str, int] | None = None,
-      at: int | None = None) -> dict[str, Any]:
-    """An item's details as the workload records them."""
+      at: int | None = None, exp: int | None = None) -> dict[str, Any]:
+    """An item's details as the workload records them (``exp`` only when given: a server that does
+    not report expiries leaves it out)."""
     meta: dict[str, Any] = {"id": item_id, "dc": dc, "at": at}
+    if exp is not None:
+        meta["exp"] = exp
     if p:
         meta["p"] = p
     if dl is not None:
@@ -336,14 +339,74 @@ def test_expired_without_a_ttl_is_caught() -> None:
     assert violations(check_features(h.lines)) == {"expired_without_ttl": 1}
 
 
-def test_handed_out_past_its_expiry_is_caught_but_not_in_a_later_life() -> None:
-    h = FH().standard().put(0, "q1", "0-1", ttl_s=1.0).wait(3)
-    h.took(1, "q1", ("0-1", m(1, 0, at=WALL0_MS)), f="dequeue-abort")
+def test_handed_out_past_its_expiry_is_caught_and_the_lateness_reported() -> None:
+    h = FH().standard()
+    at = h.wall_ms()  # the enqueue's time; expiry 1 s later; taken 3.3 s after it
+    h.put(0, "q1", "0-1", ttl_s=1.0).wait(3)
+    h.took(1, "q1", ("0-1", m(1, 0, at=at, exp=at + 1000)), f="dequeue-abort")
     result = check_features(h.lines)
     assert violations(result) == {"delivered_after_expiry": 1}
-    later = FH().standard().put(0, "q1", "0-1", ttl_s=1.0).wait(3)
-    later.took(1, "q1", ("0-1", m(5, 0, at=later.wall_ms())), f="dequeue-abort")  # enqueued again: redriven
-    assert violations(check_features(later.lines)) == {}
+    assert result["samples"]["delivered_after_expiry"][0]["late_s"] == pytest.approx(2.3, abs=0.01)
+    in_time = FH().standard()
+    at = in_time.wall_ms()
+    in_time.put(0, "q1", "0-1", ttl_s=3.1).wait(3)  # taken 0.2 s after its expiry: within the margin
+    in_time.took(1, "q1", ("0-1", m(1, 0, at=at, exp=at + 3100)), f="dequeue-abort")
+    assert violations(check_features(in_time.lines)) == {}
+
+
+def test_a_value_redriven_before_its_enqueue_was_acknowledged_is_not_held_to_its_first_ttl() -> None:
+    """CI's seed 20240604 (deposed leader): an enqueue's commit applied while its answer was late (the
+    leader that took it was cut off; the client learnt the outcome from the next leader seconds
+    later). Meanwhile the item expired, died and was redriven: its new life began before the
+    acknowledgement and carries no ttl. The old rule (an enqueue time not after the ack is the
+    acknowledged life) held that life to the first ttl; the expiry the server reports tells them apart."""
+    h = FH().standard()
+    at = h.wall_ms()
+    write = {"queue": "q1", "values": ["4-99"], "ttl_s": 2.5}
+    h._line(0, "invoke", "enqueue", {"writes": [write]})
+    h.wait(2.8)
+    h.took(2, "q1-dlq", ("4-99", m(50, 0, at=h.wall_ms(), dl=("expired", "q1", 0))), f="dequeue-abort")
+    h.redrive(3, "q1-dlq", 1)
+    redriven_at = h.wall_ms()
+    h.wait(2)  # the producer hears of its commit at last
+    h._line(0, "ok", "enqueue", {"writes": [write], "ack_ms": h.wall_ms() + 100})
+    h.wait(10)
+    h.took(1, "q1", ("4-99", {**m(60, 0, at=redriven_at), "exp": None}))  # no ttl in this life
+    assert redriven_at - at < 4000
+    assert violations(check_features(h.lines)) == {}
+
+
+def test_an_expiry_no_ttl_of_the_value_gives_is_caught() -> None:
+    h = FH().standard()
+    at = h.wall_ms()
+    h.put(0, "q1", "0-1", ttl_s=5.0)
+    h.took(1, "q1", ("0-1", m(1, 0, at=at, exp=at + 4000)), f="dequeue-abort")
+    result = check_features(h.lines)
+    assert violations(result) == {"wrong_expiry": 1}
+    assert result["samples"]["wrong_expiry"][0]["ttl_ms"] == 4000
+    never = FH().standard().put(0, "q1", "0-1")  # no ttl anywhere, yet an expiry
+    never.took(1, "q1", ("0-1", m(1, 0, at=at, exp=at + 4000)), f="dequeue-abort")
+    assert violations(check_features(never.lines)) == {"wrong_expiry": 1}
+    default = FH().standard().configure("q0", default_ttl_s=4.0).put(0, "q0", "0-1")  # the queue's default
+    default.took(1, "q0", ("0-1", m(1, 0, at=at, exp=at + 4000)), f="dequeue-abort")
+    assert violations(check_features(default.lines)) == {}
+
+
+def test_the_wall_offset_is_a_lower_bound_from_the_acknowledgements() -> None:
+    """An acknowledgement read late (ack_ms early for its completion) never moves an op later."""
+    def story(ack_early_ms: int) -> FH:
+        h = FH().standard()
+        at = h.wall_ms()
+        h.put(0, "q1", "0-1", ttl_s=1.0)
+        h._line(5, "invoke", "enqueue", {"writes": [{"queue": "q2", "values": ["5-1"]}]})
+        h._line(5, "ok", "enqueue", {"writes": [{"queue": "q2", "values": ["5-1"]}],
+                                     "ack_ms": h.wall_ms() + 100 - ack_early_ms})
+        h.wait(1)  # taken 1.5 s after the enqueue time: 0.5 s late
+        h.took(1, "q1", ("0-1", m(1, 0, at=at, exp=at + 1000)), f="dequeue-abort")
+        return h
+
+    assert violations(check_features(story(0).lines)) == {"delivered_after_expiry": 1}
+    assert violations(check_features(story(900).lines)) == {"delivered_after_expiry": 1}  # the best bound wins
 
 
 def test_a_ttl_value_may_vanish_where_there_is_no_dead_letter_queue_only_once_its_time_passed() -> None:
@@ -502,7 +565,7 @@ class FakeClient:
         return {"redriven": 2, "by_queue": {"q1": 2}}
 
 
-ITEMS = [Item(1, "q1", b"0-1", delivery_count=1, priority=2, enqueued_at_ms=5),
+ITEMS = [Item(1, "q1", b"0-1", delivery_count=1, priority=2, enqueued_at_ms=5, expires_at_ms=2505),
          Item(2, "q1", b"0-2-poison", delivery_count=0)]
 
 
@@ -515,7 +578,8 @@ def test_a_consumer_aborts_on_poison_and_records_what_it_saw() -> None:
     type_, value, error = run(Spec("dequeue", {"queue": "q1", "max": 2, "poison": "abort"}), tx)
     assert (type_, error) == ("fail", "poison_abort") and tx.calls == ["dequeue", "abort"]
     assert value["values"] == ["0-1", "0-2-poison"] and value["poison"] == ["0-2-poison"]
-    assert value["items"]["0-1"] == {"id": 1, "dc": 1, "at": 5, "p": 2}
+    assert value["items"]["0-1"] == {"id": 1, "dc": 1, "at": 5, "exp": 2505, "p": 2}
+    assert value["items"]["0-2-poison"]["exp"] is None  # never expires
 
 
 def test_a_consumer_rejects_poison_and_commits_the_rest() -> None:

@@ -529,10 +529,15 @@ async def test_without_a_dead_letter_queue_expired_items_are_dropped_and_counted
     await client.configure_queue(queue, default_ttl_s=1.0)
     await client.enqueue(queue, "a", "b", "c")  # the queue's default TTL
     await client.enqueue(queue, "d", ttl_s=600)
+    await client.enqueue(other := fresh_queue("ttl-none"), "e")
     await wait_for_count(cluster, queue, 1)
     stats = await leader_stats(cluster, queue)
     assert (stats["expired_total"], stats["dropped_total"], stats["dead_lettered_total"]) == (3, 3, 0)
-    assert values(await take_all(client, queue)) == [b"d"]
+    [item] = await take_all(client, queue)
+    assert item.value == b"d" and item.enqueued_at_ms is not None
+    assert item.expires_at_ms == item.enqueued_at_ms + 600_000  # what each item carries: its own expiry
+    [plain] = await take_all(client, other)
+    assert plain.value == b"e" and plain.expires_at_ms is None  # never expires
 
 
 async def test_an_item_dequeued_before_its_ttl_is_consumed_by_a_commit_after_it(
@@ -549,6 +554,7 @@ async def test_an_item_dequeued_before_its_ttl_is_consumed_by_a_commit_after_it(
     assert values(first) == [b"committed-late"] and values(second) == [b"aborted-late"]
     assert first[0].enqueued_at_ms is not None
     expires_at = first[0].enqueued_at_ms + 1500
+    assert first[0].expires_at_ms == expires_at and second[0].expires_at_ms == second[0].enqueued_at_ms + 1500
     # Well past the expiry (the leader's timer has looked at least once since): both still held.
     await wait_until(lambda: wall_ms() >= expires_at + 1500, WAIT_S, message="the TTL to pass")
     assert await count_on_leader(cluster, dlq) == 0

@@ -100,12 +100,13 @@ async def client(fake: FakeNode) -> AsyncIterator[RcqClient]:
 COMMITTED = {"transaction_id": "x", "index": 7, "duplicate": False, "enqueued": 1, "dequeued": 0,
              "transaction_ids": ["x"], "results": [{"op": "enqueue", "queue": "q", "enqueued": 1}]}
 FULL_ITEM = {"item_id": 17, "queue": "jobs.dlq", "value": "job", "encoding": "utf-8", "delivery_count": 2,
-             "priority": 5, "enqueued_at_ms": 1795000000000,
+             "priority": 5, "enqueued_at_ms": 1795000000000, "expires_at_ms": 1795000060000,
              "dead_letter": {"reason": "max_deliveries", "source_queue": "jobs", "delivery_count": 3}}
 OLD_ITEM = {"item_id": 18, "queue": "jobs.dlq", "value": "b2xk", "encoding": "base64"}  # an older server's
 PARSED_FULL = Item(17, "jobs.dlq", b"job", delivery_count=2, priority=5, enqueued_at_ms=1795000000000,
-                   dead_letter=DeadLetter("max_deliveries", "jobs", 3))
-PARSED_OLD = Item(18, "jobs.dlq", b"old", delivery_count=0, priority=0, enqueued_at_ms=None, dead_letter=None)
+                   dead_letter=DeadLetter("max_deliveries", "jobs", 3), expires_at_ms=1795000060000)
+PARSED_OLD = Item(18, "jobs.dlq", b"old", delivery_count=0, priority=0, enqueued_at_ms=None, dead_letter=None,
+                  expires_at_ms=None)
 
 
 # ------------------------------------------------------------------ enqueue options

@@ -62,7 +62,7 @@ def items_body(items: list[DequeuedItem], encoding: Encoding) -> list[dict[str, 
         value, used = encode_item(item.value, encoding)
         entry: dict[str, Any] = {"item_id": item.item_id, "queue": item.queue, "value": value, "encoding": used,
                                  "delivery_count": item.delivery_count, "priority": item.priority,
-                                 "enqueued_at_ms": item.enqueued_at_ms}
+                                 "enqueued_at_ms": item.enqueued_at_ms, "expires_at_ms": item.expires_at_ms}
         dead = item.dead_letter
         if dead is not None:
             entry["dead_letter"] = {"reason": dead.reason, "source_queue": dead.source_queue,

@@ -119,6 +119,7 @@ class DequeuedItem:
     priority: int = 0
     enqueued_at_ms: int | None = None
     dead_letter: DeadLetter | None = None
+    expires_at_ms: int | None = None  # when it leaves unless a commit takes it first (None: never)
 
 
 class RandomHex:
