@@ -198,7 +198,7 @@ def add_client_parsers(commands: Any) -> None:
     enqueue.set_defaults(func=cmd_enqueue)
     dequeue = commands.add_parser("dequeue", parents=[common],
                                   help="dequeue and commit (at most once: items are gone once printed); --json adds "
-                                       "each item's delivery_count, priority and dead_letter")
+                                       "each item's delivery_count, priority, expires_at_ms and dead_letter")
     dequeue.add_argument("queue")
     dequeue.add_argument("--max", type=int, default=1, dest="max_items", help="most items to take (default 1)")
     dequeue.add_argument("--wait-ms", type=int, default=0, help="wait this long for an item (default 0)")
@@ -334,8 +334,11 @@ def _wire(value: bytes) -> dict[str, str]:
 
 
 def _item_wire(item: Any) -> dict[str, Any]:
-    """A dequeued Item for --json: its value, then how it was delivered (dead_letter only on a dead item)."""
+    """A dequeued Item for --json: its value, then how it was delivered (dead_letter only on a dead item,
+    expires_at_ms only on an item that expires)."""
     wire: dict[str, Any] = {**_wire(item.value), "delivery_count": item.delivery_count, "priority": item.priority}
+    if item.expires_at_ms is not None:
+        wire["expires_at_ms"] = item.expires_at_ms
     if item.dead_letter is not None:
         dead = item.dead_letter
         wire["dead_letter"] = {"reason": dead.reason, "source_queue": dead.source_queue,

@@ -10,7 +10,7 @@
     with rcq.spark.drain(spark, urls, "in", max_items=1000) as df: ...
 
 The queue features of docs/queue-features.md: rows read carry ``delivery_count``, ``priority``,
-``enqueued_at`` and, from a dead-letter queue, ``dead_letter_reason``/``dead_letter_source``; a
+``enqueued_at``, ``expires_at`` and, from a dead-letter queue, ``dead_letter_reason``/``dead_letter_source``; a
 sink enqueues each row with its integer ``priority`` column (if any) and every item with options
 ``delayS``/``ttlS`` (see :mod:`rcq.spark.schema` and :mod:`rcq.spark.options`).
 

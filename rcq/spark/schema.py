@@ -10,10 +10,11 @@ Read schema (one row per item; the first three columns are the original ones, in
     enqueued_at         TIMESTAMP            when its enqueue committed (the leader's clock)
     dead_letter_reason  STRING               in a dead-letter queue: max_deliveries, expired or rejected
     dead_letter_source  STRING               in a dead-letter queue: the queue it died in
+    expires_at          TIMESTAMP            when it expires unless a commit takes it first (null: never)
 
 The columns are the fields of the client's :class:`~rcq.client.Item` (docs/queue-features.md).
 A server older than those fields sends none of them: the row then says delivery count 0,
-priority 0, no enqueue time and not dead.
+priority 0, no enqueue time, not dead and no expiry.
 
 Writers take a DataFrame with a ``value`` column of type STRING or BINARY; a null value fails
 the task. An integer ``priority`` column (TINYINT to BIGINT), if there is one, is each row's
@@ -47,6 +48,7 @@ _NEW_COLUMNS: tuple[tuple[str, str, pa.DataType, bool], ...] = (
     ("enqueued_at", "TIMESTAMP", TIMESTAMP, True),
     ("dead_letter_reason", "STRING", pa.string(), True),
     ("dead_letter_source", "STRING", pa.string(), True),
+    ("expires_at", "TIMESTAMP", TIMESTAMP, True),
 )
 
 
@@ -73,6 +75,7 @@ def items_to_batch(items: Sequence[Item], schema: pa.Schema) -> pa.RecordBatch:
                 raise ValueError(f"item {items[position].item_id} of queue {items[position].queue!r} is not UTF-8 "
                                  "text: read with option valueType=binary") from None
     enqueued_at_us = [None if item.enqueued_at_ms is None else item.enqueued_at_ms * 1000 for item in items]
+    expires_at_us = [None if item.expires_at_ms is None else item.expires_at_ms * 1000 for item in items]
     return pa.RecordBatch.from_arrays(
         [pa.array([item.queue for item in items], pa.string()), pa.array([item.item_id for item in items], pa.int64()),
          pa.array(values, schema.field("value").type),
@@ -81,7 +84,8 @@ def items_to_batch(items: Sequence[Item], schema: pa.Schema) -> pa.RecordBatch:
          pa.array(enqueued_at_us, TIMESTAMP),
          pa.array([None if item.dead_letter is None else item.dead_letter.reason for item in items], pa.string()),
          pa.array([None if item.dead_letter is None else item.dead_letter.source_queue for item in items],
-                  pa.string())], schema=schema)
+                  pa.string()),
+         pa.array(expires_at_us, TIMESTAMP)], schema=schema)
 
 
 def check_writer_schema(schema: Any) -> None:

@@ -39,7 +39,7 @@ from tests.spark.helpers import duplicates, queue_info, unique_queue  # noqa: E4
 URL = "http://127.0.0.1:1"
 ENQUEUED_AT_MS = 1_795_000_000_123
 NEW_ITEM = {"item_id": 17, "queue": "jobs.dlq", "value": "hello", "encoding": "utf-8", "delivery_count": 2,
-            "priority": 5, "enqueued_at_ms": ENQUEUED_AT_MS,
+            "priority": 5, "enqueued_at_ms": ENQUEUED_AT_MS, "expires_at_ms": ENQUEUED_AT_MS + 60_000,
             "dead_letter": {"reason": "max_deliveries", "source_queue": "jobs", "delivery_count": 3}}
 OLD_ITEM = {"item_id": 18, "queue": "jobs", "value": base64.b64encode(b"\x00\xff").decode(), "encoding": "base64"}
 
@@ -52,7 +52,8 @@ def _expected_struct(value_type: Any) -> Any:
         StructField("queue", StringType(), False), StructField("item_id", LongType(), False),
         StructField("value", value_type, True), StructField("delivery_count", IntegerType(), False),
         StructField("priority", IntegerType(), False), StructField("enqueued_at", TimestampType(), True),
-        StructField("dead_letter_reason", StringType(), True), StructField("dead_letter_source", StringType(), True)])
+        StructField("dead_letter_reason", StringType(), True), StructField("dead_letter_source", StringType(), True),
+        StructField("expires_at", TimestampType(), True)])
 
 
 def test_the_read_schema_keeps_its_columns_first_and_appends_the_new_ones() -> None:
@@ -61,7 +62,8 @@ def test_the_read_schema_keeps_its_columns_first_and_appends_the_new_ones() -> N
 
     assert read_schema_ddl("string") == (
         "queue STRING NOT NULL, item_id BIGINT NOT NULL, value STRING, delivery_count INT NOT NULL, "
-        "priority INT NOT NULL, enqueued_at TIMESTAMP, dead_letter_reason STRING, dead_letter_source STRING")
+        "priority INT NOT NULL, enqueued_at TIMESTAMP, dead_letter_reason STRING, dead_letter_source STRING, "
+        "expires_at TIMESTAMP")
     assert read_schema_ddl("binary").startswith("queue STRING NOT NULL, item_id BIGINT NOT NULL, value BINARY, ")
     # Spark refuses a reader's Arrow batch whose schema differs from this, nullability included
     for value_type, spark_type in (("binary", BinaryType()), ("string", StringType())):
@@ -71,15 +73,16 @@ def test_the_read_schema_keeps_its_columns_first_and_appends_the_new_ones() -> N
 def test_an_item_entry_becomes_a_row_with_or_without_the_new_fields() -> None:
     new, old = item_from_wire(NEW_ITEM), item_from_wire(OLD_ITEM)
     assert new == Item(17, "jobs.dlq", b"hello", delivery_count=2, priority=5, enqueued_at_ms=ENQUEUED_AT_MS,
-                       dead_letter=DeadLetter("max_deliveries", "jobs", 3))
+                       dead_letter=DeadLetter("max_deliveries", "jobs", 3), expires_at_ms=ENQUEUED_AT_MS + 60_000)
     assert old == Item(18, "jobs", b"\x00\xff")  # an older server: the defaults
 
     rows = items_to_batch([new, old], arrow_schema("binary")).to_pylist()
     assert rows[0] == {"queue": "jobs.dlq", "item_id": 17, "value": b"hello", "delivery_count": 2, "priority": 5,
                        "enqueued_at": datetime.datetime(2026, 11, 18, 11, 6, 40, 123000, tzinfo=datetime.UTC),
-                       "dead_letter_reason": "max_deliveries", "dead_letter_source": "jobs"}
+                       "dead_letter_reason": "max_deliveries", "dead_letter_source": "jobs",
+                       "expires_at": datetime.datetime(2026, 11, 18, 11, 7, 40, 123000, tzinfo=datetime.UTC)}
     assert rows[1] == {"queue": "jobs", "item_id": 18, "value": b"\x00\xff", "delivery_count": 0, "priority": 0,
-                       "enqueued_at": None, "dead_letter_reason": None, "dead_letter_source": None}
+                       "enqueued_at": None, "dead_letter_reason": None, "dead_letter_source": None, "expires_at": None}
     # null is as absent; a live item has no dead_letter
     live = item_from_wire({**OLD_ITEM, "delivery_count": None, "priority": 3, "enqueued_at_ms": None, "dead_letter": None})
     assert items_to_batch([live], arrow_schema("binary")).to_pylist()[0] == {**rows[1], "priority": 3}
@@ -298,7 +301,7 @@ def test_rows_written_with_priorities_are_read_back_highest_first_with_their_pri
               .option("maxItemsPerPartition", "40").load())
     assert stream.schema.simpleString() == (
         "struct<queue:string,item_id:bigint,value:string,delivery_count:int,priority:int,enqueued_at:timestamp,"
-        "dead_letter_reason:string,dead_letter_source:string>")
+        "dead_letter_reason:string,dead_letter_source:string,expires_at:timestamp>")
     query = (stream.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "checkpoint"))
              .trigger(availableNow=True).start())
     try:
@@ -313,6 +316,8 @@ def test_rows_written_with_priorities_are_read_back_highest_first_with_their_pri
     assert {int(row.value): row.priority for _, row in seen} == expected
     assert {row.delivery_count for _, row in seen} == {0}
     assert all(row.dead_letter_reason is None and row.dead_letter_source is None for _, row in seen)
+    # the sink's ttlS: each row expires an hour after its enqueue
+    assert all(row.expires_at - row.enqueued_at == datetime.timedelta(hours=1) for _, row in seen)
     enqueued_ms = [row.enqueued_at.timestamp() * 1000 for _, row in seen]
     assert started_ms - 5000 <= min(enqueued_ms) and max(enqueued_ms) <= finished_ms + 5000
     # one reader task: each micro-batch took the highest priorities left

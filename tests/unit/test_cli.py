@@ -175,7 +175,7 @@ async def test_dequeue_json_shows_delivery_count_priority_and_dead_letter(fake: 
         {"op": "dequeue", "queue": "jobs.dlq", "items": [FULL_ITEM, OLD_ITEM]}]})
     code, out, _ = await rcq(capsys, "dequeue", "--json", "--url", fake.url, "jobs.dlq", "--max", "2")
     assert code == 0 and json.loads(out) == {"queue": "jobs.dlq", "items": [
-        {"value": "job", "encoding": "utf-8", "delivery_count": 2, "priority": 5,
+        {"value": "job", "encoding": "utf-8", "delivery_count": 2, "priority": 5, "expires_at_ms": 1795000060000,
          "dead_letter": {"reason": "max_deliveries", "source_queue": "jobs", "delivery_count": 3}},
         {"value": "old", "encoding": "utf-8", "delivery_count": 0, "priority": 0}]}
     # for people: one value per line, as before
