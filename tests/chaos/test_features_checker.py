@@ -363,13 +363,13 @@ def test_a_value_redriven_before_its_enqueue_was_acknowledged_is_not_held_to_its
     h = FH().standard()
     at = h.wall_ms()
     write = {"queue": "q1", "values": ["4-99"], "ttl_s": 2.5}
-    h._line(0, "invoke", "enqueue", {"writes": [write]})
+    h.invoke(0, "enqueue", {"writes": [write]})
     h.wait(2.8)
     h.took(2, "q1-dlq", ("4-99", m(50, 0, at=h.wall_ms(), dl=("expired", "q1", 0))), f="dequeue-abort")
     h.redrive(3, "q1-dlq", 1)
     redriven_at = h.wall_ms()
     h.wait(2)  # the producer hears of its commit at last
-    h._line(0, "ok", "enqueue", {"writes": [write], "ack_ms": h.wall_ms() + 100})
+    h.complete(0, "ok", "enqueue", {"writes": [write], "ack_ms": h.wall_ms() + 100})
     h.wait(10)
     h.took(1, "q1", ("4-99", {**m(60, 0, at=redriven_at), "exp": None}))  # no ttl in this life
     assert redriven_at - at < 4000
@@ -398,9 +398,9 @@ def test_the_wall_offset_is_a_lower_bound_from_the_acknowledgements() -> None:
         h = FH().standard()
         at = h.wall_ms()
         h.put(0, "q1", "0-1", ttl_s=1.0)
-        h._line(5, "invoke", "enqueue", {"writes": [{"queue": "q2", "values": ["5-1"]}]})
-        h._line(5, "ok", "enqueue", {"writes": [{"queue": "q2", "values": ["5-1"]}],
-                                     "ack_ms": h.wall_ms() + 100 - ack_early_ms})
+        h.invoke(5, "enqueue", {"writes": [{"queue": "q2", "values": ["5-1"]}]})
+        h.complete(5, "ok", "enqueue", {"writes": [{"queue": "q2", "values": ["5-1"]}],
+                                        "ack_ms": h.wall_ms() + 100 - ack_early_ms})
         h.wait(1)  # taken 1.5 s after the enqueue time: 0.5 s late
         h.took(1, "q1", ("0-1", m(1, 0, at=at, exp=at + 1000)), f="dequeue-abort")
         return h
