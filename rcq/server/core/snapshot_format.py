@@ -1,0 +1,130 @@
+"""The state machine's snapshot content: encode it, read it back (every format still readable), hash it.
+
+A snapshot is a ``meta`` dict of plain values (lists, tuples, ints, str: everything but the
+items) and the items as (queue, item id, value), sorted by queue then id; the raft layer
+(``rcq/server/raft/snapshots.py``) stores both in one file. Formats are versioned here, where
+they are defined: ``SNAPSHOT_FORMAT`` is what is written, ``SNAPSHOT_FORMATS_READ`` what a node
+still restores (1: no queue settings; 2: purge total and limits; 3: settings, every total,
+enqueue times, item metadata), so a node reads the snapshots of the version before it.
+
+The digest hashes the same content: replicas that applied the same log have the same digest.
+
+Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rcq.server.core.commands import QueueSettings
+from rcq.server.core.ledger import Ledger
+from rcq.server.core.outcomes import KeyRecord, TransactionOutcome, TransactionRecords
+from rcq.server.core.queue import ItemMeta, Queue, QueueStats
+
+SNAPSHOT_FORMAT = 3
+SNAPSHOT_FORMATS_READ = (1, 2, 3)
+
+Members = dict[str, tuple[str, str]]  # node id -> (Raft address, HTTP URL)
+
+
+def encode_meta(ledger: Ledger, records: TransactionRecords, last_index: int, barrier_term: int,
+                members: Members) -> dict[str, Any]:
+    """Everything but the items, as plain values."""
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "next_item_id": ledger.next_item_id,
+        "now_ms": ledger.now_ms,
+        "last_index": last_index,
+        "barrier_term": barrier_term,
+        "queues": [
+            (name, q.stats.enqueued_total, q.stats.dequeued_total, q.stats.purged_total, q.max_items,
+             q.max_bytes, q.settings.as_tuple(), q.stats.totals(), q.time_boundaries())
+            for name, q in sorted(ledger.queues.items())
+        ],
+        "item_meta": [
+            (name, item_id, meta.as_tuple())
+            for name, q in sorted(ledger.queues.items()) for item_id, meta in sorted(q.meta.items())
+        ],
+        "outcomes": [
+            (tid, o.status, o.index, o.at_ms, o.reason) for tid, o in records.outcomes.items()
+        ],
+        "outcomes_forgotten_term": records.forgotten_term,
+        "idempotency": [(k, (), r.index, r.at_ms) for k, r in records.keys.items()],
+        # Only once a membership change recorded one: older states keep their digest.
+        **({"members": sorted((node_id, *where) for node_id, where in members.items())} if members else {}),
+    }
+
+
+def encode_items(ledger: Ledger) -> Iterator[tuple[str, int, bytes]]:
+    """Every item as (queue, item id, value), sorted by queue then id."""
+    for name in sorted(ledger.queues):
+        for item_id, value in ledger.queues[name].items.items():
+            yield name, item_id, value
+
+
+def digest(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]]) -> str:
+    """A hash of a snapshot's content (``meta`` and ``items`` as encoded above)."""
+    h = hashlib.sha256()
+    for key, value in meta.items():
+        h.update(repr((key, value)).encode())
+    for queue_name, item_id, value in items:
+        h.update(repr((queue_name, item_id, len(value))).encode())
+        h.update(value)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A snapshot read back: the parts the state machine replaces its own with."""
+
+    ledger: Ledger
+    last_index: int
+    barrier_term: int
+    outcomes: list[tuple[str, TransactionOutcome]]
+    outcomes_forgotten_term: int
+    keys: list[tuple[str, KeyRecord]]
+    members: Members
+
+
+def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]]) -> Decoded:
+    """Read a snapshot (``items`` sorted as :func:`encode_items` yields them); ValueError for an
+    unknown format."""
+    if meta.get("format") not in SNAPSHOT_FORMATS_READ:
+        raise ValueError(f"snapshot format {meta.get('format')!r}, expected one of {SNAPSHOT_FORMATS_READ}")
+    ledger = Ledger()
+    for name, enqueued_total, dequeued_total, *rest in meta["queues"]:
+        ledger.queues[name] = _decode_queue(enqueued_total, dequeued_total, rest)
+    item_meta = {(name, item_id): fields for name, item_id, fields in meta.get("item_meta", ())}
+    for name, item_id, value in items:
+        fields = item_meta.get((name, item_id))
+        ledger.load(name, item_id, value, None if fields is None else ItemMeta(*fields))
+    ledger.next_item_id = meta["next_item_id"]
+    ledger.now_ms = meta["now_ms"]
+    return Decoded(
+        ledger=ledger,
+        last_index=meta["last_index"],
+        barrier_term=meta["barrier_term"],
+        outcomes=[(tid, TransactionOutcome(status, index, at_ms, reason))
+                  for tid, status, index, at_ms, reason in meta["outcomes"]],
+        outcomes_forgotten_term=int(meta.get("outcomes_forgotten_term", 0)),
+        keys=[(key, KeyRecord(index, at_ms)) for key, _ids, index, at_ms in meta["idempotency"]],
+        members={node_id: (raft_address, url) for node_id, raft_address, url in meta.get("members", ())},
+    )
+
+
+def _decode_queue(enqueued_total: int, dequeued_total: int, rest: list[Any]) -> Queue:
+    purged_total, max_items, max_bytes = rest[:3] if rest else (0, None, None)  # format 1: no settings
+    queue = Queue(max_items, max_bytes)
+    queue.stats.enqueued_total = enqueued_total
+    queue.stats.dequeued_total = dequeued_total
+    queue.stats.purged_total = purged_total
+    if len(rest) > 3:  # format 3: settings, every total, enqueue times
+        settings, totals, (time_ids, time_ms) = rest[3:6]
+        queue.settings = QueueSettings(*settings)
+        for field_name, total in zip(QueueStats.TOTALS, totals, strict=True):
+            setattr(queue.stats, field_name, total)
+        queue.restore_times(time_ids, time_ms)
+    return queue
