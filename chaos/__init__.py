@@ -9,6 +9,7 @@ makes them, ``membership`` the membership changes through the admin API),
 ``runner`` (phases and report), ``sweep`` (many seeds, one table).
 
 A black box: nothing here imports rcq but rcq.client, rcq.errors and the cluster harness of
-rcq.testing (real node processes, their polls and waits, and powerfs: a disk that loses
-what was not synced).
+rcq.testing (real node processes, their polls and waits). ``powerfs`` (a disk that loses what
+was not synced, for the power nemesis) is the harness's own. Run from a checkout: the
+package is not in rcq's wheel.
 """

@@ -16,7 +16,7 @@ itself sometimes, and re-adds it when the fault stops, its data kept or wiped (c
 the run ends with every node a voting member, which the ``membership`` checker holds it to.
 
 ``--power-fs`` (implied by ``--nemesis power``; local target only) puts each node's data
-directory on its own powerfs mount (rcq.testing.powerfs, FUSE): a disk that keeps writes not
+directory on its own powerfs mount (chaos.powerfs, FUSE): a disk that keeps writes not
 made durable in memory, so the ``power`` nemesis can drop them. With it, ``all`` includes
 ``power``; without it, it does not. It needs FUSE (/dev/fuse, libfuse3, mfusepy); the run
 refuses to start, saying why, when FUSE cannot work here.
@@ -25,7 +25,7 @@ Exit status: 0 valid, 1 invalid (lost, duplicated, unexpected items, divergence.
 2 the run could not be made (no Docker engine, bad arguments).
 
 Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness
-(with rcq.testing.powerfs, to say why FUSE cannot work).
+(chaos.powerfs says why FUSE cannot work).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from pathlib import Path
 
 from chaos.docker_cluster import COMPOSE_NODES, DockerError, docker_compose_error
 from chaos.nemesis import DOCKER_KINDS, KINDS, check_target, parse_kinds
+from chaos.powerfs import fuse_unavailable_reason
 from chaos.runner import RunConfig, run
-from rcq.testing.powerfs import fuse_unavailable_reason
 
 DOCKER_INFO_TIMEOUT_S = 20.0
 

@@ -29,15 +29,14 @@ default): the workload's clients, the drain and the harness's own polls all send
 admin token (:attr:`ChaosTarget.token <chaos.target.ChaosTarget.token>`).
 
 **Power failures** (``power_fs=True``, the ``power`` nemesis): each node's data directory is
-its own powerfs mount (rcq.testing.powerfs: a disk whose writes not made durable live in memory
+its own powerfs mount (chaos.powerfs: a disk whose writes not made durable live in memory
 only), so :meth:`ChaosCluster.lose_power` of one node drops that node's unsynced data and no
 other's. It kills the node and everything it forked, waits until none of them is left running
 (a dying process writes its dirty mmap pages back as it exits), then cuts. A wipe on such a
 disk is made durable (a new, empty disk). The mounts are closed after the nodes stop; the
 data on them is gone then (the logs are outside them).
 
-Must not import: any rcq module but rcq.client, rcq.errors, rcq.testing's cluster harness and
-rcq.testing.powerfs.
+Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness.
 """
 
 from __future__ import annotations
@@ -49,11 +48,11 @@ from pathlib import Path
 from typing import Any, NoReturn, Self
 
 from chaos.netproxy import HOST, ProxyThread
+from chaos.powerfs import PowerFSError, PowerMount, close_all
 from chaos.target import TARGET_START_TIMEOUT_S, client_link, raft_link
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.nodes import STOP_TIMEOUT_S, LocalNode, free_ports
 from rcq.testing.polls import POLL_TIMEOUT_S, poll_until
-from rcq.testing.powerfs import PowerFSError, PowerMount, close_all
 
 log = logging.getLogger(__name__)
 

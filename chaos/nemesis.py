@@ -35,7 +35,7 @@ includes ``power`` only with ``--power-fs``):
   whether the old leader received a snapshot. Never mixed; local target only.
 * ``power``: a power failure of one follower, a minority, the leader, or every node at once:
   each is killed -9 (with what it forked), then everything its disk had not made durable is
-  dropped (each node's data directory is its own powerfs mount, rcq.testing.powerfs: unsynced
+  dropped (each node's data directory is its own powerfs mount, chaos.powerfs: unsynced
   file data, and names not made durable by an fsync of their directory); restarted when the
   fault stops. Its start line names the nodes that lost power (``lost_power``) and what each
   disk dropped (``dropped``). Local target with ``--power-fs`` only (``--nemesis power``

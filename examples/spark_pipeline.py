@@ -19,7 +19,7 @@ or plan. With ``--urls``, the jobs send ``$RCQ_TOKEN`` (the connector reads it o
 
 Spark runs in ``local[2]`` (driver and executors in this process's JVM) unless told otherwise:
 ``--standalone`` starts a Spark standalone cluster from the pyspark package (a master and a
-worker, each its own JVM, on 127.0.0.1: :mod:`rcq.testing.spark_standalone`) and runs both jobs
+worker, each its own JVM, on 127.0.0.1: :mod:`bench.spark_standalone` of the checkout) and runs both jobs
 on its executor; ``--kill-executor`` then SIGKILLs that executor once the streaming job has
 finished its first micro-batch, and the counts show that the worker's replacement carried on
 with nothing lost or duplicated. ``--master spark://host:port`` uses a cluster of yours (its
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             work_dir.mkdir(parents=True, exist_ok=True)
             standalone = None
             if args.standalone:
-                from rcq.testing.spark_standalone import SparkStandalone
+                sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench is not installed
+                from bench.spark_standalone import SparkStandalone
 
                 standalone = stack.enter_context(SparkStandalone(cores=2, memory="1g"))
                 print(f"started a Spark standalone cluster: {standalone.master_url} (1 worker, 2 cores)")

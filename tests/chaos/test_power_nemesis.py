@@ -22,9 +22,9 @@ import pytest
 import chaos.__main__ as chaos_main
 from chaos.faults import power_failure
 from chaos.nemesis import DOCKER_KINDS, KINDS, Nemesis, check_target, parse_kinds
+from chaos.powerfs import fuse_unavailable_reason, is_mounted
 from chaos.runner import Progress, RunConfig, open_target, run
 from chaos.target import ChaosTarget
-from rcq.testing.powerfs import fuse_unavailable_reason, is_mounted
 
 FUSE_UNAVAILABLE = fuse_unavailable_reason()
 needs_fuse = pytest.mark.skipif(FUSE_UNAVAILABLE is not None, reason=f"powerfs cannot mount here: {FUSE_UNAVAILABLE}")

@@ -1,4 +1,4 @@
-"""powerfs (rcq/testing/powerfs.py), the disk with a volatile write cache behind the ``power``
+"""powerfs (chaos/powerfs/), the disk with a volatile write cache behind the ``power``
 nemesis: what is made durable survives a power cut, nothing else does.
 
 Through a real FUSE mount and real system calls (write, fsync, fdatasync, rename, ftruncate,
@@ -25,9 +25,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chaos.powerfs import PowerFSError, PowerMount, fuse_unavailable_reason, is_mounted
+from chaos.powerfs.model import PAGE_BYTES, PowerModel
 from rcq.testing.polls import poll_until
-from rcq.testing.powerfs import PowerFSError, PowerMount, fuse_unavailable_reason, is_mounted
-from rcq.testing.powerfs_model import PAGE_BYTES, PowerModel
 
 FUSE_UNAVAILABLE = fuse_unavailable_reason()
 needs_fuse = pytest.mark.skipif(FUSE_UNAVAILABLE is not None, reason=f"powerfs cannot mount here: {FUSE_UNAVAILABLE}")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pysyncobj.journal import FileJournal
 
+from chaos.powerfs import PowerMount, fuse_unavailable_reason, is_mounted
 from rcq.server.raft.wal import DurableJournal
-from rcq.testing.powerfs import PowerMount, fuse_unavailable_reason, is_mounted
 
 FUSE_UNAVAILABLE = fuse_unavailable_reason()
 pytestmark = pytest.mark.skipif(FUSE_UNAVAILABLE is not None, reason=f"powerfs cannot mount here: {FUSE_UNAVAILABLE}")

@@ -8,7 +8,7 @@ connector test suite must never look like a passing one.
 PySpark allows one SparkContext per process, so :class:`SparkSessions` holds
 the one session and switches masters when a test asks for another: ``spark``
 is ``local[2,3]``; ``standalone_spark`` drives a Spark standalone cluster (a
-master and a worker JVM, :mod:`rcq.testing.spark_standalone`) that a module
+master and a worker JVM, :mod:`bench.spark_standalone`) that a module
 starts for itself and stops when it is done.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from bench.spark_standalone import SparkStandalone
 from rcq.testing.cluster import LocalCluster
-from rcq.testing.spark_standalone import SparkStandalone
 
 ROOT = Path(__file__).resolve().parents[2]
 LEADER_TIMEOUT_S = 60.0

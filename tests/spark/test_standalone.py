@@ -1,7 +1,7 @@
 """The rcq connector on a Spark standalone cluster: executors in their own JVMs, one of them killed.
 
 Local mode runs the executors inside the driver's JVM; here a master and a worker run as separate
-JVMs (:class:`rcq.testing.spark_standalone.SparkStandalone`), the worker starts the application's
+JVMs (:class:`bench.spark_standalone.SparkStandalone`), the worker starts the application's
 executor as a third, and that executor forks the Python workers that run the connector. To kill
 an executor in the middle of a task, not between tasks, the pipelines pass their rows through
 :func:`_hold_once`: the first attempt of one task, part way through its rows, says which process
@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
+from bench.spark_standalone import SparkStandalone
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.polls import poll_until
-from rcq.testing.spark_standalone import SparkStandalone
 from tests.spark.helpers import (
     duplicates,
     enqueue_values,

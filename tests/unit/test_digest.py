@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rcq.bench_stall import build_state
+from bench.stall import build_state
 from rcq.errors import Unavailable
 from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, encode
 from rcq.server.core.state_machine import QueueStateMachine

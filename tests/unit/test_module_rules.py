@@ -4,34 +4,47 @@
   and standard modules without I/O, clock, randomness or concurrency;
 * only ``rcq/server/raft`` imports pysyncobj and lmdb;
 * the client side (``rcq/client``, ``rcq/errors.py``, ``rcq/names.py``, ``rcq/encoding.py``,
-  ``rcq/limits.py``, and the Spark connector, which runs where only the client is installed)
-  imports nothing from ``rcq.server``: ``pip install rcq`` has no server;
+  ``rcq/limits.py``, ``rcq/tokens.py``, and the Spark connector, which runs where only the
+  client is installed) never reaches ``rcq.server``, directly or through any chain of project
+  modules (``rcq.testing`` included): ``pip install rcq`` has no server;
 * the chaos harness talks to rcq as any user would: ``rcq.client``, ``rcq.errors`` and the
-  cluster harness of ``rcq.testing`` only.
+  cluster harness of ``rcq.testing`` only; the benchmarks likewise (plus the Spark connector),
+  but for ``bench/stall.py``, which measures the state machine's digest in process;
+* the product (``rcq``, ``cluster``: what the wheel carries) never imports ``chaos``, ``bench``
+  or ``tests``, and the two harnesses do not import each other.
 
 Every import statement counts, wherever it is (inside functions, under
 ``if TYPE_CHECKING:``, in ``try:``), and so do ``__import__("x")`` and
-``importlib.import_module("x")`` with a literal name.
+``importlib.import_module("x")`` with a literal name. Importing ``a.b.c`` counts as importing
+the packages ``a`` and ``a.b`` too: Python runs their ``__init__`` first.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import deque
 from pathlib import Path, PurePosixPath
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rcq", "cluster", "chaos")  # the project's own code (tests excluded)
+PACKAGES = ("rcq", "cluster", "chaos", "bench")  # the project's own code (tests excluded)
+PRODUCT = ("rcq/", "cluster/")  # what the wheel carries
+HARNESSES = frozenset({"chaos", "bench", "tests"})  # run from a checkout; the product never imports them
 
 PURE_FOLDER = "rcq/server/core/"
 PURE_ALLOWED_RCQ = ("rcq.server.core", "rcq.errors")
 PURE_FORBIDDEN = frozenset({"asyncio", "aiohttp", "pysyncobj", "lmdb", "time", "random", "uuid", "os",
                             "threading", "socket", "pydantic"})
 EXCLUSIVE = {"pysyncobj": "rcq/server/raft/", "lmdb": "rcq/server/raft/"}
-CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py", "rcq/limits.py", "rcq/spark/")
+CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py", "rcq/limits.py", "rcq/tokens.py",
+               "rcq/spark/")
 CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.testing.cluster", "rcq.testing.nodes", "rcq.testing.polls",
-                     "rcq.testing.waits", "rcq.testing.powerfs")
+                     "rcq.testing.waits")
+BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.testing.cluster", "rcq.testing.nodes",
+                     "rcq.testing.polls")
+# The one bench that runs server code in process: what it measures.
+BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest")}
 
 
 # ====================================================================== the checker
@@ -86,8 +99,8 @@ def within(module: str, prefix: str) -> bool:
 def violations(files: dict[str, str]) -> list[str]:
     """All rule violations in ``files`` (repo-relative posix path -> source)."""
     problems: list[str] = []
-    for path, source in sorted(files.items()):
-        imports = imported_modules(source, path)
+    imports_of = {path: imported_modules(source, path) for path, source in files.items()}
+    for path, imports in sorted(imports_of.items()):
         tops = {top_level(m) for m in imports}
         if path.startswith(PURE_FOLDER):
             for name in sorted(tops & PURE_FORBIDDEN):
@@ -103,9 +116,66 @@ def violations(files: dict[str, str]) -> list[str]:
                 if within(module, "rcq.server"):
                     problems.append(f"{path}: client side imports {module}")
         if path.startswith("chaos/"):
-            for module in sorted(imports):
-                if within(module, "rcq") and not any(within(module, ok) for ok in CHAOS_ALLOWED_RCQ):
-                    problems.append(f"{path}: chaos imports {module} (only {', '.join(CHAOS_ALLOWED_RCQ)})")
+            problems += _outside_allowed(path, imports, "chaos", CHAOS_ALLOWED_RCQ)
+        if path.startswith("bench/"):
+            problems += _outside_allowed(path, imports, "bench", BENCH_ALLOWED_RCQ + BENCH_IN_PROCESS.get(path, ()))
+        if path.startswith(PRODUCT):
+            for module in sorted(m for m in imports if top_level(m) in HARNESSES):
+                problems.append(f"{path}: the product imports {module} (chaos, bench and tests are not in the wheel)")
+        for harness, other in (("chaos", "bench"), ("bench", "chaos")):
+            if path.startswith(harness + "/"):
+                for module in sorted(m for m in imports if top_level(m) in (other, "tests")):
+                    problems.append(f"{path}: {harness} imports {module}")
+    problems += _client_side_chains(imports_of)
+    return problems
+
+
+def _outside_allowed(path: str, imports: set[str], who: str, allowed: tuple[str, ...]) -> list[str]:
+    return [f"{path}: {who} imports {module} (only {', '.join(allowed)})" for module in sorted(imports)
+            if within(module, "rcq") and not any(within(module, ok) for ok in allowed)]
+
+
+def _project_module(name: str, modules: set[str]) -> str | None:
+    """The project module an imported name is in: the longest prefix that is one (None: not ours)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in modules:
+            return ".".join(parts[:end])
+    return None
+
+
+def _with_packages(module: str, modules: set[str]) -> list[str]:
+    """``a.b.c`` and the packages Python runs first, ``a`` and ``a.b`` (those that are ours)."""
+    parts = module.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts) + 1) if ".".join(parts[:end]) in modules]
+
+
+def _client_side_chains(imports_of: dict[str, set[str]]) -> list[str]:
+    """For each client-side file, the shortest chain of project modules through which it reaches
+    ``rcq.server`` (its own direct imports are reported by the direct rule)."""
+    by_module = {module_name(path): imports for path, imports in imports_of.items()}
+    modules = set(by_module)
+    problems = []
+    for path in sorted(p for p in imports_of if p.startswith(CLIENT_SIDE)):
+        start = module_name(path)
+        chain_to = {start: [start]}
+        waiting = deque([start])
+        found = None
+        while waiting and found is None:
+            module = waiting.popleft()
+            for name in sorted(by_module[module]):
+                reached = _project_module(name, modules) or name
+                if within(reached, "rcq.server"):
+                    if module != start:
+                        found = [*chain_to[module], reached]
+                        break
+                    continue
+                for step in _with_packages(reached, modules):
+                    if step not in chain_to:
+                        chain_to[step] = [*chain_to[module], step]
+                        waiting.append(step)
+        if found is not None:
+            problems.append(f"{path}: client side reaches {found[-1]} through {' -> '.join(found)}")
     return problems
 
 
@@ -184,6 +254,57 @@ CLEAN = {
 
 def test_a_clean_tree_has_no_violations():
     assert violations(CLEAN) == []
+    allowed = {"bench/stall.py": "from rcq.server.core.state_machine import QueueStateMachine\n"
+                                 "from rcq.server.raft.digest import forked_digest\n",
+               "bench/spark.py": "from bench.scenarios import Target\nfrom rcq.testing.cluster import LocalCluster\n",
+               "chaos/cluster.py": "from chaos.powerfs import PowerMount\nfrom rcq.testing.polls import poll_until\n",
+               "rcq/spark/writer.py": "from rcq.client import RcqClient\nfrom rcq.tokens import Grant\n"}
+    assert violations({**CLEAN, **allowed}) == []
+
+
+# The Spark bench as it was inside the package: a client-side module importing the cluster harness,
+# which imported the server's token model. No direct import of rcq.server anywhere on the client side.
+SPARK_BENCH_LEAK = {
+    **CLEAN,
+    "rcq/spark/__init__.py": "from rcq.spark.options import parse\n",
+    "rcq/spark/options.py": "from rcq.errors import InvalidRequest\n",
+    "rcq/spark/bench.py": "from rcq.client import RcqClient\nfrom rcq.testing.cluster import ADMIN_TOKEN_NAME\n",
+    "rcq/testing/__init__.py": "from rcq.testing.waits import wait_until\n",
+    "rcq/testing/waits.py": "import asyncio\n",
+    "rcq/testing/cluster.py": "from rcq.private_files import write_private\n"
+                              "from rcq.server.security.tokens import TokenEntry, new_token\n",
+    "rcq/private_files.py": "import os\n",
+    "rcq/server/__init__.py": "",
+    "rcq/server/security/__init__.py": "",
+    "rcq/server/security/tokens.py": "from pydantic import BaseModel\n",
+}
+
+
+def test_the_checker_catches_the_spark_bench_leak_and_names_its_chain():
+    assert not any("client side imports" in problem for problem in violations(SPARK_BENCH_LEAK))
+    assert violations(SPARK_BENCH_LEAK) == [
+        "rcq/spark/bench.py: client side reaches rcq.server.security.tokens through "
+        "rcq.spark.bench -> rcq.testing.cluster -> rcq.server.security.tokens"]
+
+
+def test_a_chain_through_a_package_init_counts():
+    """Importing ``rcq.testing.waits`` runs ``rcq/testing/__init__.py`` first, whatever it imports."""
+    files = {**CLEAN,
+             "rcq/client/retry.py": "from rcq.testing.waits import wait_until\n",
+             "rcq/testing/__init__.py": "def __getattr__(name):\n    from rcq.testing.replicator import R\n",
+             "rcq/testing/waits.py": "import asyncio\n",
+             "rcq/testing/replicator.py": "from rcq.server.core.commands import encode\n"}
+    assert violations(files) == [
+        "rcq/client/retry.py: client side reaches rcq.server.core.commands through "
+        "rcq.client.retry -> rcq.testing -> rcq.testing.replicator -> rcq.server.core.commands"]
+
+
+def test_the_client_side_reaches_the_modules_it_shares_with_the_server():
+    """The walk is not vacuous on the real tree: the client side's chains reach the shared modules."""
+    files = project_files()
+    leak = {**files, "rcq/private_files.py": files["rcq/private_files.py"] + "\nimport rcq.server.config\n"}
+    assert "rcq/spark/source.py: client side reaches rcq.server.config through rcq.spark.source -> " \
+           "rcq.spark.options -> rcq.private_files -> rcq.server.config" in violations(leak), violations(leak)
 
 
 @pytest.mark.parametrize("path, source, expected", [
@@ -213,6 +334,18 @@ def test_a_clean_tree_has_no_violations():
     ("chaos/checker.py", "import rcq.clientele", "chaos imports rcq.clientele"),
     ("chaos/checker.py", "from rcq.testing import InMemoryReplicator", "chaos imports rcq.testing.InMemoryReplicator"),
     ("chaos/nemesis/kill.py", "from ...rcq.server.leader import transactions", "chaos imports rcq.server.leader"),
+    ("chaos/cluster.py", "from rcq.testing.powerfs import PowerMount", "chaos imports rcq.testing.powerfs"),
+    ("chaos/workload.py", "from bench.scenarios import Target", "chaos/workload.py: chaos imports bench.scenarios"),
+    ("bench/__main__.py", "from rcq.server.node import Node", "bench/__main__.py: bench imports rcq.server.node"),
+    ("bench/spark.py", "from rcq.testing import InMemoryReplicator", "bench imports rcq.testing.InMemoryReplicator"),
+    ("bench/stall.py", "from rcq.server.leader import transactions", "bench imports rcq.server.leader.transactions"),
+    ("bench/soak.py", "import chaos.history", "bench/soak.py: bench imports chaos.history"),
+    ("bench/soak.py", "from tests.helpers import WAIT_S", "bench imports tests.helpers.WAIT_S"),
+    ("rcq/cli.py", "from bench.scenarios import Target",
+     "rcq/cli.py: the product imports bench.scenarios.Target (chaos, bench and tests are not in the wheel)"),
+    ("rcq/testing/cluster.py", "def f():\n    import chaos.powerfs\n", "the product imports chaos.powerfs"),
+    ("cluster/__main__.py", "from tests.helpers import WAIT_S", "cluster/__main__.py: the product imports tests.helpers"),
+    ("rcq/tokens.py", "from rcq.server.config import NodeConfig", "rcq/tokens.py: client side imports rcq.server.config"),
 ])
 def test_each_broken_rule_is_reported(path, source, expected):
     files = {**CLEAN, path: source}

@@ -8,7 +8,7 @@ snapshots, docs/raft-hazards.md, H9). :class:`ForkedDigest` holds the lock only 
 the digest and ``last_index`` on its frozen image, writes them to a pipe as one line and exits.
 The value is the one ``digest()`` computes in process for the same state. The cost is memory:
 reading an object changes its reference count, so the child copies most of the pages it reads
-(about 170 MiB for a million 100-byte items; ``python -m rcq.bench_stall`` measures both).
+(about 170 MiB for a million 100-byte items; ``python -m bench.stall`` measures both).
 
 The parent waits in a worker thread (never on the event loop), bounded by a timeout after which
 the child is killed; it always reaps the child. At most one child runs at a time. A caller

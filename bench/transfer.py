@@ -8,7 +8,7 @@ consumer rcq recommends now: ``receive`` (begin and dequeue in one request), the
 ``commit_and_receive`` (commit, and the next transaction's items in the same answer) — one request
 per transaction. Producers are unchanged: one one-request enqueue per transaction.
 
-    RCQ_TOKEN=... python -m rcq.bench_transfer --harness DIR --configs 8x8x1,32x32x1,32x32x10
+    RCQ_TOKEN=... python -m bench.transfer --harness DIR --configs 8x8x1,32x32x1,32x32x10
 
 ``--mode``: ``receive`` (independent clients, one per worker: the issue's "separate"),
 ``receive-coalesce`` (one shared client per process). The cluster is the harness's: URLs and node
@@ -149,14 +149,17 @@ def main() -> int:
             harness = sys.argv[position + 1]
         elif arg.startswith("--harness="):
             harness = arg.split("=", 1)[1]
+    if harness is None and {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)  # the harness's own flags are known only once it is on the path
+        return 0
     if harness is None or not os.path.isfile(os.path.join(harness, "common.py")):
-        print("rcq.bench_transfer: --harness DIR (the directory of the side-by-side harness's common.py)",
+        print("bench.transfer: --harness DIR (the directory of the side-by-side harness's common.py)",
               file=sys.stderr)
         return 2
     sys.path.insert(0, os.path.abspath(harness))
     import common
 
-    return int(common.main(__name__ if __name__ != "__main__" else "rcq.bench_transfer") or 0)
+    return int(common.main(__name__ if __name__ != "__main__" else "bench.transfer") or 0)
 
 
 if __name__ == "__main__":

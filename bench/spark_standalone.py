@@ -36,6 +36,10 @@ the groups), and removes the temporary directory. Layout of ``base_dir``::
     master.log, worker.log     each daemon's stdout and stderr
     work/<app>/<executor>/     each executor's directory: its stdout and stderr
 
+Used by ``python -m bench.spark --standalone``, the Spark example's ``--standalone`` and the
+Spark tests (tests/spark); it lives here, beside the bench, because the bench is its one user
+outside the tests.
+
 Must not import: pyspark (the driver is the caller's; the harness needs only its files),
 rcq.server.
 """

@@ -8,7 +8,7 @@ it, and the node finds on "disk" exactly what it had made durable, nothing more:
         ...                                 # the node writes, fsyncs, mmaps, renames
         disk.cut()                          # everything not made durable is gone
 
-The filesystem is a child process (``python -m rcq.testing.powerfs_serve MOUNTPOINT``) holding all
+The filesystem is a child process (``python -m chaos.powerfs.serve MOUNTPOINT``) holding all
 data in memory, driven over its stdin/stdout by :class:`PowerMount`; it is a separate process
 so that libfuse's signal handlers and its request threads never share the harness's
 interpreter (and so a harness that dies closes the child's stdin: the child unmounts itself;
@@ -56,8 +56,9 @@ Binding: ``mfusepy`` (ctypes over Debian's libfuse3; pure Python, so nothing to 
 /dev/fuse, no permission, no libfuse3, no mfusepy) so tests can skip loudly.
 
 The model itself (files, directories, their durable and current states, the cut) is
-rcq/testing/powerfs_model.py; the child that serves it over FUSE is rcq/testing/powerfs_serve.py;
-this module drives the mount from the harness.
+chaos/powerfs/model.py; the child that serves it over FUSE is chaos/powerfs/serve.py; this module
+drives the mount from the harness. Test machinery of the chaos harness and its tests, run from a
+checkout (not in the wheel): the child finds ``chaos`` through ``PYTHONPATH`` set to the checkout.
 
 Must not import: rcq.server (nor pysyncobj, lmdb, aiohttp); mfusepy only inside the child.
 """
@@ -88,6 +89,14 @@ CLOSE_TIMEOUT_S = 15.0  # unmount (retried while busy), then the child's exit
 UNMOUNT_RETRY_S = 0.05
 UNMOUNT_COMMAND_TIMEOUT_S = 10.0
 LOG_TAIL_BYTES = 4_000
+
+
+def _child_environment() -> dict[str, str]:
+    """This environment, with the checkout that holds ``chaos`` first on ``PYTHONPATH``: the
+    package is not installed, and the child may start in any directory."""
+    checkout = str(Path(__file__).resolve().parents[2])
+    inherited = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": checkout + (os.pathsep + inherited if inherited else "")}
 
 
 class PowerFSError(RuntimeError):
@@ -186,7 +195,7 @@ class PowerMount:
             raise PowerFSError(f"{self.mountpoint} is not a directory")
         if is_mounted(self.mountpoint):
             raise PowerFSError(f"something is already mounted at {self.mountpoint}")
-        command = [sys.executable, "-m", "rcq.testing.powerfs_serve", str(self.mountpoint)]
+        command = [sys.executable, "-m", "chaos.powerfs.serve", str(self.mountpoint)]
         if not drop_unsynced:
             command.append("--keep-unsynced")
         log_file = open(self.log_path, "ab") if self.log_path is not None else None
@@ -194,7 +203,7 @@ class PowerMount:
             # Its own session: a Ctrl-C meant for the harness must not unmount the disk under
             # nodes that are still running; the harness closes it after stopping them.
             self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=log_file, start_new_session=True)
+                                             stderr=log_file, start_new_session=True, env=_child_environment())
         finally:
             if log_file is not None:
                 log_file.close()

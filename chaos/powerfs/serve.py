@@ -1,6 +1,6 @@
 """powerfs's child process: serves a PowerModel over FUSE (mfusepy over libfuse3) at a
 mountpoint, and answers the harness's control requests (cut, sync, stats) on stdin/stdout.
-Started and driven by rcq.testing.powerfs.PowerMount; the durability model is written out at
+Started and driven by chaos.powerfs.PowerMount; the durability model is written out at
 the top of that module.
 
 Must not import: rcq.server; mfusepy is imported here only, in the child.
@@ -15,8 +15,8 @@ import sys
 import threading
 from typing import Any
 
-from rcq.testing.powerfs import unmount
-from rcq.testing.powerfs_model import PAGE_BYTES, PowerModel
+from chaos.powerfs import unmount
+from chaos.powerfs.model import PAGE_BYTES, PowerModel
 
 STATFS_BLOCKS = 1 << 24  # what df shows: 64 GiB, all free (memory is the real limit)
 
@@ -184,12 +184,12 @@ def _control_loop(model: PowerModel, reply: Any, mountpoint: str, ready: threadi
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rcq.testing.powerfs_serve MOUNTPOINT [--keep-unsynced]``: the child (see PowerMount)."""
+    """``python -m chaos.powerfs.serve MOUNTPOINT [--keep-unsynced]``: the child (see PowerMount)."""
     args = sys.argv[1:] if argv is None else argv
     positional = [a for a in args if not a.startswith("--")]
     if len(positional) != 1 or set(args) - {*positional, "--keep-unsynced"}:
-        print("usage: python -m rcq.testing.powerfs_serve MOUNTPOINT [--keep-unsynced]\n"
-              "  (driven by rcq.testing.powerfs.PowerMount over stdin/stdout)", file=sys.stderr)
+        print("usage: python -m chaos.powerfs.serve MOUNTPOINT [--keep-unsynced]\n"
+              "  (driven by chaos.powerfs.PowerMount over stdin/stdout)", file=sys.stderr)
         return 2
     return _serve(positional[0], drop_unsynced="--keep-unsynced" not in args)
 

@@ -1,4 +1,4 @@
-"""``python -m rcq.bench_soak``: fill a cluster's storage budget to the brim, drain it to zero, watch memory.
+"""``python -m bench.soak``: fill a cluster's storage budget to the brim, drain it to zero, watch memory.
 
 Starts a fresh local 3-node cluster whose ``storage_bytes_max`` is ``--storage-mib`` (default
 256), then:
@@ -338,7 +338,7 @@ def print_summary(args: argparse.Namespace, run: Run, ledger: Ledger, cycles: li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rcq.bench_soak", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--storage-mib", type=int, default=256, help="the nodes' storage_bytes_max, MiB")
     parser.add_argument("--item-bytes", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1000, help="items per enqueue request and per dequeue")

@@ -1,4 +1,4 @@
-"""``python -m rcq.spark.bench``: rows/s of the rcq Spark sink and source, next to rcq's own bench.
+"""``python -m bench.spark``: rows/s of the rcq Spark sink and source, next to rcq's own bench.
 
 Starts a local 3-node cluster (or uses ``--urls``) and a ``local[2]``
 SparkSession, warms both up, then measures, with 100-byte items:
@@ -10,20 +10,20 @@ SparkSession, warms both up, then measures, with 100-byte items:
   wall time from ``start()`` to the end of the query;
 
 each with enqueue/dequeue requests of ``--batch-size`` items, and then
-``rcq.bench``'s ``enqueue-100`` and ``dequeue-100`` scenarios (separate
+``python -m bench``'s ``enqueue-100`` and ``dequeue-100`` scenarios (separate
 callers) on the same cluster. The issue's target: the Spark path reaches at
 least 50% of rcq's items/s.
 
 ``--standalone`` measures the Spark figures a second time on a Spark standalone
 cluster it starts (a master and a worker of ``--partitions`` cores, each its own
-JVM: :mod:`rcq.testing.spark_standalone`), so the executors run in a JVM of
+JVM: :mod:`bench.spark_standalone`), so the executors run in a JVM of
 their own instead of the driver's, and prints both rows side by side.
 
 The fresh cluster requires tokens: Spark reads its admin token from the private file
 (option ``tokenFile``, so the token itself is in no Spark option or plan), and the
 comparison's clients send it too. With ``--urls``, both take ``$RCQ_TOKEN``.
 
-Must not import: pysyncobj, lmdb.
+Must not import: pysyncobj, lmdb, rcq.server.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rcq.bench import Target, fresh_cluster, run_scenario
+from bench.scenarios import Target, fresh_cluster, run_scenario
 from rcq.testing.cluster import ADMIN_TOKEN_NAME
 
 
@@ -132,12 +132,12 @@ def print_modes(by_mode: dict[str, dict[str, float]], rcq_figures: dict[str, flo
         sink_share = sink / max(rcq_figures["enqueue-100"], 1e-9)
         source_share = source / max(rcq_figures["dequeue-100"], 1e-9)
         print(f"{mode:<{width}}  {f'{sink:,.0f} ({sink_share:.0%})':>24}  {f'{source:,.0f} ({source_share:.0%})':>24}")
-    print(f"{'rcq.bench, 100-item requests':<{width}}  {rcq_figures['enqueue-100']:>24,.0f}  "
+    print(f"{'rcq bench, 100-item requests':<{width}}  {rcq_figures['enqueue-100']:>24,.0f}  "
           f"{rcq_figures['dequeue-100']:>24,.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rcq.spark.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--urls", help="comma-separated node URLs of a running cluster (default: start one)")
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=100, help="items per enqueue/dequeue request")
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standalone", action="store_true",
                         help="also measure on a Spark standalone cluster it starts (a master and a worker JVM with "
                              "--partitions cores), next to --master")
-    parser.add_argument("--rcq-concurrency", type=int, default=32, help="callers of the rcq.bench comparison")
+    parser.add_argument("--rcq-concurrency", type=int, default=32, help="callers of the rcq bench comparison")
     parser.add_argument("--rcq-duration-s", type=float, default=5.0)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="rcq-spark-bench-") as temp, contextlib.ExitStack() as stack:
             modes: list[tuple[str, str, dict[str, str]]] = [(args.master, args.master, {})]
             if args.standalone:  # started first: a cluster that cannot start fails the run before minutes of work
-                from rcq.testing.spark_standalone import SparkStandalone
+                from bench.spark_standalone import SparkStandalone
 
                 standalone = stack.enter_context(SparkStandalone(cores=args.partitions, memory="1g"))
                 modes.append((f"standalone (1 worker, {args.partitions} cores)", standalone.master_url,

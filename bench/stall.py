@@ -1,12 +1,15 @@
 """How long a state digest holds up applies: the in-lock digest against the forked one.
 
-``python -m rcq.bench_stall [--items N] [--item-bytes B]`` builds a QueueStateMachine of N items
+``python -m bench.stall [--items N] [--item-bytes B]`` builds a QueueStateMachine of N items
 of B bytes (CommitBatch entries through ``QueueStateMachine.apply``), then, while an "apply"
 thread keeps applying one-item entries under the state lock as pysyncobj's tick thread does,
 computes the digest (a) the old way, ``digest()`` while holding the lock, and (b) the new way,
 :func:`rcq.server.raft.digest.forked_digest`. It prints the worst wait for the lock (the apply
 stall) in each case, the digest latency, and the memory of the forked child, sampled from
 ``/proc/<pid>/smaps_rollup``: its private (copied-on-write) memory is the real cost.
+
+The one bench that runs server code in process (the state machine and the digest it measures).
+Must not import: pysyncobj, lmdb.
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ def rss_kb(pid: int | str = "self") -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="python -m bench.stall", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--items", type=int, default=1_000_000)
     parser.add_argument("--item-bytes", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3, help="forked digests to measure (the worst is shown)")

@@ -1,6 +1,6 @@
 """powerfs's model: an in-memory filesystem with a durable and a current state per file and
 directory, and the power cut that reverts one to the other. The durability model is written out
-at the top of rcq/testing/powerfs.py (the FUSE mount that serves it).
+at the top of chaos/powerfs/__init__.py (the FUSE mount that serves it).
 
 Pure Python, no FUSE: testable without a mount (tests/chaos/test_powerfs.py checks its page
 bookkeeping against a whole-file model with hypothesis).
