@@ -244,7 +244,7 @@ async def test_a_waiting_dequeue_outlives_the_request_timeout_and_gets_a_later_i
 
 def dequeue_waiters(node: Node, queue: str) -> int:
     """White box: dequeues waiting in the leader's view of ``queue``."""
-    view = node.manager._views.get(queue)
+    view = node.manager._leader.views.get(queue)
     return len(view._waiters) if view is not None else 0
 
 

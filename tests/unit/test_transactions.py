@@ -243,7 +243,7 @@ async def test_a_transaction_of_an_earlier_term_is_reported_aborted_by_a_new_lea
     replicator.depose()
     replicator.elect()
     await wait_until(lambda: manager.serving, 2, message="serving again")
-    manager._closed = ClosedTransactions(remembered_max=10)  # a different node never saw it
+    manager._leader.closed = ClosedTransactions(remembered_max=10)  # a different node never saw it
     with pytest.raises(LeaderChanged):
         await manager.commit(tx.transaction_id)
 

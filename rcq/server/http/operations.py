@@ -10,7 +10,6 @@ Must not import: pysyncobj, lmdb, aiohttp.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,7 @@ from rcq.server.http.models import (
     decode_items,
     enqueue_options,
 )
-from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem
+from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem, DequeueStep, EnqueueStep
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.security.tokens import Principal
 
@@ -134,20 +133,12 @@ async def commit(manager: TransactionManager, transaction_id: str, body: CommitR
 
 async def receive(manager: TransactionManager, queue: str, body: ReceiveRequest, caller: Caller,
                   budget: AnswerBudget | None = None) -> Answer:
-    """Begin a transaction and dequeue into it. Nothing received: the transaction is aborted at once
-    and the answer has no transaction id, so an idle consumer holds nothing on the leader."""
+    """Begin a transaction and dequeue into it; nothing received, the answer has no transaction id
+    (the leader aborted it at once)."""
     caller.principal.require("consume", queue)
-    transaction = manager.begin(body.timeout_s, body.label, caller.client, caller.owner)
-    transaction_id = transaction.transaction_id
-    try:
-        items = await manager.dequeue(transaction_id, queue, body.max_items, body.wait_ms, budget=budget)
-    except BaseException:
-        with contextlib.suppress(RcqError):
-            manager.abort(transaction_id)
-        raise
-    if not items:
-        with contextlib.suppress(RcqError):
-            manager.abort(transaction_id)
+    transaction, items = await manager.receive(queue, body.timeout_s, body.label, body.max_items, body.wait_ms,
+                                               caller.client, caller.owner, budget)
+    if transaction is None:
         return 200, {"transaction_id": None, "queue": queue, "items": []}
     return 200, {**transaction.describe(_now()), "queue": queue, "items": items_body(items, body.encoding)}
 
@@ -190,44 +181,27 @@ async def commit_many(manager: TransactionManager, config: NodeConfig, body: Com
 
 async def execute(manager: TransactionManager, config: NodeConfig, body: ExecuteRequest,
                   caller: Caller, budget: AnswerBudget | None = None) -> Answer:
-    """A one-request transaction: run the operations in a fresh transaction and commit it. Its
-    dequeues share one answer budget (``budget``: the enclosing request's, if it has one).
-    Every permission is checked before anything starts."""
-    budget = budget if budget is not None else manager.answer_budget()
+    """A one-request transaction (the leader's ``execute``). Its dequeues share one answer budget
+    (``budget``: the enclosing request's, if it has one). Every permission is checked, every item
+    decoded, before anything starts."""
     check_count("operations", len(body.operations), config)
     for op in body.operations:
         caller.principal.require("produce" if isinstance(op, EnqueueOperation) else "consume", op.queue)
         if isinstance(op, EnqueueOperation):
             check_items_count(op.items, config)
-    decoded = [decode_items(op.items, op.encoding, config.item_bytes_max)
-               if isinstance(op, EnqueueOperation) else None for op in body.operations]
-    transaction_id = manager.begin(client=caller.client, owner=caller.owner).transaction_id
-    try:
-        results: list[dict[str, Any]] = []
-        for op, values in zip(body.operations, decoded, strict=True):
-            if isinstance(op, EnqueueOperation):
-                assert values is not None
-                manager.enqueue(transaction_id, op.queue, values,
-                                options=enqueue_options(op.priority, op.delay_s, op.ttl_s))
-                results.append({"op": "enqueue", "queue": op.queue, "enqueued": len(values)})
-            else:
-                assert isinstance(op, DequeueOperation)
-                items = await manager.dequeue(transaction_id, op.queue, op.max_items, op.wait_ms, budget=budget)
-                results.append({"op": "dequeue", "queue": op.queue, "items": items_body(items, op.encoding)})
-        result = await manager.commit(transaction_id, body.idempotency_key)
-        if result.duplicate:
-            # An earlier commit with this key already happened; this run's dequeues did not
-            # apply (the items went back to their queues), so they must not be handed out.
-            for entry in results:
-                if entry["op"] == "dequeue":
-                    entry["items"] = []
-    except BaseException:
-        try:
-            manager.abort(transaction_id)
-        except RcqError:
-            pass  # already closed, or committing: nothing left to give back here
-        raise
-    return 200, {"transaction_id": transaction_id, **commit_body(result), "results": results}
+    steps = [EnqueueStep(op.queue, decode_items(op.items, op.encoding, config.item_bytes_max),
+                         enqueue_options(op.priority, op.delay_s, op.ttl_s))
+             if isinstance(op, EnqueueOperation) else DequeueStep(op.queue, op.max_items, op.wait_ms)
+             for op in body.operations]
+    executed = await manager.execute(steps, body.idempotency_key, caller.client, caller.owner, budget)
+    results: list[dict[str, Any]] = []
+    for op, done in zip(body.operations, executed.steps, strict=True):
+        if isinstance(op, EnqueueOperation):
+            results.append({"op": "enqueue", "queue": op.queue, "enqueued": done})
+        else:
+            assert isinstance(op, DequeueOperation) and isinstance(done, list)
+            results.append({"op": "dequeue", "queue": op.queue, "items": items_body(done, op.encoding)})
+    return 200, {"transaction_id": executed.transaction_id, **commit_body(executed.commit), "results": results}
 
 
 # ------------------------------------------------------------------ queue admin

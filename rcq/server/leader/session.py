@@ -68,6 +68,13 @@ class Session:
             "dequeued": sum(len(v) for v in self.dequeued.values()),
         }
 
+    def drop_held(self, queue: str, items: list[DequeuedItem]) -> None:
+        """Items that are no longer this transaction's (rejected, dead, gone, or not handed out)."""
+        dropped = {item.item_id for item in items}
+        held = self.dequeued.get(queue, [])
+        held[:] = [i for i in held if i not in dropped]
+        self.dequeued_bytes[queue] = self.dequeued_bytes.get(queue, 0) - sum(len(item.value) for item in items)
+        self.items_count -= len(items)
 
     def growth(self) -> dict[str, tuple[int, int]]:
         """queue -> (items, item bytes) this transaction's commit adds (negative: removes)."""
@@ -120,6 +127,34 @@ class DequeuedItem:
     enqueued_at_ms: int | None = None
     dead_letter: DeadLetter | None = None
     expires_at_ms: int | None = None  # when it leaves unless a commit takes it first (None: never)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueStep:
+    """One enqueue of a one-request transaction (:meth:`TransactionManager.execute`)."""
+
+    queue: str
+    values: list[bytes]
+    options: EnqueueOptions | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DequeueStep:
+    """One dequeue of a one-request transaction (:meth:`TransactionManager.execute`)."""
+
+    queue: str
+    max_items: int = 1
+    wait_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Executed:
+    """What a one-request transaction did: per step, how many items it enqueued, or the items it
+    dequeued (none when the commit was a duplicate: this run's dequeues did not apply)."""
+
+    transaction_id: str
+    commit: CommitResult
+    steps: list[int | list[DequeuedItem]]
 
 
 class RandomHex:

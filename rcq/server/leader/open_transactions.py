@@ -1,0 +1,174 @@
+"""OpenTransactions: the verbs on a transaction before its commit, except dequeue.
+
+Begin, extend, describe, list, the owner check, buffered enqueues, abort, and deadlines: its
+:class:`DeadlineReaper` expires a transaction whose deadline passed (:meth:`OpenTransactions.expire`). Nothing
+here is replicated: an enqueue is buffered in the session until its commit (``commit_path``);
+a dequeue (``dequeue``) locks items in the views. Every session it opens or ends goes through
+the :class:`LeaderState`.
+
+Must not import: pysyncobj, lmdb, aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from rcq.errors import (
+    InvalidRequest,
+    OutcomeExpired,
+    PayloadTooLarge,
+    RcqError,
+    TransactionCommitted,
+    TransactionLifetimeExceeded,
+    TransactionNotFound,
+)
+from rcq.names import check_queue_name
+from rcq.server.config import NodeConfig
+from rcq.server.core.commands import EnqueueOptions
+from rcq.server.leader.admission import Admission, merge_growth
+from rcq.server.leader.deadlines import DeadlineReaper
+from rcq.server.leader.leader_state import LeaderState
+from rcq.server.leader.session import RandomHex, Session, State
+from rcq.server.raft.protocol import Replicator
+
+
+class OpenTransactions:
+    def __init__(self, config: NodeConfig, leader: LeaderState, replicator: Replicator, admission: Admission) -> None:
+        self._config = config
+        self._leader = leader
+        self._replicator = replicator
+        self._admission = admission
+        self._random_ids = RandomHex(12)
+        # Started, stopped and cleared (on a new epoch) by the TransactionManager.
+        self.deadlines = DeadlineReaper(find=leader.open_session, expire=self.expire,
+                                        live=lambda: leader.sessions.values())
+
+    def begin(self, timeout_s: float | None = None, label: str | None = None, client: str = "",
+              owner: str = "") -> Session:
+        """Open a transaction owned by ``owner`` (a principal); caps count it against ``client``."""
+        leader = self._leader
+        leader.require_serving()
+        self._admission.check_begin(client, len(leader.sessions))
+        timeout_s = self._timeout(timeout_s)
+        now = asyncio.get_running_loop().time()
+        transaction = Session(
+            transaction_id=f"{leader.serving_term:x}.{self._random_ids.next()}",
+            term=leader.serving_term, epoch=leader.epoch, label=label, timeout_s=timeout_s,
+            deadline=now + timeout_s, created_ms=int(time.time() * 1000), client=client, owner=owner,
+            lifetime_deadline=now + self._config.transaction_lifetime_max_s)
+        leader.add(transaction)
+        self.deadlines.schedule(transaction)
+        return transaction
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        if timeout_s is None:
+            return self._config.transaction_timeout_default_s
+        if timeout_s > self._config.transaction_timeout_max_s:
+            raise InvalidRequest(f"timeout_s {timeout_s} is over the limit "
+                                 f"{self._config.transaction_timeout_max_s}")
+        return timeout_s
+
+    def extend(self, transaction_id: str, timeout_s: float) -> Session:
+        transaction = self._leader.get_open(transaction_id)
+        timeout_s = self._timeout(timeout_s)
+        now = asyncio.get_running_loop().time()
+        if now + timeout_s > transaction.lifetime_deadline:
+            left = max(0.0, transaction.lifetime_deadline - now)
+            raise TransactionLifetimeExceeded(
+                f"a transaction lives at most {self._config.transaction_lifetime_max_s} s, extends included; "
+                f"this one has {left:.1f} s left", details={"remaining_s": round(left, 3)})
+        transaction.timeout_s = timeout_s
+        transaction.deadline = now + timeout_s
+        self.deadlines.schedule(transaction)
+        return transaction
+
+    def describe(self, transaction_id: str) -> dict[str, Any]:
+        leader = self._leader
+        now = asyncio.get_running_loop().time()
+        transaction = leader.sessions.get(transaction_id) if leader.serving else None
+        if transaction is not None:
+            return transaction.describe(now)
+        try:
+            error = leader.closed_error(transaction_id) if leader.serving else None
+        except RcqError:
+            error = None
+        if error is None:
+            outcome = self._replicator.read(lambda sm: sm.outcome(transaction_id))
+            if outcome is not None:
+                return {"transaction_id": transaction_id, "state": outcome.status,
+                        "index": outcome.index, "reason": outcome.reason}
+            leader.require_serving()
+            raise TransactionNotFound(f"no transaction {transaction_id!r}")
+        if isinstance(error, TransactionNotFound):
+            raise error
+        state = ("committed" if isinstance(error, TransactionCommitted)
+                 else "unknown" if isinstance(error, OutcomeExpired) else "aborted")
+        body = {"transaction_id": transaction_id, "state": state, "reason": error.code}
+        body.update(error.details)
+        return body
+
+    def check_owner(self, transaction_id: str, owner: str) -> None:
+        """A transaction open on this leader, or closed by it recently (the last
+        ``closed_transactions_remembered_max``), is invisible to every principal but its owner: the
+        same 404 as for an id never seen, so another principal learns nothing of it. (An outcome
+        from before this leader is answered to whoever holds the id: owners are not replicated.)"""
+        transaction = self._leader.sessions.get(transaction_id)
+        known_owner = transaction.owner if transaction is not None else self._leader.closed.owner_of(transaction_id)
+        if known_owner is not None and known_owner != owner:
+            raise TransactionNotFound(f"no transaction {transaction_id!r}")
+
+    def list_open(self, label_prefix: str | None = None, owner: str = "") -> list[dict[str, Any]]:
+        """The open transactions of ``owner``."""
+        self._leader.require_serving()
+        now = asyncio.get_running_loop().time()
+        return [t.describe(now) for t in self._leader.sessions.values()
+                if t.owner == owner and (label_prefix is None or (t.label or "").startswith(label_prefix))]
+
+    def enqueue(self, transaction_id: str, queue: str, values: list[bytes], key: str | None = None,
+                options: EnqueueOptions | None = None) -> int:
+        """Buffer items; returns how many the transaction holds. A repeated ``key`` buffers nothing."""
+        transaction = self._leader.get_open(transaction_id)
+        check_queue_name(queue)
+        if options is not None and options.priority:
+            features = self._replicator.read(lambda sm: sm.queue_features(queue))
+            allowed = (features.max_priority if features is not None else None) or 0
+            if options.priority > allowed:
+                raise InvalidRequest(f"priority {options.priority} is over queue {queue!r}'s max_priority {allowed} "
+                                     "(set it with PUT /v1/queues/{queue})",
+                                     details={"queue": queue, "max_priority": allowed})
+        if key is not None and key in transaction.enqueue_keys:
+            if transaction.enqueue_keys[key] != (queue, len(values)):
+                raise InvalidRequest(f"enqueue key {key!r} was used for other items")
+            return sum(len(v) for v in transaction.enqueues.values())
+        size = sum(len(v) for v in values)
+        if transaction.enqueued_bytes + size > self._config.commit_batch_bytes_max:
+            raise PayloadTooLarge(
+                f"the transaction would hold {transaction.enqueued_bytes + size} bytes of items; "
+                f"the limit is {self._config.commit_batch_bytes_max}")
+        if transaction.items_count + len(values) > self._config.transaction_items_max:
+            raise PayloadTooLarge(
+                f"the transaction would hold {transaction.items_count + len(values)} items; the limit is "
+                f"{self._config.transaction_items_max}")
+        growth = merge_growth([transaction.growth(), {queue: (len(values), size)}])
+        self._replicator.read(lambda sm: self._admission.check_growth(growth, sm))
+        items_before, bytes_before = transaction.enqueued_sizes.get(queue, (0, 0))
+        transaction.enqueues.setdefault((queue, options), []).extend(values)
+        transaction.enqueued_bytes += size
+        transaction.enqueued_sizes[queue] = (items_before + len(values), bytes_before + size)
+        transaction.items_count += len(values)
+        if key is not None:
+            transaction.enqueue_keys[key] = (queue, len(values))
+        return sum(len(v) for v in transaction.enqueues.values())
+
+    def abort(self, transaction_id: str) -> int:
+        """Close the transaction; its dequeued items go back to the head. Returns how many it held."""
+        transaction = self._leader.get_open(transaction_id)
+        returned = sum(len(ids) for ids in transaction.dequeued.values())
+        self._leader.close(transaction, State.ABORTED, "aborted")
+        return returned
+
+    def expire(self, transaction: Session) -> None:
+        """Its deadline passed while it was open."""
+        self._leader.close(transaction, State.ABORTED, "expired")
