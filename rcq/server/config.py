@@ -162,7 +162,7 @@ class NodeConfig(BaseModel):
         64 << 20, ge=1024, description="most item bytes one commit (or commit_many) may carry: it is one Raft entry")
     commits_in_flight_max: int = Field(32, ge=1, description="Raft entries proposed but not yet applied")
 
-    # --- Raft (see README: why these values)
+    # --- Raft (see docs/operations.md: why these values)
     raft_timeout_min_s: float = Field(0.8, gt=0, description="minimum election timeout")
     raft_timeout_max_s: float = Field(1.6, gt=0, description="maximum election timeout")
     leader_fallback_timeout_s: float = Field(

@@ -1,7 +1,7 @@
 """Wire models of the HTTP API v1 (pydantic).
 
 Requests are validated here; responses are plain dicts built by the API
-handlers (see README for their shapes). Items are bytes inside rcq; on the
+handlers (see docs/http-api.md for their shapes). Items are bytes inside rcq; on the
 wire each item is a string with an encoding: ``utf-8`` (the default, for text)
 or ``base64`` (for arbitrary bytes). Dequeued items come back as UTF-8 when
 they decode as such and the caller did not ask for base64; otherwise as
