@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from rcq.server.http.handlers import admin_only, json_response, read_model
 from rcq.server.http.models import AddMemberRequest, TransferLeadershipRequest
 from rcq.server.leader.membership import Membership
 
 PROBE_TIMEOUT_S = 3.0
 MEMBERSHIP = web.AppKey("membership", Membership)
-
-BodyReader = Callable[[web.Request, type[Any]], Awaitable[Any]]
-Responder = Callable[[Any, int], web.Response]
-
 
 def make_probe(peer_tls: ssl.SSLContext | None) -> Callable[[str, str], Awaitable[str | None]]:
     """A probe: None when ``url``'s /healthz answers as ``node_id``, else what went wrong."""
@@ -48,26 +44,24 @@ def make_probe(peer_tls: ssl.SSLContext | None) -> Callable[[str, str], Awaitabl
     return probe
 
 
-def add_routes(app: web.Application, read_body: BodyReader, respond: Responder,
-               admin_only: Callable[[str, Callable[[web.Request], Awaitable[web.StreamResponse]]],
-                                    Callable[[web.Request], Awaitable[web.StreamResponse]]]) -> None:
+def add_routes(app: web.Application) -> None:
     async def members(request: web.Request) -> web.Response:
         membership = request.app[MEMBERSHIP]
-        return respond({"leader_id": membership.leader_id(),
-                        "members": [m.as_dict() for m in membership.members()]}, 200)
+        return json_response({"leader_id": membership.leader_id(),
+                              "members": [m.as_dict() for m in membership.members()]})
 
     async def add_member(request: web.Request) -> web.Response:
-        body: AddMemberRequest = await read_body(request, AddMemberRequest)
+        body = await read_model(request, AddMemberRequest)
         answer = await request.app[MEMBERSHIP].add(body.node_id, body.raft_address, body.url,
                                                    body.catch_up_timeout_s)
-        return respond(answer, 200)
+        return json_response(answer)
 
     async def remove_member(request: web.Request) -> web.Response:
-        return respond(await request.app[MEMBERSHIP].remove(request.match_info["node_id"]), 200)
+        return json_response(await request.app[MEMBERSHIP].remove(request.match_info["node_id"]))
 
     async def transfer_leadership(request: web.Request) -> web.Response:
-        body: TransferLeadershipRequest = await read_body(request, TransferLeadershipRequest)
-        return respond(await request.app[MEMBERSHIP].transfer_leadership(body.node_id), 200)
+        body = await read_model(request, TransferLeadershipRequest)
+        return json_response(await request.app[MEMBERSHIP].transfer_leadership(body.node_id))
 
     app.router.add_get("/v1/cluster/members", admin_only("list the members", members))
     app.router.add_post("/v1/cluster/members", admin_only("add a member", add_member))

@@ -1,0 +1,126 @@
+"""The cluster routes: its status (``/v1/cluster``, ``/readyz``, ``/healthz``), the status page and
+its overview, storage figures, the state digest, a snapshot on request, the OpenAPI document.
+
+Everything but the public part of ``/v1/cluster``, the health checks and the OpenAPI document
+needs an admin principal.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from rcq.server.http.auth import principal_of
+from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, admin_only, json_response
+from rcq.server.http.membership_routes import MEMBERSHIP
+from rcq.server.http.openapi import openapi_spec
+from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
+from rcq.server.security.tls import peer_context
+
+
+async def storage(request: web.Request) -> web.Response:
+    """GET /v1/cluster/storage: how full the node's budget and tables are (cheap: counters only)."""
+    config = request.app[CONFIG]
+    cost, sizes = request.app[REPLICATOR].read(lambda sm: (sm.storage_cost, sm.table_sizes()))
+    return json_response({"node_id": config.node_id, "storage_bytes": cost,
+                          "storage_bytes_max": config.storage_bytes_max, **sizes,
+                          "open_transactions": request.app[MANAGER].open_count})
+
+
+def cluster_status(app: web.Application) -> dict[str, Any]:
+    config, replicator, manager = app[CONFIG], app[REPLICATOR], app[MANAGER]
+    status = replicator.status()
+    directory = app[MEMBERSHIP].directory()
+    leader_address = status.leader_raft_address
+    members = [(p.node_id, p.raft_address, p.http_url) for p in directory.values()]
+    leader = next((m for m in members if m[1] == leader_address), None)
+    voting = replicator.members()
+    peers = [directory[address] for address in voting[1:] if address in directory]
+    return {
+        "node_id": config.node_id, "url": config.url, "role": status.role, "term": status.term,
+        "leader_id": leader[0] if leader else None, "leader_url": leader[2] if leader else None,
+        "serving": manager.serving, "commit_index": status.commit_index,
+        "last_applied": status.last_applied, "log_length": status.log_length,
+        "has_quorum": status.has_quorum, "snapshot_count": status.snapshot_count,
+        "snapshots_received": int(status.details.get("snapshots_received", 0)),
+        "open_transactions": manager.open_count,
+        "leader_changes_seen": int(status.details.get("leader_changes_seen", 0)),
+        "commit_latency": _commit_latency(app),
+        "recent_leader_changes": [
+            {"at": at, "leader_id": next((m[0] for m in members if m[1] == address), None), "term": term}
+            for at, address, term in status.details.get("leader_history", [])],
+        "peers": [{"node_id": p.node_id, "url": p.http_url, "raft_address": p.raft_address} for p in peers],
+        "member": config.raft_address in voting,
+    }
+
+
+# What /v1/cluster tells a principal without admin: enough to find and follow the leader.
+CLUSTER_PUBLIC_KEYS = ("node_id", "url", "role", "term", "leader_id", "leader_url", "serving", "peers")
+
+
+async def cluster(request: web.Request) -> web.Response:
+    status = cluster_status(request.app)
+    if not principal_of(request).admin:
+        status = {key: status[key] for key in CLUSTER_PUBLIC_KEYS}
+        status["peers"] = [{"node_id": p["node_id"], "url": p["url"]} for p in status["peers"]]
+    return json_response(status)
+
+
+async def state_digest(request: web.Request) -> web.Response:
+    # Hashed off the apply path (a forked child on a Raft node): the state is O(items).
+    digest, applied = await request.app[REPLICATOR].digest()
+    return json_response({"node_id": request.app[CONFIG].node_id, "digest": digest, "applied_index": applied})
+
+
+async def request_snapshot(request: web.Request) -> web.Response:
+    """Ask this node to snapshot its state and compact its log now (operators, benchmarks)."""
+    request.app[REPLICATOR].request_snapshot()
+    return json_response({"node_id": request.app[CONFIG].node_id, "snapshot_requested": True}, status=202)
+
+
+def _commit_latency(app: web.Application) -> dict[str, float]:
+    """Sum and count of this node's commit latencies (as leader): a mean per interval from two reads."""
+    registry = app[METRICS].registry
+    return {"sum_s": registry.get_sample_value("rcq_commit_duration_seconds_sum") or 0.0,
+            "count": registry.get_sample_value("rcq_commit_duration_seconds_count") or 0.0}
+
+
+def _queue_rows(app: web.Application) -> list[dict[str, Any]]:
+    """The deepest queues (at most QUEUES_SHOWN_MAX) for the status page."""
+    manager = app[MANAGER]
+    rows = app[REPLICATOR].read(lambda sm: sm.deepest_queues(QUEUES_SHOWN_MAX))
+    return [{"queue": name, **stats, "locked": manager.locked_count(name)} for name, stats in rows]
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """The OpenAPI 3.1 description of this API (rcq.server.http.openapi), with this node as its server."""
+    return json_response(openapi_spec(request.app[CONFIG].url))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"ok": True, "node_id": request.app[CONFIG].node_id})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    status = cluster_status(request.app)
+    ready = status["serving"] if status["role"] == "leader" else status["leader_id"] is not None
+    return json_response({"ready": ready, **status}, status=200 if ready else 503)
+
+
+def add_routes(app: web.Application) -> None:
+    overview = Overview(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
+                        peer_tls=peer_context(app[CONFIG]))
+    app.on_cleanup.append(overview.close)
+    app.router.add_get("/", page)
+    app.router.add_get("/v1/cluster/overview", admin_only("read the cluster overview", overview.handle))
+    app.router.add_get("/metrics", admin_only("read metrics", app[METRICS].handle))
+    app.router.add_get("/v1/openapi.json", openapi)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/cluster", cluster)
+    app.router.add_get("/v1/cluster/digest", admin_only("read the state digest", state_digest))
+    app.router.add_post("/v1/admin/snapshot", admin_only("request a snapshot", request_snapshot))
+    app.router.add_get("/v1/cluster/storage", admin_only("read storage figures", storage))

@@ -1,0 +1,81 @@
+"""What every route handler shares: the app's typed keys, a body validated into its model, JSON
+answers, errors rendered as JSON, who is calling, and the admin guard.
+
+The route modules (``transaction_routes``, ``queue_routes``, ``cluster_routes``,
+``membership_routes``) import this; ``api`` puts them together into the app.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from rcq.errors import InvalidQueueName, InvalidRequest, NotLeader, RcqError, Unauthorized
+from rcq.server.config import NodeConfig
+from rcq.server.http.auth import CHALLENGE, principal_of
+from rcq.server.http.connections import read_body
+from rcq.server.http.metrics import NodeMetrics
+from rcq.server.http.operations import Caller
+from rcq.server.leader.transactions import TransactionManager
+from rcq.server.raft.protocol import Replicator
+
+CONFIG = web.AppKey("config", NodeConfig)
+MANAGER = web.AppKey("manager", TransactionManager)
+REPLICATOR = web.AppKey("replicator", Replicator)
+METRICS = web.AppKey("metrics", NodeMetrics)
+
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status,
+                        content_type="application/json")
+
+
+def error_response(error: RcqError, request: web.Request | None = None) -> web.Response:
+    response = json_response(error.to_body(), status=error.http_status)
+    if isinstance(error, NotLeader) and error.leader_url and request is not None:
+        response.headers["Location"] = error.leader_url.rstrip("/") + request.path_qs
+    if error.retryable and error.http_status in (429, 503, 507):
+        response.headers["Retry-After"] = "1"
+    if isinstance(error, Unauthorized):
+        response.headers["WWW-Authenticate"] = CHALLENGE
+    return response
+
+
+async def read_model(request: web.Request, model: type[M]) -> M:
+    """The request's body validated into ``model`` (an empty body is ``{}``); the first problem named."""
+    raw = await read_body(request, request.app[CONFIG].http_body_timeout_s)
+    if not raw:
+        raw = b"{}"
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
+                    for e in exc.errors(include_url=False)[:20]]
+        first = problems[0] if problems else {"field": "", "problem": "invalid"}
+        error_class = InvalidQueueName if first["field"].split(".")[-1] == "queue" else InvalidRequest
+        raise error_class(f"invalid {model.__name__}: {first['field']}: {first['problem']}",
+                             details={"problems": problems}) from exc
+
+
+def caller_of(request: web.Request) -> Caller:
+    """Who is asking: the token's principal; per-client caps count the principal, or the peer
+    address on a node without tokens (where every caller is the same anonymous principal)."""
+    principal = principal_of(request)
+    return Caller(principal, principal.name if principal.authenticated else request.remote or "")
+
+
+def admin_only(what: str, handler: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        principal_of(request).require_admin(what)
+        return await handler(request)
+
+    return guarded

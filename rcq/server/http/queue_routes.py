@@ -1,0 +1,146 @@
+"""The queue routes: ``/v1/queues`` and ``/v1/queues/{queue}/...``.
+
+One-request enqueue and dequeue (a one-operation ``execute``), receive, counts and stats (read
+from the replicated state; the leader adds what only it knows: locked, delayed, ready), and the
+administration of a queue (configure, purge, delete, redrive), which needs ``manage``.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from rcq.names import check_queue_name
+from rcq.server.core.queue import QueueStats
+from rcq.server.http import operations
+from rcq.server.http.auth import principal_of
+from rcq.server.http.handlers import CONFIG, MANAGER, REPLICATOR, caller_of, json_response, read_model
+from rcq.server.http.models import (
+    DequeueOperation,
+    EnqueueOperation,
+    ExecuteRequest,
+    QueueDequeueRequest,
+    QueueEnqueueRequest,
+    QueueSettingsRequest,
+    ReceiveRequest,
+    RedriveRequest,
+)
+from rcq.server.leader.transactions import TransactionManager
+
+
+async def queue_enqueue(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    body = await read_model(request, QueueEnqueueRequest)
+    request_body = ExecuteRequest(
+        operations=[EnqueueOperation(op="enqueue", queue=queue, items=body.items, encoding=body.encoding,
+                                     priority=body.priority, delay_s=body.delay_s, ttl_s=body.ttl_s)],
+        idempotency_key=body.idempotency_key)
+    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
+                                              caller_of(request))
+    return json_response(answer, status)
+
+
+async def queue_dequeue(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    body = await read_model(request, QueueDequeueRequest)
+    request_body = ExecuteRequest(operations=[DequeueOperation(
+        op="dequeue", queue=queue, max_items=body.max_items, wait_ms=body.wait_ms, encoding=body.encoding)])
+    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
+                                              caller_of(request))
+    return json_response(answer, status)
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    principal = principal_of(request)
+    names, counts = request.app[REPLICATOR].read(
+        lambda sm: (names := [n for n in sm.queue_names() if principal.may_see(n)], [sm.count(n) for n in names]))
+    manager = request.app[MANAGER]
+    return json_response({"approximate": True, "queues": [
+        {"queue": n, "count": c, "locked": manager.locked_count(n)} for n, c in zip(names, counts, strict=True)]})
+
+
+async def queue_count(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require_see(queue)
+    replicator, config = request.app[REPLICATOR], request.app[CONFIG]
+    count, applied, stats = replicator.read(lambda sm: (sm.count(queue), sm.last_index, sm.queue_stats(queue)))
+    return json_response({
+        "queue": queue, "count": count, "depth": count, **_item_states(request.app[MANAGER], queue, count, stats),
+        "approximate": True, "applied_index": applied,
+        "node_id": config.node_id, "role": replicator.status().role,
+        **operations.queue_settings_body(request.app[MANAGER], queue),
+    })
+
+
+async def queue_stats(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require_see(queue)
+    config = request.app[CONFIG]
+    stats, applied = request.app[REPLICATOR].read(
+        lambda sm: (sm.queue_stats(queue), sm.last_index))
+    stats = stats or {"count": 0, "bytes": 0, "cost_bytes": 0, **dict.fromkeys(QueueStats.TOTALS, 0)}
+    states = _item_states(request.app[MANAGER], queue, stats["count"], stats)
+    return json_response({"queue": queue, **stats, **states,
+                          "approximate": True, "applied_index": applied, "node_id": config.node_id,
+                          **operations.queue_settings_body(request.app[MANAGER], queue)})
+
+
+def _item_states(manager: TransactionManager, queue: str, count: int, stats: dict[str, int] | None
+                 ) -> dict[str, int | None]:
+    """ready / delayed / locked: the leader's view when this node serves; elsewhere the delayed count
+    from the replicated state at its time, and nothing for locks (only the leader knows them)."""
+    counts = manager.queue_counts(queue)
+    if counts is not None:
+        return {"available": counts["ready"], **counts}
+    delayed = (stats or {}).get("delayed", 0)
+    return {"available": None, "locked": None, "delayed": delayed, "ready": None}
+
+
+async def receive(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    status, body = await operations.receive(request.app[MANAGER], queue,
+                                            await read_model(request, ReceiveRequest), caller_of(request))
+    return json_response(body, status)
+
+
+async def redrive(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    status, body = await operations.redrive(request.app[MANAGER], queue,
+                                            await read_model(request, RedriveRequest), caller_of(request))
+    return json_response(body, status)
+
+
+async def configure_queue(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require("manage", queue)
+    status, body = await operations.configure_queue(request.app[MANAGER], queue,
+                                                    await read_model(request, QueueSettingsRequest))
+    return json_response(body, status)
+
+
+async def purge_queue(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require("manage", queue)
+    status, body = await operations.purge_queue(request.app[MANAGER], queue)
+    return json_response(body, status)
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require("manage", queue)
+    status, body = await operations.delete_queue(request.app[MANAGER], queue)
+    return json_response(body, status)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/queues", list_queues)
+    app.router.add_get("/v1/queues/{queue}", queue_count)
+    app.router.add_put("/v1/queues/{queue}", configure_queue)
+    app.router.add_delete("/v1/queues/{queue}", delete_queue)
+    app.router.add_post("/v1/queues/{queue}/purge", purge_queue)
+    app.router.add_post("/v1/queues/{queue}/redrive", redrive)
+    app.router.add_get("/v1/queues/{queue}/stats", queue_stats)
+    app.router.add_post("/v1/queues/{queue}/enqueue", queue_enqueue)
+    app.router.add_post("/v1/queues/{queue}/dequeue", queue_dequeue)
+    app.router.add_post("/v1/queues/{queue}/receive", receive)
