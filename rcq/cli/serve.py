@@ -1,0 +1,107 @@
+"""``rcq serve``: run one node. Needs the server extra (``pip install 'rcq[server]'``), imported when it runs.
+
+Secrets never reach an argument list, an error message or a child process: the cluster secret
+comes from a private file or ``RCQ_CLUSTER_SECRET`` and an admin token from ``RCQ_ADMIN_TOKEN``;
+both variables leave the environment, and the node creates its files private (umask 077).
+
+Must not import: pysyncobj, lmdb (reached through rcq.server.node); rcq.server at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rcq.cli.tokens import admin_token_entry
+from rcq.errors import InvalidRequest
+from rcq.private_files import read_private
+
+
+def _peer(text: str) -> dict[str, str]:
+    """``node_id=raft_host:port=http://host:port`` -> a peers[] entry."""
+    parts = text.split("=", 2)
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"peer {text!r}: expected node_id=raft_host:port=http_url")
+    node_id, raft_address, http_url = parts
+    return {"node_id": node_id, "raft_address": raft_address, "http_url": http_url}
+
+
+def add_serve_parser(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="run one rcq node")
+    serve.add_argument("--config", type=Path, help="JSON file with NodeConfig fields")
+    serve.add_argument("--node-id")
+    serve.add_argument("--http-host")
+    serve.add_argument("--http-port", type=int)
+    serve.add_argument("--advertise-url")
+    serve.add_argument("--raft-address", help="host:port for Raft traffic")
+    serve.add_argument("--peer", action="append", type=_peer, default=None,
+                       help="another node as node_id=raft_host:port=http_url (repeat)")
+    serve.add_argument("--data-dir", type=Path)
+    serve.add_argument("--secret-file", type=Path,
+                       help="file holding the cluster secret, mode 0600 (or set RCQ_CLUSTER_SECRET)")
+    serve.add_argument("--previous-secret-file", type=Path, action="append", default=None,
+                       help="file holding an older cluster secret still accepted from peers while the secret is "
+                            "rotated, mode 0600 (repeat; see docs/security.md)")
+    serve.add_argument("--insecure", action="store_true", default=None,
+                       help="run without a cluster secret (development only: Raft traffic is pickled)")
+    serve.add_argument("--tokens-file", type=Path,
+                       help="JSON file of hashed API tokens, mode 0600 (see rcq token create); re-read when it "
+                            "changes. RCQ_ADMIN_TOKEN adds one admin token")
+    serve.add_argument("--insecure-http", action="store_true", default=None,
+                       help="allow an HTTP API without tokens on a non-loopback address (development only)")
+    serve.add_argument("--tls-cert-file", type=Path, help="PEM certificate chain: serve HTTPS")
+    serve.add_argument("--tls-key-file", type=Path, help="PEM private key of --tls-cert-file, mode 0600")
+    serve.add_argument("--tls-client-ca-file", type=Path,
+                       help="require client certificates signed by this CA (mutual TLS)")
+    serve.add_argument("--tls-peer-ca-file", type=Path,
+                       help="CA bundle to verify the other nodes' HTTPS with (default: the system's)")
+    serve.add_argument("--log-level", default="INFO")
+    serve.set_defaults(func=cmd_serve)
+
+
+@contextlib.contextmanager
+def _server_extra() -> Iterator[None]:
+    """Around the imports of rcq.server: the server is an extra (pip install 'rcq[server]')."""
+    try:
+        yield
+    except ImportError as exc:
+        raise InvalidRequest(f"rcq serve needs the server extra (pip install 'rcq[server]'): {exc}") from exc
+
+
+def read_cluster_secret(secret_file: Path | None) -> str | None:
+    """The cluster secret: the content of ``secret_file`` (refused unless private), else
+    ``$RCQ_CLUSTER_SECRET``. The variable leaves the environment either way, so no process this one
+    starts inherits it (Linux still shows this process's initial environment to its owner and root
+    in /proc/<pid>/environ: the file is the safer way)."""
+    from_environment = os.environ.pop("RCQ_CLUSTER_SECRET", None)
+    if secret_file is not None:
+        return read_private(secret_file, "cluster secret")
+    return from_environment or None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    os.umask(0o077)  # the data dir, journal, snapshot and logs this node creates are its user's only
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    secret = read_cluster_secret(args.secret_file)
+    admin = admin_token_entry()
+    with _server_extra():
+        from rcq.server.config import load_config
+        from rcq.server.node import run_node
+    config = load_config(
+        args.config, node_id=args.node_id, http_host=args.http_host, http_port=args.http_port,
+        advertise_url=args.advertise_url, raft_address=args.raft_address, peers=args.peer,
+        data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure,
+        cluster_secrets_previous=[read_private(path, "previous cluster secret") for path in args.previous_secret_file]
+        if args.previous_secret_file else None,
+        extra_tokens=(admin,) if admin is not None else (), tokens_file=args.tokens_file, insecure_http=args.insecure_http,
+        tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
+        tls_client_ca_file=args.tls_client_ca_file, tls_peer_ca_file=args.tls_peer_ca_file)
+    asyncio.run(run_node(config))
+    return 0
