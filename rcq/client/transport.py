@@ -1,5 +1,7 @@
 """The client's one transport: where a request goes, when it is sent again, and coalescing.
 
+Long because: routing, re-sending and batching are one decision in one retry loop, and its re-send rules are stated below.
+
 Every request of :mod:`rcq.client` goes through :meth:`Transport.request`. It alone decides
 whether a request leaves on its own (REST) or shares a ``POST /v1/batch``, and it alone retries.
 

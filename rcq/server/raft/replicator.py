@@ -1,5 +1,7 @@
 """RaftReplicator: the :class:`~rcq.server.raft.protocol.Replicator` protocol on pysyncobj 0.3.17.
 
+Long because: one object drives pysyncobj's node (propose, apply, membership, status, callbacks) under one lock.
+
 Responsibility: propose encoded commands through Raft on the leader, apply
 committed entries to the :class:`~rcq.server.core.state_machine.QueueStateMachine`, bridge
 results and leadership changes from pysyncobj's tick thread to the asyncio
