@@ -1,4 +1,4 @@
-"""pysyncobj's Raft transport, hardened (docs/raft-hazards.md, H13, H14, H15).
+"""pysyncobj's Raft transport, hardened (docs/raft-hazards.md, H13, H14, H15, H20).
 
 A real node (real pysyncobj, its tick thread, its Raft port on 127.0.0.1) and the test as the
 other end of its connections, speaking pysyncobj's framing and handshake itself:
@@ -8,10 +8,13 @@ other end of its connections, speaking pysyncobj's framing and handshake itself:
 * H14: a frame is read into one buffer extended in place, and a large entry sent in parts is
   reassembled in one; pysyncobj copies everything buffered at every step (quadratic);
 * H15: a listener whose accept() fails with EMFILE accepts again once descriptors are free;
-  pysyncobj closes it for good.
+  pysyncobj closes it for good;
+* H20: a large entry whose parts pysyncobj's sender marks 'finish' too early is taken at its last
+  part, without an error; pysyncobj fails a tick at each early one ("pickle data was truncated").
 
-Each fix has a test that puts pysyncobj's own methods back (``transport_patches.REPLACED``) and
-shows the hazard; if one of those fails, pysyncobj changed: revisit the fix.
+Each fix has a test that puts pysyncobj's own methods back (``transport_patches.REPLACED``,
+``reassembly.REPLACED``) and shows the hazard; if one of those fails, pysyncobj changed: revisit
+the fix.
 
 Measurements (pysyncobj's read path and reassembly against rcq's):
 ``.venv/bin/python -m tests.integration.test_raft_transport``.
@@ -43,8 +46,17 @@ from pysyncobj.encryptor import getEncryptor
 from rcq.server.config import NodeConfig, PeerConfig
 from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite
 from rcq.server.core.state_machine import QueueStateMachine
-from rcq.server.raft import transport_patches
-from rcq.server.raft.internals import connection_private, connections_of, server_private, transport_of, transport_server
+from rcq.server.raft import reassembly, transport_patches
+from rcq.server.raft.internals import (
+    connection_private,
+    connections_of,
+    entry_term,
+    journal_of,
+    reassembled_so_far,
+    server_private,
+    transport_of,
+    transport_server,
+)
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.testing import wait_until
 from tests.integration.manual_raft import SECRET, ManualRaft, config_of, free_port
@@ -52,6 +64,7 @@ from tests.integration.manual_raft import SECRET, ManualRaft, config_of, free_po
 TIMEOUT_S = 10.0
 HANDSHAKE_MAX = 4096  # raft_handshake_frame_bytes_max in these tests (its default is 64 KiB)
 FRAME_MAX = 1 << 20  # raft_frame_bytes_max in the cap tests (its smallest allowed value)
+PART_BYTES = 1 << 16  # pysyncobj's appendEntriesBatchSizeBytes: a larger entry travels in parts of this size
 LOGGER = "rcq.server.raft.transport_patches"
 
 
@@ -171,7 +184,7 @@ def buffered(replicator: RaftReplicator, raft_client: RaftClient) -> Any:
 
 def pysyncobj_own(monkeypatch: pytest.MonkeyPatch, fix: str) -> None:
     """Put back pysyncobj's own methods in place of one of rcq's fixes, for this test."""
-    for replaced in transport_patches.REPLACED[fix]:
+    for replaced in {**transport_patches.REPLACED, **reassembly.REPLACED}[fix]:
         monkeypatch.setattr(replaced.owner, replaced.attribute, replaced.original)
 
 
@@ -337,13 +350,26 @@ async def test_a_large_frame_is_read_into_one_buffer_extended_in_place(
         assert not buffered(replicator, raft_client)
 
 
-def transmission(entry: tuple[bytes, int, int], term: int, prev: tuple[int, int], part_bytes: int) -> list[dict[str, Any]]:
-    """A leader's messages for one large entry: its pickle in parts ('start', 'process'..., 'finish')."""
+def transmission(entry: tuple[bytes, int, int], term: int, prev: tuple[int, int], part_bytes: int = PART_BYTES,
+                 finish_from: int | None = None) -> list[dict[str, Any]]:
+    """A leader's messages for one large entry: its pickle in parts ('start', 'process'..., 'finish'),
+    each part from the one reaching ``finish_from`` bytes marked 'finish' (by default the pickle's
+    length: the last part only)."""
     data = pysyncobj_pickle.dumps(entry)
-    parts = [data[pos:pos + part_bytes] for pos in range(0, len(data), part_bytes)]
-    kinds = ["start", *["process"] * (len(parts) - 2), "finish"]
-    return [{"type": "append_entries", "transmission": kind, "data": part, "term": term, "commit_index": 1,
-             "prevLogIdx": prev[0], "prevLogTerm": prev[1]} for kind, part in zip(kinds, parts, strict=True)]
+    end = len(data) if finish_from is None else finish_from
+
+    def kind(pos: int) -> str:
+        return "start" if pos == 0 else "finish" if pos + part_bytes >= end else "process"
+
+    return [{"type": "append_entries", "transmission": kind(pos), "data": data[pos:pos + part_bytes], "term": term,
+             "commit_index": 1, "prevLogIdx": prev[0], "prevLogTerm": prev[1]} for pos in range(0, len(data), part_bytes)]
+
+
+def as_pysyncobj_sends(entry: tuple[bytes, int, int], term: int, prev: tuple[int, int]) -> list[dict[str, Any]]:
+    """The parts as pysyncobj 0.3.17's leader marks them (``__sendAppendEntries``): 'finish' from the
+    part reaching the *command's* length, ``pos + part_bytes >= len(entry[0])``, though the pickle
+    of the entry goes on."""
+    return transmission(entry, term, prev, finish_from=len(entry[0]))
 
 
 @pytest.mark.parametrize("fixed", [True, False], ids=["rcq", "pysyncobj"])
@@ -382,12 +408,12 @@ def pair_of_nodes(base: Path) -> list[NodeConfig]:
                        peers=tuple(peers[j] for j in ids if j != i)) for i in ids[:2]]
 
 
-async def test_two_nodes_replicate_a_large_entry_over_the_hardened_transport(tmp_path: Path) -> None:
+async def test_two_nodes_replicate_a_large_entry_over_the_hardened_transport(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """pysyncobj's own sender on the other side: the handshake under the default cap, a 1 MiB binary
-    item travelling in 64 KiB parts, read and reassembled by rcq's code. (pysyncobj's sender marks
-    parts 'finish' too early when the entry's pickle is longer than its command, as binary data makes
-    it: the follower logs a failed tick for each, as it does without rcq's fixes, and takes the
-    entry at the last one.)"""
+    item travelling in 64 KiB parts, read and reassembled by rcq's code, several of them marked
+    'finish' too early (H20), and not one error logged (without H20 the follower logged a failed
+    tick, with a traceback, for each)."""
     item = os.urandom(1 << 20)
     async with contextlib.AsyncExitStack() as stack:
         nodes = [await stack.enter_async_context(running_node(config)) for config in pair_of_nodes(tmp_path)]
@@ -402,6 +428,86 @@ async def test_two_nodes_replicate_a_large_entry_over_the_hardened_transport(tmp
             return follower.read(lambda sm: sm.count("q") == 1 and sm.values("q", sm.item_ids("q")) == [item])
 
         await wait_until(replicated, 30, message="the item on the follower")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+# =========================================================================== H20: 'finish' too early
+@pytest.mark.parametrize("fixed", [True, False], ids=["rcq", "pysyncobj"])
+async def test_a_large_entry_marked_finish_too_early_is_taken_at_its_last_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixed: bool) -> None:
+    """pysyncobj unpickles the parts so far at every 'finish': at each early one "pickle data was
+    truncated" escapes the message handler, and so the tick (logged "failed _onTick" with its
+    traceback); rcq takes an early 'finish' for what it is, one more part."""
+    if not fixed:
+        pysyncobj_own(monkeypatch, "whole entries")
+    replicator = RaftReplicator(config_of(tmp_path), QueueStateMachine(), auto_tick=False)
+    await replicator.start()
+    try:
+        raft = ManualRaft(replicator)
+        answers: list[dict[str, Any]] = []
+
+        def send(_node: Any, message: dict[str, Any]) -> bool:  # what the node answers the leader
+            answers.append(message)
+            return True
+
+        monkeypatch.setattr(transport_of(raft.sync_obj), "send", send)
+        prev = raft.log()[-1]
+        entry = (os.urandom(1 << 20), prev[0] + 1, 6)  # binary: its pickle is about 1.5 times as long
+        messages = as_pysyncobj_sends(entry, term=6, prev=prev)
+        early = sum(message["transmission"] == "finish" for message in messages[:-1])
+        assert early >= 2, "pysyncobj's sender no longer marks parts 'finish' too early: revisit H20"
+        failures = []
+        for message in messages:
+            try:
+                raft.receive(raft.peers[0], message)
+            except Exception as exc:
+                failures.append(exc)
+        if fixed:
+            assert failures == []
+            assert [(a["success"], a["reset"]) for a in answers] == [(False, False)] * (len(messages) - 1) + [(True, False)]
+            assert answers[-1]["next_node_idx"] == entry[1] + 1  # the entry acknowledged once, at its last part
+        else:
+            assert len(failures) == early, failures  # UnpicklingError, then its fallback's EOFError or UnicodeDecodeError
+        assert raft.entry(entry[1]) == entry  # taken whole at the last part, either way
+        assert reassembled_so_far(raft.sync_obj) == ""  # and nothing kept of it
+    finally:
+        await replicator.stop()
+
+
+async def test_an_entry_cut_off_with_its_connection_is_taken_whole_when_sent_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The test plays the leader over real sockets, as pysyncobj's leader goes on: a connection
+    closed in the middle of a large entry (and of a frame) takes the rest of the entry with it;
+    on the next connection the node refuses the leader's next message (it lacks the entry: a reset
+    to its index), and the leader sends the entry again from its 'start'. The node takes it whole,
+    its early 'finish' parts included, and logs no error."""
+    config = node_config(tmp_path)
+    async with running_node(config) as replicator:
+        sync_obj = replicator._sync_obj
+        assert sync_obj is not None
+        journal = journal_of(sync_obj)  # read while the node idles: no leader but the test's
+        prev = (int(journal[-1][1]), int(journal[-1][2]))
+        entry = (os.urandom(1 << 20), prev[0] + 1, 9)
+        messages = as_pysyncobj_sends(entry, term=9, prev=prev)
+        peer = config.peers[0].raft_address
+        async with client(config.raft_address) as cut:
+            cut.handshake(as_address=peer)
+            cut.sock.sendall(b"".join(cut.frame(message) for message in messages[:4]) + cut.frame(messages[4])[:1000])
+            await wait_until(lambda: len(reassembled_so_far(sync_obj)) == 4 * PART_BYTES, TIMEOUT_S,
+                             message="four parts received")
+        async with client(config.raft_address) as again:
+            again.handshake(as_address=peer)
+            again.send({"type": "append_entries", "term": 9, "commit_index": 1, "prevLogIdx": entry[1],
+                        "prevLogTerm": 9, "entries": []})  # pysyncobj's leader counted the entry as sent
+            assert again.receive() == {"type": "next_node_idx", "next_node_idx": entry[1], "reset": True,
+                                       "success": False}
+            for message in messages:
+                again.send(message)
+            answers = [again.receive() for _ in messages]
+            assert [(a["success"], a["next_node_idx"]) for a in answers][-1] == (True, entry[1] + 1)
+            assert not any(a["success"] for a in answers[:-1])
+        assert entry_term(sync_obj, entry[1]) == 9 and tuple(journal[-1]) == entry
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 # =========================================================================== H15: EMFILE

@@ -4,9 +4,10 @@ pysyncobj 0.3.17 exposes no API for what rcq's workarounds need (docs/raft-hazar
 journal (to sync it, size it and read an entry's term; and the seam where it is built, to give
 it rcq's durable one, H8), the commit index (to bound it, H6), the proposals waiting for their
 entry (to answer those a snapshot skipped, H7), the transport (to sync before an
-acknowledgement leaves, H8), and its message handler, follower delete and leader start
-(patched, H5, H6, H8); and the TCP transport's connections, listener and methods (H13..H15:
-frame caps, linear buffers, a listener that survives EMFILE). Reaching in anywhere else is a bug;
+acknowledgement leaves, H8), the parts of a large entry received so far (H14, H20), and its
+message handler, follower delete and leader start (patched, H5, H6, H8); and the TCP
+transport's connections, listener and methods (H13..H15: frame caps, linear buffers, a listener
+that survives EMFILE). Reaching in anywhere else is a bug;
 a pysyncobj upgrade is checked here first.
 
 Must not import: anything of rcq.
@@ -82,6 +83,17 @@ def use_journal_factory(factory: Callable[[str | None], Any]) -> None:
 def default_journal(journal_file: str | None) -> Any:
     """pysyncobj's own choice: its in-memory journal for None, its mmap'd FileJournal otherwise."""
     return journal_module.createJournal(journal_file)
+
+
+def reassembled_so_far(sync_obj: SyncObj) -> Any:
+    """The parts of a large entry received so far (a bytearray from its 'start' part on, H14), or
+    '' when no entry is under way (pysyncobj's ``__recvTransmission``; tick thread)."""
+    return sync_obj._SyncObj__recvTransmission
+
+
+def end_reassembly(sync_obj: SyncObj) -> None:
+    """What pysyncobj does once it took an entry from its parts: no entry under way any more."""
+    sync_obj._SyncObj__recvTransmission = ""
 
 
 def transport_of(sync_obj: SyncObj) -> Any:

@@ -9,10 +9,11 @@
 Both are explained in docs/raft-hazards.md, and tested in tests/integration
 (test_matching_entries_fix.py, test_deposed_leader_commit.py), each with a test showing what
 pysyncobj does without them. ``install`` also installs the transport's fixes (H13..H15,
-rcq.server.raft.transport_patches).
+rcq.server.raft.transport_patches) and those of a large entry's reassembly (H14, H20,
+rcq.server.raft.reassembly).
 
-Must not import: anything of rcq's but rcq.server.raft.internals, rcq.server.raft.membership and
-rcq.server.raft.transport_patches.
+Must not import: anything of rcq's but rcq.server.raft.internals, rcq.server.raft.membership,
+rcq.server.raft.reassembly and rcq.server.raft.transport_patches.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj
 
-from rcq.server.raft import membership, transport_patches
+from rcq.server.raft import membership, reassembly, transport_patches
 from rcq.server.raft.internals import (
     journal_of,
     proposals_waiting,
@@ -215,6 +216,7 @@ def install() -> None:
     SyncObj._rcq_fixes_installed = True
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
     membership.install()  # H16
-    transport_patches.install()  # H13..H15; after the above: it wraps their message handler
+    transport_patches.install()  # H13..H15
+    reassembly.install()  # H14, H20; after the above: it wraps their message handler
 
 

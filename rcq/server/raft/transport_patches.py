@@ -3,9 +3,9 @@
 * H13: the length a frame announces is checked before any of it is buffered: at most
   ``raft_handshake_frame_bytes_max`` until the connection has authenticated with the cluster
   secret, ``raft_frame_bytes_max`` after; a bigger (or negative) one closes the connection;
-* H14: received bytes go to one bytearray consumed from the front, and an entry sent in parts
-  (pysyncobj's "transmission") is reassembled in one: linear, where pysyncobj's ``bytes +=`` is
-  quadratic;
+* H14: received bytes go to one bytearray consumed from the front: linear, where pysyncobj's
+  ``bytes +=`` is quadratic (an entry sent in parts is reassembled likewise:
+  rcq.server.raft.reassembly);
 * H15: a listener whose ``accept()`` fails for lack of descriptors or memory pauses and retries,
   instead of closing for good.
 
@@ -41,7 +41,6 @@ from rcq.server.raft.internals import (
     connect_node,
     connection_private,
     replace_method,
-    replace_pickle_to_bytes,
     server_private,
     set_connection_private,
     transport_conf,
@@ -52,7 +51,7 @@ from rcq.server.raft.internals import (
 logger = logging.getLogger(__name__)
 
 # What install() replaced, by fix: pysyncobj's own methods, for the tests that show its behaviour.
-REPLACED: dict[str, list[Replaced]] = {"read path": [], "reassembly": [], "accept": [], "dialling": []}
+REPLACED: dict[str, list[Replaced]] = {"read path": [], "accept": [], "dialling": []}
 
 _DIAL_ADDRESSES = "_rcq_dial_addresses"  # on a SyncObjConf: peer Raft address -> (host, port) to dial
 
@@ -243,28 +242,6 @@ def _decode(conn: Any, frame: bytes) -> Any:
     return message
 
 
-# An entry of at least appendEntriesBatchSizeBytes (64 KiB) travels in parts: 'start', 'process'...,
-# 'finish'. pysyncobj reassembles it with ``self.__recvTransmission += message['data']``: a copy of
-# everything so far per part. Handing it the 'start' part as a bytearray makes its own ``+=``
-# extend in place, under its own rules (which messages count, when it starts over); its
-# ``pickle.loads`` then only has to take the bytearray as it is.
-def _reassembling_in_place(original: Callable[..., Any]) -> Callable[..., Any]:
-    def on_message_received(self: Any, node: Any, message: Any) -> Any:
-        if isinstance(message, dict) and message.get("transmission") == "start" \
-                and type(message.get("data")) is bytes:
-            message = {**message, "data": bytearray(message["data"])}
-        return original(self, node, message)
-
-    return on_message_received
-
-
-def _passing_bytearrays(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def to_bytes(data: Any) -> Any:
-        return data if isinstance(data, bytearray) else original(data)  # pickle reads a bytearray as is
-
-    return to_bytes
-
-
 # ---------------------------------------------------------------------------------------------
 # H15: when accept() fails with anything but EAGAIN, pysyncobj's TcpServer closes its listening
 # socket, and nothing ever binds it again: one moment without a free descriptor (EMFILE) and the
@@ -364,12 +341,10 @@ def _resuming_accepts(original: Callable[..., Any]) -> Callable[..., Any]:
     return on_tick
 
 
-# Class-level patches: pysyncobj binds the message handler, the tick callback and the accept
-# handler when it builds a SyncObj, its transport and its listener; they must be in place before.
+# Class-level patches: pysyncobj binds the tick callback and the accept handler when it builds
+# its transport and its listener; they must be in place before.
 def install() -> None:
-    """Patch pysyncobj's transport once (idempotent), after rcq.server.raft.patches' own fixes:
-    REPLACED["reassembly"] then holds their message handler, so that putting it back removes
-    only this module's fix."""
+    """Patch pysyncobj's transport once (idempotent)."""
     if getattr(TcpConnection, "_rcq_transport_fixes_installed", False):
         return
     REPLACED["read path"] += [
@@ -377,10 +352,6 @@ def install() -> None:
         replace_method("TcpConnection", "processParseMessage", lambda _pysyncobj: _process_parse_message),
         replace_method("TCPTransport", "_onNewIncomingConnection", _stamping_incoming),
         replace_method("TCPTransport", "addNode", _stamping_outgoing),
-    ]
-    REPLACED["reassembly"] += [
-        replace_method("SyncObj", "onMessageReceived", _reassembling_in_place),
-        replace_pickle_to_bytes(_passing_bytearrays),
     ]
     REPLACED["accept"] += [
         replace_method("TcpServer", "onNewConnection", lambda _pysyncobj: _on_new_connection),
