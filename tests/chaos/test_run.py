@@ -178,3 +178,4 @@ def test_docker_compose_defines_a_consistent_three_node_cluster():
     assert len(host_ports) == 3
     dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
     assert "FROM python:3.11" in dockerfile and '"rcq", "serve"' in dockerfile and "USER rcq" in dockerfile
+    assert 'pip install ".[server]"' in dockerfile  # `rcq serve` needs the server extra; `pip install .` is the client
