@@ -119,11 +119,12 @@ class InMemoryReplicator:
             self.other_members.remove(raft_address)
         self._index += 1  # pysyncobj's entry: not applied to the state machine
 
-    async def transfer_leadership(self, raft_address: str | None) -> None:
+    async def transfer_leadership(self, raft_address: str | None) -> str:
         if not self._leader:
             raise NoLeader()
         self.transfers.append(raft_address)
         self.depose()
+        return raft_address or next(iter(self.other_members), "memory:0")  # the new leader, as the replicator answers
 
     def set_role_listener(self, listener: RoleListener) -> None:
         self._role_listener = listener

@@ -3,7 +3,9 @@ real node whose two peers the test plays (tests/integration/manual_raft.py).
 
 While the node hands leadership over, a proposal is neither appended nor refused: it waits. What
 it becomes depends on how the hand-over ends: refused as not executed once another node leads,
-proposed as usual when the target never caught up or never won.
+proposed as usual when the target never caught up or never won. The hand-over ends once the node
+knows who leads: it steps down when the target asks for votes, and learns the winner from the
+winner's first message; it answers with that leader.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rcq.errors import MembershipConflict, NoLeader, NotLeader, Unavailable
 from rcq.server.core.commands import Barrier, BarrierResult
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import replicator as replicator_module
-from rcq.server.raft.replicator import RaftReplicator
+from rcq.server.raft.replicator import HAND_OVER_POLL_S, RaftReplicator
 from tests.integration.manual_raft import ManualRaft, config_of
 
 TERM = 4
@@ -69,6 +71,13 @@ def vote_request(raft: ManualRaft, term: int) -> dict[str, Any]:
     return {"type": "request_vote", "term": term, "last_log_index": last_index, "last_log_term": last_term}
 
 
+def heartbeat(raft: ManualRaft, term: int) -> dict[str, Any]:
+    """The first message of the leader of ``term``, elected with the node's whole log."""
+    last_index, last_term = raft.log()[-1]
+    return {"type": "append_entries", "term": term, "commit_index": int(raft.sync_obj.raftCommitIndex),
+            "prevLogIdx": last_index, "prevLogTerm": last_term, "entries": []}
+
+
 async def test_a_proposal_held_during_a_hand_over_is_refused_unexecuted_once_the_target_leads(
         tmp_path: Path) -> None:
     async with leading(tmp_path) as raft:
@@ -82,6 +91,7 @@ async def test_a_proposal_held_during_a_hand_over_is_refused_unexecuted_once_the
             await raft.step()
         assert not held.done() and raft.log() == log_before, "a held proposal is neither answered nor appended"
         raft.receive(target, vote_request(raft, TERM + 1))  # the target stands, with the same log
+        raft.receive(target, heartbeat(raft, TERM + 1))  # and won
         await steps_until_done(raft, hand_over, "the hand-over")
         assert hand_over.exception() is None and not raft.replicator.is_leader()
         await steps_until_done(raft, held, "the held proposal")
@@ -132,5 +142,27 @@ async def test_one_hand_over_at_a_time(tmp_path: Path) -> None:
             await raft.replicator.transfer_leadership(str(raft.peers[0]))
         await raft.step()
         raft.receive(raft.peers[1], vote_request(raft, TERM + 1))
+        raft.receive(raft.peers[1], heartbeat(raft, TERM + 1))
         await steps_until_done(raft, hand_over, "the hand-over")
         assert hand_over.exception() is None
+
+
+async def test_a_hand_over_answers_once_the_new_leader_is_known_and_names_it(tmp_path: Path) -> None:
+    """Between the target's vote request (the node steps down) and the winner's first message the
+    node knows of no leader; answering then named none (CI saw ``{'leader_id': None}``, with the
+    target leading 10 ms later). The hand-over answers once the node knows the leader, with it."""
+    async with leading(tmp_path) as raft:
+        await commit_one(raft)
+        target = raft.peers[0]
+        hand_over = start(raft.replicator.transfer_leadership(str(target)))
+        await asyncio.sleep(0)  # the hand-over asks the tick thread for TimeoutNow...
+        await raft.step()  # ...which sends it: the target holds the whole log
+        raft.receive(target, vote_request(raft, TERM + 1))
+        for _ in range(5):  # the hand-over's own polls, in real time
+            await raft.step()
+            await asyncio.sleep(2 * HAND_OVER_POLL_S)
+        assert not raft.replicator.is_leader() and raft.replicator.leader_raft_address() is None
+        assert not hand_over.done(), "the hand-over answered before any node was known to lead"
+        raft.receive(target, heartbeat(raft, TERM + 1))
+        await steps_until_done(raft, hand_over, "the hand-over")
+        assert hand_over.result() == str(target)

@@ -105,10 +105,11 @@ class Membership:
 
     def leader_id(self) -> str | None:
         leader = self._replicator.status().leader_raft_address
-        if leader is None:
-            return None
-        known = self.directory().get(leader)
-        return known.node_id if known else leader
+        return None if leader is None else self._node_id(leader)
+
+    def _node_id(self, raft_address: str) -> str:
+        known = self.directory().get(raft_address)
+        return known.node_id if known else raft_address
 
     def _member(self, node_id: str, members: list[Member] | None = None) -> Member:
         found = next((m for m in (members if members is not None else self.members()) if m.node_id == node_id), None)
@@ -163,8 +164,9 @@ class Membership:
         return {"removed": member.as_dict(), "members": [m.as_dict() for m in self.members()]}
 
     async def transfer_leadership(self, node_id: str | None) -> dict[str, Any]:
-        """Hand leadership to ``node_id`` (None: the most caught-up follower); answers once another
-        node leads (rolling restarts: restart the leader last, after handing over)."""
+        """Hand leadership to ``node_id`` (None: the most caught-up follower); answers once this node
+        knows which node leads now, naming it (rolling restarts: restart the leader last, after
+        handing over)."""
         async with self._exclusive():
             previous = self.leader_id()
             target = None
@@ -173,8 +175,8 @@ class Membership:
                 if member.self:
                     return {"leader_id": previous, "previous_leader_id": previous}
                 target = member.raft_address
-            await self._replicator.transfer_leadership(target)
-        return {"leader_id": self.leader_id(), "previous_leader_id": previous}
+            leader = await self._replicator.transfer_leadership(target)
+        return {"leader_id": self._node_id(leader), "previous_leader_id": previous}
 
     # ---------------------------------------------------------------- steps
     def _exclusive(self) -> asyncio.Lock:

@@ -98,9 +98,9 @@ class Replicator(Protocol):
         committed; :class:`~rcq.errors.MembershipConflict` while another change is not committed."""
         ...
 
-    async def transfer_leadership(self, raft_address: str | None) -> None:
+    async def transfer_leadership(self, raft_address: str | None) -> str:
         """On the leader: hand leadership to ``raft_address`` (None: the most caught-up follower);
-        returns once this node no longer leads. Proposals wait meanwhile."""
+        returns the Raft address of the new leader, once this node knows it. Proposals wait meanwhile."""
         ...
 
     async def start(self) -> None: ...

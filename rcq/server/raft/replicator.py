@@ -331,9 +331,10 @@ class RaftReplicator:
         if fail_reason != FAIL_REASON.SUCCESS:
             raise self._error_for(fail_reason)
 
-    async def transfer_leadership(self, raft_address: str | None) -> None:
-        """Hand leadership to ``raft_address`` (None: the most caught-up connected follower) and
-        return once this node no longer leads.
+    async def transfer_leadership(self, raft_address: str | None) -> str:
+        """Hand leadership to ``raft_address`` (None: the most caught-up connected follower); return
+        the Raft address of the node leading now, once this node knows it (it steps down when the
+        target asks for votes, and learns the winner from its first message).
 
         H19, Raft's leadership transfer (Ongaro's thesis, 3.10): new proposals are held, not appended,
         until the transfer ends; once the target holds the whole log pysyncobj sends it TimeoutNow
@@ -341,7 +342,7 @@ class RaftReplicator:
         of every follower: pysyncobj refuses the transfer (the target is not caught up), or the
         target stands with a shorter log, the old leader refuses its vote and is elected again.
         MembershipConflict when the target did not catch up (or is not connected); Unavailable
-        when no one else was elected in time. Held proposals then go on: to pysyncobj if this
+        when no one else was known to lead in time. Held proposals then go on: to pysyncobj if this
         node still leads, else they are refused as not executed (NotLeader)."""
         self._leader_sync_obj()
         if self._handing_over is not None:
@@ -352,9 +353,10 @@ class RaftReplicator:
         try:
             await self._send_timeout_now(raft_address, started + HAND_OVER_CATCH_UP_S)
             sent = time.monotonic()
-            await self._until_deposed(term, sent + HAND_OVER_ELECTION_TIMEOUTS * self._config.raft_timeout_max_s)
-            logger.info("node %s handed leadership over: %.0f ms to catch the target up, %.0f ms to its election",
-                        self._config.node_id, (sent - started) * 1000, (time.monotonic() - sent) * 1000)
+            leader = await self._until_another_leads(term, sent + HAND_OVER_ELECTION_TIMEOUTS * self._config.raft_timeout_max_s)
+            logger.info("node %s handed leadership over to %s: %.0f ms to catch the target up, %.0f ms to its election",
+                        self._config.node_id, leader, (sent - started) * 1000, (time.monotonic() - sent) * 1000)
+            return leader
         finally:
             self._handing_over = None
             gate.set()
@@ -382,12 +384,17 @@ class RaftReplicator:
                                          "catch up in time; retry shortly")
             await asyncio.sleep(HAND_OVER_POLL_S)
 
-    async def _until_deposed(self, term: int, deadline: float) -> None:
-        while self.is_leader():
-            if self.term != term:
-                raise Unavailable("leadership was not handed over: this node was elected again; retry")
+    async def _until_another_leads(self, term: int, deadline: float) -> str:
+        """The Raft address of the node that leads after this one (of ``term``) stepped down."""
+        while True:
+            leader = self.leader_raft_address()
+            if self.is_leader():
+                if self.term != term:
+                    raise Unavailable("leadership was not handed over: this node was elected again; retry")
+            elif leader is not None and leader != self._config.raft_address:
+                return leader
             if time.monotonic() >= deadline:
-                raise Unavailable("leadership was not handed over in time; retry")
+                raise Unavailable("leadership was not handed over in time (no other node was seen leading); retry")
             await asyncio.sleep(HAND_OVER_POLL_S)
 
     def _leader_sync_obj(self) -> SyncObj:
