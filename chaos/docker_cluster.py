@@ -68,7 +68,7 @@ UP_TIMEOUT_S = 900.0  # includes building the image (and pulling its base) the f
 COMMAND_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 120.0
 LOG_TAIL_BYTES = 4000
-TOKEN_PREFIX = "rcq_"  # of every rcq API token (rcq.server.security.tokens, which chaos may not import)
+TOKEN_PREFIX = "rcq_"  # of every rcq API token (rcq.tokens, which chaos may not import)
 
 
 class DockerError(RuntimeError):

@@ -16,12 +16,22 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from rcq import limits
 from rcq.errors import InvalidRequest
 from rcq.private_files import read_private
-from rcq.server.security.tokens import TokenEntry, safe_validation_message
+from rcq.tokens import TokenEntry, TokenFormatError
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 HOST_PORT_PATTERN = r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$"
@@ -34,6 +44,33 @@ RENAMED_FIELDS = {
     "commands_queue_size": "commands_queued_max",
     "closed_transactions_remembered": "closed_transactions_remembered_max",
 }
+
+
+def safe_validation_message(exc: ValidationError, limit: int = 5) -> str:
+    """A pydantic error as 'field: problem' pairs, never echoing the input (which may be a secret)."""
+    problems = [f"{'.'.join(str(p) for p in e['loc']) or '(whole)'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False, include_context=False)[:limit]]
+    more = exc.error_count() - len(problems)
+    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+
+
+def _token_entry(value: Any) -> TokenEntry:
+    """A ``tokens`` item: an entry already made, or its JSON form checked by rcq.tokens (the
+    standard-library model the CLI shares), whose message names the field, never its value."""
+    if isinstance(value, TokenEntry):
+        return value
+    try:
+        return TokenEntry.from_json(value)
+    except TokenFormatError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in where)}: {what}" if where else what
+                             for where, what in exc.problems)
+        raise PydanticCustomError("token_entry", "{problems}", {"problems": problems}) from None
+
+
+# A token entry in the config: validated and written in the tokens file's format (rcq.tokens).
+ConfigTokenEntry = Annotated[
+    TokenEntry, PlainValidator(_token_entry), PlainSerializer(TokenEntry.to_json),
+    WithJsonSchema({"type": "object", "description": "a token entry as in a tokens file (rcq token create)"})]
 
 
 def default_storage_bytes() -> int:
@@ -89,7 +126,7 @@ class NodeConfig(BaseModel):
         (), repr=False, description="older cluster secrets still accepted from peers while the secret is rotated "
                                     "(frames are sealed with cluster_secret); see docs/security.md")
     insecure: bool = Field(False, description="allow running without a cluster secret (development only)")
-    tokens: tuple[TokenEntry, ...] = Field(
+    tokens: tuple[ConfigTokenEntry, ...] = Field(
         (), description="API tokens this node accepts (hashed: see `rcq token create`); with tokens_file, both")
     tokens_file: Path | None = Field(
         None, description="JSON file of hashed API tokens (mode 0600), re-read when it changes")

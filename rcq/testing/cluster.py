@@ -1,5 +1,7 @@
 """LocalCluster: a real multi-process rcq cluster on loopback — the one cluster harness.
 
+Long because: the one cluster class every harness user shares, its file layout documented here; nodes and polls live apart.
+
 Used by the integration tests, the local launcher (``python -m cluster up``), the
 benchmarks and the chaos harness (which puts its proxy in front of every link by
 overriding :meth:`LocalCluster.allocate_ports`, :meth:`~LocalCluster.advertised_url` and
@@ -38,8 +40,8 @@ process mechanics are :mod:`rcq.testing.nodes`; polling the nodes over HTTP and 
 waits (leader, applied, convergence) are :mod:`rcq.testing.polls`, which this class extends.
 Node indices are 0-based; node ``i`` has node id ``node-i``.
 
-Must not import: rcq.server (nodes are separate processes) but its pure token model
-(rcq.server.security.tokens: what a tokens file holds), pysyncobj, lmdb, aiohttp.
+Must not import: rcq.server (nodes are separate processes; the token model, what a tokens file
+holds, is rcq.tokens), pysyncobj, lmdb, aiohttp.
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ from pathlib import Path
 from typing import Any, Self
 
 from rcq.private_files import read_private, write_private
-from rcq.server.security.tokens import Grant, TokenEntry, TokensFile, new_token, token_hash
 from rcq.testing.nodes import (
     HOST,
     LOG_TAIL_BYTES,
@@ -69,6 +70,7 @@ from rcq.testing.nodes import (
 )
 from rcq.testing.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
 from rcq.testing.tls import CA_NAME, CertFiles, write_ca, write_certificate
+from rcq.tokens import Grant, TokenEntry, new_token, parse_tokens_file, token_hash, tokens_file_text
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +176,9 @@ class LocalCluster(PolledCluster[LocalNode]):
         first_config = json.loads(self.nodes[0].config_path.read_text())
         self._secret = first_config.get("cluster_secret")
         self.token = read_private(base_dir / ADMIN_TOKEN_NAME, "admin token") if self.auth else None
-        self._token_entries = list(TokensFile.model_validate_json(
-            read_private(self.nodes[0].tokens_path, "tokens")).tokens) if self.auth else []
+        tokens_path = self.nodes[0].tokens_path
+        self._token_entries = (list(parse_tokens_file(read_private(tokens_path, "tokens"), tokens_path))
+                               if self.auth else [])
         self._issued = {}
         self.issued_tokens = []
         self.ca_file = self._tls_files(CA_NAME).cert if self.tls else None
@@ -241,7 +244,7 @@ class LocalCluster(PolledCluster[LocalNode]):
             self.client_cert = write_certificate(ca, ca.cert.parent, CLIENT_CERT_NAME)
 
     def _write_tokens(self) -> None:
-        text = TokensFile(tokens=self._token_entries).model_dump_json(indent=2, exclude_defaults=True) + "\n"
+        text = tokens_file_text(self._token_entries)
         for node in self.nodes:
             write_private(node.tokens_path, text)
 
@@ -382,7 +385,7 @@ class LocalCluster(PolledCluster[LocalNode]):
             raise RuntimeError("this cluster runs without tokens (auth=False)")
         token = new_token()
         entry = TokenEntry(name=name, sha256=token_hash(token), admin=admin, expires_at=expires_at,
-                           grants=tuple(Grant.model_validate(g) for g in grants))
+                           grants=tuple(g if isinstance(g, Grant) else Grant.from_json(g) for g in grants))
         self._token_entries.append(entry)
         self._issued[entry.sha256] = token
         self.issued_tokens.append(token)

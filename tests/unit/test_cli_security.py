@@ -22,7 +22,7 @@ from rcq import cli
 from rcq.cli import admin_token_entry, main, read_cluster_secret
 from rcq.errors import InvalidRequest
 from rcq.server.config import NodeConfig
-from rcq.server.security.tokens import Grant, TokenEntry, new_token, parse_tokens_file, token_hash
+from rcq.tokens import Grant, TokenEntry, new_token, parse_tokens_file, token_hash
 from tests.unit.test_cli import serving_node
 
 SECRET = "s3cret-cluster-key-0123456789"
@@ -101,7 +101,7 @@ def test_serve_adds_the_admin_token_to_the_config_files_tokens_and_maps_the_flag
                          grants=(Grant(queues="jobs", actions=("produce",)),), expires_at=None)
     config_file = private_file(tmp_path / "node.json", json.dumps({
         "node_id": "n1", "http_port": 7001, "raft_address": "127.0.0.1:8001", "data_dir": str(tmp_path / "data"),
-        "tokens": [service.model_dump(mode="json")]}))
+        "tokens": [service.to_json()]}))
     admin = new_token()
     monkeypatch.setenv("RCQ_ADMIN_TOKEN", admin)
     monkeypatch.setenv("RCQ_CLUSTER_SECRET", SECRET)

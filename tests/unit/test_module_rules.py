@@ -10,6 +10,9 @@
 * the chaos harness talks to rcq as any user would: ``rcq.client``, ``rcq.errors`` and the
   cluster harness of ``rcq.testing`` only; the benchmarks likewise (plus the Spark connector),
   but for ``bench/stall.py``, which measures the state machine's digest in process;
+* ``rcq/server/config.py`` imports nothing of ``rcq.server``: every server folder imports the
+  config, so an import back would be a cycle (it once imported the token model from
+  ``rcq.server.security``, which imports the config);
 * the product (``rcq``, ``cluster``: what the wheel carries) never imports ``chaos``, ``bench``
   or ``tests``, and the two harnesses do not import each other.
 
@@ -45,6 +48,7 @@ BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.testing.clust
                      "rcq.testing.polls")
 # The one bench that runs server code in process: what it measures.
 BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest")}
+CONFIG = "rcq/server/config.py"
 
 
 # ====================================================================== the checker
@@ -119,6 +123,9 @@ def violations(files: dict[str, str]) -> list[str]:
             problems += _outside_allowed(path, imports, "chaos", CHAOS_ALLOWED_RCQ)
         if path.startswith("bench/"):
             problems += _outside_allowed(path, imports, "bench", BENCH_ALLOWED_RCQ + BENCH_IN_PROCESS.get(path, ()))
+        if path == CONFIG:
+            for module in sorted(m for m in imports if within(m, "rcq.server")):
+                problems.append(f"{path}: the config imports {module} (every server folder imports the config)")
         if path.startswith(PRODUCT):
             for module in sorted(m for m in imports if top_level(m) in HARNESSES):
                 problems.append(f"{path}: the product imports {module} (chaos, bench and tests are not in the wheel)")
@@ -346,6 +353,8 @@ def test_the_client_side_reaches_the_modules_it_shares_with_the_server():
     ("rcq/testing/cluster.py", "def f():\n    import chaos.powerfs\n", "the product imports chaos.powerfs"),
     ("cluster/__main__.py", "from tests.helpers import WAIT_S", "cluster/__main__.py: the product imports tests.helpers"),
     ("rcq/tokens.py", "from rcq.server.config import NodeConfig", "rcq/tokens.py: client side imports rcq.server.config"),
+    ("rcq/server/config.py", "from rcq.server.security.tokens import TokenEntry",
+     "rcq/server/config.py: the config imports rcq.server.security.tokens.TokenEntry (every server folder imports"),
 ])
 def test_each_broken_rule_is_reported(path, source, expected):
     files = {**CLEAN, path: source}

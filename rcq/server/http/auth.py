@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from rcq.server.security.tokens import OPEN, Principal, TokenRegistry
+from rcq.tokens import OPEN, Principal, TokenRegistry
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 PRINCIPAL = web.RequestKey("principal", Principal)

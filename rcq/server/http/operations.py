@@ -36,7 +36,7 @@ from rcq.server.http.models import (
 )
 from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem, DequeueStep, EnqueueStep
 from rcq.server.leader.transactions import TransactionManager
-from rcq.server.security.tokens import Principal
+from rcq.tokens import Principal
 
 Answer = tuple[int, dict[str, Any]]
 
