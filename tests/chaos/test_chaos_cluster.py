@@ -16,8 +16,7 @@ from chaos.cluster import CHAOS_NODE_OVERRIDES, ChaosCluster
 from chaos.netproxy import LinkFault
 from chaos.target import ChaosTarget, client_link, raft_link
 from rcq.testing.polls import poll_until
-
-LEADER_TIMEOUT_S = 60.0
+from tests.helpers import LEADER_TIMEOUT_S
 
 
 def connects(url: str) -> bool:

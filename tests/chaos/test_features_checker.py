@@ -27,7 +27,7 @@ from chaos.workload import (
 from rcq.client import Item
 from rcq.client.wire import DeadLetter
 from rcq.errors import CommitOutcomeUnknown
-from tests.chaos.test_checker import History
+from tests.helpers.history import History
 
 SETUP = 100_001
 WALL0_MS = 1_800_000_000_000  # the fake wall clock at history time 0

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from chaos.netproxy import HOST, LinkFault, NetProxy, ProxyThread
+from tests.helpers import PROXY_ANSWER_TIMEOUT_S
 
 SILENCE_S = 0.5  # how long "nothing arrives" is watched for
-ANSWER_TIMEOUT_S = 5.0
 
 
 class EchoServer:
@@ -60,7 +60,7 @@ async def proxy():
 async def roundtrip(reader, writer, payload: bytes) -> bytes:
     writer.write(payload)
     await writer.drain()
-    return await asyncio.wait_for(reader.readexactly(len(payload)), ANSWER_TIMEOUT_S)
+    return await asyncio.wait_for(reader.readexactly(len(payload)), PROXY_ANSWER_TIMEOUT_S)
 
 
 async def test_a_healthy_link_forwards_both_ways(echo, proxy):
@@ -90,8 +90,8 @@ async def test_a_partition_drops_everything_and_heal_restores(echo, proxy):
 
     proxy.heal()
     # the connections that lost bytes are closed (their streams are broken) ...
-    assert await asyncio.wait_for(reader.read(), ANSWER_TIMEOUT_S) == b""
-    assert await asyncio.wait_for(held_reader.read(), ANSWER_TIMEOUT_S) == b""
+    assert await asyncio.wait_for(reader.read(), PROXY_ANSWER_TIMEOUT_S) == b""
+    assert await asyncio.wait_for(held_reader.read(), PROXY_ANSWER_TIMEOUT_S) == b""
     writer.close()
     held_writer.close()
     # ... and new ones work again
@@ -111,7 +111,7 @@ async def test_a_one_way_drop_loses_one_direction_only(echo, proxy):
         await asyncio.wait_for(reader.read(1), SILENCE_S)
     assert bytes(echo.received) == b"x"
     echo.writers[0].write(b"still flows")  # the other way still works
-    assert await asyncio.wait_for(reader.readexactly(11), ANSWER_TIMEOUT_S) == b"still flows"
+    assert await asyncio.wait_for(reader.readexactly(11), PROXY_ANSWER_TIMEOUT_S) == b"still flows"
     writer.close()
 
 
@@ -151,7 +151,7 @@ def test_the_proxy_thread_is_driven_synchronously():
             port = proxy.add_link("x", target)
             proxy.set_fault("x", LinkFault(delay_s=0.1))
             assert proxy.faults() == {"x": {"delay_s": 0.1}}
-            with socket.create_connection((HOST, port), timeout=ANSWER_TIMEOUT_S):
+            with socket.create_connection((HOST, port), timeout=PROXY_ANSWER_TIMEOUT_S):
                 accepted, _ = server.accept()
                 accepted.close()
             proxy.heal()

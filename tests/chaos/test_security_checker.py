@@ -39,7 +39,7 @@ from rcq.errors import (
     TransactionAborted,
     TransactionNotFound,
 )
-from tests.chaos.test_checker import History
+from tests.helpers.history import History
 
 INTRUDER = INTRUDER_PROCESS
 VICTIM_TX = "5.aaaaaaaaaaaaaaaaaaaaaaaa"  # term 5

@@ -8,7 +8,6 @@ fallback timeouts are set far beyond a test's length).
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,15 +16,9 @@ from pysyncobj import SyncObj
 
 from rcq.server.config import NodeConfig, PeerConfig
 from rcq.server.raft.replicator import RaftReplicator
+from tests.helpers.raft import SECRET, free_port
 
-SECRET = "correct horse battery staple"
 STEPS_MAX = 200
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def config_of(data_dir: Path, **overrides: Any) -> NodeConfig:

@@ -46,12 +46,11 @@ from rcq.errors import StorageFull
 from rcq.server.core.state_machine import ITEM_OVERHEAD_BYTES, QUEUES_MAX
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
-from tests.integration.conftest import running_cluster
+from tests.helpers import CLUSTER_WAIT_S, FLOOD_REQUEST_TIMEOUT_S
+from tests.helpers.cluster import running_cluster
 
 pytestmark = pytest.mark.cluster
 
-WAIT_S = 60.0  # bound of every wait: generous, the box is shared
-REQUEST_TIMEOUT_S = 60.0
 ATTACKER_ADDRESS = "127.0.0.1"
 BYSTANDER_ADDRESS = "127.0.0.2"
 BYSTANDER_PROGRESS = 3  # commits the bystander must make while an attack is on
@@ -77,7 +76,7 @@ class Answer:
 
 
 async def call(session: aiohttp.ClientSession, method: str, url: str, body: Any = None,
-               timeout_s: float = REQUEST_TIMEOUT_S) -> Answer:
+               timeout_s: float = FLOOD_REQUEST_TIMEOUT_S) -> Answer:
     data: bytes | io.BytesIO | None = None
     if body is not None:
         encoded = json.dumps(body).encode()
@@ -128,18 +127,18 @@ def node_views(cluster: LocalCluster) -> dict[int, dict[str, Any]]:
     """Every node's /v1/cluster; a busy node gets a generous socket timeout, and a bounded wait."""
     views: dict[int, dict[str, Any]] = {}
     errors: dict[int, str] = {}
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + CLUSTER_WAIT_S
     while time.monotonic() < deadline:
         answers, errors = cluster.poll(lambda i: cluster.status(i, timeout_s=10.0), range(len(cluster.nodes)))
         views.update(answers)
         if len(views) == len(cluster.nodes):
             return views
-    raise TimeoutError(f"nodes did not answer /v1/cluster within {WAIT_S} s: {errors}")
+    raise TimeoutError(f"nodes did not answer /v1/cluster within {CLUSTER_WAIT_S} s: {errors}")
 
 
 def take_baseline(cluster: LocalCluster) -> Baseline:
-    leader = cluster.wait_for_leader(WAIT_S)
-    cluster.wait_for_applied(WAIT_S)  # every follower names the leader by now
+    leader = cluster.wait_for_leader(CLUSTER_WAIT_S)
+    cluster.wait_for_applied(CLUSTER_WAIT_S)  # every follower names the leader by now
     views = node_views(cluster)
     assert {v["term"] for v in views.values()} == {views[leader]["term"]}, views
     return Baseline(leader, str(views[leader]["node_id"]), int(views[leader]["term"]), cluster.pids())
@@ -224,13 +223,13 @@ class Bystander:
                 raise AssertionError("the bystander stopped")
             return len(self.acked) >= target
 
-        await wait_until(progressed, WAIT_S, interval_s=0.05, message=f"the bystander committing {commits} more {what}")
+        await wait_until(progressed, CLUSTER_WAIT_S, interval_s=0.05, message=f"the bystander committing {commits} more {what}")
 
     async def stop(self) -> None:
         """Let the transaction in progress finish (its outcome must be known), then stop."""
         self._stop.set()
         if self._task is not None:
-            await asyncio.wait_for(self._task, WAIT_S)
+            await asyncio.wait_for(self._task, CLUSTER_WAIT_S)
 
     def summary(self) -> str:
         return (f"bystander: {len(self.acked)} commits, refusals {dict(self.refused)}, "
@@ -247,7 +246,7 @@ async def drain(client: RcqClient, queue: str, batch: int = 1000) -> list[bytes]
         taken.extend(got)  # committed: taken for good (a failed try is tried again, its items back)
         return await client.count(queue) == 0
 
-    await wait_until(empty, WAIT_S, interval_s=0.01, message=f"{queue} to drain")
+    await wait_until(empty, CLUSTER_WAIT_S, interval_s=0.01, message=f"{queue} to drain")
     return taken
 
 
@@ -280,7 +279,7 @@ class Arena:
         bystander was told was committed is in its queue, once, and nothing else is."""
         await self.bystander.stop()
         await asyncio.to_thread(assert_cluster_undisturbed, self.cluster, self.baseline)
-        await asyncio.to_thread(self.cluster.wait_for_convergence, WAIT_S)  # the replicas agree
+        await asyncio.to_thread(self.cluster.wait_for_convergence, CLUSTER_WAIT_S)  # the replicas agree
         drained = [v.decode() for v in await drain(self.bystander.client, self.bystander.queue)]
         assert Counter(drained) == Counter(self.bystander.acked), (
             f"bystander: {len(self.bystander.acked)} acknowledged, {len(drained)} drained")
@@ -314,7 +313,7 @@ async def arena(cluster: LocalCluster, tolerated: tuple[type[RcqError], ...]) ->
         # A refused (retryable) answer is retried by the client for retry_timeout_s: keep it short
         # when refusals are expected, so they are counted rather than waited out.
         client = await stack.enter_async_context(RcqClient(
-            cluster.urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=3.0 if tolerated else WAIT_S,
+            cluster.urls, request_timeout_s=FLOOD_REQUEST_TIMEOUT_S, retry_timeout_s=3.0 if tolerated else CLUSTER_WAIT_S,
             session=bystander_session, token=bystander_token))
         bystander = Bystander(client, "bystander", tolerated)
         bystander.start()
@@ -515,7 +514,7 @@ async def test_a_transaction_extended_for_ever_hits_its_lifetime_and_its_items_c
         info = await arena.queue_info("held")
         return bool(info["available"] == 5 and info["locked"] == 0)
 
-    await wait_until(returned, WAIT_S, interval_s=0.05, message="the held items to come back")
+    await wait_until(returned, CLUSTER_WAIT_S, interval_s=0.05, message="the held items to come back")
     back_after = time.monotonic() - began
     assert back_after < LIFETIME_S + 5.0, f"items came back {back_after:.1f} s after the begin"
     answer = await call(arena.attacker, "POST", f"{tx_url}/extend", {"timeout_s": 1})
@@ -662,7 +661,7 @@ async def test_an_unauthenticated_raft_frame_of_2_gib_is_refused_on_its_header(a
                 writer.write(b"\0" * 60_000)  # the start of the body the header promised
                 await writer.drain()
                 try:
-                    closed = await asyncio.wait_for(reader.read(1 << 16), WAIT_S)
+                    closed = await asyncio.wait_for(reader.read(1 << 16), CLUSTER_WAIT_S)
                 except ConnectionResetError:
                     closed = b""  # closed with our unread body in its buffer: a reset is a close
                 assert closed == b"", f"node {node} answered a {announced}-byte frame instead of closing"
@@ -684,7 +683,7 @@ async def test_digests_of_a_million_items_do_not_stall_replication(arena: Arena)
         answer = await call(arena.attacker, "POST", url, {"items": [""] * 10_000})
         assert answer.status == 200, answer.short()
     assert (await arena.queue_info("big"))["count"] == 1_000_000
-    await asyncio.to_thread(arena.cluster.wait_for_applied, WAIT_S)
+    await asyncio.to_thread(arena.cluster.wait_for_applied, CLUSTER_WAIT_S)
     arena.bystander.slowest_s = 0.0
     commits_before = len(arena.bystander.acked)
     digests: dict[int, set[str]] = {}

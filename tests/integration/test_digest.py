@@ -17,9 +17,8 @@ from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.node import Node
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.testing import InMemoryReplicator, wait_until
-from tests.integration.test_replicator import QUEUE, child_pids, commit_batch, running, single_node_config
-
-WAIT_S = 10.0
+from tests.helpers import LOCAL_WAIT_S
+from tests.helpers.raft import QUEUE, child_pids, commit_batch, running, single_node_config
 
 
 class GatedStateMachine(QueueStateMachine):
@@ -63,16 +62,16 @@ async def test_commits_go_on_while_the_digest_child_hashes(tmp_path: Path) -> No
         await commit(replicator, "before", b"a")
         at_fork = in_process(replicator)
         digest = asyncio.ensure_future(replicator.digest())
-        await wait_until(lambda: (gate / "started").exists(), WAIT_S, message="the digest child to start")
+        await wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, message="the digest child to start")
 
         # The child holds its copy; applies (and so commits) need the state lock: it is free.
         indexes = [await asyncio.wait_for(commit(replicator, f"during-{i}", b"x"), 5) for i in range(3)]
         assert not digest.done()
         (gate / "go").touch()
 
-        assert await asyncio.wait_for(digest, WAIT_S) == at_fork  # the state when it forked
+        assert await asyncio.wait_for(digest, LOCAL_WAIT_S) == at_fork  # the state when it forked
         assert at_fork[1] < indexes[0]
-        assert await asyncio.wait_for(replicator.digest(), WAIT_S) == in_process(replicator)
+        assert await asyncio.wait_for(replicator.digest(), LOCAL_WAIT_S) == in_process(replicator)
         assert replicator.read(lambda sm: sm.count(QUEUE)) == 4
 
 
@@ -83,12 +82,12 @@ async def test_stop_kills_a_digest_child_that_hangs(tmp_path: Path) -> None:
     replicator = RaftReplicator(single_node_config(tmp_path / "node"), GatedStateMachine(gate))
     await replicator.start()
     try:
-        await wait_until(replicator.is_leader, WAIT_S, message="the single node to lead")
+        await wait_until(replicator.is_leader, LOCAL_WAIT_S, message="the single node to lead")
         digest = asyncio.ensure_future(replicator.digest())
-        await wait_until(lambda: (gate / "started").exists(), WAIT_S, message="the digest child to start")
+        await wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, message="the digest child to start")
     finally:
         started = time.monotonic()
-        await asyncio.wait_for(replicator.stop(), WAIT_S)
+        await asyncio.wait_for(replicator.stop(), LOCAL_WAIT_S)
     assert time.monotonic() - started < 5
     with pytest.raises(Unavailable, match="the node is stopping"):
         await digest
@@ -103,7 +102,7 @@ async def test_the_http_digest_comes_from_the_replicator(tmp_path: Path) -> None
     try:
         assert isinstance(node.replicator, RaftReplicator)
         replicator = node.replicator
-        await wait_until(replicator.is_leader, WAIT_S, message="the single node to lead")
+        await wait_until(replicator.is_leader, LOCAL_WAIT_S, message="the single node to lead")
         await commit(replicator, "t", b"a", b"b")
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{node.port}/v1/cluster/digest") as got:
             body = await got.json()

@@ -28,13 +28,12 @@ from rcq.client import (
 )
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
-from tests.integration.conftest import drain_until_empty, running_cluster
+from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
+from tests.helpers.cluster import drain_until_empty, running_cluster
 from tests.integration.workload import History, check_nothing_lost, consumer, producer
 
 pytestmark = pytest.mark.cluster
 
-LEADER_TIMEOUT_S = 60.0
-WAIT_S = 60.0  # bound of every wait: generous, the box is shared
 PRODUCERS = 4
 CONSUMERS = 2
 
@@ -49,7 +48,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[RcqClient]:
-    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S,
+    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=CLUSTER_WAIT_S,
                          **cluster.client_options()) as rcq_client:
         yield rcq_client
 
@@ -77,7 +76,7 @@ async def kill_the_leader(cluster: LocalCluster, client: RcqClient, history: His
 
     # Every worker commits again through the same client.
     workers = [f"p{i}" for i in range(PRODUCERS)] + [f"c{i}" for i in range(CONSUMERS)]
-    await wait_until(lambda: all(history.acks_after_kill[w] >= 3 for w in workers), WAIT_S,
+    await wait_until(lambda: all(history.acks_after_kill[w] >= 3 for w in workers), CLUSTER_WAIT_S,
                      message=f"every worker to commit after the failover: {history.acks_after_kill}")
     assert history.first_ack_after_kill is not None
     first_commit_s = history.first_ack_after_kill - history.killed_at
@@ -98,13 +97,13 @@ async def test_killing_the_leader_under_load_loses_no_acknowledged_enqueue_and_t
     try:
         for round_number in (1, 2):
             acknowledged = len(history.acknowledged)
-            await wait_until(lambda n=acknowledged: len(history.acknowledged) >= n + 40, WAIT_S,
+            await wait_until(lambda n=acknowledged: len(history.acknowledged) >= n + 40, CLUSTER_WAIT_S,
                              message="the workload to get going")
             witnesses.append(await kill_the_leader(cluster, client, history, round_number))
         assert len(history.consumed) > 0
     finally:
         stop.set()
-        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), WAIT_S)
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), CLUSTER_WAIT_S)
     assert not [r for r in results if isinstance(r, BaseException)], results
 
     # Each witness was aborted by its leader's death: its lock released, its enqueue gone.
@@ -115,7 +114,7 @@ async def test_killing_the_leader_under_load_loses_no_acknowledged_enqueue_and_t
         assert await drain_until_empty(client, witness_queue) == [f"w-item-{round_number}"]
 
     await check_nothing_lost(client, queue, history)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
 
 
 async def test_a_killed_leader_restarted_rejoins_as_a_follower_and_converges(
@@ -131,7 +130,7 @@ async def test_a_killed_leader_restarted_rejoins_as_a_follower_and_converges(
     assert len(await client.dequeue(queue, max_items=5)) == 5
 
     await asyncio.to_thread(cluster.start_node, old_leader)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
     status = cluster.status(old_leader)
     assert (status["role"], status["leader_url"]) == ("follower", cluster.url(new_leader))
     assert cluster.status(new_leader)["role"] == "leader"
@@ -171,7 +170,7 @@ async def commit_with_followers_paused(cluster: LocalCluster) -> tuple[int, list
         await tx.enqueue(queue, "added")
         for i in followers:
             cluster.pause_node(i)
-        await wait_until(lambda: all(process_stopped(cluster.nodes[i].pid) for i in followers), WAIT_S,
+        await wait_until(lambda: all(process_stopped(cluster.nodes[i].pid) for i in followers), CLUSTER_WAIT_S,
                          message="the followers to stop")
         with pytest.raises(CommitOutcomeUnknown):
             await tx.commit()
@@ -180,7 +179,7 @@ async def commit_with_followers_paused(cluster: LocalCluster) -> tuple[int, list
 
 async def status_on(cluster: LocalCluster, url: str, transaction_id: str) -> dict[str, Any]:
     """The transaction's status asked of one node (a follower may send the client to the leader)."""
-    async with RcqClient(url, request_timeout_s=10.0, retry_timeout_s=WAIT_S, **cluster.client_options()) as one:
+    async with RcqClient(url, request_timeout_s=10.0, retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as one:
         return await one.transaction_status(transaction_id)
 
 
@@ -193,7 +192,7 @@ async def test_an_unknown_commit_whose_leader_dies_is_reported_aborted_everywher
         cluster.resume_node(i)
     await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
     await asyncio.to_thread(cluster.start_node, leader)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
 
     for url in cluster.urls:
         assert (await status_on(cluster, url, transaction_id))["state"] == "aborted", url
@@ -210,7 +209,7 @@ async def test_an_unknown_commit_completed_by_its_reelected_leader_is_reported_c
     cluster.resume_node(followers[0])
     assert await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S) == leader
     cluster.resume_node(followers[1])
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
 
     states = {url: (await status_on(cluster, url, transaction_id))["state"] for url in cluster.urls}
     assert cluster.status(leader)["open_transactions"] == 0, states

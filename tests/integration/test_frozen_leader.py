@@ -13,7 +13,7 @@ import pytest
 
 from rcq.client import LeaderChanged, RcqClient
 from rcq.testing import wait_until
-from tests.integration.conftest import drain_until_empty, running_cluster
+from tests.helpers.cluster import drain_until_empty, running_cluster
 
 pytestmark = pytest.mark.cluster
 

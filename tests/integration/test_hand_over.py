@@ -24,10 +24,10 @@ from rcq.server.core.commands import Barrier, BarrierResult
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import replicator as replicator_module
 from rcq.server.raft.replicator import HAND_OVER_POLL_S, RaftReplicator
+from tests.helpers import HAND_OVER_SUBMIT_TIMEOUT_S
 from tests.integration.manual_raft import ManualRaft, config_of
 
 TERM = 4
-SUBMIT_TIMEOUT_S = 30.0
 
 
 @contextlib.asynccontextmanager
@@ -52,7 +52,7 @@ def start(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
 
 
 async def commit_one(raft: ManualRaft) -> None:
-    proposal = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+    proposal = start(raft.replicator.submit(barrier(), HAND_OVER_SUBMIT_TIMEOUT_S))
     await raft.run_until(proposal.done, "a proposal commits", acknowledge=True)
     assert isinstance(proposal.result(), BarrierResult)
 
@@ -86,7 +86,7 @@ async def test_a_proposal_held_during_a_hand_over_is_refused_unexecuted_once_the
         hand_over = start(raft.replicator.transfer_leadership(str(target)))
         await raft.step()  # the target holds the whole log: TimeoutNow goes out
         log_before = raft.log()
-        held = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+        held = start(raft.replicator.submit(barrier(), HAND_OVER_SUBMIT_TIMEOUT_S))
         for _ in range(5):
             await raft.step()
         assert not held.done() and raft.log() == log_before, "a held proposal is neither answered nor appended"
@@ -105,12 +105,12 @@ async def test_a_target_that_never_catches_up_ends_the_hand_over_and_releases_th
     async with leading(tmp_path) as raft:
         await commit_one(raft)
         # An entry no peer acknowledges: the target's match index stays behind the leader's log.
-        unacknowledged = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+        unacknowledged = start(raft.replicator.submit(barrier(), HAND_OVER_SUBMIT_TIMEOUT_S))
         log_end = raft.log()[-1][0]
         await raft.run_until(lambda: raft.log()[-1][0] > log_end, "an entry appended")
         hand_over = start(raft.replicator.transfer_leadership(str(raft.peers[0])))
         await raft.step()
-        held = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+        held = start(raft.replicator.submit(barrier(), HAND_OVER_SUBMIT_TIMEOUT_S))
         await steps_until_done(raft, hand_over, "the hand-over")
         assert isinstance(hand_over.exception(), MembershipConflict)
         assert raft.replicator.is_leader()
@@ -125,7 +125,7 @@ async def test_a_target_that_never_wins_ends_the_hand_over_and_the_leader_goes_o
         await commit_one(raft)
         hand_over = start(raft.replicator.transfer_leadership(str(raft.peers[1])))
         await raft.step()
-        held = start(raft.replicator.submit(barrier(), SUBMIT_TIMEOUT_S))
+        held = start(raft.replicator.submit(barrier(), HAND_OVER_SUBMIT_TIMEOUT_S))
         await steps_until_done(raft, hand_over, "the hand-over")  # TimeoutNow lost: no vote request comes
         assert isinstance(hand_over.exception(), Unavailable)
         assert raft.replicator.is_leader()

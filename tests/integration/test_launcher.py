@@ -21,13 +21,12 @@ from pathlib import Path
 import pytest
 
 from rcq.testing import wait_until
+from tests.helpers import LAUNCHER_EXIT_TIMEOUT_S, LAUNCHER_START_TIMEOUT_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NODE_LINE = re.compile(r"^\s+(node-\d+)\s+(https?://127\.0\.0\.1:\d+)\s+raft \S+\s+pid (\d+)\s+(leader|follower)$")
 LEADER_LINE = re.compile(r"^leader: (node-\d+) (https?://127\.0\.0\.1:\d+)$")
 TEMP_DIR_LINE = re.compile(r" in (\S+) \(removed on exit\)$")
-START_TIMEOUT_S = 90.0
-EXIT_TIMEOUT_S = 60.0
 
 pytestmark = pytest.mark.cluster
 
@@ -68,7 +67,7 @@ class Launcher:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        self._reader.join(EXIT_TIMEOUT_S)  # it closes the pipe when the launcher's output ends
+        self._reader.join(LAUNCHER_EXIT_TIMEOUT_S)  # it closes the pipe when the launcher's output ends
         for _, _, pid, _ in self.nodes():
             if is_rcq_node(pid):
                 with contextlib.suppress(ProcessLookupError):
@@ -113,7 +112,7 @@ def check_nodes_printed(launcher: Launcher, count: int) -> list[tuple[str, str, 
 async def test_demo_runs_against_three_nodes_with_a_token_and_exits_zero(launchers: list[Launcher], tls: bool) -> None:
     launcher = Launcher("up", "--nodes", "3", "--demo", *(["--tls"] if tls else []))
     launchers.append(launcher)
-    assert launcher.wait(START_TIMEOUT_S + EXIT_TIMEOUT_S) == 0, launcher.output
+    assert launcher.wait(LAUNCHER_START_TIMEOUT_S + LAUNCHER_EXIT_TIMEOUT_S) == 0, launcher.output
     nodes = check_nodes_printed(launcher, 3)
     output = launcher.output
     assert "== demo done ==" in output
@@ -137,7 +136,7 @@ async def test_a_preset_admin_token_is_the_clusters_admin_token(launchers: list[
     launcher = Launcher("up", "--nodes", "3", "--demo", "--data-dir", str(tmp_path / "cluster"),
                         extra_env={"RCQ_ADMIN_TOKEN": token})
     launchers.append(launcher)
-    assert launcher.wait(START_TIMEOUT_S + EXIT_TIMEOUT_S) == 0, launcher.output
+    assert launcher.wait(LAUNCHER_START_TIMEOUT_S + LAUNCHER_EXIT_TIMEOUT_S) == 0, launcher.output
     assert "== demo done ==" in launcher.output and token not in launcher.output
     assert (tmp_path / "cluster" / "admin.token").read_text().strip() == token
 
@@ -146,12 +145,12 @@ async def test_sigterm_stops_every_node_and_exits_zero(launchers: list[Launcher]
     launcher = Launcher("up", "--nodes", "3", "--data-dir", str(tmp_path / "cluster"))
     launchers.append(launcher)
     await wait_until(lambda: "ready" in launcher.lines or launcher.process.poll() is not None,
-                     START_TIMEOUT_S, interval_s=0.1, message="the launcher printing ready")
+                     LAUNCHER_START_TIMEOUT_S, interval_s=0.1, message="the launcher printing ready")
     assert launcher.process.poll() is None, launcher.output
     nodes = check_nodes_printed(launcher, 3)
     assert all(is_rcq_node(pid) for _, _, pid, _ in nodes)
     launcher.process.send_signal(signal.SIGTERM)
-    assert launcher.wait(EXIT_TIMEOUT_S) == 0, launcher.output
+    assert launcher.wait(LAUNCHER_EXIT_TIMEOUT_S) == 0, launcher.output
     assert "SIGTERM: stopping the cluster" in launcher.output
     for _, _, pid, _ in nodes:
         assert not is_rcq_node(pid), f"node pid {pid} outlived the launcher"
@@ -163,10 +162,10 @@ async def test_a_restart_on_the_same_data_dir_keeps_the_nodes_and_their_queues(
     data_dir = tmp_path / "cluster"
     first = Launcher("up", "--nodes", "3", "--data-dir", str(data_dir), "--demo")
     launchers.append(first)
-    assert first.wait(START_TIMEOUT_S + EXIT_TIMEOUT_S) == 0, first.output
+    assert first.wait(LAUNCHER_START_TIMEOUT_S + LAUNCHER_EXIT_TIMEOUT_S) == 0, first.output
     second = Launcher("up", "--data-dir", str(data_dir), "--demo")
     launchers.append(second)
-    assert second.wait(START_TIMEOUT_S + EXIT_TIMEOUT_S) == 0, second.output
+    assert second.wait(LAUNCHER_START_TIMEOUT_S + LAUNCHER_EXIT_TIMEOUT_S) == 0, second.output
     assert "reopening the 3-node cluster" in second.output
     assert {u for _, u, _, _ in first.nodes()} == {u for _, u, _, _ in second.nodes()}
     assert "count(demo) = 4" in second.output  # 2 left by the first demo, +3 -1 by the second

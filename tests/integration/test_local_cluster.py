@@ -17,7 +17,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,10 @@ from rcq.client import RcqClient
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.nodes import STOP_TIMEOUT_S, free_ports
 from rcq.testing.polls import NodeStartError, converged, deadline_loop, leader_from_views, poll_until
+from tests.helpers import LEADER_TIMEOUT_S
+from tests.helpers.cluster import fresh_queue
 
 URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
-LEADER_TIMEOUT_S = 60.0
 
 
 def request_json(cluster: LocalCluster, url: str, body: dict[str, Any] | None = None,
@@ -64,10 +64,6 @@ def http_status(cluster: LocalCluster, url: str, headers: dict[str, str]) -> int
     except urllib.error.HTTPError as exc:
         return exc.code
     return 200
-
-
-def fresh_queue() -> str:
-    return "t-" + uuid.uuid4().hex[:12]
 
 
 def pid_exists(pid: int) -> bool:

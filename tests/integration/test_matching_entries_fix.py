@@ -6,7 +6,6 @@ tick thread, with the messages a leader sends when it re-sends entries it alread
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,7 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 
 import rcq.server.raft.replicator  # noqa: F401  (installs the fixes on pysyncobj's SyncObj)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.helpers.raft import free_port
 
 
 @pytest.fixture

@@ -29,12 +29,12 @@ from rcq.client import (
 )
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
-from tests.integration.conftest import drain_until_empty, running_cluster
+from tests.helpers import CLUSTER_WAIT_S
+from tests.helpers.cluster import drain_until_empty, running_cluster
 from tests.integration.workload import History, check_nothing_lost, consumer, producer
 
 pytestmark = pytest.mark.cluster
 
-WAIT_S = 60.0
 PRODUCERS = 3
 CONSUMERS = 2
 # Snapshots every few hundred entries: a node added later has to catch up from one.
@@ -43,7 +43,7 @@ SMALL_LOG = {"log_compaction_entries_min": 100, "log_compaction_interval_s": 5.0
 
 def client_of(cluster: LocalCluster, indices: list[int] | None = None) -> RcqClient:
     urls = cluster.urls if indices is None else [cluster.url(i) for i in indices]
-    return RcqClient(urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S, **cluster.client_options())
+    return RcqClient(urls, request_timeout_s=10.0, retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options())
 
 
 def member_ids(cluster: LocalCluster, i: int) -> set[str]:
@@ -52,13 +52,13 @@ def member_ids(cluster: LocalCluster, i: int) -> set[str]:
 
 
 async def wait_members(cluster: LocalCluster, indices: list[int], expected: set[str]) -> None:
-    await wait_until(lambda: all(member_ids(cluster, i) == expected for i in indices), WAIT_S,
+    await wait_until(lambda: all(member_ids(cluster, i) == expected for i in indices), CLUSTER_WAIT_S,
                      message=f"nodes {indices} to see members {sorted(expected)}")
 
 
 async def add(client: RcqClient, cluster: LocalCluster, i: int) -> dict[str, Any]:
     node = cluster.nodes[i]
-    return await client.add_node(node.node_id, node.raft_address, cluster.url(i), catch_up_timeout_s=WAIT_S)
+    return await client.add_node(node.node_id, node.raft_address, cluster.url(i), catch_up_timeout_s=CLUSTER_WAIT_S)
 
 
 class Load:
@@ -80,18 +80,18 @@ class Load:
 
     async def more_acknowledged(self, count: int) -> None:
         target = len(self.history.acknowledged) + count
-        await wait_until(lambda: len(self.history.acknowledged) >= target, WAIT_S,
+        await wait_until(lambda: len(self.history.acknowledged) >= target, CLUSTER_WAIT_S,
                          message=f"{count} more acknowledged enqueues")
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._stop.set()
-        results = await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), WAIT_S)
+        results = await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), CLUSTER_WAIT_S)
         assert not [r for r in results if isinstance(r, BaseException)], results
 
 
 async def commits_with_only(cluster: LocalCluster, alive: list[int]) -> None:
     """With only ``alive`` running, a leader serves and a commit goes through."""
-    await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
     async with client_of(cluster, alive) as client:
         queue = f"quorum-{uuid.uuid4().hex[:6]}"
         await client.enqueue(queue, "committed with a majority of the new membership")
@@ -118,7 +118,7 @@ async def test_growing_from_3_to_5_under_load_loses_nothing_and_the_new_nodes_vo
         await check_nothing_lost(client, load.queue, load.history)
     everyone = {f"node-{i}" for i in range(5)}
     await wait_members(cluster, list(range(5)), everyone)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, list(range(5)))
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S, list(range(5)))
     # Two of the first three gone: node-3 and node-4 are the majority now.
     for i in (0, 1):
         await asyncio.to_thread(cluster.kill_node, i)
@@ -130,7 +130,7 @@ async def test_shrinking_from_5_to_3_under_load_even_the_leader_loses_nothing() 
         async with client_of(cluster) as client:
             async with Load(client) as load:
                 await load.more_acknowledged(40)
-                leader = await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+                leader = await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
                 removed = [leader]
                 answer = await client.remove_node(f"node-{leader}")  # hands leadership over first
                 assert answer["removed"]["node_id"] == f"node-{leader}"
@@ -144,7 +144,7 @@ async def test_shrinking_from_5_to_3_under_load_even_the_leader_loses_nothing() 
             await check_nothing_lost(client, load.queue, load.history)
         remaining = [i for i in range(5) if i not in removed]
         await wait_members(cluster, remaining, {f"node-{i}" for i in remaining})
-        await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, remaining)
+        await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S, remaining)
         # Two of five would not be a majority; two of three are.
         await asyncio.to_thread(cluster.kill_node, remaining[0])
         await commits_with_only(cluster, remaining[1:])
@@ -156,14 +156,14 @@ async def test_a_killed_node_is_replaced_by_a_new_one_that_catches_up_from_a_sna
         queue = f"kept-{uuid.uuid4().hex[:6]}"
         for n in range(30):
             await client.enqueue(queue, *[f"v{n}-{k}" for k in range(10)])
-        leader = await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+        leader = await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
         dead = next(i for i in range(3) if i != leader)
         await asyncio.to_thread(cluster.kill_node, dead)
         for i in range(3):  # every log compacted: the new node cannot catch up from entries alone
             if i != dead:
                 await asyncio.to_thread(cluster.request_snapshot, i)
         await wait_until(lambda: all(cluster.status(i)["snapshot_count"] >= 1 for i in range(3) if i != dead),
-                         WAIT_S, message="snapshots on the live nodes")
+                         CLUSTER_WAIT_S, message="snapshots on the live nodes")
         await client.remove_node(f"node-{dead}")
         alive = [i for i in range(3) if i != dead]
         new = await asyncio.to_thread(cluster.add_node, alive)
@@ -171,7 +171,7 @@ async def test_a_killed_node_is_replaced_by_a_new_one_that_catches_up_from_a_sna
         assert answer["caught_up"] is True, answer
         assert cluster.status(new)["snapshots_received"] >= 1
         await wait_members(cluster, [*alive, new], {f"node-{i}" for i in (*alive, new)})
-        await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, [*alive, new])
+        await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S, [*alive, new])
         assert await client.count(queue) == 300
     # The other original follower gone too: the leader needs the new node's vote.
     other = next(i for i in alive if i != cluster.leader())
@@ -206,7 +206,7 @@ async def test_a_node_configured_before_the_leader_joined_sends_clients_to_it(gr
         await add(client, cluster, new)
         answer = await client.transfer_leadership(f"node-{new}")
         assert answer["leader_id"] == f"node-{new}", answer
-    await wait_until(lambda: cluster.status(0)["leader_url"] == cluster.url(new), WAIT_S,
+    await wait_until(lambda: cluster.status(0)["leader_url"] == cluster.url(new), CLUSTER_WAIT_S,
                      message="node-0 to name node-3's URL as the leader's")
     async with client_of(cluster, [0]) as only_node_0:  # its configuration does not list node-3
         await only_node_0.enqueue("redirected", "to a leader node-0 learned from the log")
@@ -215,7 +215,7 @@ async def test_a_node_configured_before_the_leader_joined_sends_clients_to_it(gr
 
 async def test_refused_membership_changes_change_nothing(grown: LocalCluster) -> None:
     cluster = grown
-    leader = await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+    leader = await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
     before = cluster.digest(leader)
     async with client_of(cluster) as client:
         spare = await asyncio.to_thread(cluster.add_node, None, start=False)
@@ -269,16 +269,16 @@ async def test_a_rolling_restart_by_the_documented_procedure_loses_nothing(grown
 
     async def back_and_caught_up(i: int) -> None:
         """Ready, and holding what the cluster had committed when it came back."""
-        leader = await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+        leader = await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
         target = cluster.status(leader)["commit_index"]
         await wait_until(lambda: cluster.poll_json(cluster.url(i) + "/readyz").get("ready") is True
-                         and cluster.status(i)["last_applied"] >= target, WAIT_S,
+                         and cluster.status(i)["last_applied"] >= target, CLUSTER_WAIT_S,
                          message=f"node-{i} ready and caught up to index {target}")
 
     async with client_of(cluster) as client:
         async with Load(client) as load:
             await load.more_acknowledged(30)
-            leader = await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+            leader = await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
             for i in (i for i in range(3) if i != leader):
                 await asyncio.to_thread(cluster.stop_node, i)
                 await asyncio.to_thread(cluster.start_node, i)
@@ -291,7 +291,7 @@ async def test_a_rolling_restart_by_the_documented_procedure_loses_nothing(grown
             await back_and_caught_up(leader)
             await load.more_acknowledged(20)
         await check_nothing_lost(client, load.queue, load.history)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, [0, 1, 2])
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S, [0, 1, 2])
 
 
 async def test_leadership_is_handed_over_under_load_to_the_node_asked_each_time(grown: LocalCluster) -> None:
@@ -306,20 +306,20 @@ async def test_leadership_is_handed_over_under_load_to_the_node_asked_each_time(
             async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=5.0,
                                  **cluster.client_options()) as admin:
                 for _ in range(4):
-                    leader = await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+                    leader = await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
                     target = next(i for i in range(3) if i != leader)
                     answer = await admin.transfer_leadership(f"node-{target}")
                     assert answer["previous_leader_id"] == f"node-{leader}", answer
-                    assert await asyncio.to_thread(cluster.wait_for_leader, WAIT_S) == target
+                    assert await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S) == target
                     await load.more_acknowledged(20)
         await check_nothing_lost(client, load.queue, load.history)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, [0, 1, 2])
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S, [0, 1, 2])
 
 
 async def test_a_node_serving_https_is_probed_over_tls_and_added() -> None:
     """The leader checks a new node's health over HTTPS, verifying it with the cluster's CA."""
     with LocalCluster(3, tls=True) as cluster:
-        await asyncio.to_thread(cluster.wait_for_leader, WAIT_S)
+        await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
         new = await asyncio.to_thread(cluster.add_node)
         assert cluster.url(new).startswith("https://")
         async with client_of(cluster) as client:
@@ -327,4 +327,4 @@ async def test_a_node_serving_https_is_probed_over_tls_and_added() -> None:
             assert answer["caught_up"] is True and answer["added"]["url"].startswith("https://")
             await client.enqueue("over-tls", "through four members")
         await wait_members(cluster, list(range(4)), {f"node-{i}" for i in range(4)})
-        await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, list(range(4)))
+        await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S, list(range(4)))

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rcq.client import RcqClient
 from rcq.testing import wait_until
-from tests.integration.conftest import running_cluster
+from tests.helpers.cluster import running_cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,7 @@ from rcq.server.config import NodeConfig
 from rcq.server.http.api import create_app
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator
-from tests.integration.conftest import running_cluster
+from tests.helpers.cluster import running_cluster
 
 EXAMPLES_PER_OPERATION = 12  # bounded: the whole fuzz run stays near a minute on 2 cores
 

@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import json
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -43,20 +42,15 @@ from rcq.client import (
 from rcq.private_files import write_private
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
-from tests.integration.conftest import running_cluster
+from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
+from tests.helpers.cluster import fresh_queue, running_cluster
 
 pytestmark = pytest.mark.cluster
 
-LEADER_TIMEOUT_S = 60.0
-WAIT_S = 30.0  # bound of every wait: generous, the box is shared
 HOUR_MS = 3_600_000
 
 
 # ----------------------------------------------------------------------- helpers
-def fresh_queue(name: str = "q") -> str:
-    return f"{name}-{uuid.uuid4().hex[:10]}"
-
-
 def wall_ms() -> float:
     return time.time() * 1000
 
@@ -85,7 +79,7 @@ async def count_on_leader(cluster: LocalCluster, queue: str) -> int:
     return int((await leader_stats(cluster, queue))["count"])
 
 
-async def wait_for_count(cluster: LocalCluster, queue: str, wanted: int, timeout_s: float = WAIT_S) -> None:
+async def wait_for_count(cluster: LocalCluster, queue: str, wanted: int, timeout_s: float = QUIET_CLUSTER_WAIT_S) -> None:
     seen: list[int] = []
 
     async def reached() -> bool:
@@ -117,7 +111,7 @@ def values(items: list[Item]) -> list[bytes]:
 
 @pytest.fixture
 async def client(healthy_cluster: LocalCluster) -> AsyncIterator[RcqClient]:
-    async with RcqClient(healthy_cluster.urls, request_timeout_s=15.0, retry_timeout_s=WAIT_S,
+    async with RcqClient(healthy_cluster.urls, request_timeout_s=15.0, retry_timeout_s=QUIET_CLUSTER_WAIT_S,
                          **healthy_cluster.client_options()) as rcq_client:
         await rcq_client.wait_for_leader(LEADER_TIMEOUT_S)
         yield rcq_client
@@ -177,7 +171,7 @@ async def test_transaction_deadlines_count_as_deliveries_and_send_a_poison_item_
         async def expired(tx: Any = transaction) -> bool:
             return (await tx.status())["state"] == "aborted"
 
-        await wait_until(expired, WAIT_S, interval_s=0.1, message=f"transaction {attempt + 1} to expire")
+        await wait_until(expired, QUIET_CLUSTER_WAIT_S, interval_s=0.1, message=f"transaction {attempt + 1} to expire")
         with pytest.raises(TransactionAborted):
             await transaction.commit()
 
@@ -222,7 +216,7 @@ async def test_a_delivery_counted_before_a_leader_crash_sends_the_item_to_the_de
     assert sorted(values(await take_all(client, other))) == [f"other-{i}".encode() for i in range(5)]
 
     await asyncio.to_thread(cluster.start_node, old_leader)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, range(len(cluster.nodes)))
+    await asyncio.to_thread(cluster.wait_for_convergence, QUIET_CLUSTER_WAIT_S, range(len(cluster.nodes)))
     assert dead[0].priority == 1, f"the dead item lost its priority: {dead[0]}"
 
 
@@ -368,7 +362,7 @@ async def test_a_delayed_item_is_invisible_until_its_time_and_visible_soon_after
         seen.extend((received, item) for item in items)
         return bool(items)
 
-    await wait_until(visible, WAIT_S, interval_s=0.02, message="the delayed item to become visible")
+    await wait_until(visible, QUIET_CLUSTER_WAIT_S, interval_s=0.02, message="the delayed item to become visible")
     received, item = seen[0]
     assert item.enqueued_at_ms is not None
     visible_at = item.enqueued_at_ms + 1500
@@ -411,7 +405,7 @@ async def test_a_new_leader_hands_out_a_delayed_item_neither_before_nor_long_aft
         seen.extend((sent, wall_ms(), item) for item in items)
         return bool(items)
 
-    await wait_until(handed_out, WAIT_S, interval_s=0.02, message="the delayed item after the failover")
+    await wait_until(handed_out, QUIET_CLUSTER_WAIT_S, interval_s=0.02, message="the delayed item after the failover")
     _, received, item = seen[0]
     assert item.enqueued_at_ms is not None and item.value == b"after-failover"
     visible_at = item.enqueued_at_ms + 3000
@@ -512,7 +506,7 @@ async def test_an_item_past_its_ttl_goes_to_the_dead_letter_queue_and_is_never_h
                     late.append(f"sent {sent - item.enqueued_at_ms - 1500:.0f} ms after its expiry")
         return await count_on_leader(cluster, dlq) == 1
 
-    await wait_until(expired, WAIT_S, interval_s=0.05, message="the short item to expire")
+    await wait_until(expired, QUIET_CLUSTER_WAIT_S, interval_s=0.05, message="the short item to expire")
     assert not late, f"handed out after its expiry: {late}"
     assert handouts[b"short"] > 0  # it was visible before
     dead = await take_all(client, dlq)
@@ -556,7 +550,7 @@ async def test_an_item_dequeued_before_its_ttl_is_consumed_by_a_commit_after_it(
     expires_at = first[0].enqueued_at_ms + 1500
     assert first[0].expires_at_ms == expires_at and second[0].expires_at_ms == second[0].enqueued_at_ms + 1500
     # Well past the expiry (the leader's timer has looked at least once since): both still held.
-    await wait_until(lambda: wall_ms() >= expires_at + 1500, WAIT_S, message="the TTL to pass")
+    await wait_until(lambda: wall_ms() >= expires_at + 1500, QUIET_CLUSTER_WAIT_S, message="the TTL to pass")
     assert await count_on_leader(cluster, dlq) == 0
     info = await committing.commit()
     assert info.dequeued == 1  # delivered in time: consumed
@@ -597,14 +591,14 @@ async def test_a_new_leader_expires_items_whose_ttl_passes_after_a_failover(
                 late.append(f"{item.value.decode()} sent {sent - expires_at:.0f} ms after its expiry")
         return await count_on_leader(cluster, dlq) == 5
 
-    await wait_until(all_expired, WAIT_S, interval_s=0.05, message="the new leader to expire the items")
+    await wait_until(all_expired, QUIET_CLUSTER_WAIT_S, interval_s=0.05, message="the new leader to expire the items")
     assert not late, f"the new leader handed out expired items: {late}"
     dead = await take_all(client, dlq)
     assert sorted(values(dead)) == [f"short-{i}".encode() for i in range(5)]
     assert {d.dead_letter for d in dead} == {DeadLetter("expired", queue, 0)}
     assert sorted(values(await take_all(client, queue))) == [b"plain-1", b"plain-2"]
     await asyncio.to_thread(cluster.start_node, old_leader)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S, range(len(cluster.nodes)))
+    await asyncio.to_thread(cluster.wait_for_convergence, QUIET_CLUSTER_WAIT_S, range(len(cluster.nodes)))
 
 
 # -------------------------------------------------------------- 8. bad settings
@@ -627,7 +621,7 @@ async def test_bad_settings_and_options_are_clear_400s_that_change_nothing(quiet
         await client.enqueue(source, "y", priority=2)
         leader = await leader_index(cluster)
         base = cluster.url(leader)
-        await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+        await asyncio.to_thread(cluster.wait_for_convergence, QUIET_CLUSTER_WAIT_S)
         before = await asyncio.to_thread(cluster.digest, leader)
         settings_before = (await client.queue_info(source))["settings"]
 
@@ -737,8 +731,8 @@ async def hand_leadership_to_the_skewed_node(cluster: LocalCluster) -> None:
     """Start the skewed node, let it catch up, kill -9 the leader: the skewed node leads (it stands
     first, its log is up to date). If it won an election while it joined, it leads already."""
     await asyncio.to_thread(cluster.start_node, SKEWED)
-    await asyncio.to_thread(cluster.wait_for_applied, WAIT_S)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_applied, QUIET_CLUSTER_WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_convergence, QUIET_CLUSTER_WAIT_S)
     old_leader = await leader_index(cluster)
     if old_leader != SKEWED:
         await asyncio.to_thread(cluster.kill_node, old_leader)
@@ -750,7 +744,7 @@ async def test_a_leader_an_hour_behind_neither_hides_visible_items_nor_brings_ba
         skew_cluster: LocalCluster) -> None:
     cluster = skew_cluster
     await start_without_the_skewed_node(cluster)
-    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S,
+    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=QUIET_CLUSTER_WAIT_S,
                          **cluster.client_options()) as client:
         dlq, queue = "behind-dlq", "behind"
         await client.configure_queue(dlq)
@@ -765,7 +759,7 @@ async def test_a_leader_an_hour_behind_neither_hides_visible_items_nor_brings_ba
             stats = await leader_stats(cluster, queue)
             return (stats["ready"], stats["delayed"]) == (2, 0)
 
-        await wait_until(delayed_visible, WAIT_S, interval_s=0.05, message="the delay to end")
+        await wait_until(delayed_visible, QUIET_CLUSTER_WAIT_S, interval_s=0.05, message="the delay to end")
         before = {item.value: item for item in await peek_items(client, queue, 10)}
         assert set(before) == {b"first", b"delayed"}
         latest_ms = max(item.enqueued_at_ms or 0 for item in before.values())
@@ -811,7 +805,7 @@ async def test_a_leader_an_hour_ahead_expires_ttls_early_by_its_skew_and_time_ne
         skew_cluster: LocalCluster) -> None:
     cluster = skew_cluster
     await start_without_the_skewed_node(cluster)
-    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S,
+    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=QUIET_CLUSTER_WAIT_S,
                          **cluster.client_options()) as client:
         dlq, queue = "ahead-dlq", "ahead"
         await client.configure_queue(dlq)

@@ -59,9 +59,10 @@ from rcq.server.raft.internals import (
 )
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.testing import wait_until
-from tests.integration.manual_raft import SECRET, ManualRaft, config_of, free_port
+from tests.helpers import LOCAL_WAIT_S
+from tests.helpers.raft import SECRET, free_port
+from tests.integration.manual_raft import ManualRaft, config_of
 
-TIMEOUT_S = 10.0
 HANDSHAKE_MAX = 4096  # raft_handshake_frame_bytes_max in these tests (its default is 64 KiB)
 FRAME_MAX = 1 << 20  # raft_frame_bytes_max in the cap tests (its smallest allowed value)
 PART_BYTES = 1 << 16  # pysyncobj's appendEntriesBatchSizeBytes: a larger entry travels in parts of this size
@@ -79,7 +80,7 @@ class RaftClient:
 
     def __init__(self, sock: socket.socket, secret: str | None = SECRET) -> None:
         self.sock = sock
-        self.sock.settimeout(TIMEOUT_S)
+        self.sock.settimeout(LOCAL_WAIT_S)
         self.encryptor = encryptor(secret) if secret else None
         self.nonce = os.urandom(32)  # what the node must send back with every message
         self.node_nonce: bytes | None = None  # what we send with ours, once the node chose it
@@ -87,7 +88,7 @@ class RaftClient:
     @classmethod
     def connect(cls, address: str, secret: str | None = SECRET) -> RaftClient:
         host, port = address.rsplit(":", 1)
-        return cls(socket.create_connection((host, int(port)), timeout=TIMEOUT_S), secret)
+        return cls(socket.create_connection((host, int(port)), timeout=LOCAL_WAIT_S), secret)
 
     def frame(self, message: Any) -> bytes:
         if self.node_nonce is not None:
@@ -219,7 +220,7 @@ async def test_an_unauthenticated_client_announcing_too_big_a_frame_is_closed_on
             client(replicator._config.raft_address) as raft_client:
         raft_client.sock.sendall(struct.pack("i", announced))  # the header, nothing of the frame
 
-        await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
 
         host, port = raft_client.sock.getsockname()[:2]
         assert refusals(caplog) == [f"Raft connection with {host}:{port} announced a frame of {announced} bytes, "
@@ -235,13 +236,13 @@ async def test_refused_frames_are_reported_at_most_once_per_interval(
         for _ in range(5):  # someone connecting in a loop
             async with client(replicator._config.raft_address) as raft_client:
                 raft_client.sock.sendall(struct.pack("i", 2**31 - 1))
-                await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+                await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
         assert len(refusals(caplog)) == 1
         assert transport_patches._refused_frames["unreported"] == 4
         transport_patches._refused_frames["next_report"] = 0.0  # the interval is over
         async with client(replicator._config.raft_address) as raft_client:
             raft_client.sock.sendall(struct.pack("i", -1))
-            await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+            await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
         assert refusals(caplog)[-1].endswith("closing it (4 more refused since the last report)")
 
 
@@ -251,7 +252,7 @@ async def test_a_frame_at_the_handshake_limit_is_read(tmp_path: Path, caplog: py
             client(replicator._config.raft_address) as raft_client:
         raft_client.sock.sendall(struct.pack("i", HANDSHAKE_MAX) + b"x" * HANDSHAKE_MAX)
         # Read whole, then refused by pysyncobj's own check: it is not sealed with the secret.
-        await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
         assert refusals(caplog) == []
 
 
@@ -263,7 +264,7 @@ async def test_a_valid_first_frame_does_not_authenticate(tmp_path: Path, caplog:
             client(replicator._config.raft_address) as raft_client:
         raft_client.exchange_nonces()
         raft_client.sock.sendall(struct.pack("i", HANDSHAKE_MAX + 1))
-        await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
         assert len(refusals(caplog)) == 1
         assert "before authentication" in refusals(caplog)[0]
 
@@ -277,12 +278,12 @@ async def test_an_authenticated_peer_may_send_frames_up_to_raft_frame_bytes_max(
         frame = raft_client.frame(heartbeat(term=7, padding=FRAME_MAX // 2))
         assert HANDSHAKE_MAX < len(frame) - 4 <= FRAME_MAX
         raft_client.sock.sendall(frame)
-        await wait_until(lambda: replicator.term == 7, TIMEOUT_S, message="the node following term 7")
+        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
         assert not raft_client.closed_by_node()
         assert refusals(caplog) == []
 
         raft_client.sock.sendall(struct.pack("i", FRAME_MAX + 1))
-        await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
         assert len(refusals(caplog)) == 1
         assert f"announced a frame of {FRAME_MAX + 1} bytes, over the {FRAME_MAX} allowed to a peer" in refusals(caplog)[0]
 
@@ -298,11 +299,11 @@ async def test_without_a_cluster_secret_only_raft_frame_bytes_max_applies(
         first = zlib.compress(pysyncobj_pickle.dumps(config.peers[0].raft_address)) + b"x" * HANDSHAKE_MAX
         raft_client.sock.sendall(struct.pack("i", len(first)) + first)
         raft_client.send(heartbeat(term=7))
-        await wait_until(lambda: replicator.term == 7, TIMEOUT_S, message="the node following term 7")
+        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
         assert refusals(caplog) == []
 
         raft_client.sock.sendall(struct.pack("i", FRAME_MAX + 1))
-        await wait_until(raft_client.closed_by_node, TIMEOUT_S, message="the node closing the connection")
+        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
         assert [f"over the {FRAME_MAX} allowed to a peer" in line for line in refusals(caplog)] == [True]
 
 
@@ -316,7 +317,7 @@ async def test_without_the_cap_pysyncobj_buffers_what_an_unauthenticated_client_
             client(replicator._config.raft_address) as raft_client:
         raft_client.sock.sendall(struct.pack("i", 2**31 - 1) + b"x" * junk)  # "2 GiB follow", from anyone
 
-        await wait_until(lambda: len(buffered(replicator, raft_client)) == 4 + junk, TIMEOUT_S,
+        await wait_until(lambda: len(buffered(replicator, raft_client)) == 4 + junk, LOCAL_WAIT_S,
                          message="the node buffering the junk")
         assert not raft_client.closed_by_node()  # ...and it would wait for the rest of the 2 GiB
         assert refusals(caplog) == []
@@ -335,18 +336,18 @@ async def test_a_large_frame_is_read_into_one_buffer_extended_in_place(
         frame = raft_client.frame(heartbeat(term=8, padding=3 << 20))
         third = len(frame) // 3
         raft_client.sock.sendall(frame[:third])
-        await wait_until(lambda: len(buffered(replicator, raft_client) or b"") == third, TIMEOUT_S,
+        await wait_until(lambda: len(buffered(replicator, raft_client) or b"") == third, LOCAL_WAIT_S,
                          message="the first third buffered")
         first = buffered(replicator, raft_client)
         raft_client.sock.sendall(frame[third:2 * third])
-        await wait_until(lambda: len(buffered(replicator, raft_client)) == 2 * third, TIMEOUT_S,
+        await wait_until(lambda: len(buffered(replicator, raft_client)) == 2 * third, LOCAL_WAIT_S,
                          message="two thirds buffered")
         if fixed:
             assert buffered(replicator, raft_client) is first, "the read buffer was copied"
         else:
             assert buffered(replicator, raft_client) is not first
         raft_client.sock.sendall(frame[2 * third:])
-        await wait_until(lambda: replicator.term == 8, TIMEOUT_S, message="the message handled")
+        await wait_until(lambda: replicator.term == 8, LOCAL_WAIT_S, message="the message handled")
         assert not buffered(replicator, raft_client)
 
 
@@ -493,7 +494,7 @@ async def test_an_entry_cut_off_with_its_connection_is_taken_whole_when_sent_aga
         async with client(config.raft_address) as cut:
             cut.handshake(as_address=peer)
             cut.sock.sendall(b"".join(cut.frame(message) for message in messages[:4]) + cut.frame(messages[4])[:1000])
-            await wait_until(lambda: len(reassembled_so_far(sync_obj)) == 4 * PART_BYTES, TIMEOUT_S,
+            await wait_until(lambda: len(reassembled_so_far(sync_obj)) == 4 * PART_BYTES, LOCAL_WAIT_S,
                              message="four parts received")
         async with client(config.raft_address) as again:
             again.handshake(as_address=peer)
@@ -543,7 +544,7 @@ async def a_tick_passed(replicator: RaftReplicator) -> None:
     assert sync_obj is not None
     sync_obj.addOnTickCallback(ticked.set)
     try:
-        await wait_until(ticked.is_set, TIMEOUT_S, message="a tick")
+        await wait_until(ticked.is_set, LOCAL_WAIT_S, message="a tick")
     finally:
         sync_obj.removeOnTickCallback(ticked.set)
 
@@ -565,13 +566,13 @@ async def test_the_listener_accepts_again_once_descriptors_are_free(tmp_path: Pa
 
             with descriptors_exhausted():
                 waiting.sock.connect((host, int(port)))  # in the backlog; the node's accept() fails
-                await wait_until(retried_twice, TIMEOUT_S, interval_s=0.01, message="accept failing, twice")
+                await wait_until(retried_twice, LOCAL_WAIT_S, interval_s=0.01, message="accept failing, twice")
 
             waiting.exchange_nonces()  # accepted from the backlog, and answered
             async with client(config.raft_address) as new:
                 new.handshake(as_address=config.peers[0].raft_address)
                 new.send(heartbeat(term=9))
-                await wait_until(lambda: replicator.term == 9, TIMEOUT_S, message="the new connection served")
+                await wait_until(lambda: replicator.term == 9, LOCAL_WAIT_S, message="the new connection served")
         finally:
             waiting.close()
         lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
@@ -592,7 +593,7 @@ async def test_without_the_fix_one_emfile_closes_pysyncobjs_listener_for_good(
         try:
             with descriptors_exhausted():
                 waiting.connect((host, int(port)))
-                await wait_until(lambda: server_private(listener(replicator), "fileno") is None, TIMEOUT_S,
+                await wait_until(lambda: server_private(listener(replicator), "fileno") is None, LOCAL_WAIT_S,
                                  message="the listener closed")
         finally:
             waiting.close()

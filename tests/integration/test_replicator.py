@@ -22,7 +22,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,46 +40,28 @@ from rcq.errors import (
     Unavailable,
 )
 from rcq.server.config import NodeConfig, PeerConfig, load_config
-from rcq.server.core.commands import ApplyFailed, BatchResult, CommitBatch, CommitUnit, TransactionWrite
+from rcq.server.core.commands import ApplyFailed, BatchResult
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import replicator as replicator_module
 from rcq.server.raft import snapshots
 from rcq.server.raft.journal import CompactionRepair, repair_interrupted_compaction
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
-
-QUEUE = "q"
-SECRET = "correct horse battery staple"
-# Short timeouts keep the tests fast; they still satisfy NodeConfig's cross-field rules.
-FAST_RAFT = dict(raft_timeout_min_s=0.5, raft_timeout_max_s=1.0, leader_fallback_timeout_s=0.4,
-                 connection_timeout_s=1.0, append_entries_period_s=0.02, auto_tick_period_s=0.005)
-
-
-# ------------------------------------------------------------------ helpers
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str = "condition",
-               interval_s: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); AssertionError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
+from tests.helpers.raft import (
+    FAST_RAFT,
+    QUEUE,
+    SECRET,
+    async_wait_until,
+    child_pids,
+    commit_batch,
+    free_port,
+    running,
+    single_node_config,
+    wait_until,
+)
 
 
-async def async_wait_until(predicate: Callable[[], Any], timeout_s: float, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
+# ------------------------------------------------------------------ the helpers, tested
 def test_wait_until_returns_the_truthy_value_and_times_out_otherwise() -> None:
     values = iter([0, None, "ready"])
     assert wait_until(lambda: next(values), timeout_s=5, interval_s=0) == "ready"
@@ -89,25 +71,6 @@ def test_wait_until_returns_the_truthy_value_and_times_out_otherwise() -> None:
     assert time.monotonic() - started < 2
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def commit_batch(term: int, transaction_id: str, *values: bytes) -> CommitBatch:
-    return CommitBatch(term=term, now_ms=time.time_ns() // 1_000_000,
-                       units=(CommitUnit((TransactionWrite(transaction_id, enqueues=((QUEUE, values),)),)),))
-
-
-def child_pids() -> set[int]:
-    pids: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            pids.update(int(p) for p in (task / "children").read_text().split())
-    return pids
-
-
 @pytest.fixture
 def work_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="rcq-replicator-test-") as directory:
@@ -115,25 +78,6 @@ def work_dir() -> Iterator[Path]:
 
 
 # ----------------------------------------------------- one node, in process
-def single_node_config(data_dir: Path, **overrides: Any) -> NodeConfig:
-    fields: dict[str, Any] = dict(node_id="solo", http_port=0, raft_address=f"127.0.0.1:{free_port()}",
-                                  data_dir=data_dir, cluster_secret=SECRET, **FAST_RAFT)
-    fields.update(overrides)
-    return NodeConfig.model_validate(fields)
-
-
-@contextlib.asynccontextmanager
-async def running(config: NodeConfig, state_machine: QueueStateMachine | None = None,
-                  ) -> AsyncIterator[RaftReplicator]:
-    replicator = RaftReplicator(config, state_machine or QueueStateMachine())
-    await replicator.start()
-    try:
-        await async_wait_until(replicator.is_leader, 10, "the single node to lead")
-        yield replicator
-    finally:
-        await replicator.stop()
-
-
 def test_no_node_config_without_a_cluster_secret_can_be_made(work_dir: Path) -> None:
     # The one check (H10): a replicator is built only from a NodeConfig, which refuses this.
     fields = {**single_node_config(work_dir).model_dump(), "cluster_secret": None, "insecure": False}

@@ -22,12 +22,11 @@ import pytest
 from rcq.client import Enqueue, RcqClient, TransactionAborted
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
-from tests.integration.conftest import drain_until_empty, running_cluster
+from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
+from tests.helpers.cluster import drain_until_empty, fresh_queue, running_cluster
 
 pytestmark = pytest.mark.cluster
 
-LEADER_TIMEOUT_S = 60.0
-WAIT_S = 60.0  # bound of every wait: generous, the box is shared
 SNAPSHOT_OVERRIDES = {"log_compaction_entries_min": 200, "log_compaction_interval_s": 2.0}
 
 
@@ -40,13 +39,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[RcqClient]:
-    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=WAIT_S,
+    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=CLUSTER_WAIT_S,
                          **cluster.client_options()) as rcq_client:
         yield rcq_client
-
-
-def fresh_queue(name: str = "q") -> str:
-    return f"{name}-{uuid.uuid4().hex[:10]}"
 
 
 async def contents(client: RcqClient, queue: str) -> list[tuple[int, bytes]]:
@@ -72,7 +67,7 @@ async def wait_for_commits(cluster: LocalCluster, leader: int, entries: int) -> 
     """Until the leader's commit index has grown by ``entries``."""
     start = int(cluster.status(leader)["commit_index"])
     await wait_until(lambda: int(cluster.status(leader, timeout_s=5)["commit_index"]) >= start + entries,
-                     WAIT_S, interval_s=0.1, message=f"{entries} more Raft entries")
+                     CLUSTER_WAIT_S, interval_s=0.1, message=f"{entries} more Raft entries")
 
 
 class Load:
@@ -98,7 +93,7 @@ class Load:
 
     async def stop(self) -> None:
         self._stop.set()
-        results = await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), WAIT_S)
+        results = await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), CLUSTER_WAIT_S)
         assert not [r for r in results if isinstance(r, BaseException)], results
 
     def remaining(self) -> set[str]:
@@ -116,7 +111,7 @@ async def test_a_cluster_stopped_with_sigterm_restarts_from_its_data_dirs_with_t
     assert len(await client.dequeue(first, max_items=7)) == 7
     key = uuid.uuid4().hex
     assert not (await client.enqueue(second, "keyed", idempotency_key=key)).duplicate
-    before = await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    before = await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
     queues_before = await queue_counts(client)
     items_before = {q: await contents(client, q) for q in (first, second)}
     stats_before = {q: await client.stats(q) for q in (first, second)}
@@ -133,7 +128,7 @@ async def test_a_cluster_stopped_with_sigterm_restarts_from_its_data_dirs_with_t
             assert response.headers.get("Retry-After")
     await asyncio.to_thread(cluster.start)
     await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
-    after = await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    after = await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
 
     # The digest covers the applied index, and a new leader first commits a barrier entry: the same
     # state shows as the same queues, items (ids included), statistics and idempotency keys.
@@ -174,7 +169,7 @@ async def test_every_acknowledged_commit_survives_kill_9_of_every_node(
 
     tasks = [asyncio.create_task(producer(f"p{i}")) for i in range(4)]
     try:
-        await wait_until(lambda: len(acknowledged) >= 150, WAIT_S, message="150 acknowledged enqueues")
+        await wait_until(lambda: len(acknowledged) >= 150, CLUSTER_WAIT_S, message="150 acknowledged enqueues")
         await asyncio.to_thread(all_at_once, cluster, "kill_node")
     finally:
         for task in tasks:
@@ -185,7 +180,7 @@ async def test_every_acknowledged_commit_survives_kill_9_of_every_node(
 
     await asyncio.to_thread(cluster.start)
     await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
     came_out = Counter(await drain_until_empty(client, queue))
     duplicated = {v: n for v, n in came_out.items() if n > 1}
     lost = acknowledged_at_crash - set(came_out)
@@ -196,7 +191,7 @@ async def test_every_acknowledged_commit_survives_kill_9_of_every_node(
     assert not duplicated, f"came out twice: {duplicated}"
     assert not unexpected, f"never enqueued: {sorted(unexpected)}"
     assert not (set(came_out) & aborted), "an aborted transaction's enqueue came out"
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
 
 
 # ----------------------------------------------------------- catching up
@@ -217,13 +212,13 @@ async def test_a_wiped_node_rejoins_from_the_leaders_snapshot_under_load(
             status = cluster.status(leader, timeout_s=5)
             return status["snapshot_count"] > 0 and status["log_length"] < status["commit_index"] - 50
 
-        await wait_until(leader_compacted, WAIT_S, interval_s=0.1, message="the leader to compact its log")
+        await wait_until(leader_compacted, CLUSTER_WAIT_S, interval_s=0.1, message="the leader to compact its log")
         await asyncio.to_thread(cluster.start_node, wiped)
         await wait_for_commits(cluster, leader, 50)  # the wiped node catches up while writes go on
     finally:
         await load.stop()
 
-    converged = await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    converged = await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
     status = cluster.status(wiped)
     assert status["snapshot_count"] > 0, "the wiped node caught up without installing a snapshot"
     assert any("snapshot" in path.name for path in cluster.nodes[wiped].data_dir.iterdir())
@@ -240,7 +235,7 @@ async def test_a_follower_restarted_after_missing_many_entries_catches_up(
     leader = await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
     follower = (leader + 2) % 3
     await client.enqueue(queue, "before")
-    await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
     await asyncio.to_thread(cluster.stop_node, follower)
 
     load = Load(client, queue, already=("before",))
@@ -250,7 +245,7 @@ async def test_a_follower_restarted_after_missing_many_entries_catches_up(
         await load.stop()
 
     await asyncio.to_thread(cluster.start_node, follower)
-    converged = await asyncio.to_thread(cluster.wait_for_convergence, WAIT_S)
+    converged = await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
     status = cluster.status(follower)
     assert (status["role"], status["last_applied"]) == ("follower", converged["applied_index"])
     assert status["leader_url"] == cluster.url(leader)

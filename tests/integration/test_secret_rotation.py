@@ -21,7 +21,7 @@ from rcq.client import RcqClient, RcqError
 from rcq.private_files import write_private
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
-from tests.integration.conftest import LEADER_TIMEOUT_S
+from tests.helpers import LEADER_TIMEOUT_S
 
 QUEUE = "rotation"
 

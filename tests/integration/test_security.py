@@ -23,9 +23,8 @@ from rcq.server.http.openapi import OPERATIONS, PUBLIC
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.tls import write_ca
-from tests.integration.conftest import LEADER_TIMEOUT_S
+from tests.helpers import LEADER_TIMEOUT_S, TOKEN_RELOAD_TIMEOUT_S
 
-RELOAD_TIMEOUT_S = 10.0  # nodes re-read a changed tokens file within about a second
 PATH_VALUES = {"{queue}": "sec-q", "{transaction_id}": "1.000000000000000000000000"}
 
 
@@ -58,7 +57,7 @@ async def wait_accepted(cluster: LocalCluster, token: str) -> None:
                         return False
             return True
 
-        await wait_until(everywhere, RELOAD_TIMEOUT_S, interval_s=0.1, message="the new token on every node")
+        await wait_until(everywhere, TOKEN_RELOAD_TIMEOUT_S, interval_s=0.1, message="the new token on every node")
 
 
 def bearer(token: str | None) -> dict[str, str]:

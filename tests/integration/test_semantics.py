@@ -24,11 +24,11 @@ from rcq.client import (
 )
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
+from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
+from tests.helpers.cluster import fresh_queue
 
 pytestmark = pytest.mark.cluster
 
-LEADER_TIMEOUT_S = 60.0
-WAIT_S = 30.0  # bound of every wait: generous, the box is shared
 ITEM_BYTES_MAX = 4096
 TRANSACTIONS_OPEN_MAX = 24
 
@@ -54,7 +54,7 @@ async def cluster(semantics_cluster: LocalCluster) -> LocalCluster:
 
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[RcqClient]:
-    async with RcqClient(cluster.urls, request_timeout_s=15.0, retry_timeout_s=WAIT_S,
+    async with RcqClient(cluster.urls, request_timeout_s=15.0, retry_timeout_s=QUIET_CLUSTER_WAIT_S,
                          **cluster.client_options()) as rcq_client:
         yield rcq_client
 
@@ -65,10 +65,6 @@ async def http(cluster: LocalCluster) -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15),
                                      headers=cluster.auth_headers()) as session:
         yield session
-
-
-def fresh_queue(name: str = "q") -> str:
-    return f"{name}-{uuid.uuid4().hex[:10]}"
 
 
 async def count_on(http: aiohttp.ClientSession, url: str, queue: str) -> int:
@@ -204,7 +200,7 @@ async def test_an_expired_transaction_returns_its_items_to_the_head(client: RcqC
     async def expired() -> bool:
         return (await tx.status())["state"] == "aborted"
 
-    await wait_until(expired, WAIT_S, message="the transaction to expire")
+    await wait_until(expired, QUIET_CLUSTER_WAIT_S, message="the transaction to expire")
     assert (await tx.status())["reason"] == "transaction_expired"
     with pytest.raises(TransactionExpired):
         await tx.commit()
@@ -223,10 +219,10 @@ async def test_count_converges_on_the_leader_and_every_follower(
         return all(c == expected for c in counts)
 
     await client.execute([Enqueue(queue, [f"v{i}" for i in range(30)])])
-    await wait_until(lambda: counts_are(30), WAIT_S, message="count 30 on every node")
+    await wait_until(lambda: counts_are(30), QUIET_CLUSTER_WAIT_S, message="count 30 on every node")
     taken = await client.dequeue(queue, max_items=12)
     assert len(taken) == 12
-    await wait_until(lambda: counts_are(18), WAIT_S, message="count 18 on every node")
+    await wait_until(lambda: counts_are(18), QUIET_CLUSTER_WAIT_S, message="count 18 on every node")
 
 
 # --------------------------------------------------- one-request transactions
@@ -293,7 +289,7 @@ async def expect_error(http: aiohttp.ClientSession, method: str, url: str, statu
 
 def digests(cluster: LocalCluster) -> dict[int, tuple[str, int]]:
     """Every node's (digest, applied index), once all of them applied the leader's commit index."""
-    cluster.wait_for_applied(WAIT_S)
+    cluster.wait_for_applied(QUIET_CLUSTER_WAIT_S)
     return {i: (d["digest"], d["applied_index"]) for i in range(len(cluster.nodes))
             for d in [cluster.digest(i, timeout_s=5)]}
 

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import running_cluster
+from tests.helpers import STATUS_PAGE_WAIT_MS
+from tests.helpers.cluster import running_cluster
 
 pytestmark = pytest.mark.cluster
 
 CHROMIUM = next((path for path in (shutil.which("chromium"), shutil.which("chromium-browser"),
                                    shutil.which("google-chrome")) if path), None)
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "status-page.png"
-WAIT_MS = 20_000
 
 
 def post(url: str, body: dict[str, object], headers: dict[str, str]) -> dict[str, object]:
@@ -48,26 +48,26 @@ def test_the_status_page_shows_the_cluster_and_updates_live(tmp_path: Path) -> N
                                     http_credentials={"username": "admin", "password": str(cluster.token)})
             page.goto(cluster.url(follower) + "/", wait_until="load")  # any node serves the page
             page.wait_for_function(f"document.getElementById('leader').textContent === {json.dumps(leader_id)}",
-                                   timeout=WAIT_MS)
+                                   timeout=STATUS_PAGE_WAIT_MS)
             assert page.locator("#nodes tbody tr").count() == 3
             assert page.locator("#nodes .pill.leader").count() == 1
             assert page.locator("#served-by").text_content() == cluster.status(follower)["node_id"]
             enqueued = page.locator('#queues tr[data-queue="jobs"] td.enqueued')
-            enqueued.wait_for(timeout=WAIT_MS)
+            enqueued.wait_for(timeout=STATUS_PAGE_WAIT_MS)
             assert enqueued.text_content() == "2"
             for _ in range(3):
                 post(f"{cluster.url(leader)}/v1/queues/jobs/enqueue", {"items": ["c", "d", "e"]}, cluster.auth_headers())
             # the counter moves without a reload (the page polls its node once a second)
             page.wait_for_function(
                 "document.querySelector('#queues tr[data-queue=\"jobs\"] td.enqueued').textContent === '11'",
-                timeout=WAIT_MS)
+                timeout=STATUS_PAGE_WAIT_MS)
             assert page.evaluate("performance.getEntriesByType('navigation').length") == 1  # never reloaded
             # a delayed item shows as delayed (queue features), still without a reload
             post(f"{cluster.url(leader)}/v1/queues/jobs/enqueue", {"items": ["later"], "delay_s": 3600},
                  cluster.auth_headers())
             page.wait_for_function(
                 "document.querySelector('#queues tr[data-queue=\"jobs\"] td.delayed').textContent === '1'",
-                timeout=WAIT_MS)
+                timeout=STATUS_PAGE_WAIT_MS)
             target = tmp_path / "status-page.png"
             if os.environ.get("RCQ_UPDATE_SCREENSHOT") == "1":
                 target = SCREENSHOT

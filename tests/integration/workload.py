@@ -15,7 +15,7 @@ import time
 from collections import Counter
 
 from rcq.client import RcqClient, RcqError, Transaction, TransactionAborted
-from tests.integration.conftest import drain_until_empty
+from tests.helpers.cluster import drain_until_empty
 
 
 @dataclasses.dataclass

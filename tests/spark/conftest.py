@@ -27,9 +27,9 @@ import pytest
 
 from bench.spark_standalone import SparkStandalone
 from rcq.testing.cluster import LocalCluster
+from tests.helpers import LEADER_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
-LEADER_TIMEOUT_S = 60.0
 LOCAL_MASTER = "local[2,3]"  # two cores, and up to 3 attempts per task so retries happen
 JAVA_MISSING = "Java is not installed (no `java` on PATH): the rcq Spark connector tests did NOT run"
 

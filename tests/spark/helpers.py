@@ -1,15 +1,21 @@
-"""Test helpers: fill and read back a queue, look at open transactions.
+"""Helpers of the Spark tests: fill and read back a queue, look at open transactions, and the stream
+sink's replay check that local mode and the standalone cluster both run.
 
 Each takes the cluster's URLs (comma-separated, as the Spark option ``url``) and its token (the
 ``token`` fixture: the test cluster requires one, as a production cluster does).
+
+Must not import: a test module or a conftest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import shutil
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rcq.client import RcqClient
@@ -82,3 +88,41 @@ def open_transactions(urls: str, token: str | None, label_prefix: str) -> list[d
 
 def duplicates(values: list[Any]) -> dict[Any, int]:
     return {v: n for v, n in collections.Counter(values).items() if n > 1}
+
+
+def check_stream_sink_replay_adds_nothing_twice(spark: Any, urls: str, token: str, tmp_path: Path,
+                                                timeout_s: float = 180) -> None:
+    """Three micro-batches into a queue; the last one's commit file removed (as after a driver crash),
+    the query re-run: Spark replays it and the sink's idempotency key makes the replay add nothing.
+    Run in local mode (test_sink) and on the standalone cluster (test_standalone)."""
+    queue = unique_queue("stream-sink")
+    source = tmp_path / "in"
+    source.mkdir()
+    for number in range(3):
+        lines = [json.dumps({"n": number * 100 + i}) for i in range(100)]
+        (source / f"part-{number}.json").write_text("\n".join(lines) + "\n")
+    checkpoint = tmp_path / "checkpoint"
+
+    def run() -> None:
+        stream = spark.readStream.format("json").schema("n BIGINT").option("maxFilesPerTrigger", 1).load(str(source))
+        query = (stream.selectExpr("cast(n as string) AS value").writeStream.format("rcq")
+                 .option("url", urls).option("token", token).option("queue", queue).option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(timeout_s), f"the stream did not finish within {timeout_s} s"
+            assert query.exception() is None
+        finally:
+            query.stop()
+
+    run()
+    commits = sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    assert commits == [0, 1, 2]
+    # Forget that the last batch was committed: Spark replays it on restart, as after a crash.
+    (checkpoint / "commits" / "2").unlink()
+    for crc in (checkpoint / "commits").glob(".2.crc"):
+        crc.unlink()
+    run()
+    values = [int(v) for v in take_all(urls, token, queue)]
+    assert duplicates(values) == {}
+    assert sorted(values) == list(range(300))
+    shutil.rmtree(checkpoint)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.spark.helpers import duplicates, take_all, unique_queue
+from tests.spark.helpers import check_stream_sink_replay_adds_nothing_twice, duplicates, take_all, unique_queue
 
 pytestmark = pytest.mark.spark
 
@@ -46,44 +44,6 @@ def test_job_whose_every_attempt_fails_leaves_the_queue_untouched(spark: Any, ur
     with pytest.raises(Exception, match="injected writer failure"):
         _write(df, urls, token, queue, fmt="rcq_faulty", batchSize="100", failPartition="2", failAttempts="99")
     assert take_all(urls, token, queue) == []
-
-
-def check_stream_sink_replay_adds_nothing_twice(spark: Any, urls: str, token: str, tmp_path: Path,
-                                                timeout_s: float = 180) -> None:
-    """Three micro-batches into a queue; the last one's commit file removed (as after a driver crash),
-    the query re-run: Spark replays it and the sink's idempotency key makes the replay add nothing.
-    Shared by local mode (here) and the standalone cluster (test_standalone)."""
-    queue = unique_queue("stream-sink")
-    source = tmp_path / "in"
-    source.mkdir()
-    for number in range(3):
-        lines = [json.dumps({"n": number * 100 + i}) for i in range(100)]
-        (source / f"part-{number}.json").write_text("\n".join(lines) + "\n")
-    checkpoint = tmp_path / "checkpoint"
-
-    def run() -> None:
-        stream = spark.readStream.format("json").schema("n BIGINT").option("maxFilesPerTrigger", 1).load(str(source))
-        query = (stream.selectExpr("cast(n as string) AS value").writeStream.format("rcq")
-                 .option("url", urls).option("token", token).option("queue", queue).option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        try:
-            assert query.awaitTermination(timeout_s), f"the stream did not finish within {timeout_s} s"
-            assert query.exception() is None
-        finally:
-            query.stop()
-
-    run()
-    commits = sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
-    assert commits == [0, 1, 2]
-    # Forget that the last batch was committed: Spark replays it on restart, as after a crash.
-    (checkpoint / "commits" / "2").unlink()
-    for crc in (checkpoint / "commits").glob(".2.crc"):
-        crc.unlink()
-    run()
-    values = [int(v) for v in take_all(urls, token, queue)]
-    assert duplicates(values) == {}
-    assert sorted(values) == list(range(300))
-    shutil.rmtree(checkpoint)
 
 
 def test_stream_sink_replayed_batch_adds_nothing_twice(spark: Any, urls: str, token: str, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rcq.testing.cluster import LocalCluster
+from tests.helpers import SPARK_QUERY_TIMEOUT_S
 from tests.spark.helpers import (
     abort_open_transactions,
     duplicates,
@@ -23,7 +24,6 @@ from tests.spark.helpers import (
 )
 
 pytestmark = pytest.mark.spark
-QUERY_TIMEOUT_S = 240
 
 
 def _stream(spark: Any, urls: str, token: str, queue: str, consumer: str, fmt: str = "rcq",
@@ -39,7 +39,7 @@ def _to_parquet(stream: Any, out: Path, checkpoint: Path) -> Any:
 
 def _finish(query: Any) -> None:
     try:
-        assert query.awaitTermination(QUERY_TIMEOUT_S), f"the query did not finish within {QUERY_TIMEOUT_S} s"
+        assert query.awaitTermination(SPARK_QUERY_TIMEOUT_S), f"the query did not finish within {SPARK_QUERY_TIMEOUT_S} s"
     finally:
         query.stop()
 
@@ -103,7 +103,7 @@ def test_query_killed_mid_batch_and_restarted_from_its_checkpoint_loses_nothing(
 
     query = run(die_in_batch_1)
     with pytest.raises(Exception, match="killed in the middle of batch 1"):
-        query.awaitTermination(QUERY_TIMEOUT_S)
+        query.awaitTermination(SPARK_QUERY_TIMEOUT_S)
     query.stop()
     assert queue_info(urls, token, queue)["locked"] > 0  # the dead run's transactions are still open
     _finish(run(lambda df, batch_id: df.write.mode("append").parquet(str(out))))
@@ -147,7 +147,7 @@ def test_a_replayed_batch_whose_transactions_are_gone_reads_nothing_rather_than_
 
     query = run(exactly_once_sink(crash_after_batch_0=True))
     with pytest.raises(Exception, match="driver died after the sink wrote batch 0"):
-        query.awaitTermination(QUERY_TIMEOUT_S)
+        query.awaitTermination(SPARK_QUERY_TIMEOUT_S)
     query.stop()
     abort_open_transactions(urls, token, f"rcq-source:{consumer}:")  # what a failover does
     elsewhere = [int(v) for v in take_some(urls, token, queue, 300)]  # the returned items, elsewhere
@@ -177,10 +177,10 @@ def test_leader_failover_during_a_streaming_read_loses_nothing(
              .trigger(availableNow=True).start())
     try:
         for _ in range(2):
-            assert batches_done.acquire(timeout=QUERY_TIMEOUT_S), "no micro-batch finished"
+            assert batches_done.acquire(timeout=SPARK_QUERY_TIMEOUT_S), "no micro-batch finished"
         leader = healthy_cluster.wait_for_leader(30)
         healthy_cluster.kill_node(leader)
-        assert query.awaitTermination(QUERY_TIMEOUT_S), "the query did not finish"
+        assert query.awaitTermination(SPARK_QUERY_TIMEOUT_S), "the query did not finish"
         assert query.exception() is None
     finally:
         query.stop()

@@ -28,7 +28,9 @@ import pytest
 from bench.spark_standalone import SparkStandalone
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.polls import poll_until
+from tests.helpers import SPARK_STANDALONE_WAIT_S
 from tests.spark.helpers import (
+    check_stream_sink_replay_adds_nothing_twice,
     duplicates,
     enqueue_values,
     open_transactions,
@@ -36,11 +38,9 @@ from tests.spark.helpers import (
     take_all,
     unique_queue,
 )
-from tests.spark.test_sink import check_stream_sink_replay_adds_nothing_twice
 
 pytestmark = pytest.mark.spark
 HOLD_S = 180.0  # how long a held task waits to be killed (a failing test releases it sooner)
-WAIT_S = 150.0  # for a held task, a replacement executor, a job or a query to finish
 ROWS = 20_000
 ITEMS = 12_000
 PER_PARTITION = 1000  # streaming: items per task per micro-batch; 2 tasks: 2000 per batch, 6 batches
@@ -72,10 +72,10 @@ def _hold_once(markers: Path, partition: int, batch_id: int | None = None, after
         if (context is None or context.partitionId() != partition or context.attemptNumber() != 0
                 or (batch_id is not None and context.getLocalProperty("streaming.sql.batchId") != str(batch_id))):
             return value
-        marker = os.path.join(directory, f"held-{os.getpid()}")
-        with open(marker + ".tmp", "w") as file:
+        partial = os.path.join(directory, f"writing-{os.getpid()}")  # a name _held_pid does not look at
+        with open(partial, "w") as file:
             file.write(str(os.getpid()))
-        os.rename(marker + ".tmp", marker)  # whole, or not there
+        os.rename(partial, os.path.join(directory, f"held-{os.getpid()}"))  # whole, or not there
         deadline = time.monotonic() + HOLD_S
         while time.monotonic() < deadline and not os.path.exists(os.path.join(directory, "release")):
             time.sleep(0.05)
@@ -87,13 +87,13 @@ def _hold_once(markers: Path, partition: int, batch_id: int | None = None, after
 def _held_pid(markers: Path, running: Callable[[], bool]) -> int:
     """The pid of the held task's Python worker, once it says it holds (bounded; the job must still run)."""
     def attempt() -> int | None:
-        found = sorted(markers.glob("held-*"))
-        if found:
-            return int(found[0].name.removeprefix("held-"))
+        pids = sorted(int(pid) for path in markers.glob("held-*") if (pid := path.name.removeprefix("held-")).isdigit())
+        if pids:  # a marker appears whole (renamed from its writing- name), never half-written
+            return pids[0]
         assert running(), "the job ended before any task held"
         return None
 
-    return poll_until(attempt, WAIT_S, f"a held task in {markers}", 0.05)
+    return poll_until(attempt, SPARK_STANDALONE_WAIT_S, f"a held task in {markers}", 0.05)
 
 
 def _kill_the_holder(cluster: SparkStandalone, app_id: str, pid: int) -> tuple[int, int]:
@@ -101,7 +101,7 @@ def _kill_the_holder(cluster: SparkStandalone, app_id: str, pid: int) -> tuple[i
     victim = cluster.executor_of(pid)
     assert victim is not None and victim.app_id == app_id, f"the held task runs in no executor of {app_id}"
     cluster.kill_executor(victim)
-    replacement = cluster.wait_for_executor(app_id, exclude={victim.pid}, timeout_s=WAIT_S)
+    replacement = cluster.wait_for_executor(app_id, exclude={victim.pid}, timeout_s=SPARK_STANDALONE_WAIT_S)
     return victim.pid, replacement.pid
 
 
@@ -150,7 +150,7 @@ def test_batch_sink_adds_every_row_once_though_the_executor_dies_mid_write(
             pid = _held_pid(tmp_path, lambda: not job_done.is_set())
             # Kill once the held task has enqueued rows, uncommitted.
             poll_until(lambda: sum(t["enqueued"] for t in _sink_transactions_since(urls, token, started_ms, 1))
-                       >= WRITE_BATCH or None, WAIT_S, "rows enqueued by the held task")
+                       >= WRITE_BATCH or None, SPARK_STANDALONE_WAIT_S, "rows enqueued by the held task")
             kills.append(_kill_the_holder(spark_standalone, app_id, pid))
         except BaseException as exc:  # shown by the assertion below
             problems.append(exc)
@@ -166,7 +166,7 @@ def test_batch_sink_adds_every_row_once_though_the_executor_dies_mid_write(
             .option("batchSize", str(WRITE_BATCH)).option("requestsInFlight", "1").mode("append").save()
     finally:
         job_done.set()
-        killer.join(WAIT_S)
+        killer.join(SPARK_STANDALONE_WAIT_S)
     assert problems == [] and not killer.is_alive()
     [(killed, replacement)] = kills
     values = [int(v) for v in take_all(urls, token, queue)]
@@ -183,7 +183,7 @@ def test_batch_sink_adds_every_row_once_though_the_executor_dies_mid_write(
 def test_stream_sink_replayed_batch_adds_nothing_twice(
         standalone_spark: Any, urls: str, token: str, tmp_path: Path) -> None:
     """A re-run of the same micro-batch commits with the same idempotency key, from executors of their own."""
-    check_stream_sink_replay_adds_nothing_twice(standalone_spark, urls, token, tmp_path, timeout_s=WAIT_S)
+    check_stream_sink_replay_adds_nothing_twice(standalone_spark, urls, token, tmp_path, timeout_s=SPARK_STANDALONE_WAIT_S)
 
 
 def test_streaming_source_loses_nothing_when_the_executor_dies_mid_batch(
@@ -215,7 +215,8 @@ def test_streaming_source_loses_nothing_when_the_executor_dies_mid_batch(
             [locked] = open_transactions(urls, token, f"rcq-source:{consumer}:{HELD_BATCH + 1}:0")
             assert locked["dequeued"] == PER_PARTITION, locked
         killed, replacement = _kill_the_holder(spark_standalone, app_id, pid)
-        assert query.awaitTermination(WAIT_S), f"the query did not finish within {WAIT_S} s of the kill"
+        assert query.awaitTermination(SPARK_STANDALONE_WAIT_S), \
+            f"the query did not finish within {SPARK_STANDALONE_WAIT_S} s of the kill"
         assert query.exception() is None
     finally:
         (markers / "release").touch()

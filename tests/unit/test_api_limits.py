@@ -9,7 +9,7 @@ import pytest
 
 from rcq.client import RcqClient
 from rcq.errors import PayloadTooLarge, QueueFull, QueueNotFound, StorageFull
-from tests.unit.test_client import running_node, url_of
+from tests.helpers.nodes import running_node, url_of
 
 
 async def call(session: aiohttp.ClientSession, method: str, path: str, **kwargs):

@@ -3,9 +3,7 @@ against a recording fake node for what the flags of docs/queue-features.md put o
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -16,21 +14,9 @@ import pytest
 
 from rcq.cli import main
 from rcq.server.config import NodeConfig
-from rcq.server.node import Node
-from rcq.testing import InMemoryReplicator, wait_until
-from tests.unit.test_client_features import COMMITTED, FULL_ITEM, OLD_ITEM, FakeNode, serving_fake
-
-
-@contextlib.asynccontextmanager
-async def serving_node(config: NodeConfig) -> AsyncIterator[str]:
-    """An in-process node (in-memory replication) serving HTTP; yields its URL."""
-    node = Node(config, replicator=InMemoryReplicator())
-    await node.start()
-    try:
-        await wait_until(lambda: node.manager.serving, 5, message="node serving")
-        yield f"http://127.0.0.1:{node.port}"
-    finally:
-        await node.stop()
+from tests.helpers.cli import rcq
+from tests.helpers.fakes import COMMITTED, FULL_ITEM, OLD_ITEM, FakeNode
+from tests.helpers.nodes import serving_node
 
 
 @pytest.fixture
@@ -41,27 +27,12 @@ async def url(tmp_path: Path) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeNode]:
-    """A recording fake node (see test_client_features): what the client verbs send, exactly."""
-    async with serving_fake() as node:
-        yield node
-
-
-@pytest.fixture
 def dead_url() -> str:
     """A loopback port nothing listens on (bound, then closed)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
-
-
-async def rcq(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run ``rcq ARGV...`` (its own event loop, in a thread); return (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    code = await asyncio.to_thread(main, list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 async def test_enqueue_count_peek_dequeue_for_people(url: str, capsys):

@@ -5,7 +5,6 @@ with exit status 2 for every error of the membership API."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -22,18 +21,11 @@ from rcq.errors import (
     RcqError,
     WouldLoseQuorum,
 )
-from tests.unit.test_cli import rcq
-from tests.unit.test_client_features import FakeNode, serving_fake
-from tests.unit.test_client_membership import ADD_BODY, ADDED, LEADERSHIP, MEMBERS, N1, N2, REMOVED, TRANSFERRED
+from tests.helpers.cli import rcq
+from tests.helpers.fakes import ADD_BODY, ADDED, LEADERSHIP, MEMBERS, N1, N2, REMOVED, TRANSFERRED, FakeNode, serving_fake
 
 ADD = ["cluster", "add-node", "--node-id", "n4", "--raft-address", "127.0.0.1:10004", "--node-url",
        "http://127.0.0.1:7004"]
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeNode]:
-    async with serving_fake() as node:
-        yield node
 
 
 async def test_members_prints_a_table_or_json(fake: FakeNode, capsys):

@@ -7,7 +7,6 @@ as a one-line error, not a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
@@ -23,7 +22,8 @@ from rcq.cli import admin_token_entry, main, read_cluster_secret
 from rcq.errors import InvalidRequest
 from rcq.server.config import NodeConfig
 from rcq.tokens import Grant, TokenEntry, new_token, parse_tokens_file, token_hash
-from tests.unit.test_cli import serving_node
+from tests.helpers.cli import rcq
+from tests.helpers.nodes import serving_node
 
 SECRET = "s3cret-cluster-key-0123456789"
 
@@ -235,14 +235,6 @@ async def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
         yield node_url
 
 
-async def rcq(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``rcq ARGV...`` in a thread (it runs its own event loop)."""
-    capsys.readouterr()
-    code = await asyncio.to_thread(main, list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 async def test_a_verb_without_a_token_gets_401_and_works_with_token_file(
         url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     code, out, err = await rcq(capsys, "enqueue", "--url", url, "jobs", "x")
@@ -294,8 +286,8 @@ def test_the_client_gets_the_token_ca_and_certificate_of_the_flags(tmp_path: Pat
     token_file = private_file(tmp_path / "token", ADMIN)
     args = cli.build_parser().parse_args(["count", "q", "--token-file", str(token_file),
                                           "--client-cert", "client.pem", "--client-key", str(key)])
-    assert cli._client_security(args) == {"token": ADMIN, "ca_file": "/etc/rcq/ca.pem",
+    assert cli.client_security(args) == {"token": ADMIN, "ca_file": "/etc/rcq/ca.pem",
                                           "client_cert": (Path("client.pem"), key)}
     key.chmod(0o644)
     with pytest.raises(InvalidRequest, match="chmod 600"):
-        cli._client_security(args)
+        cli.client_security(args)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,60 +36,16 @@ from rcq.client import (
     encode_items,
 )
 from rcq.client.coalescer import COALESCE_PARTS_MAX
-from rcq.server.config import NodeConfig
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
+from tests.helpers.fakes import Wire
+from tests.helpers.nodes import make_config, running_node, url_of
 
 UNKNOWN_TRANSACTION_ID = "1." + "0" * 24
 
 
 # ------------------------------------------------------------------ helpers
-def make_config(data_dir: Path, node_id: str = "n1", raft_address: str = "127.0.0.1:10001",
-                peers: list[dict[str, str]] | None = None, **overrides: Any) -> NodeConfig:
-    return NodeConfig.model_validate(dict(node_id=node_id, http_port=0, raft_address=raft_address,
-                                          data_dir=data_dir, insecure=True, peers=peers or [], **overrides))
-
-
-def url_of(node: Node) -> str:
-    return f"http://127.0.0.1:{node.port}"
-
-
-@asynccontextmanager
-async def running_node(tmp_path: Path, replicator: InMemoryReplicator | None = None,
-                       **overrides: Any) -> AsyncIterator[Node]:
-    node = Node(make_config(tmp_path / "n1", **overrides), replicator=replicator or InMemoryReplicator())
-    await node.start()
-    try:
-        await wait_until(lambda: node.manager.serving, 5, message="node serving")
-        yield node
-    finally:
-        await node.stop()
-
-
-class Wire:
-    """A client middleware: records every request and can lose the answers of chosen ones
-    (the server executed the request; the client sees the connection drop)."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, int | None, str]] = []
-        self.lose: dict[str, int] = {}  # path suffix -> how many answers to lose
-
-    async def __call__(self, request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
-        self.requests.append((request.method, request.url.port, request.url.path))
-        response = await handler(request)
-        for suffix, remaining in self.lose.items():
-            if remaining and request.url.path.endswith(suffix):
-                self.lose[suffix] = remaining - 1
-                await response.read()
-                response.release()
-                raise aiohttp.ServerDisconnectedError()
-        return response
-
-    def count(self, suffix: str, port: int | None = None) -> int:
-        return sum(1 for _, p, path in self.requests if path.endswith(suffix) and port in (None, p))
-
-
 class SharedLog:
     """One log and state machine for several in-process nodes; one replicator leads at a time."""
 

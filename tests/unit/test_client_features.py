@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 from unittest.mock import ANY
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from rcq.client import (
     CommitOutcomeUnknown,
@@ -27,68 +25,11 @@ from rcq.client import (
     Item,
     RcqClient,
 )
-from rcq.errors import LeaderChanged, NoLeader, RouteNotFound
-from tests.unit.test_client import Wire
+from rcq.errors import LeaderChanged, NoLeader
+from tests.helpers.fakes import COMMITTED, FULL_ITEM, OLD_ITEM, FakeNode, Wire
 
 TX = "tx-1"
 TX_PATH = f"/v1/transactions/{TX}"
-
-
-# ------------------------------------------------------------------ the fake node
-class FakeNode:
-    """An rcq node reduced to a recorder: each request's method, path and JSON body is kept, and the
-    answer comes from :meth:`answer` (by method and path; by ``op`` for a part of ``/v1/batch``)."""
-
-    def __init__(self) -> None:
-        self.url = ""
-        self.requests: list[tuple[str, str, Any]] = []
-        self._answers: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
-
-    def answer(self, method: str, path: str, body: dict[str, Any], status: int = 200) -> None:
-        """Queue an answer to ``method path`` (``"BATCH", op`` for batch parts); the last one given repeats."""
-        self._answers.setdefault((method, path), []).append((status, body))
-
-    def bodies(self, method: str, path: str) -> list[Any]:
-        return [body for m, p, body in self.requests if (m, p) == (method, path)]
-
-    def _next(self, method: str, path: str) -> tuple[int, dict[str, Any]]:
-        queued = self._answers.get((method, path))
-        if not queued:
-            return 404, RouteNotFound(f"the fake node has no answer to {method} {path}").to_body()
-        return queued.pop(0) if len(queued) > 1 else queued[0]
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else None
-        self.requests.append((request.method, request.path, body))
-        if request.path == "/v1/batch":
-            self.requests.extend(("BATCH", part["op"], part) for part in body["requests"])
-            responses = [dict(zip(("status", "body"), self._next("BATCH", part["op"]), strict=True))
-                         for part in body["requests"]]
-            return web.json_response({"responses": responses})
-        status, answer = self._next(request.method, request.path)
-        return web.json_response(answer, status=status)
-
-
-@asynccontextmanager
-async def serving_fake(node: FakeNode | None = None) -> AsyncIterator[FakeNode]:
-    """A :class:`FakeNode` (a new one by default) serving HTTP on a loopback port (its ``url``)."""
-    node = FakeNode() if node is None else node
-    app = web.Application()
-    app.router.add_route("*", "/{path:.*}", node.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    node.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        yield node
-    finally:
-        await runner.cleanup()
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeNode]:
-    async with serving_fake() as node:
-        yield node
 
 
 @pytest.fixture
@@ -97,12 +38,6 @@ async def client(fake: FakeNode) -> AsyncIterator[RcqClient]:
         yield client
 
 
-COMMITTED = {"transaction_id": "x", "index": 7, "duplicate": False, "enqueued": 1, "dequeued": 0,
-             "transaction_ids": ["x"], "results": [{"op": "enqueue", "queue": "q", "enqueued": 1}]}
-FULL_ITEM = {"item_id": 17, "queue": "jobs.dlq", "value": "job", "encoding": "utf-8", "delivery_count": 2,
-             "priority": 5, "enqueued_at_ms": 1795000000000, "expires_at_ms": 1795000060000,
-             "dead_letter": {"reason": "max_deliveries", "source_queue": "jobs", "delivery_count": 3}}
-OLD_ITEM = {"item_id": 18, "queue": "jobs.dlq", "value": "b2xk", "encoding": "base64"}  # an older server's
 PARSED_FULL = Item(17, "jobs.dlq", b"job", delivery_count=2, priority=5, enqueued_at_ms=1795000000000,
                    dead_letter=DeadLetter("max_deliveries", "jobs", 3), expires_at_ms=1795000060000)
 PARSED_OLD = Item(18, "jobs.dlq", b"old", delivery_count=0, priority=0, enqueued_at_ms=None, dead_letter=None,

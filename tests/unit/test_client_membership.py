@@ -33,21 +33,19 @@ from rcq.client import (
 )
 from rcq.client.wire import member_path
 from rcq.errors import error_from_body
-from tests.unit.test_client import Wire
-from tests.unit.test_client_features import FakeNode, serving_fake
-
-MEMBERS = "/v1/cluster/members"
-LEADERSHIP = "/v1/cluster/leadership"
-N1 = {"node_id": "n1", "raft_address": "127.0.0.1:10001", "url": "http://127.0.0.1:7001", "role": "leader",
-      "self": True, "connected": True, "match_index": 42}
-N2 = {"node_id": "n2", "raft_address": "127.0.0.1:10002", "url": "http://127.0.0.1:7002", "role": "follower",
-      "self": False, "connected": True, "match_index": 41}
-N4 = {"node_id": "n4", "raft_address": "127.0.0.1:10004", "url": "http://127.0.0.1:7004", "role": "follower",
-      "self": False, "connected": True, "match_index": 42}
-ADD_BODY = {"node_id": "n4", "raft_address": "127.0.0.1:10004", "url": "http://127.0.0.1:7004", "catch_up_timeout_s": 60.0}
-ADDED = {"added": N4, "caught_up": True, "members": [N1, N2, N4]}
-REMOVED = {"removed": N2, "members": [N1]}
-TRANSFERRED = {"leader_id": "n2", "previous_leader_id": "n1"}
+from tests.helpers.fakes import (
+    ADD_BODY,
+    ADDED,
+    LEADERSHIP,
+    MEMBERS,
+    N1,
+    N2,
+    REMOVED,
+    TRANSFERRED,
+    FakeNode,
+    Wire,
+    serving_fake,
+)
 
 
 class SlowFakeNode(FakeNode):
@@ -59,12 +57,6 @@ class SlowFakeNode(FakeNode):
         response = await super().handle(request)  # the request is recorded (executed) at once
         await asyncio.sleep(self.delay_s)
         return response
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeNode]:
-    async with serving_fake(FakeNode()) as node:
-        yield node
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from rcq.server.core.commands import (
     decode,
     encode,
 )
+from tests.helpers.state import to_lists
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -52,13 +53,6 @@ def assert_plain(value: Any) -> None:
             assert_plain(element)
     else:
         assert type(value) in PLAIN_LEAF_TYPES, f"{value!r} is not a plain value"
-
-
-def to_lists(value: Any) -> Any:
-    """What a JSON/msgpack-like serializer gives back: every tuple becomes a list."""
-    if isinstance(value, tuple):
-        return [to_lists(v) for v in value]
-    return value
 
 
 def decode_or_malformed(raw: Any) -> object:

@@ -24,9 +24,8 @@ from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import digest as digest_module
 from rcq.server.raft.digest import ForkedDigest, forked_digest
 from rcq.testing import InMemoryReplicator, wait_until
-from tests.unit.test_module_rules import imported_modules, top_level
-
-WAIT_S = 10.0  # every wait below is bounded by this
+from tests.helpers import LOCAL_WAIT_S
+from tests.helpers.imports import imported_modules, top_level
 
 
 # ------------------------------------------------------------------ helpers
@@ -52,7 +51,7 @@ def in_process(state_machine: QueueStateMachine) -> tuple[str, int]:
     return state_machine.digest(), state_machine.last_index
 
 
-def wait_for_file(path: Path, timeout_s: float = WAIT_S) -> None:
+def wait_for_file(path: Path, timeout_s: float = LOCAL_WAIT_S) -> None:
     """Bounded: raises TimeoutError (in a child: it exits 1) when ``path`` never appears."""
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -111,7 +110,7 @@ def test_applies_take_the_lock_while_the_child_hashes_a_big_state(
     lock = threading.Lock()
     at_fork = in_process(state_machine)
 
-    running = pool.submit(forked_digest, gated(lambda: in_process(state_machine), gate), lock, WAIT_S)
+    running = pool.submit(forked_digest, gated(lambda: in_process(state_machine), gate), lock, LOCAL_WAIT_S)
     wait_for_file(gate / "started")
     # The child exists and holds its copy: the state lock is free, the state moves on.
     started = time.monotonic()
@@ -129,7 +128,7 @@ def test_applies_take_the_lock_while_the_child_hashes_a_big_state(
         finally:
             lock.release()
         applied_while_hashing += 1
-        assert time.monotonic() - started < WAIT_S
+        assert time.monotonic() - started < LOCAL_WAIT_S
 
     assert running.result() == at_fork != in_process(state_machine)  # the state at the fork
     assert applied_while_hashing > 0
@@ -161,7 +160,7 @@ def test_a_child_that_dies_or_answers_nonsense_gives_a_clear_error_and_no_zombie
         compute: Callable[[], tuple[str, int]], message: str) -> None:
     fds = open_fds()
     with pytest.raises(Unavailable, match=message) as raised:
-        forked_digest(compute, threading.Lock(), WAIT_S)
+        forked_digest(compute, threading.Lock(), LOCAL_WAIT_S)
     assert is_reaped(raised.value.details["pid"])
     assert open_fds() == fds
 
@@ -210,20 +209,20 @@ def test_the_child_keeps_only_its_pipe_no_gc_and_default_signal_actions() -> Non
 # ------------------------------------------------------ one child at a time
 async def test_concurrent_callers_share_one_child(gate: Path) -> None:
     state_machine = small_state()
-    digests = ForkedDigest(gated(lambda: in_process(state_machine), gate), threading.Lock(), timeout_s=WAIT_S)
+    digests = ForkedDigest(gated(lambda: in_process(state_machine), gate), threading.Lock(), timeout_s=LOCAL_WAIT_S)
     calls = [asyncio.ensure_future(digests.digest()) for _ in range(5)]
-    await wait_until(lambda: (gate / "started").exists(), WAIT_S, message="the child to start")
+    await wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, message="the child to start")
     (gate / "go").touch()
-    assert await asyncio.wait_for(asyncio.gather(*calls), WAIT_S) == [in_process(state_machine)] * 5
+    assert await asyncio.wait_for(asyncio.gather(*calls), LOCAL_WAIT_S) == [in_process(state_machine)] * 5
     assert digests.children_forked == 1
 
 
 async def test_a_caller_arriving_during_a_digest_gets_a_state_at_least_as_new_as_its_call(gate: Path) -> None:
     state_machine = small_state()
     lock = threading.Lock()
-    digests = ForkedDigest(gated(lambda: in_process(state_machine), gate), lock, timeout_s=WAIT_S)
+    digests = ForkedDigest(gated(lambda: in_process(state_machine), gate), lock, timeout_s=LOCAL_WAIT_S)
     first = asyncio.ensure_future(digests.digest())
-    await wait_until(lambda: (gate / "started").exists(), WAIT_S, message="the first child to start")
+    await wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, message="the first child to start")
     before = in_process(state_machine)
     with lock:
         apply_one(state_machine, "after-the-first-fork")
@@ -232,32 +231,32 @@ async def test_a_caller_arriving_during_a_digest_gets_a_state_at_least_as_new_as
     assert not any(call.done() for call in later)  # the first child is held at its gate
     (gate / "go").touch()
 
-    assert await asyncio.wait_for(first, WAIT_S) == before
-    assert await asyncio.wait_for(asyncio.gather(*later), WAIT_S) == [in_process(state_machine)] * 3
+    assert await asyncio.wait_for(first, LOCAL_WAIT_S) == before
+    assert await asyncio.wait_for(asyncio.gather(*later), LOCAL_WAIT_S) == [in_process(state_machine)] * 3
     assert digests.children_forked == 2  # the later callers shared the second child
 
 
 async def test_a_caller_that_gives_up_leaves_the_child_to_be_reaped(gate: Path) -> None:
-    digests = ForkedDigest(gated(lambda: ("d", 7), gate), threading.Lock(), timeout_s=WAIT_S)
+    digests = ForkedDigest(gated(lambda: ("d", 7), gate), threading.Lock(), timeout_s=LOCAL_WAIT_S)
     caller = asyncio.ensure_future(digests.digest())
-    await wait_until(lambda: digests.child_pid is not None, WAIT_S, message="the child to fork")
+    await wait_until(lambda: digests.child_pid is not None, LOCAL_WAIT_S, message="the child to fork")
     caller.cancel()  # as aiohttp does when a client disconnects
     with pytest.raises(asyncio.CancelledError):
         await caller
     (gate / "go").touch()
-    await wait_until(lambda: digests.child_pid is None, WAIT_S, message="the child to be reaped")
-    assert await asyncio.wait_for(digests.digest(), WAIT_S) == ("d", 7)
+    await wait_until(lambda: digests.child_pid is None, LOCAL_WAIT_S, message="the child to be reaped")
+    assert await asyncio.wait_for(digests.digest(), LOCAL_WAIT_S) == ("d", 7)
 
 
 async def test_close_kills_a_running_child_and_later_calls_fail(gate: Path) -> None:
     digests = ForkedDigest(gated(lambda: ("d", 1), gate), threading.Lock(), timeout_s=60)
     running = asyncio.ensure_future(digests.digest())
-    await wait_until(lambda: digests.child_pid is not None, WAIT_S, message="the child to fork")
+    await wait_until(lambda: digests.child_pid is not None, LOCAL_WAIT_S, message="the child to fork")
     pid = digests.child_pid
     assert pid is not None
 
     started = time.monotonic()
-    await asyncio.wait_for(digests.close(), WAIT_S)
+    await asyncio.wait_for(digests.close(), LOCAL_WAIT_S)
     assert time.monotonic() - started < 5  # not the 60 s timeout
     with pytest.raises(Unavailable, match="cancelled: the node is stopping"):
         await running
@@ -274,9 +273,9 @@ def test_the_module_imports_neither_pysyncobj_nor_aiohttp() -> None:
 
 
 def test_fork_child_exits_by_its_body_and_reap_knows_a_child_reaped_elsewhere() -> None:
-    assert os.waitstatus_to_exitcode(digest_module.reap(digest_module.fork_child(lambda: None), WAIT_S)) == 0
+    assert os.waitstatus_to_exitcode(digest_module.reap(digest_module.fork_child(lambda: None), LOCAL_WAIT_S)) == 0
     failing = digest_module.fork_child(lambda: 1 / 0, label="test")  # its traceback goes to stderr
-    assert digest_module.describe_status(digest_module.reap(failing, WAIT_S)) == "exited with status 1"
+    assert digest_module.describe_status(digest_module.reap(failing, LOCAL_WAIT_S)) == "exited with status 1"
     pid = digest_module.fork_child(lambda: None)
     os.waitpid(pid, 0)  # as a waitpid(-1) elsewhere in the process would
-    assert digest_module.reap(pid, WAIT_S) == digest_module.REAPED_ELSEWHERE
+    assert digest_module.reap(pid, LOCAL_WAIT_S) == digest_module.REAPED_ELSEWHERE

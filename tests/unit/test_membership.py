@@ -4,7 +4,6 @@ in-memory replicator (real clusters: tests/integration/test_membership.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from rcq.errors import (
     NotReady,
     WouldLoseQuorum,
 )
-from rcq.server.config import NodeConfig, PeerConfig
+from rcq.server.config import PeerConfig
 from rcq.server.core.commands import (
     COMMAND_VERSION,
     KIND_MEMBER,
@@ -34,6 +33,7 @@ from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.leader.membership import Membership
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
+from tests.helpers.nodes import make_config
 
 SELF = "memory:0"  # the in-memory replicator's own Raft address
 
@@ -97,16 +97,12 @@ def test_the_directory_is_in_snapshots_and_the_digest() -> None:
 
 
 # ------------------------------------------------------------ configuration + directory
-def make_config(**overrides: Any) -> NodeConfig:
-    fields: dict[str, Any] = dict(node_id="n1", http_port=0, raft_address=SELF, data_dir=Path("/nonexistent"),
-                                  insecure=True, advertise_url="http://n1")
-    fields.update(overrides)
-    return NodeConfig.model_validate(fields)
+AT_SELF: dict[str, Any] = dict(raft_address=SELF, advertise_url="http://n1")  # node n1 is the replicator's own
 
 
 def test_recorded_members_win_over_the_configuration() -> None:
-    config = make_config(peers=[{"node_id": "n2", "raft_address": "h2:1", "http_url": "http://n2"},
-                                {"node_id": "n3", "raft_address": "h3:1", "http_url": "http://n3"}])
+    config = make_config(**AT_SELF, peers=[{"node_id": "n2", "raft_address": "h2:1", "http_url": "http://n2"},
+                                          {"node_id": "n3", "raft_address": "h3:1", "http_url": "http://n3"}])
     directory = config.directory({"n3": ("h3b:1", "http://n3b"), "n4": ("h4:1", "http://n4"),
                                   "n1": ("elsewhere:1", "http://not-me")})
     assert {address: (p.node_id, p.http_url) for address, p in directory.items()} == {
@@ -118,7 +114,7 @@ def test_recorded_members_win_over_the_configuration() -> None:
 @pytest.mark.parametrize("dial", [{"h2:1": "not an address"}, {"h2:1": "proxy:port"}])
 def test_a_bad_dial_address_is_refused(dial: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="raft_dial_addresses"):
-        make_config(raft_dial_addresses=dial)
+        make_config(**AT_SELF, raft_dial_addresses=dial)
 
 
 # ------------------------------------------------------------------ the leader's steps
@@ -136,8 +132,8 @@ class Probe:
 async def setup() -> Any:
     replicator = InMemoryReplicator()
     replicator.other_members = ["h2:1", "h3:1"]
-    config = make_config(peers=[{"node_id": "n2", "raft_address": "h2:1", "http_url": "http://n2"},
-                                {"node_id": "n3", "raft_address": "h3:1", "http_url": "http://n3"}])
+    config = make_config(**AT_SELF, peers=[{"node_id": "n2", "raft_address": "h2:1", "http_url": "http://n2"},
+                                          {"node_id": "n3", "raft_address": "h3:1", "http_url": "http://n3"}])
     manager = TransactionManager(config, replicator, leader_url=lambda: None)
     await manager.start()
     await wait_until(lambda: manager.serving, 2, message="serving")

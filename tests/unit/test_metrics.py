@@ -9,7 +9,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from rcq.client import RcqClient
-from tests.unit.test_client import running_node, url_of
+from tests.helpers.nodes import running_node, url_of
 
 NAME_RULE = re.compile(r"^(rcq|process|python)_[a-z0-9_]+$")
 

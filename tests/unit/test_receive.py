@@ -10,7 +10,7 @@ import pytest
 
 from rcq.client import RcqClient
 from rcq.errors import TransactionNotFound
-from tests.unit.test_client import running_node, url_of
+from tests.helpers.nodes import running_node, url_of
 
 
 async def test_receive_then_commit_and_receive_drains_a_queue_in_order_with_one_request_each(tmp_path: Path):

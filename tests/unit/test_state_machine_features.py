@@ -41,11 +41,12 @@ from rcq.server.core.commands import (
 )
 from rcq.server.core.queue import ItemMeta
 from rcq.server.core.state_machine import QueueStateMachine, ViewSeed
-from tests.unit.test_state_machine import (
+from tests.helpers.state import (
     Node,
     assert_plain_meta,
     replicated_state,
     restored_copy,
+    to_lists,
     tx,
     unit,
 )
@@ -54,13 +55,6 @@ OVERHEAD = sm_module.ITEM_OVERHEAD_BYTES
 
 
 # ====================================================================== helpers
-def to_lists(value: Any) -> Any:
-    """What a JSON-like serializer gives back: every tuple becomes a list."""
-    if isinstance(value, tuple):
-        return [to_lists(v) for v in value]
-    return value
-
-
 def otx(transaction_id: str, *enqueues: tuple[str, list[bytes], EnqueueOptions | None],
         dequeue: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> TransactionWrite:
     """A transaction whose enqueues carry options (None: plain)."""

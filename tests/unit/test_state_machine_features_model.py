@@ -40,7 +40,7 @@ from rcq.server.core.commands import (
 )
 from rcq.server.core.queue import ItemMeta, QueueStats
 from rcq.server.core.state_machine import QueueStateMachine, ViewSeed, coalesce_ranges
-from tests.unit.test_state_machine import assert_plain_meta, replicated_state, restored_copy
+from tests.helpers.state import assert_plain_meta, replicated_state, restored_copy
 
 NAMES = ("a", "b", "c", "d")
 PLAIN = ItemMeta()

@@ -6,7 +6,7 @@ import pytest
 
 from rcq.server.core import state_machine as sm_module
 from rcq.server.core.commands import Limits, QueueChange, QueueChangeResult, encode
-from tests.unit.test_state_machine import Node, replicated_state, tx, unit
+from tests.helpers.state import Node, replicated_state, tx, unit
 
 OVERHEAD = sm_module.ITEM_OVERHEAD_BYTES
 ROOMY = Limits(storage_bytes_max=1 << 30, queue_items_max=1_000_000, queue_bytes_max=1 << 30)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -21,17 +20,10 @@ from rcq.errors import (
     TransactionExpired,
     TransactionNotFound,
 )
-from rcq.server.config import NodeConfig
 from rcq.server.leader.answers import ClosedTransactions
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
-
-
-def make_config(**overrides: object) -> NodeConfig:
-    fields: dict[str, object] = dict(node_id="n1", http_port=0, raft_address="127.0.0.1:1",
-                                     data_dir=Path("/nonexistent"), insecure=True)
-    fields.update(overrides)
-    return NodeConfig.model_validate(fields)
+from tests.helpers.nodes import drain, enqueue_committed, make_config
 
 
 @pytest.fixture
@@ -42,19 +34,6 @@ async def setup():
     await wait_until(lambda: manager.serving, 2, message="serving")
     yield manager, replicator
     await manager.stop()
-
-
-async def enqueue_committed(manager: TransactionManager, queue: str, *values: bytes) -> None:
-    tx = manager.begin()
-    manager.enqueue(tx.transaction_id, queue, list(values))
-    await manager.commit(tx.transaction_id)
-
-
-async def drain(manager: TransactionManager, queue: str) -> list[bytes]:
-    tx = manager.begin()
-    items = await manager.dequeue(tx.transaction_id, queue, max_items=10_000)
-    await manager.commit(tx.transaction_id)
-    return [i.value for i in items]
 
 
 async def test_a_new_leader_serves_only_after_its_barrier_is_applied():

@@ -22,7 +22,7 @@ from rcq.errors import (
 from rcq.server.core import state_machine as sm_module
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
-from tests.unit.test_transactions import drain, enqueue_committed, make_config
+from tests.helpers.nodes import drain, enqueue_committed, make_config
 
 OVERHEAD = sm_module.ITEM_OVERHEAD_BYTES
 

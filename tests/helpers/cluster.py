@@ -1,0 +1,51 @@
+"""Real multi-process clusters for the tests: one started with a serving leader, a queue of one's own, a drain.
+
+Every cluster the suite starts (here or with :class:`LocalCluster` directly) has its node logs
+checked after each test (:mod:`tests.helpers.node_logs`); the failure report of a test that used
+one shows the tail of each node's log (the conftest of the folder adds it).
+
+Must not import: a test module or a conftest; rcq.server (nodes are separate processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from rcq.client import RcqClient
+from rcq.testing import wait_until
+from rcq.testing.cluster import LocalCluster
+from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
+
+
+@contextlib.contextmanager
+def running_cluster(nodes: int = 3, overrides: dict[str, Any] | None = None) -> Iterator[LocalCluster]:
+    """A started cluster with a serving leader (its logs printed if none comes), closed after."""
+    with LocalCluster(nodes=nodes, node_overrides=overrides or {}) as local_cluster:
+        try:
+            local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        except TimeoutError:
+            print(local_cluster.dump_logs())
+            raise
+        yield local_cluster
+
+
+def fresh_queue(name: str = "q") -> str:
+    """A queue name no other test uses: tests sharing a cluster keep out of each other's way."""
+    return f"{name}-{uuid.uuid4().hex[:10]}"
+
+
+async def drain_until_empty(client: RcqClient, queue: str, timeout_s: float = CLUSTER_WAIT_S) -> list[str]:
+    """Dequeue and commit until the queue is empty on the leader (items locked by a commit whose
+    outcome is still pending count, and are waited for); the values, decoded."""
+    drained: list[str] = []
+
+    async def empty() -> bool:
+        async with client.transaction(timeout_s=30) as tx:
+            drained.extend(v.decode() for v in await tx.dequeue_batch(queue, 1000))
+        return await client.count(queue) == 0
+
+    await wait_until(empty, timeout_s, interval_s=0.05, message=f"{queue} to drain")
+    return drained

@@ -1,0 +1,99 @@
+"""Real pysyncobj nodes in this process: free ports, a single-node configuration, a running node.
+
+``single_node_config`` is a one-node RaftReplicator configuration with fast timeouts; ``running``
+starts a replicator, waits until it leads and stops it after. ``wait_until`` and
+``async_wait_until`` poll a predicate from a thread or a coroutine and fail the test
+(AssertionError) at their bound.
+
+Must not import: a test module or a conftest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from rcq.server.config import NodeConfig
+from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite
+from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft.replicator import RaftReplicator
+from tests.helpers import LOCAL_WAIT_S
+
+QUEUE = "q"
+SECRET = "correct horse battery staple"
+# Short timeouts keep the tests fast; they still satisfy NodeConfig's cross-field rules.
+FAST_RAFT = dict(raft_timeout_min_s=0.5, raft_timeout_max_s=1.0, leader_fallback_timeout_s=0.4,
+                 connection_timeout_s=1.0, append_entries_period_s=0.02, auto_tick_period_s=0.005)
+
+
+def free_port() -> int:
+    """A loopback port nothing listened on a moment ago (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str = "condition",
+               interval_s: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+async def async_wait_until(predicate: Callable[[], Any], timeout_s: float, what: str = "condition") -> Any:
+    """:func:`wait_until` for a coroutine: the event loop runs while it waits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def commit_batch(term: int, transaction_id: str, *values: bytes) -> CommitBatch:
+    """One transaction enqueueing ``values`` into QUEUE, as a leader of ``term`` would propose it."""
+    return CommitBatch(term=term, now_ms=time.time_ns() // 1_000_000,
+                       units=(CommitUnit((TransactionWrite(transaction_id, enqueues=((QUEUE, values),)),)),))
+
+
+def child_pids() -> set[int]:
+    """This process's children (of every thread), from /proc."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids.update(int(p) for p in (task / "children").read_text().split())
+    return pids
+
+
+def single_node_config(data_dir: Path, **overrides: Any) -> NodeConfig:
+    """A cluster of one node ``solo`` on a free Raft port, with FAST_RAFT timeouts."""
+    fields: dict[str, Any] = dict(node_id="solo", http_port=0, raft_address=f"127.0.0.1:{free_port()}",
+                                  data_dir=data_dir, cluster_secret=SECRET, **FAST_RAFT)
+    fields.update(overrides)
+    return NodeConfig.model_validate(fields)
+
+
+@contextlib.asynccontextmanager
+async def running(config: NodeConfig, state_machine: QueueStateMachine | None = None,
+                  ) -> AsyncIterator[RaftReplicator]:
+    """A started replicator of ``config`` once it leads; stopped after."""
+    replicator = RaftReplicator(config, state_machine or QueueStateMachine())
+    await replicator.start()
+    try:
+        await async_wait_until(replicator.is_leader, LOCAL_WAIT_S, "the single node to lead")
+        yield replicator
+    finally:
+        await replicator.stop()
