@@ -103,7 +103,7 @@ def _grant(text: str) -> Grant:
     if unknown:
         raise InvalidRequest(f"--grant {text!r}: unknown action {unknown[0]!r}: use produce, consume or manage, "
                              "comma-separated")
-    if not re.match(QUEUE_PATTERN_PATTERN, pattern):
+    if not re.fullmatch(QUEUE_PATTERN_PATTERN, pattern):
         raise InvalidRequest(f"--grant {text!r}: the queue pattern {pattern!r} is malformed: use 1 to 128 characters "
                              "of [A-Za-z0-9._-] and the wildcards * and ?")
     return Grant(queues=pattern, actions=tuple(dict.fromkeys(actions)))  # type: ignore[arg-type]
@@ -129,7 +129,7 @@ def _write_tokens(path: Path, entries: list[TokenEntry]) -> None:
 
 def _new_entry(args: argparse.Namespace, token: str) -> TokenEntry:
     """The entry of a new token, every flag checked first (a bad one changes nothing)."""
-    if not re.match(PRINCIPAL_PATTERN, args.name):
+    if not re.fullmatch(PRINCIPAL_PATTERN, args.name):
         raise InvalidRequest(f"--name {args.name!r} is not a principal name: use 1 to 64 characters of "
                              "[A-Za-z0-9._@-]")
     grants = tuple(_grant(text) for text in args.grant)

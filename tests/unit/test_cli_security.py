@@ -185,6 +185,8 @@ def test_token_create_list_revoke_round_trip(tmp_path: Path, capsys: pytest.Capt
     (["--name", "x", "--grant", "produce:orders/eu"], "the queue pattern 'orders/eu' is malformed"),
     (["--name", "x", "--grant", "orders.*"], "expected ACTIONS:PATTERN"),
     (["--name", "x y", "--admin"], "is not a principal name"),
+    (["--name", "x\n", "--admin"], "is not a principal name"),  # a pattern's $ must not match before a newline
+    (["--name", "x", "--grant", "produce:q\n"], "the queue pattern 'q\\n' is malformed"),
     (["--name", "x"], "needs --admin or at least one --grant"),
     (["--name", "x", "--admin", "--expires-in-days", "-1"], "--expires-in-days must be more than 0"),
 ])
