@@ -1,8 +1,11 @@
 """What each API verb does, apart from HTTP: validated model in, (status, JSON body) out.
 
-The REST handlers of :mod:`rcq.server.http.api` and the sub-requests of ``POST /v1/batch``
-both call these, so a verb behaves the same whichever way it arrives. Errors
-are raised as :mod:`rcq.errors` classes; the caller renders them.
+The route handlers (``transaction_routes``, ``queue_routes``) and the sub-requests of
+``POST /v1/batch`` both call these, so a verb behaves the same whichever way it arrives. Each
+goes one way: the caller's permissions and ownership first, items checked and decoded, then the
+leader's verb (:class:`~rcq.server.leader.transactions.TransactionManager`; a commit that also
+receives calls two), then the answer rendered. The leader never calls back here. Errors are
+raised as :mod:`rcq.errors` classes; the caller renders them.
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
