@@ -59,7 +59,9 @@ class CommitPath:
         self._admission = admission
         self._clock = clock
         self._spawn = spawn
-        self._settling = False  # a fence that settles unknown commit outcomes is on its way
+        # The epoch whose fence settling unknown commit outcomes is on its way (None: none is). Kept
+        # per epoch: a settle of an earlier epoch may still be winding down when a new one is needed.
+        self._settling_epoch: int | None = None
         self.on_latency: Callable[[float], None] | None = None  # seconds from commit to outcome (metrics)
 
     # ------------------------------------------------------------ the verbs
@@ -199,9 +201,10 @@ class CommitPath:
 
     # ------------------------------------------------------------ unknown outcomes
     def _settle_unknown_soon(self) -> None:
-        if not self._settling:
-            self._settling = True
-            self._spawn(self._settle_unknown(self._leader.epoch))
+        epoch = self._leader.epoch
+        if self._settling_epoch != epoch:
+            self._settling_epoch = epoch
+            self._spawn(self._settle_unknown(epoch))
 
     async def _settle_unknown(self, epoch: int) -> None:
         """Commits whose outcome is unknown hold their locks; settle them within a bound.
@@ -235,8 +238,8 @@ class CommitPath:
                             and transaction.state is State.UNKNOWN:
                         leader.close(transaction, State.ABORTED, "commit_not_applied")
         finally:
-            if epoch == leader.epoch:
-                self._settling = False
+            if self._settling_epoch == epoch:
+                self._settling_epoch = None
 
 
 def _fail(future: asyncio.Future[CommitResult], error: BaseException) -> None:
