@@ -13,6 +13,9 @@
 * ``rcq/server/config.py`` imports nothing of ``rcq.server``: every server folder imports the
   config, so an import back would be a cycle (it once imported the token model from
   ``rcq.server.security``, which imports the config);
+* the server's folders are layers and no import runs back up: ``core`` < ``raft`` < ``leader`` <
+  ``http`` < ``node.py`` (``config`` and ``security`` are beneath them all); the leader never
+  calls into the HTTP layer, the replicator never into the leader;
 * the product (``rcq``, ``cluster``: what the wheel carries) never imports ``chaos``, ``bench``
   or ``tests``, and the two harnesses do not import each other.
 
@@ -49,6 +52,9 @@ BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.testing.clust
 # The one bench that runs server code in process: what it measures.
 BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest")}
 CONFIG = "rcq/server/config.py"
+# The server's layers, lowest first: a module may import its own layer and the ones below.
+SERVER_LAYERS = ("rcq.server.config", "rcq.server.security", "rcq.server.core", "rcq.server.raft",
+                 "rcq.server.leader", "rcq.server.http", "rcq.server.node")
 
 
 # ====================================================================== the checker
@@ -123,6 +129,7 @@ def violations(files: dict[str, str]) -> list[str]:
             problems += _outside_allowed(path, imports, "chaos", CHAOS_ALLOWED_RCQ)
         if path.startswith("bench/"):
             problems += _outside_allowed(path, imports, "bench", BENCH_ALLOWED_RCQ + BENCH_IN_PROCESS.get(path, ()))
+        problems += _upward_imports(path, imports)
         if path == CONFIG:
             for module in sorted(m for m in imports if within(m, "rcq.server")):
                 problems.append(f"{path}: the config imports {module} (every server folder imports the config)")
@@ -135,6 +142,18 @@ def violations(files: dict[str, str]) -> list[str]:
                     problems.append(f"{path}: {harness} imports {module}")
     problems += _client_side_chains(imports_of)
     return problems
+
+
+def _layer(module: str) -> int | None:
+    return next((rank for rank, layer in enumerate(SERVER_LAYERS) if within(module, layer)), None)
+
+
+def _upward_imports(path: str, imports: set[str]) -> list[str]:
+    own = _layer(module_name(path))
+    if own is None:
+        return []
+    return [f"{path}: imports {module} from a higher layer ({' < '.join(SERVER_LAYERS)})"
+            for module in sorted(imports) if (_layer(module) or 0) > own]
 
 
 def _outside_allowed(path: str, imports: set[str], who: str, allowed: tuple[str, ...]) -> list[str]:
@@ -352,6 +371,13 @@ def test_the_client_side_reaches_the_modules_it_shares_with_the_server():
      "rcq/cli.py: the product imports bench.scenarios.Target (chaos, bench and tests are not in the wheel)"),
     ("rcq/testing/cluster.py", "def f():\n    import chaos.powerfs\n", "the product imports chaos.powerfs"),
     ("cluster/__main__.py", "from tests.helpers import WAIT_S", "cluster/__main__.py: the product imports tests.helpers"),
+    ("rcq/server/leader/commit_path.py", "from rcq.server.http.handlers import json_answer",
+     "rcq/server/leader/commit_path.py: imports rcq.server.http.handlers.json_answer from a higher layer"),
+    ("rcq/server/raft/replicator.py", "from rcq.server.leader import transactions",
+     "rcq/server/raft/replicator.py: imports rcq.server.leader.transactions from a higher layer"),
+    ("rcq/server/core/queue.py", "from rcq.server.raft.digest import digest",
+     "rcq/server/core/queue.py: imports rcq.server.raft.digest.digest from a higher layer"),
+    ("rcq/server/http/api.py", "from rcq.server.node import Node", "http/api.py: imports rcq.server.node.Node from a higher"),
     ("rcq/tokens.py", "from rcq.server.config import NodeConfig", "rcq/tokens.py: client side imports rcq.server.config"),
     ("rcq/server/config.py", "from rcq.server.security.tokens import TokenEntry",
      "rcq/server/config.py: the config imports rcq.server.security.tokens.TokenEntry (every server folder imports"),
