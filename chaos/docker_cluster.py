@@ -59,6 +59,7 @@ from pathlib import Path
 
 from chaos.target import TARGET_START_TIMEOUT_S
 from rcq.testing.polls import PolledCluster
+from rcq.tokens import new_token
 
 COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 COMPOSE_NODES = 3  # the services docker-compose.yml defines: node-0..node-2
@@ -68,7 +69,6 @@ UP_TIMEOUT_S = 900.0  # includes building the image (and pulling its base) the f
 COMMAND_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 120.0
 LOG_TAIL_BYTES = 4000
-TOKEN_PREFIX = "rcq_"  # of every rcq API token (rcq.tokens, which chaos may not import)
 
 
 class DockerError(RuntimeError):
@@ -154,7 +154,7 @@ class DockerCluster(PolledCluster[DockerNode]):
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd() / f"{project}-logs"
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._secret = secrets.token_urlsafe(32)
-        self._admin_token = TOKEN_PREFIX + secrets.token_urlsafe(32)  # like `rcq token create`'s, for this run
+        self._admin_token = new_token()  # as `rcq token create` makes one, for this run
         self.token = self._admin_token  # what the polls and the workload send
         self.nodes = [DockerNode(i) for i in range(nodes)]
         self._closed = False

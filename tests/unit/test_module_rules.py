@@ -7,7 +7,7 @@
   ``rcq/limits.py``, ``rcq/tokens.py``, and the Spark connector, which runs where only the
   client is installed) never reaches ``rcq.server``, directly or through any chain of project
   modules (``rcq.testing`` included): ``pip install rcq`` has no server;
-* the chaos harness talks to rcq as any user would: ``rcq.client``, ``rcq.errors`` and the
+* the chaos harness talks to rcq as any user would: ``rcq.client``, ``rcq.errors``, ``rcq.tokens`` and the
   cluster harness of ``rcq.testing`` only; the benchmarks likewise (plus the Spark connector),
   but for ``bench/stall.py``, which measures the state machine's digest in process;
 * ``rcq/server/config.py`` imports nothing of ``rcq.server``: every server folder imports the
@@ -46,7 +46,7 @@ EXCLUSIVE = {"pysyncobj": "rcq/server/raft/", "lmdb": "rcq/server/raft/"}
 CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py", "rcq/limits.py", "rcq/tokens.py",
                "rcq/spark/")
 CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.testing.cluster", "rcq.testing.nodes", "rcq.testing.polls",
-                     "rcq.testing.waits")
+                     "rcq.testing.waits", "rcq.tokens")
 BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.testing.cluster", "rcq.testing.nodes",
                      "rcq.testing.polls")
 # The one bench that runs server code in process: what it measures.
