@@ -7,9 +7,8 @@ import pytest
 from rcq.errors import CommitOutcomeUnknown, TransactionAborted
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
+from tests.helpers import NODE_SERVING_TIMEOUT_S
 from tests.helpers.nodes import enqueue_committed, make_config
-
-SETTLE_TIMEOUT_S = 5.0
 
 
 async def test_an_unknown_commit_is_settled_even_when_an_earlier_epochs_settle_was_cut_short():
@@ -29,7 +28,7 @@ async def test_an_unknown_commit_is_settled_even_when_an_earlier_epochs_settle_w
         replicator.depose()
         replicator.elect()
         replicator.hold_submits = False
-        await wait_until(lambda: manager.serving, SETTLE_TIMEOUT_S, message="serving in the new term")
+        await wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, message="serving in the new term")
         # Epoch 2: a commit proposed but never appended must be settled, its item free again.
         await enqueue_committed(manager, "q", b"second")
         holder = manager.begin()
@@ -46,7 +45,7 @@ async def test_an_unknown_commit_is_settled_even_when_an_earlier_epochs_settle_w
             finally:
                 manager.abort(probe.transaction_id)
 
-        await wait_until(items_free_again, SETTLE_TIMEOUT_S, message="the unknown commit settled")
+        await wait_until(items_free_again, NODE_SERVING_TIMEOUT_S, message="the unknown commit settled")
         with pytest.raises(TransactionAborted):  # settled as never applied: a retry cannot commit it
             await manager.commit(holder.transaction_id)
     finally:
