@@ -11,7 +11,8 @@
    (chaos.intruder.Intruder) tries what it may not do meanwhile — on the local target, which can
    issue tokens; on docker the history says it was skipped and why;
 3. heal everything (stop faults, heal links, resume and restart nodes) and wait
-   for a leader and for every node to catch up;
+   for a leader and for every node to catch up — unless every node has exited (a heal that
+   could not restart one from what its disk kept): then every later wait looks once;
 4. drain every queue completely, dead-letter queues included (poison is
    rejected out of workload queues, never committed);
 5. wait for quiet and record every node's state digest, the leader's view of the
@@ -47,11 +48,12 @@ from chaos.intruder import (
     IntruderGenerator,
     run_intruder,
 )
-from chaos.membership import final_view
+from chaos.membership import FINAL_VIEW_TIMEOUT_S, final_view
 from chaos.nemesis import Nemesis
 from chaos.report import summary_text, write_results
 from chaos.target import ChaosTarget, membership_control, token_issuer
 from chaos.workload import (
+    RETRY_TIMEOUT_S,
     Generator,
     OpenTransactions,
     Topology,
@@ -210,8 +212,18 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
         # the run goes on, and the convergence checker finds its state missing.
         recovery["heal_error"] = f"{type(exc).__name__}: {exc}"[:HEAL_ERROR_CHARS_MAX]
         progress(f"heal could not restart every node: {recovery['heal_error'][:300]}")
+    # Nothing restarts a node after the heal: when every node has exited, no wait below can end
+    # any other way than by its deadline, so each looks once instead (the same checker inputs).
+    nobody_left = "heal_error" in recovery and await asyncio.to_thread(
+        every_node_exited, cluster, config.recovery_timeout_s)
+    if nobody_left:
+        recovery["every_node_exited"] = True
+        progress("every node has exited: the waits below look once instead of waiting")
+
+    def within(timeout_s: float) -> float:
+        return 0.0 if nobody_left else timeout_s
     try:
-        leader = await asyncio.to_thread(cluster.wait_for_leader, config.recovery_timeout_s)
+        leader = await asyncio.to_thread(cluster.wait_for_leader, within(config.recovery_timeout_s))
         recovery["leader_after_heal_s"] = round(time.monotonic() - t0, 3)
         await asyncio.to_thread(cluster.wait_for_applied, config.recovery_timeout_s)
         recovery["caught_up_after_heal_s"] = round(time.monotonic() - t0, 3)
@@ -224,27 +236,28 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
 
     progress(f"draining {len(topology.all_queues)} queues")
     t0 = time.monotonic()
-    drained = await drain(history, urls, topology.all_queues, DRAIN_PROCESS, config.drain_timeout_s, token=token,
-                          topology=topology)
+    drained = await drain(history, urls, topology.all_queues, DRAIN_PROCESS, within(config.drain_timeout_s),
+                          token=token, topology=topology)
     timings["drain_s"] = time.monotonic() - t0
     progress(f"drain {'complete' if drained['complete'] else 'INCOMPLETE'}: {drained['drained']}")
 
     t0 = time.monotonic()
-    await _record_open_transactions(urls, token, history)
-    digests, agreed = await asyncio.to_thread(_final_digests, cluster, config.convergence_timeout_s)
+    retry_timeout_s = within(RETRY_TIMEOUT_S)
+    await _record_open_transactions(urls, token, history, retry_timeout_s)
+    digests, agreed = await asyncio.to_thread(_final_digests, cluster, within(config.convergence_timeout_s))
     if not agreed:
         progress(f"nodes did not converge: {digests}")
     history.info(CHECKER_INPUT_PROCESS, "digests", digests)
     control = membership_control(cluster)
     if control is not None:  # the membership checker: every node a voting member at the end
-        members = await asyncio.to_thread(final_view, cluster, control)
+        members = await asyncio.to_thread(final_view, cluster, control, within(FINAL_VIEW_TIMEOUT_S))
         if members.get("error"):
             progress(f"members not read: {members['error']}")
         history.info(CHECKER_INPUT_PROCESS, "members", members)
     sampling.set()
     await sampler
     history.info(CHECKER_INPUT_PROCESS, "leaders", leaders)
-    await _record_queue_stats(history, urls, topology.all_queues, token)
+    await _record_queue_stats(history, urls, topology.all_queues, token, retry_timeout_s)
     timings["convergence_s"] = time.monotonic() - t0
     links = cluster.link_faults()
     return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
@@ -266,6 +279,24 @@ async def _intruder_token(cluster: ChaosTarget, history: HistoryWriter, progress
                                                      "grants": list(INTRUDER_GRANTS), "guest_queue": GUEST_QUEUE})
     progress(f"intruder: principal {INTRUDER_PRINCIPAL!r} (process {INTRUDER_PROCESS}) may use {GUEST_QUEUE}* only")
     return token
+
+
+def every_node_exited(cluster: ChaosTarget, timeout_s: float) -> bool:
+    """Whether every node's process has exited, once each one still starting has either answered
+    HTTP (False at once) or exited too; False when that is not settled within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while running := cluster.running_indices():
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return False
+        try:
+            cluster.wait_for_http(running, left_s)
+        except TimeoutError:
+            return False
+        except Exception:  # one of them exited while starting (NodeStartError): look again
+            continue
+        return False
+    return True
 
 
 def _final_digests(cluster: ChaosTarget, timeout_s: float) -> tuple[dict[str, str | None], bool]:
@@ -304,11 +335,12 @@ async def _report_progress(stop: asyncio.Event, counts: dict[str, int], nemesis:
                  f"faults active: {active}")
 
 
-async def _record_queue_stats(history: HistoryWriter, urls: list[str], queues: list[str], token: str | None) -> None:
+async def _record_queue_stats(history: HistoryWriter, urls: list[str], queues: list[str], token: str | None,
+                              retry_timeout_s: float) -> None:
     """Every queue's replicated counters (dead-lettered, dropped, expired...) after the drain, as a
     checker input: the features checker holds what the history saw die or vanish to them."""
     stats: dict[str, Any] = {}
-    async with make_client(urls, token) as client:
+    async with make_client(urls, token, retry_timeout_s) as client:
         for queue in queues:
             try:
                 answer = await client.stats(queue)
@@ -319,10 +351,11 @@ async def _record_queue_stats(history: HistoryWriter, urls: list[str], queues: l
     history.info(CHECKER_INPUT_PROCESS, "queue-stats", stats)
 
 
-async def _record_open_transactions(urls: list[str], token: str | None, history: HistoryWriter) -> None:
+async def _record_open_transactions(urls: list[str], token: str | None, history: HistoryWriter,
+                                    retry_timeout_s: float) -> None:
     """The chaos transactions still open on the leader after the drain: all are past due by now."""
     try:
-        async with make_client(urls, token) as client:
+        async with make_client(urls, token, retry_timeout_s) as client:
             open_now = await client.transactions("chaos")
     except Exception as exc:  # not measured: the checker says so
         history.info(CHECKER_INPUT_PROCESS, "open-transactions-error", {"error": repr(exc)})

@@ -530,9 +530,9 @@ async def configure_queues(history: Any, urls: list[str], topology: Topology, pr
             history.complete(op, "ok", value, None)
 
 
-def make_client(urls: list[str], token: str | None = None) -> RcqClient:
-    """A client of the cluster, sending ``token`` (the cluster's, when it requires one) with every request."""
-    return RcqClient(urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=RETRY_TIMEOUT_S, token=token)
+def make_client(urls: list[str], token: str | None = None, retry_timeout_s: float = RETRY_TIMEOUT_S) -> RcqClient:
+    """A client of the cluster sending ``token`` (the cluster's, if it needs one); retry_timeout_s 0: one try."""
+    return RcqClient(urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=retry_timeout_s, token=token)
 
 
 async def run_worker(history: Any, urls: list[str], generator: Generator, stop: asyncio.Event,
