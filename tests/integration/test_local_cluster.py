@@ -180,7 +180,7 @@ def test_killing_the_leader_makes_wait_for_leader_find_another(healthy_cluster: 
 
 @pytest.mark.cluster
 def test_a_paused_node_is_neither_asked_nor_waited_for(healthy_cluster: LocalCluster) -> None:
-    queue = fresh_queue()
+    queue = fresh_queue("t")
     old = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
     healthy_cluster.pause_node(old)
     assert old not in healthy_cluster.live_indices()
@@ -214,7 +214,7 @@ def test_a_convergence_wait_on_given_nodes_waits_for_a_paused_one(healthy_cluste
     leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
     follower = (leader + 1) % 3
     healthy_cluster.pause_node(follower)
-    enqueue(healthy_cluster, leader, fresh_queue(), ["p"])
+    enqueue(healthy_cluster, leader, fresh_queue("t"), ["p"])
     healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)  # the live nodes agree
     with pytest.raises(TimeoutError, match=r"nodes \[0, 1, 2\] did not converge") as raised:
         healthy_cluster.wait_for_convergence(0.3, indices=range(3))
@@ -228,7 +228,7 @@ def test_a_convergence_wait_on_given_nodes_waits_for_a_paused_one(healthy_cluste
 @pytest.mark.cluster
 def test_a_requested_snapshot_is_taken(healthy_cluster: LocalCluster) -> None:
     leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
-    enqueue(healthy_cluster, leader, fresh_queue(), ["s"])
+    enqueue(healthy_cluster, leader, fresh_queue("t"), ["s"])
     before = int(healthy_cluster.status(leader)["snapshot_count"])
     healthy_cluster.request_snapshot(leader)
     poll_until(lambda: True if int(healthy_cluster.status(leader)["snapshot_count"]) > before else None,
@@ -253,7 +253,7 @@ def test_wait_for_leader_times_out_without_a_majority_and_shows_what_it_saw(heal
 
 @pytest.mark.cluster
 def test_wait_for_applied_returns_an_index_every_live_node_has_applied(healthy_cluster: LocalCluster) -> None:
-    queue = fresh_queue()
+    queue = fresh_queue("t")
     leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
     index = enqueue(healthy_cluster, leader, queue, ["x", "y", "z"])
     applied = healthy_cluster.wait_for_applied(LEADER_TIMEOUT_S)
@@ -265,7 +265,7 @@ def test_wait_for_applied_returns_an_index_every_live_node_has_applied(healthy_c
 
 @pytest.mark.cluster
 def test_a_stopped_node_exits_cleanly_and_restarts_with_its_data_and_ports(healthy_cluster: LocalCluster) -> None:
-    queue = fresh_queue()
+    queue = fresh_queue("t")
     leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
     follower = (leader + 1) % 3
     enqueue(healthy_cluster, leader, queue, ["before"])
@@ -282,7 +282,7 @@ def test_a_stopped_node_exits_cleanly_and_restarts_with_its_data_and_ports(healt
 
 @pytest.mark.cluster
 def test_a_wiped_node_gets_the_whole_state_back_from_its_peers(healthy_cluster: LocalCluster) -> None:
-    queue = fresh_queue()
+    queue = fresh_queue("t")
     leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
     follower = (leader + 2) % 3
     enqueue(healthy_cluster, leader, queue, ["kept-1", "kept-2"])
@@ -330,7 +330,7 @@ def test_wait_for_convergence_times_out_while_a_live_node_lags_then_succeeds() -
     # the kernel keeps receiving the leader's entries for it, and it applies them on SIGCONT.)
     slow_elections = {"raft_timeout_min_s": 5.0, "raft_timeout_max_s": 6.0, "connection_timeout_s": 6.0}
     with LocalCluster(nodes=3, node_overrides=slow_elections) as local_cluster:
-        queue = fresh_queue()
+        queue = fresh_queue("t")
         leader = local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
         lagging, other = (i for i in range(3) if i != leader)
         local_cluster.stop_node(lagging)
@@ -404,7 +404,7 @@ def test_an_auth_cluster_refuses_requests_without_its_tokens_and_keeps_them_priv
 def test_added_tokens_work_at_once_on_every_node_with_their_grants_and_revoked_ones_stop(
         cluster: LocalCluster) -> None:
     leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
-    queue = fresh_queue()
+    queue = fresh_queue("t")
     enqueue(cluster, leader, queue, ["x"])
     cluster.wait_for_applied(LEADER_TIMEOUT_S)
     reader = cluster.add_token("reader", grants=[{"queues": "t-*", "actions": ["consume"]}])
