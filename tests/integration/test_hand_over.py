@@ -5,13 +5,18 @@ While the node hands leadership over, a proposal is neither appended nor refused
 it becomes depends on how the hand-over ends: refused as not executed once another node leads,
 proposed as usual when the target never caught up or never won. The hand-over ends once the node
 knows who leads: it steps down when the target asks for votes, and learns the winner from the
-winner's first message; it answers with that leader.
+winner's first message; it answers with that leader. Stepping down, the node reads for a while as
+a leader of the target's term (pysyncobj stores the term before it changes the role): that is not
+"elected again". And TimeoutNow goes out only when nothing is left to append: a proposal that came
+before the hold but was still in pysyncobj's queue would make the node's log longer than the
+target's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
@@ -23,6 +28,7 @@ from rcq.errors import MembershipConflict, NoLeader, NotLeader, Unavailable
 from rcq.server.core.commands import Barrier, BarrierResult
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import replicator as replicator_module
+from rcq.server.raft.internals import journal_of, transport_of
 from rcq.server.raft.replicator import HAND_OVER_POLL_S, RaftReplicator
 from tests.helpers import HAND_OVER_SUBMIT_TIMEOUT_S
 from tests.integration.manual_raft import ManualRaft, config_of
@@ -166,3 +172,91 @@ async def test_a_hand_over_answers_once_the_new_leader_is_known_and_names_it(tmp
         raft.receive(target, heartbeat(raft, TERM + 1))
         await steps_until_done(raft, hand_over, "the hand-over")
         assert hand_over.result() == str(target)
+
+
+async def test_a_hand_over_is_not_ended_by_the_node_stepping_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stepping down for the target's vote request, pysyncobj's tick thread writes the new term,
+    stores it (an fsync) and only then changes the role: meanwhile the node reads as a leader of
+    the target's term. The hand-over took that for "this node was elected again" and failed while
+    the target was winning (beside CPU-bound processes, 13 runs in 18 of the four hand-overs under
+    load: the client, retrying, reached the target, which answered "already leader"). It waits
+    for the winner, as usual."""
+    async with leading(tmp_path) as raft:
+        await commit_one(raft)
+        target = raft.peers[0]
+        hand_over = start(raft.replicator.transfer_leadership(str(target)))
+        await asyncio.sleep(0)  # the hand-over asks the tick thread for TimeoutNow...
+        await raft.step()  # ...which sends it: the target holds the whole log
+        storing, stored = threading.Event(), threading.Event()
+        journal = journal_of(raft.sync_obj)
+        set_current_term = journal.setCurrentTerm
+
+        def slow_set_current_term(term: int, voted_for: Any) -> None:
+            if term == TERM + 1:
+                storing.set()
+                stored.wait(30.0)
+            set_current_term(term, voted_for)
+
+        monkeypatch.setattr(journal, "setCurrentTerm", slow_set_current_term)
+        request = vote_request(raft, TERM + 1)
+        # The tick thread (a thread of the test's, as in a node) takes the target's vote request...
+        stepping_down = asyncio.ensure_future(asyncio.to_thread(raft.receive, target, request))
+        try:
+            assert await asyncio.to_thread(storing.wait, 30.0)
+            # ...and stores the new term, the role not yet changed.
+            assert raft.replicator.is_leader() and raft.replicator.term == TERM + 1
+            for _ in range(5):  # the hand-over's own polls, in real time
+                await asyncio.sleep(2 * HAND_OVER_POLL_S)
+            assert not hand_over.done(), "the hand-over ended while the node was stepping down"
+        finally:
+            stored.set()
+            await stepping_down
+        assert not raft.replicator.is_leader()
+        raft.receive(target, heartbeat(raft, TERM + 1))
+        await steps_until_done(raft, hand_over, "the hand-over")
+        assert hand_over.result() == str(target)
+
+
+async def test_timeout_now_waits_for_a_proposal_still_in_pysyncobjs_queue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proposal made just before the hand-over (so not held) can reach pysyncobj's queue while a
+    tick runs past the point where it appends what is queued (the loop's thread hands it over while
+    the tick thread runs). pysyncobj checks only that the target matches the log as it is: it sent
+    TimeoutNow, and the next tick appended the proposal, so the target stood with a shorter log
+    than the node's. TimeoutNow goes out once the proposal is appended and the target holds it."""
+    async with leading(tmp_path) as raft:
+        await commit_one(raft)
+        target = raft.peers[0]
+        logs_at_timeout_now: list[list[tuple[int, int]]] = []
+        transport = transport_of(raft.sync_obj)
+        send = transport.send
+
+        def recording_send(node: Any, message: Any) -> Any:
+            if isinstance(message, dict) and message.get("type") == "timeout_now":
+                logs_at_timeout_now.append(raft.log())
+            return send(node, message)
+
+        monkeypatch.setattr(transport, "send", recording_send)
+        consumer = raft.replicator._consumer
+        apply_command = consumer.apply_command
+        # The proposal reaches pysyncobj's queue during a tick, after the tick appended its commands.
+        monkeypatch.setattr(consumer, "apply_command", lambda raw, callback: raft.replicator._tick_tasks.append(
+            lambda: apply_command(raw, callback=callback)))
+        proposal = start(raft.replicator.submit(barrier(), HAND_OVER_SUBMIT_TIMEOUT_S))
+        await asyncio.sleep(0)
+        hand_over = start(raft.replicator.transfer_leadership(str(target)))
+        await asyncio.sleep(0)
+        deadline = time.monotonic() + 30.0
+        while not logs_at_timeout_now:  # the peers acknowledge what the node appends
+            assert time.monotonic() < deadline, "TimeoutNow never sent"
+            await raft.step(acknowledge=True)
+            await asyncio.sleep(0.005)
+        for _ in range(5):
+            await raft.step()
+        assert raft.log() == logs_at_timeout_now[-1], "an entry was appended after TimeoutNow"
+        raft.receive(target, vote_request(raft, TERM + 1))  # the target stands with the node's whole log
+        raft.receive(target, heartbeat(raft, TERM + 1))
+        await steps_until_done(raft, hand_over, "the hand-over")
+        assert hand_over.result() == str(target)
+        await steps_until_done(raft, proposal, "the proposal")
+        assert isinstance(proposal.result(), BarrierResult)

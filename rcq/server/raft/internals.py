@@ -3,7 +3,7 @@
 pysyncobj 0.3.17 exposes no API for what rcq's workarounds need (docs/raft-hazards.md): the
 journal (to sync it, size it and read an entry's term; and the seam where it is built, to give
 it rcq's durable one, H8), the commit index (to bound it, H6), the proposals waiting for their
-entry (to answer those a snapshot skipped, H7), the transport (to sync before an
+entry (to answer those a snapshot skipped, H7), the proposals not yet appended (H19), the transport (to sync before an
 acknowledgement leaves, H8), the parts of a large entry received so far (H14, H20), and its
 message handler, follower delete and leader start (patched, H5, H6, H8); and the TCP
 transport's connections, listener and methods (H13..H15: frame caps, linear buffers, a listener
@@ -58,6 +58,12 @@ def entry_term(sync_obj: SyncObj, index: int) -> int | None:
 def set_commit_index(sync_obj: SyncObj, index: int) -> None:
     sync_obj._SyncObj__raftCommitIndex = index
     journal_of(sync_obj).setRaftCommitIndex(index)
+
+
+def commands_queued(sync_obj: SyncObj) -> int:
+    """Proposals handed to pysyncobj and not yet appended to its log: its tick appends them
+    (``_checkCommandsToApply``), bounded by time, so some may wait for the next tick (H19)."""
+    return len(sync_obj._SyncObj__commandsQueue._FastQueue__queue)
 
 
 def proposals_waiting(sync_obj: SyncObj) -> dict[int, list[tuple[int, Callable[[Any, int], None]]]]:

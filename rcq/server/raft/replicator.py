@@ -42,7 +42,7 @@ from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import membership, patches
 from rcq.server.raft.consumer import QueueConsumer
 from rcq.server.raft.digest import ForkedDigest
-from rcq.server.raft.internals import default_journal, journal_bytes, journal_of, use_journal_factory
+from rcq.server.raft.internals import commands_queued, default_journal, journal_bytes, journal_of, use_journal_factory
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.patches import ON_SYNC_FAILURE
 from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener, known_nodes
@@ -70,6 +70,7 @@ HAND_OVER_POLL_S = 0.01
 FSYNC_FAILED_EXIT_CODE = 75  # EX_TEMPFAIL: restart me (a supervisor does), after looking at the disk
 
 _ROLE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
+_LEADER = 2  # pysyncobj's role number for a leader (its _RAFT_STATE.LEADER)
 _FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if name.isupper()}
 
 
@@ -129,6 +130,7 @@ class RaftReplicator:
         self._pending: set[asyncio.Future[tuple[Any, int]]] = set()
         # Set while leadership is being handed over: proposals wait for it (transfer_leadership).
         self._handing_over: asyncio.Event | None = None
+        self._won_term = 0  # of the last election this node won, set by the tick thread as it wins (H19)
         self._stopped = False
         self._next_journal_flush_s = 0.0
         self._snapshot_loads_at_start = 0  # pysyncobj loads an existing snapshot once, at its first tick
@@ -338,22 +340,20 @@ class RaftReplicator:
 
         H19, Raft's leadership transfer (Ongaro's thesis, 3.10): new proposals are held, not appended,
         until the transfer ends; once the target holds the whole log pysyncobj sends it TimeoutNow
-        and it stands for election at once. Without the hold a busy leader's log is always ahead
-        of every follower: pysyncobj refuses the transfer (the target is not caught up), or the
-        target stands with a shorter log, the old leader refuses its vote and is elected again.
-        MembershipConflict when the target did not catch up (or is not connected); Unavailable
-        when no one else was known to lead in time. Held proposals then go on: to pysyncobj if this
-        node still leads, else they are refused as not executed (NotLeader)."""
+        and it stands for election at once. MembershipConflict when the target did not catch up (or
+        is not connected); Unavailable when no one else was known to lead in time. Held proposals
+        then go on: to pysyncobj if this node still leads, else they are refused as not executed."""
         self._leader_sync_obj()
         if self._handing_over is not None:
             raise MembershipConflict("leadership is already being handed over")
         gate = self._handing_over = asyncio.Event()
-        term = self.term
+        won_term = self._won_term
         started = time.monotonic()
         try:
             await self._send_timeout_now(raft_address, started + HAND_OVER_CATCH_UP_S)
             sent = time.monotonic()
-            leader = await self._until_another_leads(term, sent + HAND_OVER_ELECTION_TIMEOUTS * self._config.raft_timeout_max_s)
+            leader = await self._until_another_leads(
+                won_term, sent + HAND_OVER_ELECTION_TIMEOUTS * self._config.raft_timeout_max_s)
             logger.info("node %s handed leadership over to %s: %.0f ms to catch the target up, %.0f ms to its election",
                         self._config.node_id, leader, (sent - started) * 1000, (time.monotonic() - sent) * 1000)
             return leader
@@ -368,8 +368,11 @@ class RaftReplicator:
             sync_obj = self._leader_sync_obj()
 
             def transfer(done: Callable[[Any, int], None], sync_obj: SyncObj = sync_obj) -> None:
-                # pysyncobj reads its match indexes and sends a message: the tick thread's work.
-                self._tick_tasks.append(lambda: sync_obj.transferLeadership(raft_address, callback=done))
+                # pysyncobj reads its match indexes and sends a message: the tick thread's work. Not
+                # while proposals wait in its queue (H19): appended after TimeoutNow, they would
+                # leave the target with a shorter log. Refused as "not caught up": asked again.
+                self._tick_tasks.append(lambda: done(None, FAIL_REASON.REQUEST_DENIED) if commands_queued(sync_obj)
+                                        else sync_obj.transferLeadership(raft_address, callback=done))
 
             try:
                 _result, fail_reason = await self._answer_of(transfer, LEADERSHIP_TRANSFER_WAIT_S)
@@ -384,15 +387,16 @@ class RaftReplicator:
                                          "catch up in time; retry shortly")
             await asyncio.sleep(HAND_OVER_POLL_S)
 
-    async def _until_another_leads(self, term: int, deadline: float) -> str:
-        """The Raft address of the node that leads after this one (of ``term``) stepped down."""
+    async def _until_another_leads(self, won_term: int, deadline: float) -> str:
+        """The Raft address of the node that leads after this one (elected in ``won_term``) stepped down.
+        "Elected again" is an election won since, not the role and term read here (H19: stepping
+        down, pysyncobj stores the new term, an fsync, before it changes the role)."""
         while True:
             leader = self.leader_raft_address()
-            if self.is_leader():
-                if self.term != term:
-                    raise Unavailable("leadership was not handed over: this node was elected again; retry")
-            elif leader is not None and leader != self._config.raft_address:
+            if not self.is_leader() and leader is not None and leader != self._config.raft_address:
                 return leader
+            if self._won_term != won_term:
+                raise Unavailable("leadership was not handed over: this node was elected again; retry")
             if time.monotonic() >= deadline:
                 raise Unavailable("leadership was not handed over in time (no other node was seen leading); retry")
             await asyncio.sleep(HAND_OVER_POLL_S)
@@ -515,6 +519,8 @@ class RaftReplicator:
     def _on_state_changed(self, old_state: int, new_state: int) -> None:
         # Tick thread. Only a nudge: the loop reads the role itself, and the poll
         # covers changes pysyncobj does not report (a term change as follower).
+        if new_state == _LEADER and self._sync_obj is not None:  # its term was set before the role: consistent
+            self._won_term = int(self._sync_obj.raftCurrentTerm)
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # loop closed
