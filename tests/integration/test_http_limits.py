@@ -33,6 +33,9 @@ from rcq.testing.polls import deadline_loop, http_json, poll_until
 
 StartNode = Callable[..., Awaitable[Node]]
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: rcq\r\n\r\n"
+# What the descriptor floods cause in a node's log: asyncio logs each accept() that meets EMFILE, and
+# pauses accepting for a moment (tests/helpers/node_logs.py).
+ACCEPT_OUT_OF_DESCRIPTORS = r"socket\.accept\(\) out of system resource[\s\S]*Too many open files"
 
 
 # ------------------------------------------------------------------ in-process helpers
@@ -340,6 +343,7 @@ def keepalive_request(connection: KeepAliveClient, method: str, path: str,
 
 
 @pytest.mark.cluster
+@pytest.mark.expected_log_errors(ACCEPT_OUT_OF_DESCRIPTORS)
 def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_serving_and_raft_keeps_working() -> None:
     nofile = 256  # the default cap is 192
     flood_size = 400
@@ -408,6 +412,7 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
 
 
 @pytest.mark.cluster
+@pytest.mark.expected_log_errors(ACCEPT_OUT_OF_DESCRIPTORS)
 def test_when_accept_fails_with_emfile_open_connections_are_served_and_accepting_resumes() -> None:
     # A cap above the open-file limit: the flood runs the node out of descriptors.
     cluster = LocalCluster(1, node_overrides={"http_connections_max": 100_000, "http_header_timeout_s": 60,

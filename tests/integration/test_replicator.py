@@ -47,6 +47,7 @@ from rcq.server.raft import snapshots
 from rcq.server.raft.journal import CompactionRepair, repair_interrupted_compaction
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
+from tests.helpers.node_logs import NODE_LOGS
 from tests.helpers.raft import (
     FAST_RAFT,
     QUEUE,
@@ -431,6 +432,7 @@ class Cluster:
                 peers=[p for p in peers if p.node_id != f"n{i}"], cluster_secret=secret,
                 **{**FAST_RAFT, **overrides}))
             self.nodes.append(Node(config, base_dir / f"n{i}.log"))
+            NODE_LOGS.watch(self.nodes[-1].log_path)  # checked after the test (tests/helpers/node_logs.py)
 
     def start(self) -> None:
         for node in self.nodes:
@@ -439,6 +441,7 @@ class Cluster:
     def close(self) -> None:
         for node in self.nodes:
             node.stop()
+        NODE_LOGS.release(node.log_path for node in self.nodes)
         for node in self.nodes:
             if node.log_path.exists():
                 print(f"----- log of {node.config.node_id} (last 60 lines)")
