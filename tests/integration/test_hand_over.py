@@ -27,9 +27,10 @@ import pytest
 from rcq.errors import MembershipConflict, NoLeader, NotLeader, Unavailable
 from rcq.server.core.commands import Barrier, BarrierResult
 from rcq.server.core.state_machine import QueueStateMachine
-from rcq.server.raft import replicator as replicator_module
+from rcq.server.raft import hand_over as hand_over_module
+from rcq.server.raft.hand_over import HAND_OVER_POLL_S
 from rcq.server.raft.internals import journal_of, transport_of
-from rcq.server.raft.replicator import HAND_OVER_POLL_S, RaftReplicator
+from rcq.server.raft.replicator import RaftReplicator
 from tests.helpers import HAND_OVER_SUBMIT_TIMEOUT_S
 from tests.integration.manual_raft import ManualRaft, config_of
 
@@ -107,7 +108,7 @@ async def test_a_proposal_held_during_a_hand_over_is_refused_unexecuted_once_the
 
 async def test_a_target_that_never_catches_up_ends_the_hand_over_and_releases_the_held_proposals(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(replicator_module, "HAND_OVER_CATCH_UP_S", 0.3)
+    monkeypatch.setattr(hand_over_module, "HAND_OVER_CATCH_UP_S", 0.3)
     async with leading(tmp_path) as raft:
         await commit_one(raft)
         # An entry no peer acknowledges: the target's match index stays behind the leader's log.
@@ -126,7 +127,7 @@ async def test_a_target_that_never_catches_up_ends_the_hand_over_and_releases_th
 
 async def test_a_target_that_never_wins_ends_the_hand_over_and_the_leader_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(replicator_module, "HAND_OVER_ELECTION_TIMEOUTS", 0.3 / 600)  # 0.3 s here
+    monkeypatch.setattr(hand_over_module, "HAND_OVER_ELECTION_TIMEOUTS", 0.3 / 600)  # 0.3 s here
     async with leading(tmp_path) as raft:
         await commit_one(raft)
         hand_over = start(raft.replicator.transfer_leadership(str(raft.peers[1])))
@@ -240,7 +241,7 @@ async def test_timeout_now_waits_for_a_proposal_still_in_pysyncobjs_queue(
         consumer = raft.replicator._consumer
         apply_command = consumer.apply_command
         # The proposal reaches pysyncobj's queue during a tick, after the tick appended its commands.
-        monkeypatch.setattr(consumer, "apply_command", lambda raw, callback: raft.replicator._tick_tasks.append(
+        monkeypatch.setattr(consumer, "apply_command", lambda raw, callback: raft.replicator._requests.on_next_tick(
             lambda: apply_command(raw, callback=callback)))
         proposal = start(raft.replicator.submit(barrier(), HAND_OVER_SUBMIT_TIMEOUT_S))
         await asyncio.sleep(0)

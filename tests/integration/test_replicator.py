@@ -42,8 +42,8 @@ from rcq.errors import (
 from rcq.server.config import NodeConfig, PeerConfig, load_config
 from rcq.server.core.commands import ApplyFailed, BatchResult
 from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.raft import log_upkeep, snapshots
 from rcq.server.raft import replicator as replicator_module
-from rcq.server.raft import snapshots
 from rcq.server.raft.journal import CompactionRepair, repair_interrupted_compaction
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
@@ -164,7 +164,7 @@ async def test_pysyncobj_failures_become_rcq_errors(work_dir: Path, monkeypatch:
 async def test_journal_is_flushed_periodically_when_configured(work_dir: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     flushes: list[float] = []
-    real_journal_of = replicator_module.journal_of
+    real_journal_of = log_upkeep.journal_of
 
     class CountingJournal:
         def __init__(self, journal: Any) -> None:
@@ -174,7 +174,7 @@ async def test_journal_is_flushed_periodically_when_configured(work_dir: Path,
             flushes.append(time.monotonic())
             self.journal.flush()
 
-    monkeypatch.setattr(replicator_module, "journal_of", lambda so: CountingJournal(real_journal_of(so)))
+    monkeypatch.setattr(log_upkeep, "journal_of", lambda so: CountingJournal(real_journal_of(so)))
     async with running(single_node_config(work_dir / "off", durability="os")):
         await asyncio.sleep(0)
     assert flushes == []

@@ -1,7 +1,7 @@
 """The seam between the transaction layer and Raft: the Replicator protocol.
 
-``rcq.server.raft.replicator`` implements it with pysyncobj (the only module that knows
-pysyncobj); ``rcq.testing.InMemoryReplicator`` implements it in memory for
+``rcq.server.raft.replicator`` implements it with pysyncobj (``rcq/server/raft`` is the only
+folder that knows pysyncobj); ``rcq.testing.InMemoryReplicator`` implements it in memory for
 tests of everything above Raft.
 
 Contract of :meth:`Replicator.submit`:

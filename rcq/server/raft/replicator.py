@@ -1,13 +1,15 @@
 """RaftReplicator: the :class:`~rcq.server.raft.protocol.Replicator` protocol on pysyncobj 0.3.17.
 
-Long because: one object drives pysyncobj's node (propose, apply, membership, status, callbacks) under one lock.
-
 Responsibility: propose encoded commands through Raft on the leader, apply
 committed entries to the :class:`~rcq.server.core.state_machine.QueueStateMachine`, bridge
 results and leadership changes from pysyncobj's tick thread to the asyncio
-loop, and answer each proposal by Raft's rule (H6). Its neighbours: ``patches`` (fixes on
-pysyncobj's class), ``internals`` (every access to pysyncobj's private state), ``journal``
-(start-up repair), ``settings`` (NodeConfig -> SyncObjConf), ``snapshots`` (LMDB).
+loop, and answer each proposal by Raft's rule (H6). It owns three collaborators, each with one
+job: ``requests`` (the way from the loop's thread to the tick thread and back, and what each fail
+reason means), ``hand_over`` (leadership hand-over, H19, and the gate that holds proposals
+meanwhile), ``log_upkeep`` (the Raft log on disk while running: which journal, fail-stop on a
+failed sync, flush, compaction by size). Its other neighbours: ``patches`` (fixes on pysyncobj's
+class), ``internals`` (every access to pysyncobj's private state), ``journal`` (start-up repair),
+``settings`` (NodeConfig -> SyncObjConf), ``snapshots`` (LMDB).
 
 Threads: pysyncobj's own tick thread (``autoTick``) applies entries, runs
 callbacks and writes snapshots; everything public here is called on the event
@@ -26,7 +28,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
@@ -35,21 +36,24 @@ from typing import Any, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjException
 
-from rcq.errors import CommitOutcomeUnknown, LeaderChanged, MembershipConflict, NoLeader, NotLeader, Unavailable
+from rcq.errors import CommitOutcomeUnknown, MembershipConflict, Unavailable
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import ApplyResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import membership, patches
 from rcq.server.raft.consumer import QueueConsumer
 from rcq.server.raft.digest import ForkedDigest
-from rcq.server.raft.internals import commands_queued, default_journal, journal_bytes, journal_of, use_journal_factory
+from rcq.server.raft.hand_over import HandOver
+from rcq.server.raft.internals import default_journal, use_journal_factory
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
+from rcq.server.raft.log_upkeep import LogUpkeep
 from rcq.server.raft.patches import ON_SYNC_FAILURE
-from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener, known_nodes
+from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
+from rcq.server.raft.requests import RaftRequests
 from rcq.server.raft.secret_rotation import accepting_previous_secrets
 from rcq.server.raft.settings import build_conf
 from rcq.server.raft.snapshots import ForkingSnapshotWriter
-from rcq.server.raft.wal import DurableJournal, JournalCorrupt
+from rcq.server.raft.wal import JournalCorrupt
 
 # pysyncobj binds its message handler as a transport callback when a SyncObj is built: the
 # fixes must be on the class before any is (H5, H6).
@@ -61,17 +65,9 @@ T = TypeVar("T")
 
 ROLE_POLL_INTERVAL_S = 0.05
 SNAPSHOT_CHILD_WAIT_S = 60.0
-LEADERSHIP_TRANSFER_WAIT_S = 5.0  # pysyncobj answers at once: it only checks and sends one message
-# A hand-over holds new proposals while the target catches up (at most this long), then while it
-# wins its election (at most HAND_OVER_ELECTION_TIMEOUTS election timeouts).
-HAND_OVER_CATCH_UP_S = 3.0
-HAND_OVER_ELECTION_TIMEOUTS = 3
-HAND_OVER_POLL_S = 0.01
-FSYNC_FAILED_EXIT_CODE = 75  # EX_TEMPFAIL: restart me (a supervisor does), after looking at the disk
 
 _ROLE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
 _LEADER = 2  # pysyncobj's role number for a leader (its _RAFT_STATE.LEADER)
-_FAIL_REASON_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if name.isupper()}
 
 
 def _check_bindable(raft_address: str) -> None:
@@ -101,12 +97,6 @@ def _untorn(read: Callable[[], T]) -> T:
     return read()
 
 
-def _resolve(future: asyncio.Future[tuple[Any, int]], result: Any, fail_reason: int) -> None:
-    """Complete a submit's future on the loop; must never raise (H2)."""
-    if not future.done():  # e.g. cancelled by the submit's timeout
-        future.set_result((result, fail_reason))
-
-
 class RaftReplicator:
     """One node's Raft replication of a QueueStateMachine. Started once, stopped once."""
 
@@ -127,21 +117,18 @@ class RaftReplicator:
         self._role_listener: RoleListener | None = None
         self._apply_listener: ApplyListener | None = None
         self._reported_role: tuple[bool, int] | None = None
-        self._pending: set[asyncio.Future[tuple[Any, int]]] = set()
-        # Set while leadership is being handed over: proposals wait for it (transfer_leadership).
-        self._handing_over: asyncio.Event | None = None
-        self._won_term = 0  # of the last election this node won, set by the tick thread as it wins (H19)
         self._stopped = False
-        self._next_journal_flush_s = 0.0
         self._snapshot_loads_at_start = 0  # pysyncobj loads an existing snapshot once, at its first tick
-        self._sync_observer: Callable[[float], None] | None = None
         self._seen_leader: str | None = None
         self.leader_changes_seen = 0  # times this node saw the leader change (to another, or to none)
         # The last leader changes this node saw, as (unix time, leader's Raft address or None, term).
         self.leader_history: collections.deque[tuple[float, str | None, int]] = collections.deque(maxlen=20)
         self.repair: CompactionRepair | None = None  # what start() repaired, for logs and tests
-        # Work for the tick thread (it owns pysyncobj's state and sockets), run at its next tick.
-        self._tick_tasks: collections.deque[Callable[[], None]] = collections.deque([self._use_the_log_membership])
+        # Its collaborators, one job each (see the module docstring).
+        self._requests = RaftRequests(config, self, self._running)
+        self._requests.on_next_tick(self._use_the_log_membership)  # H18, at the first tick
+        self._hand_over = HandOver(config, self, self._requests)
+        self._log_upkeep = LogUpkeep(config)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -153,9 +140,9 @@ class RaftReplicator:
         conf = build_conf(self._config, self._writer, auto_tick=self._auto_tick,
                           on_state_changed=self._on_state_changed)
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
-        self._refuse_the_other_durability()
+        self._log_upkeep.refuse_the_other_durability()
         self._snapshot_loads_at_start = int(self._config.snapshot_path.is_file())
-        use_journal_factory(self._make_journal)
+        use_journal_factory(self._log_upkeep.make_journal)
         # Constructed on the loop's thread: pysyncobj's tick thread stops when the
         # thread that built SyncObj ends, and the loop's thread lives as long as we do.
         try:
@@ -167,7 +154,7 @@ class RaftReplicator:
             raise Unavailable(f"node {self._config.node_id} cannot start: {exc}") from exc
         finally:
             use_journal_factory(default_journal)
-        setattr(self._sync_obj, ON_SYNC_FAILURE, self._on_sync_failure)
+        setattr(self._sync_obj, ON_SYNC_FAILURE, self._log_upkeep.on_sync_failure)
         try:
             if self._auto_tick:
                 await asyncio.to_thread(self._sync_obj.waitBinded)
@@ -176,49 +163,13 @@ class RaftReplicator:
         except SyncObjException as exc:
             await self.stop()
             raise Unavailable(f"cannot bind the Raft address {self._config.raft_address}") from exc
-        if self._config.journal_flush_interval_s is not None:
-            self._sync_obj.addOnTickCallback(self._flush_journal_if_due)
-        self._sync_obj.addOnTickCallback(self._compact_if_journal_large)
-        self._sync_obj.addOnTickCallback(self._on_tick_tasks)
+        self._log_upkeep.keep(self._sync_obj)
+        self._sync_obj.addOnTickCallback(self._requests.run_tick_tasks)
         self._role_task = self._loop.create_task(self._poll_role(), name="rcq-raft-role")
-
-    def _make_journal(self, journal_file: str | None) -> Any:
-        """pysyncobj's journal for this node: rcq's DurableJournal with durability=fsync (H8)."""
-        if journal_file is not None and self._config.durability == "fsync":
-            journal = DurableJournal(journal_file)
-            journal.on_failure = self._on_sync_failure  # a failed write stops the node like a failed sync
-            journal.on_sync = self._observe_sync
-            return journal
-        return default_journal(journal_file)
-
-    def _refuse_the_other_durability(self) -> None:
-        other = self._config.other_journal_path
-        if other.is_file() and other.stat().st_size > 0 and not self._config.unsafe_memory_journal:
-            raise Unavailable(
-                f"node {self._config.node_id} is configured durability={self._config.durability}, but its data "
-                f"directory holds {other.name}, written with the other setting; a node does not switch with data "
-                "in place: wipe its data directory (it catches up from its peers) or keep the old setting")
 
     def set_sync_observer(self, observer: Callable[[float], None]) -> None:
         """Called (tick thread) with the seconds each fdatasync of the Raft log took (durability=fsync)."""
-        self._sync_observer = observer
-
-    def _observe_sync(self, seconds: float) -> None:
-        observer = self._sync_observer
-        if observer is not None:
-            with contextlib.suppress(Exception):  # never end a tick with an exception (H2)
-                observer(seconds)
-
-    def _on_sync_failure(self, error: OSError) -> None:
-        """A write or an fsync of the Raft log failed (EIO, ENOSPC...): what was written may not be
-        on disk, and retrying the sync can report success for data the kernel already dropped. Fail-stop: never
-        acknowledge, never lead; restarting reads back only what is really durable."""
-        logger.critical("node %s: syncing the Raft log failed (%s); stopping so that nothing unsynced is "
-                        "acknowledged", self._config.node_id, error)
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        os._exit(FSYNC_FAILED_EXIT_CODE)
+        self._log_upkeep.set_sync_observer(observer)
 
     async def stop(self) -> None:
         """Stop Raft, join its thread, wait for a snapshot child; pending submits end as unknown."""
@@ -237,8 +188,7 @@ class RaftReplicator:
                 self._sync_obj.destroy()
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close, SNAPSHOT_CHILD_WAIT_S)
-        for future in list(self._pending):
-            _resolve(future, None, FAIL_REASON.UNKNOWN_OUTCOME)
+        self._requests.end_pending()
 
     def tick(self) -> None:
         """One pysyncobj tick on this thread (only with ``auto_tick=False``): receive what the
@@ -254,19 +204,11 @@ class RaftReplicator:
 
     async def _submit_raw(self, raw: Any, timeout_s: float) -> ApplyResult:
         """Propose an already encoded entry (tests use it to feed malformed entries)."""
-        handing_over = self._handing_over
-        if handing_over is not None:
-            held_since = time.monotonic()
-            try:  # held, not proposed: the target must catch up and win with the log as it is
-                await asyncio.wait_for(handing_over.wait(), timeout_s)
-            except TimeoutError as exc:
-                raise Unavailable("leadership is being handed over; retry") from exc
-            timeout_s -= time.monotonic() - held_since
-            if timeout_s <= 0:
-                raise Unavailable("leadership was being handed over; retry")
+        # H19: held while leadership is being handed over (the timeout runs meanwhile).
+        timeout_s = await self._hand_over.held(timeout_s)
         # H7: never let pysyncobj forward to the leader; a forwarded command's outcome can only
         # be "unknown".
-        self._leader_sync_obj()
+        self._requests.leader_sync_obj()
 
         def answer(fail_reason: int) -> int:
             if fail_reason == FAIL_REASON.SUCCESS and not self._consumer.applied_by_its_leader:
@@ -276,35 +218,14 @@ class RaftReplicator:
             return fail_reason
 
         try:
-            result, fail_reason = await self._answer_of(
+            result, fail_reason = await self._requests.answer_of(
                 lambda done: self._consumer.apply_command(raw, callback=done), timeout_s, answer)
         except TimeoutError as exc:
             raise CommitOutcomeUnknown(f"no commit answer within {timeout_s} s; the entry may "
                                        "still commit") from exc
         if fail_reason == FAIL_REASON.SUCCESS:
             return result
-        raise self._error_for(fail_reason)
-
-    def _error_for(self, fail_reason: int) -> Exception:
-        if fail_reason == FAIL_REASON.QUEUE_FULL:
-            return Unavailable("the Raft command queue is full; retry shortly")
-        if fail_reason == FAIL_REASON.MISSING_LEADER:
-            return NoLeader()
-        if fail_reason == FAIL_REASON.NOT_LEADER:
-            return self._not_leader_error()
-        if fail_reason == FAIL_REASON.DISCARDED:
-            # H7: the entry's log slot went to another leader's entry.
-            return LeaderChanged("the leader changed before the commit; it was not applied")
-        name = _FAIL_REASON_NAMES.get(fail_reason, str(fail_reason))
-        return CommitOutcomeUnknown(f"Raft reported {name}; the commit may still apply")
-
-    def _not_leader_error(self) -> Exception:
-        leader = self.leader_raft_address()
-        if leader is None or leader == self._config.raft_address:
-            return NoLeader()
-        known = known_nodes(self._config, self).get(leader)
-        return NotLeader(f"this node is not the leader; {leader} is",
-                         leader_url=known.http_url if known is not None else None)
+        raise self._requests.error_for(fail_reason)
 
     # ----------------------------------------------------------- membership
     def members(self) -> list[str]:
@@ -320,115 +241,25 @@ class RaftReplicator:
         """Add (``"add"``) or remove (``"remove"``) one voting member; returns once the change is
         committed. Only on the leader, one change at a time (H16): a change while another is not
         committed, or before this leader committed its first entry, is MembershipConflict."""
-        sync_obj = self._leader_sync_obj()
+        sync_obj = self._requests.leader_sync_obj()
         change = sync_obj.addNodeToCluster if action == "add" else sync_obj.removeNodeFromCluster
         try:
             # pysyncobj queues the change for its tick thread (thread-safe, like a proposal).
-            _result, fail_reason = await self._answer_of(lambda done: change(raft_address, callback=done), timeout_s)
+            _result, fail_reason = await self._requests.answer_of(lambda done: change(raft_address, callback=done),
+                                                                  timeout_s)
         except TimeoutError as exc:
             raise CommitOutcomeUnknown(f"the membership change was not committed within {timeout_s} s; "
                                        "it may still be") from exc
         if fail_reason == FAIL_REASON.REQUEST_DENIED:
             raise MembershipConflict()
         if fail_reason != FAIL_REASON.SUCCESS:
-            raise self._error_for(fail_reason)
+            raise self._requests.error_for(fail_reason)
 
     async def transfer_leadership(self, raft_address: str | None) -> str:
         """Hand leadership to ``raft_address`` (None: the most caught-up connected follower); return
-        the Raft address of the node leading now, once this node knows it (it steps down when the
-        target asks for votes, and learns the winner from its first message).
-
-        H19, Raft's leadership transfer (Ongaro's thesis, 3.10): new proposals are held, not appended,
-        until the transfer ends; once the target holds the whole log pysyncobj sends it TimeoutNow
-        and it stands for election at once. MembershipConflict when the target did not catch up (or
-        is not connected); Unavailable when no one else was known to lead in time. Held proposals
-        then go on: to pysyncobj if this node still leads, else they are refused as not executed."""
-        self._leader_sync_obj()
-        if self._handing_over is not None:
-            raise MembershipConflict("leadership is already being handed over")
-        gate = self._handing_over = asyncio.Event()
-        won_term = self._won_term
-        started = time.monotonic()
-        try:
-            await self._send_timeout_now(raft_address, started + HAND_OVER_CATCH_UP_S)
-            sent = time.monotonic()
-            leader = await self._until_another_leads(
-                won_term, sent + HAND_OVER_ELECTION_TIMEOUTS * self._config.raft_timeout_max_s)
-            logger.info("node %s handed leadership over to %s: %.0f ms to catch the target up, %.0f ms to its election",
-                        self._config.node_id, leader, (sent - started) * 1000, (time.monotonic() - sent) * 1000)
-            return leader
-        finally:
-            self._handing_over = None
-            gate.set()
-
-    async def _send_timeout_now(self, raft_address: str | None, deadline: float) -> None:
-        """Ask pysyncobj to send TimeoutNow, again each poll while it refuses (the target's match
-        index is not yet the leader's last index) until ``deadline``."""
-        while True:
-            sync_obj = self._leader_sync_obj()
-
-            def transfer(done: Callable[[Any, int], None], sync_obj: SyncObj = sync_obj) -> None:
-                # pysyncobj reads its match indexes and sends a message: the tick thread's work. Not
-                # while proposals wait in its queue (H19): appended after TimeoutNow, they would
-                # leave the target with a shorter log. Refused as "not caught up": asked again.
-                self._tick_tasks.append(lambda: done(None, FAIL_REASON.REQUEST_DENIED) if commands_queued(sync_obj)
-                                        else sync_obj.transferLeadership(raft_address, callback=done))
-
-            try:
-                _result, fail_reason = await self._answer_of(transfer, LEADERSHIP_TRANSFER_WAIT_S)
-            except TimeoutError as exc:
-                raise Unavailable("the Raft thread did not take the leadership transfer; retry") from exc
-            if fail_reason == FAIL_REASON.SUCCESS:
-                return
-            if fail_reason == FAIL_REASON.NOT_LEADER:
-                raise self._not_leader_error()
-            if time.monotonic() >= deadline:
-                raise MembershipConflict("the target of the leadership transfer is not connected or did not "
-                                         "catch up in time; retry shortly")
-            await asyncio.sleep(HAND_OVER_POLL_S)
-
-    async def _until_another_leads(self, won_term: int, deadline: float) -> str:
-        """The Raft address of the node that leads after this one (elected in ``won_term``) stepped down.
-        "Elected again" is an election won since, not the role and term read here (H19: stepping
-        down, pysyncobj stores the new term, an fsync, before it changes the role)."""
-        while True:
-            leader = self.leader_raft_address()
-            if not self.is_leader() and leader is not None and leader != self._config.raft_address:
-                return leader
-            if self._won_term != won_term:
-                raise Unavailable("leadership was not handed over: this node was elected again; retry")
-            if time.monotonic() >= deadline:
-                raise Unavailable("leadership was not handed over in time (no other node was seen leading); retry")
-            await asyncio.sleep(HAND_OVER_POLL_S)
-
-    def _leader_sync_obj(self) -> SyncObj:
-        sync_obj, _loop = self._running()
-        if not sync_obj._isLeader():
-            raise self._not_leader_error()
-        return sync_obj
-
-    async def _answer_of(self, start: Callable[[Callable[[Any, int], None]], None], timeout_s: float,
-                         adjust: Callable[[int], int] | None = None) -> tuple[Any, int]:
-        """Start a pysyncobj request with a callback and wait (bounded: callbacks may never come,
-        H7) for its (result, fail reason); TimeoutError when none came in ``timeout_s``.
-        ``adjust`` may change the fail reason, in the thread that calls back."""
-        _sync_obj, loop = self._running()
-        future: asyncio.Future[tuple[Any, int]] = loop.create_future()
-
-        def done(result: Any, fail_reason: int) -> None:
-            # Tick thread, or this thread for QUEUE_FULL (pysyncobj calls back synchronously
-            # then); call_soon_threadsafe is right for both.
-            if adjust is not None:
-                fail_reason = adjust(fail_reason)
-            with contextlib.suppress(RuntimeError):  # loop closed: never raise into pysyncobj (H2)
-                loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
-
-        self._pending.add(future)
-        try:
-            start(done)
-            return await asyncio.wait_for(future, timeout_s)
-        finally:
-            self._pending.discard(future)
+        the Raft address of the node leading now, once this node knows it. Proposals are held
+        meanwhile (H19: rcq.server.raft.hand_over)."""
+        return await self._hand_over.transfer(raft_address)
 
     def _use_the_log_membership(self) -> None:
         """H18, once, at the first tick (after pysyncobj loaded the snapshot): the membership of
@@ -520,7 +351,7 @@ class RaftReplicator:
         # Tick thread. Only a nudge: the loop reads the role itself, and the poll
         # covers changes pysyncobj does not report (a term change as follower).
         if new_state == _LEADER and self._sync_obj is not None:  # its term was set before the role: consistent
-            self._won_term = int(self._sync_obj.raftCurrentTerm)
+            self._hand_over.elected(int(self._sync_obj.raftCurrentTerm))  # H19: "elected again" means won
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # loop closed
@@ -566,34 +397,3 @@ class RaftReplicator:
             listener(index, command, result)
         except Exception:
             logger.exception("apply listener failed on entry %d", index)
-
-    def _on_tick_tasks(self) -> None:
-        while self._tick_tasks:
-            task = self._tick_tasks.popleft()
-            try:
-                task()
-            except Exception:  # never end a tick with an exception (H2)
-                logger.exception("tick task failed")
-
-    def _compact_if_journal_large(self) -> None:
-        # Tick thread. Entries carry items, so 50k entries can be gigabytes: snapshot by size too.
-        sync_obj = self._sync_obj
-        if sync_obj is None:
-            return
-        try:
-            if journal_bytes(journal_of(sync_obj)) > self._config.log_compaction_bytes:
-                sync_obj.forceLogCompaction()
-        except Exception:  # never end a tick with an exception
-            logger.exception("journal size check failed")
-
-    def _flush_journal_if_due(self) -> None:
-        # Tick thread (an on-tick callback), so it never races the journal's writes.
-        now = time.monotonic()
-        if now < self._next_journal_flush_s or self._sync_obj is None:
-            return
-        interval_s = self._config.journal_flush_interval_s or 0.0
-        self._next_journal_flush_s = now + interval_s
-        try:
-            journal_of(self._sync_obj).flush()
-        except Exception:  # an exception here would end this tick; log and go on
-            logger.exception("journal flush failed")
