@@ -44,6 +44,7 @@ from typing import Any
 
 ORDER_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE"
 KILL_WAIT_S = 300.0  # for the first micro-batch, and for the worker's replacement executor
+BATCH_WRITE_ATTEMPTS = 3
 
 
 def make_spark(master: str = "local[2]", config: Mapping[str, str] | None = None) -> Any:
@@ -85,9 +86,10 @@ def run_pipeline(spark: Any, urls: str, work_dir: Path, rows: int,
 
     # Batch job: CSV rows -> one JSON item each.
     orders = spark.read.option("header", True).schema(ORDER_SCHEMA).csv(str(csv_path))
-    (orders.selectExpr("to_json(struct(*)) AS value")
-     .write.format("rcq").option("url", urls).option("queue", queue).options(**(options or {})).mode("append")
-     .save())
+    write_again_after_a_failover(lambda: (
+        orders.selectExpr("to_json(struct(*)) AS value")
+        .write.format("rcq").option("url", urls).option("queue", queue).options(**(options or {})).mode("append")
+        .save()))
 
     # Streaming job: the queue -> parsed orders -> Parquet.
     stream = (spark.readStream.format("rcq").option("url", urls).option("queue", queue)
@@ -115,6 +117,21 @@ def run_pipeline(spark: Any, urls: str, work_dir: Path, rows: int,
     }
     counts["lost_orders"] = counts["csv_rows"] - counts["distinct_orders"]
     return counts
+
+
+def write_again_after_a_failover(write: Callable[[], None], attempts: int = BATCH_WRITE_ATTEMPTS) -> None:
+    """Run a batch write into rcq, again when it failed with ``rcq leader_changed``: the tasks'
+    transactions lived on a leader that lost leadership before the job's commit, so they were
+    aborted and nothing of the write was committed — running it again adds every row once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            write()
+            return
+        except Exception as exc:
+            if "rcq leader_changed" not in str(exc) or attempt == attempts:
+                raise
+            print(f"the batch write met a leader change before its commit (nothing committed); attempt {attempt + 1}",
+                  file=sys.stderr)
 
 
 def kill_executor_after_first_batch(standalone: Any, spark: Any) -> Callable[[Any], None]:

@@ -38,3 +38,29 @@ def test_example_refuses_flags_that_do_not_go_together(argv: list[str], message:
         _example().main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_batch_write_that_met_a_leader_change_is_written_again_and_other_errors_are_not() -> None:
+    """The tasks' transactions die with their leader before the job's commit: nothing committed, so
+    the example runs the write again; any other failure, or a third leader change, is raised."""
+    example = _example()
+    attempts: list[int] = []
+
+    def failing_with(*messages: str) -> Any:
+        def write() -> None:
+            attempts.append(1)
+            if len(attempts) <= len(messages):
+                raise RuntimeError(messages[len(attempts) - 1])
+        return write
+
+    leader_changed = "Failed to commit ... rcq leader_changed: committing 2 transactions ..."
+    example.write_again_after_a_failover(failing_with(leader_changed))
+    assert len(attempts) == 2
+    attempts.clear()
+    with pytest.raises(RuntimeError, match="rcq commit_conflict"):
+        example.write_again_after_a_failover(failing_with("rcq commit_conflict: ..."))
+    assert len(attempts) == 1
+    attempts.clear()
+    with pytest.raises(RuntimeError, match="leader_changed"):
+        example.write_again_after_a_failover(failing_with(leader_changed, leader_changed, leader_changed))
+    assert len(attempts) == example.BATCH_WRITE_ATTEMPTS
