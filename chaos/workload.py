@@ -558,9 +558,11 @@ async def drain(history: Any, urls: list[str], queues: list[str], process: int, 
                 quiet_s: float = VANISH_TIMEOUT_S + 1.0, *, token: str | None = None,
                 topology: Topology | None = None) -> dict[str, Any]:
     """Dequeue and commit every queue until all are empty and stay so (items of vanished or
-    aborted transactions come back on their deadlines; delayed ones when their time comes). With
-    ``topology``, poison is rejected out of workload queues (to their dead-letter queues, which
-    ``queues`` should list after them) and never committed there. Returns what it saw."""
+    aborted transactions come back on their deadlines; delayed ones when their time comes): until
+    the leader proves that nothing can come back (:func:`empty_for_good`), or else the counts stay
+    0 for ``quiet_s``. Call it once nothing else uses the queues. With ``topology``, poison is
+    rejected out of workload queues (to their dead-letter queues, which ``queues`` should list
+    after them) and never committed there. Returns what it saw, and which way it ended (``ended_by``)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     drained = {q: 0 for q in queues}
@@ -585,12 +587,14 @@ async def drain(history: Any, urls: list[str], queues: list[str], process: int, 
             if got_any:
                 empty_since = None
                 continue
+            if await empty_for_good(client, urls, queues):
+                return {"complete": True, "drained": drained, "ended_by": "leader"}
             counts = await _counts(client, queues)
             if counts is not None and not any(counts.values()):
                 now = loop.time()
                 empty_since = empty_since if empty_since is not None else now
                 if now - empty_since >= quiet_s:
-                    return {"complete": True, "drained": drained}
+                    return {"complete": True, "drained": drained, "ended_by": "quiet"}
             else:
                 empty_since = None
             await asyncio.sleep(0.25)  # locked items come back on their transactions' deadlines
@@ -603,3 +607,46 @@ async def _counts(client: RcqClient, queues: list[str]) -> dict[str, int] | None
     except Exception:  # asked again on the next round
         return None
     return {q: listed.get(q, 0) for q in queues}
+
+
+async def empty_for_good(client: RcqClient, urls: list[str], queues: list[str]) -> bool:
+    """Whether a serving leader shows every queue of ``queues`` empty with nothing that could bring
+    an item back, provided no other client acts. Asked of that node: its status (serving, no open
+    transaction of anyone's), every queue's count (answered by it, serving), its status again (the
+    same term, still serving, still no open transaction). Then no item of these queues exists,
+    locked or delayed (``count`` holds them all), and no entry can add one: the leader applied every
+    entry of an earlier leader before serving (later ones are fenced), its own commits ended with
+    their transactions, and a redrive, a reject or an expiry only moves items that exist. False
+    when that cannot be shown now (the caller asks again later)."""
+    found = await _serving_leader(client, urls)
+    if found is None or not _idle(found[1]):
+        return False
+    url, before = found
+    try:
+        for queue in queues:
+            info = await client.queue_info(queue)
+            if info.get("node_id") != before["node_id"] or info.get("locked") is None or info.get("count") != 0:
+                return False
+        after = await client.cluster(url)
+    except Exception:  # asked again on the next round
+        return False
+    return (after.get("role") == "leader" and after.get("serving") is True and _idle(after)
+            and after.get("node_id") == before["node_id"] and after.get("term") == before["term"])
+
+
+async def _serving_leader(client: RcqClient, urls: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """The URL and status of the node of the highest term that says it serves as leader; None if none does."""
+    found: tuple[str, dict[str, Any]] | None = None
+    for url in urls:
+        try:
+            view = await client.cluster(url)
+        except Exception:  # a node that does not answer now is not the one
+            continue
+        if view.get("role") == "leader" and view.get("serving") is True and (
+                found is None or int(view["term"]) > int(found[1]["term"])):
+            found = url, view
+    return found
+
+
+def _idle(view: dict[str, Any]) -> bool:
+    return view.get("open_transactions") == 0
