@@ -1,3 +1,5 @@
+"""``python -m rcq``: the ``rcq`` command (:mod:`rcq.cli`)."""
+
 import sys
 
 from rcq.cli import main
