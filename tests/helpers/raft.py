@@ -1,16 +1,15 @@
 """Real pysyncobj nodes in this process: free ports, a single-node configuration, a running node.
 
 ``single_node_config`` is a one-node RaftReplicator configuration with fast timeouts; ``running``
-starts a replicator, waits until it leads and stops it after. ``wait_until`` and
-``async_wait_until`` poll a predicate from a thread or a coroutine and fail the test
-(AssertionError) at their bound.
+starts a replicator, waits until it leads and stops it after. ``wait_until`` polls a predicate
+from a thread and fails the test (AssertionError) at its bound; a coroutine waits with
+:func:`rcq.testing.wait_until`.
 
 Must not import: a test module or a conftest.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import time
@@ -22,6 +21,7 @@ from rcq.server.config import NodeConfig
 from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft.replicator import RaftReplicator
+from rcq.testing import waits
 from tests.helpers import LOCAL_WAIT_S
 
 QUEUE = "q"
@@ -49,18 +49,6 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str = "cond
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
-
-
-async def async_wait_until(predicate: Callable[[], Any], timeout_s: float, what: str = "condition") -> Any:
-    """:func:`wait_until` for a coroutine: the event loop runs while it waits."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def commit_batch(term: int, transaction_id: str, *values: bytes) -> CommitBatch:
@@ -93,7 +81,7 @@ async def running(config: NodeConfig, state_machine: QueueStateMachine | None = 
     replicator = RaftReplicator(config, state_machine or QueueStateMachine())
     await replicator.start()
     try:
-        await async_wait_until(replicator.is_leader, LOCAL_WAIT_S, "the single node to lead")
+        await waits.wait_until(replicator.is_leader, LOCAL_WAIT_S, message="the single node to lead")
         yield replicator
     finally:
         await replicator.stop()

@@ -47,12 +47,12 @@ from rcq.server.raft import replicator as replicator_module
 from rcq.server.raft.journal import CompactionRepair, repair_interrupted_compaction
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
+from rcq.testing import waits
 from tests.helpers.node_logs import NODE_LOGS
 from tests.helpers.raft import (
     FAST_RAFT,
     QUEUE,
     SECRET,
-    async_wait_until,
     child_pids,
     commit_batch,
     free_port,
@@ -96,7 +96,7 @@ async def test_single_node_commits_reports_status_and_stops_cleanly(work_dir: Pa
     replicator.set_apply_listener(lambda index, raw, result: applied.append((index, result)))
     await replicator.start()
     try:
-        await async_wait_until(replicator.is_leader, 10, "the single node to lead")
+        await waits.wait_until(replicator.is_leader, 10, message="the single node to lead")
         result = await replicator.submit(commit_batch(replicator.term, "t1", b"a", b"b"), timeout_s=5)
 
         assert isinstance(result, BatchResult) and result.outcomes[0].status == "committed"
@@ -107,9 +107,9 @@ async def test_single_node_commits_reports_status_and_stops_cleanly(work_dir: Pa
         assert (status.role, status.leader_raft_address) == ("leader", replicator.leader_raft_address())
         assert status.commit_index >= result.outcomes[0].index and status.has_quorum
         # pysyncobj counts an entry applied only after its callback has run.
-        await async_wait_until(lambda: replicator.status().last_applied >= result.outcomes[0].index, 2,
-                               "last_applied to count the entry")
-        await async_wait_until(lambda: roles and roles[-1] == (True, replicator.term), 2, "role report")
+        await waits.wait_until(lambda: replicator.status().last_applied >= result.outcomes[0].index, 2,
+                               message="last_applied to count the entry")
+        await waits.wait_until(lambda: roles and roles[-1] == (True, replicator.term), 2, message="role report")
     finally:
         await replicator.stop()
     assert all(a != b for a, b in itertools.pairwise(roles)), roles  # once per change
@@ -179,7 +179,7 @@ async def test_journal_is_flushed_periodically_when_configured(work_dir: Path,
         await asyncio.sleep(0)
     assert flushes == []
     async with running(single_node_config(work_dir / "on", durability="os", journal_flush_interval_s=0.05)):
-        await async_wait_until(lambda: len(flushes) >= 3, 5, "three journal flushes")
+        await waits.wait_until(lambda: len(flushes) >= 3, 5, message="three journal flushes")
     assert min(b - a for a, b in itertools.pairwise(flushes)) >= 0.04
 
 
@@ -225,7 +225,7 @@ async def _build_crash_state(data_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
         term = replicator.term
         await asyncio.gather(*(replicator.submit(commit_batch(term, f"before-{i}", b"b"), 5) for i in range(10)))
         crashed = _crash_right_after_snapshot_rename(monkeypatch)
-        await async_wait_until(crashed.is_set, 10, "a snapshot")
+        await waits.wait_until(crashed.is_set, 10, message="a snapshot")
         await asyncio.gather(*(replicator.submit(commit_batch(term, f"after-{i}", b"a"), 5) for i in range(10)))
         full_digest = replicator.read(lambda sm: sm.digest())
     monkeypatch.undo()
@@ -237,7 +237,7 @@ async def _restart_and_read(config: NodeConfig) -> tuple[str, int, RaftReplicato
         def caught_up() -> bool:
             status = replicator.status()
             return status.details["ready"] and status.last_applied == status.commit_index
-        await async_wait_until(caught_up, 10, "the restarted node to apply its log")
+        await waits.wait_until(caught_up, 10, message="the restarted node to apply its log")
         return (replicator.read(lambda sm: sm.digest()), replicator.read(lambda sm: sm.count(QUEUE)),
                 replicator)
 
