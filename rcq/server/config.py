@@ -187,6 +187,15 @@ class NodeConfig(BaseModel):
     http_body_timeout_s: float = Field(30.0, gt=0, description="...and its body within this")
     http_keepalive_s: float = Field(75.0, gt=0, description="an idle keep-alive connection is closed after this")
 
+    # --- session channels (GET /v1/session, docs/session-channel.md)
+    session_in_flight_max: int = Field(
+        128, ge=1, le=10_000, description="requests in flight on one session channel; past it the node stops "
+                                          "reading that channel until answers go out (back-pressure)")
+    session_idle_timeout_s: float = Field(
+        300.0, gt=0, description="a session channel with nothing in flight and no frame this long is closed")
+    session_channels_per_client_max: int = Field(
+        256, ge=1, description="session channels one client (principal, or peer address without tokens) may hold open")
+
     # --- commits
     commit_timeout_s: float = Field(10.0, gt=0, description="after this, a commit's outcome is reported unknown (504)")
     test_clock_offset_ms: int = Field(
