@@ -20,9 +20,9 @@ from aiohttp import web
 
 from rcq.errors import InternalError, MethodNotAllowed, PayloadTooLarge, RcqError, RouteNotFound
 from rcq.server.config import NodeConfig
-from rcq.server.http import cluster_routes, membership_routes, queue_routes, transaction_routes
+from rcq.server.http import cluster_routes, membership_routes, queue_routes, session_channel, transaction_routes
 from rcq.server.http.auth import auth_middleware
-from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, Handler, error_response
+from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, TOKENS, Handler, error_response
 from rcq.server.http.membership_routes import MEMBERSHIP, make_probe
 from rcq.server.http.metrics import NodeMetrics
 from rcq.server.leader.membership import Membership
@@ -66,9 +66,11 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[MANAGER] = manager
     app[REPLICATOR] = replicator
     app[METRICS] = metrics
+    app[TOKENS] = tokens
     app[MEMBERSHIP] = Membership(config, manager, replicator, make_probe(peer_context(config)))
     cluster_routes.add_routes(app)
     membership_routes.add_routes(app)
     transaction_routes.add_routes(app)
     queue_routes.add_routes(app)
+    session_channel.add_routes(app)
     return app

@@ -24,11 +24,13 @@ from rcq.server.http.metrics import NodeMetrics
 from rcq.server.http.operations import Caller
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
+from rcq.tokens import TokenRegistry
 
 CONFIG = web.AppKey("config", NodeConfig)
 MANAGER = web.AppKey("manager", TransactionManager)
 REPLICATOR = web.AppKey("replicator", Replicator)
 METRICS = web.AppKey("metrics", NodeMetrics)
+TOKENS = web.AppKey("tokens", TokenRegistry)
 
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -58,12 +60,16 @@ async def read_model(request: web.Request, model: type[M]) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        problems = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
-                    for e in exc.errors(include_url=False)[:20]]
-        first = problems[0] if problems else {"field": "", "problem": "invalid"}
-        error_class = InvalidQueueName if first["field"].split(".")[-1] == "queue" else InvalidRequest
-        raise error_class(f"invalid {model.__name__}: {first['field']}: {first['problem']}",
-                             details={"problems": problems}) from exc
+        raise invalid_body(model.__name__, exc) from exc
+
+
+def invalid_body(what: str, exc: ValidationError) -> InvalidRequest:
+    """The error a body that fails validation gets: the first problem named, up to 20 listed."""
+    problems = [{"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
+                for e in exc.errors(include_url=False)[:20]]
+    first = problems[0] if problems else {"field": "", "problem": "invalid"}
+    error_class = InvalidQueueName if first["field"].split(".")[-1] == "queue" else InvalidRequest
+    return error_class(f"invalid {what}: {first['field']}: {first['problem']}", details={"problems": problems})
 
 
 def caller_of(request: web.Request) -> Caller:

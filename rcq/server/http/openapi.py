@@ -51,7 +51,7 @@ AUTH = (401, 403)
 LEADER = (307, 503)  # a follower redirects; no leader yet, or not ready
 TRANSACTION = (404, 409, 410)  # unknown, closed (aborted, expired, committed...), outcome forgotten
 WRITE = (409, 429, 507)  # too many queues; queue full or too many requests; storage full
-STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted", 307: "Not the leader: re-send to the Location",
+STATUS_TEXT = {101: "Switching protocols: the channel is open", 200: "OK", 201: "Created", 202: "Accepted", 307: "Not the leader: re-send to the Location",
                400: "Invalid request", 401: "A valid token is needed", 403: "The token does not grant this",
                404: "Not found", 408: "Request body too slow", 409: "Conflict",
                410: "Outcome no longer remembered (maybe committed)", 413: "Too large",
@@ -113,6 +113,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("POST", "/v1/execute-batch", "Independent one-request transactions", ExecuteBatchRequest,
               errors=LEADER),
     Operation("POST", "/v1/batch", "Independent sub-requests in one HTTP request", BatchRequest, errors=LEADER),
+    Operation("GET", "/v1/session", "Upgrade to the session channel: a WebSocket of pipelined request frames "
+              "(docs/session-channel.md)", ok=101, errors=LEADER),
     Operation("GET", "/v1/queues", "Every queue with its count"),
     Operation("GET", "/v1/queues/{queue}", "A queue's count, locked items and limits"),
     Operation("PUT", "/v1/queues/{queue}", "Create a queue / set its limits", QueueSettingsRequest,

@@ -117,7 +117,7 @@ async def execute(request: web.Request) -> web.Response:
     return json_response(body, status)
 
 
-async def _answer_each(coroutines: list[Awaitable[operations.Answer]]) -> list[dict[str, Any]]:
+async def answer_each(coroutines: list[Awaitable[operations.Answer]]) -> list[dict[str, Any]]:
     """Run independent sub-requests concurrently; each gets its own status and body."""
 
     async def one(coroutine: Awaitable[operations.Answer]) -> dict[str, Any]:
@@ -140,13 +140,13 @@ async def execute_batch(request: web.Request) -> web.Response:
     operations.check_count("transactions", len(body.transactions), config)
     manager.require_serving()  # fail the whole request fast (e.g. 307) rather than each part
     caller, budget = caller_of(request), manager.answer_budget()  # one answer, one budget
-    answers = await _answer_each([operations.execute(manager, config, t, caller, budget)
+    answers = await answer_each([operations.execute(manager, config, t, caller, budget)
                                   for t in body.transactions])
     return json_response({"results": [a["body"] if a["status"] < 300 else {**a["body"], "status": a["status"]}
                                       for a in answers]})
 
 
-def _batch_operation(manager: TransactionManager, config: NodeConfig, caller: operations.Caller,
+def batch_operation(manager: TransactionManager, config: NodeConfig, caller: operations.Caller,
                      budget: AnswerBudget, sub: Any) -> Awaitable[operations.Answer]:
     if isinstance(sub, BatchBegin):
         return operations.begin(manager, sub, caller)
@@ -179,11 +179,12 @@ async def batch(request: web.Request) -> web.Response:
     operations.check_count("sub-requests", len(body.requests), config)
     manager.require_serving()
     caller, budget = caller_of(request), manager.answer_budget()  # one answer, one budget
-    answers = await _answer_each([_batch_operation(manager, config, caller, budget, sub) for sub in body.requests])
+    answers = await answer_each([batch_operation(manager, config, caller, budget, sub) for sub in body.requests])
     return json_response({"responses": answers})
 
 
 def add_routes(app: web.Application) -> None:
+
     app.router.add_post("/v1/transactions", begin)
     app.router.add_get("/v1/transactions", list_transactions)
     app.router.add_get("/v1/transactions/{transaction_id}", transaction_status)

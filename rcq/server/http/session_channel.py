@@ -1,0 +1,283 @@
+"""The session channel: ``GET /v1/session``, a WebSocket carrying the hot verbs as pipelined frames.
+
+One HTTP request per operation costs a node (and its client) far more than the operation: the
+head, the middlewares, a response. A channel pays that once. Each text frame is one request —
+exactly a sub-request of ``POST /v1/batch`` (``op`` begin, enqueue, dequeue, commit, abort,
+extend, status, execute, commit_many, reject, receive, or ``batch`` for a whole batch) plus an
+``id`` the client chose — and gets one answer frame ``{"id", "status", "body"}`` with the status
+and body HTTP would answer, in any order: many requests run at once, a waiting dequeue holds up
+nothing else. The verbs are those of :mod:`~rcq.server.http.operations`, called as the batch
+route calls them, so the channel is the same API with the same error codes, not a second semantics.
+The protocol, its limits and close codes: ``docs/session-channel.md`` (and ``docs/asyncapi.json``).
+
+The upgrade is an ordinary request: the token is checked then (the principal is bound to the
+channel), a follower answers 307 with the leader's URL, and per-client caps apply. While the
+channel is open, a timer looks once a second at what can end it: the token revoked or expired
+(an error frame, then close 1008), this node no longer leading (close 1012 once in-flight requests
+are answered), nothing happening for ``session_idle_timeout_s`` (close 1000). A channel holds at
+most ``session_in_flight_max`` requests: past it, the node stops reading that channel until answers
+go out (TCP back-pressure), it refuses nothing.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from rcq.errors import InternalError, InvalidRequest, NotLeader, RcqError, TooManyConnections
+from rcq.server.http import operations
+from rcq.server.http.auth import presented_token
+from rcq.server.http.handlers import CONFIG, MANAGER, TOKENS, caller_of, error_response, invalid_body
+from rcq.server.http.models import BatchOperation, BatchRequest
+from rcq.server.http.transaction_routes import answer_each, batch_operation
+
+log = logging.getLogger(__name__)
+
+PATH = "/v1/session"
+SUBPROTOCOL = "rcq.session.v1"
+FRAME_ID_MAX = (1 << 53) - 1  # what a JSON number holds exactly in every language
+HOUSEKEEPING_INTERVAL_S = 1.0  # token, leadership and idleness are looked at this often
+LEADERSHIP_DRAIN_S = 5.0  # after leadership ends, in-flight requests get this long to be answered
+
+CLOSE_LEADERSHIP_ENDED = 1012  # "service restart": the client reconnects, to the new leader
+
+
+class ChannelBatch(BatchRequest):
+    """``{"op": "batch", "requests": [...]}``: ``POST /v1/batch`` as one frame."""
+
+    op: Literal["batch"]
+
+
+FRAME = TypeAdapter(BatchOperation)
+BATCH_FRAME = TypeAdapter(ChannelBatch)
+
+
+@dataclass
+class ChannelStats:
+    """What ``/metrics`` reports of this node's channels."""
+
+    open: int = 0
+    in_flight: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+    opened_total: int = 0
+    closed_total: Counter[int] = field(default_factory=Counter)  # by close code
+    per_client: Counter[str] = field(default_factory=Counter)
+
+
+SESSIONS = web.AppKey("sessions", ChannelStats)
+
+
+class _Closing(Exception):
+    """Ends the channel with ``code`` (after the error frame, if any, was sent)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class _Channel:
+    """One open channel: its reader, its requests in flight, its housekeeping timer."""
+
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse, caller: operations.Caller,
+                 stats: ChannelStats) -> None:
+        self._request = request
+        self._ws = ws
+        self._caller = caller
+        self._stats = stats
+        self._manager = request.app[MANAGER]
+        self._config = request.app[CONFIG]
+        self._token = presented_token(request.headers.get("Authorization"))
+        self._slots = asyncio.Semaphore(self._config.session_in_flight_max)
+        self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._last_activity = time.monotonic()
+        self._closing: _Closing | None = None
+
+    async def run(self) -> None:
+        timer = asyncio.ensure_future(self._housekeeping())
+        try:
+            await self._read()
+            closing = self._closing
+            if not self._ws.closed:
+                code, reason = (closing.code, closing.reason) if closing else (WSCloseCode.OK, "")
+                await self._ws.close(code=code, message=reason[:120].encode())
+            # Requests in flight run to their end, as an HTTP request whose client went away does:
+            # a commit is never cut in the middle. Their answers have nowhere to go.
+            await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        finally:
+            timer.cancel()
+            for task in list(self._in_flight.values()):  # only when the node itself shuts down
+                task.cancel()
+            self._stats.closed_total[self._ws.close_code or WSCloseCode.OK] += 1
+
+    # ------------------------------------------------------------------ reading
+    async def _read(self) -> None:
+        while self._closing is None:
+            await self._slots.acquire()  # back-pressure: nothing more is read while the channel is full
+            if self._closing is not None:
+                self._slots.release()
+                return
+            message = await self._ws.receive()
+            self._last_activity = time.monotonic()
+            if message.type == WSMsgType.TEXT:
+                self._stats.frames_in += 1
+                await self._accept(message.data)
+            else:
+                self._slots.release()
+                if message.type == WSMsgType.BINARY:
+                    self._closing = _Closing(WSCloseCode.UNSUPPORTED_DATA, "frames are JSON text")
+                elif message.type == WSMsgType.ERROR and isinstance(message.data, web.HTTPException | Exception):
+                    # aiohttp reports an oversized frame as an error and closes with 1009 itself
+                    log.info("session channel of %s ended: %s", self._caller.client, message.data)
+                    return
+                else:  # CLOSE, CLOSING, CLOSED
+                    return
+
+    async def _accept(self, data: str) -> None:
+        """Start one request; an unattributable or broken frame is answered here (one slot is ours)."""
+        try:
+            frame = json.loads(data)
+        except ValueError:
+            await self._answer_now(None, InvalidRequest("a frame is one JSON object: this one is not JSON"))
+            return
+        frame_id = frame.get("id") if isinstance(frame, dict) else None
+        if not isinstance(frame_id, int) or isinstance(frame_id, bool) or not 1 <= frame_id <= FRAME_ID_MAX:
+            await self._answer_now(None, InvalidRequest(f"a frame needs an integer \"id\" in 1..{FRAME_ID_MAX}"))
+            return
+        if frame_id in self._in_flight:
+            self._slots.release()
+            self._closing = _Closing(WSCloseCode.PROTOCOL_ERROR, f"id {frame_id} is already in flight")
+            return
+        del frame["id"]
+        try:
+            operation = BATCH_FRAME.validate_python(frame) if frame.get("op") == "batch" else FRAME.validate_python(frame)
+        except ValidationError as exc:
+            await self._answer_now(frame_id, invalid_body("session frame", exc))
+            return
+        self._stats.in_flight += 1
+        self._in_flight[frame_id] = asyncio.ensure_future(self._serve(frame_id, operation))
+
+    async def _answer_now(self, frame_id: int | None, error: RcqError) -> None:
+        self._in_flight_done()
+        await self._send(frame_id, error.http_status, error.to_body())
+
+    def _in_flight_done(self) -> None:
+        self._slots.release()
+        self._last_activity = time.monotonic()
+
+    # ------------------------------------------------------------------ serving
+    async def _serve(self, frame_id: int, operation: BaseModel) -> None:
+        try:
+            status, body = await self._execute(operation)
+        except RcqError as exc:
+            status, body = exc.http_status, exc.to_body()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unexpected error in a session channel request")
+            error = InternalError()
+            status, body = error.http_status, error.to_body()
+        finally:
+            del self._in_flight[frame_id]
+            self._stats.in_flight -= 1
+            self._in_flight_done()
+        await self._send(frame_id, status, body)
+
+    async def _execute(self, operation: BaseModel) -> operations.Answer:
+        manager, config = self._manager, self._config
+        if isinstance(operation, ChannelBatch):
+            operations.check_count("sub-requests", len(operation.requests), config)
+            manager.require_serving()
+            budget = manager.answer_budget()  # one answer, one budget
+            return 200, {"responses": await answer_each(
+                [batch_operation(manager, config, self._caller, budget, sub) for sub in operation.requests])}
+        return await batch_operation(manager, config, self._caller, manager.answer_budget(), operation)
+
+    async def _send(self, frame_id: int | None, status: int, body: dict[str, Any]) -> None:
+        if self._ws.closed:
+            return
+        try:
+            await self._ws.send_str(json.dumps({"id": frame_id, "status": status, "body": body},
+                                               separators=(",", ":")))
+        except (ConnectionError, RuntimeError):  # the peer went away; its reader ends the channel
+            return
+        self._stats.frames_out += 1
+
+    # ------------------------------------------------------------------ ending
+    async def _housekeeping(self) -> None:
+        idle_s = self._config.session_idle_timeout_s
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+            closing = await self._why_close(idle_s)
+            if closing is not None:
+                self._closing = closing
+                # wake the reader: a close frame ends its receive (the peer's close answers it)
+                await self._ws.close(code=closing.code, message=closing.reason[:120].encode())
+                return
+
+    async def _why_close(self, idle_s: float) -> _Closing | None:
+        registry = self._request.app[TOKENS]
+        if registry.enabled:
+            try:
+                registry.authenticate(self._token)
+            except RcqError as exc:
+                await self._send(None, exc.http_status, exc.to_body())
+                return _Closing(WSCloseCode.POLICY_VIOLATION, exc.message)
+        if not self._manager.serving:
+            # what is in flight is answered first (new frames meanwhile get a quick 307)
+            await self._drain(LEADERSHIP_DRAIN_S)
+            return _Closing(CLOSE_LEADERSHIP_ENDED, "this node is no longer the serving leader")
+        if not self._in_flight and time.monotonic() - self._last_activity >= idle_s:
+            return _Closing(WSCloseCode.OK, f"idle for {idle_s:g} s")
+        return None
+
+    async def _drain(self, timeout_s: float) -> None:
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight.values()), timeout=timeout_s)
+
+
+async def serve(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/session``: checks as any leader-only request, then the channel until it closes."""
+    manager, config, stats = request.app[MANAGER], request.app[CONFIG], request.app[SESSIONS]
+    caller = caller_of(request)  # the auth middleware refused a missing or bad token already
+    try:
+        manager.require_serving()
+    except NotLeader as exc:
+        # No Location header: a WebSocket client would follow it, and drop the token on the way
+        # (a redirect to another origin). The body names the leader; the client goes there itself.
+        return error_response(exc)
+    if stats.per_client[caller.client] >= config.session_channels_per_client_max:
+        raise TooManyConnections(f"{caller.client or 'this client'} holds {config.session_channels_per_client_max}"
+                                 " session channels already (session_channels_per_client_max)")
+    ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,), max_msg_size=config.body_bytes_max, compress=False,
+                               autoping=True)
+    if not ws.can_prepare(request).ok:
+        raise InvalidRequest(f"{PATH} is a WebSocket endpoint: send an upgrade request")
+    stats.per_client[caller.client] += 1
+    stats.open += 1
+    stats.opened_total += 1
+    try:
+        await ws.prepare(request)
+        await _Channel(request, ws, caller, stats).run()
+    finally:
+        stats.open -= 1
+        stats.per_client[caller.client] -= 1
+        if stats.per_client[caller.client] <= 0:
+            del stats.per_client[caller.client]
+    return ws
+
+
+def add_routes(app: web.Application) -> None:
+    app[SESSIONS] = ChannelStats()
+    app.router.add_get(PATH, serve)
