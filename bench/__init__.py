@@ -1,6 +1,6 @@
 """rcq's benchmarks, run from a checkout; not part of the installed package.
 
-* ``python -m bench`` (:mod:`bench.__main__`, scenarios in :mod:`bench.scenarios`): throughput,
+* ``python -m bench`` (:mod:`bench.__main__`, scenarios in :mod:`bench.scenarios`, ``--cpu`` in :mod:`bench.cpu`): throughput,
   latency, failover and memory figures of a cluster;
 * ``python -m bench.soak``: fill a cluster's storage budget, drain it, watch memory;
 * ``python -m bench.stall``: the apply stall of a state digest, in lock against forked;

@@ -23,6 +23,9 @@ time to a serving new leader and to the first commit after it) and memory
 node, then a forced snapshot while a probe measures the longest commit and
 /healthz stall).
 
+``--cpu`` adds CPU per transaction by process (the leader, each follower, the bench itself) and
+commits per Raft entry, measured around each scenario's run (:mod:`bench.cpu`).
+
 The scenarios and their figures live in :mod:`bench.scenarios`; this module adds failover,
 memory and the command line.
 
@@ -45,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.cpu import CpuWatch, local_pids, print_cpu_table
 from bench.scenarios import ITEM_100_BYTES, SCENARIOS, Target, fresh_cluster, prefill, run_scenario
 from rcq.testing.cluster import LocalCluster
 
@@ -210,6 +214,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(str(row[c]).rjust(widths[c]) for c in columns), flush=True)
 
 
+def node_pids(args: argparse.Namespace, cluster: LocalCluster | None, urls: list[str]) -> dict[str, int]:
+    """For ``--cpu``: URL -> PID of each node (the local cluster's, ``--cpu-pids``, or found by port)."""
+    if cluster is not None:
+        return {cluster.url(i): pid for i, pid in cluster.pids().items()}
+    if args.cpu_pids:
+        return dict(zip(urls, args.cpu_pids, strict=True))
+    return local_pids(urls)
+
+
 async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability: str) -> dict[str, Any]:
     target = Target.of(cluster) if cluster is not None else Target.from_environment(args.urls.split(","))
     urls = target.urls
@@ -225,15 +238,21 @@ async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability
         for callers in args.callers:
             producer = "enqueue-1" if name in ("dequeue-1", "session") or name.startswith("session-") else "enqueue-100"
             expected = rates.get(f"{producer}/{callers}", 2000.0)
-            figures = await run_scenario(target, name, callers, args.concurrency, args.duration_s, expected)
+            watch = CpuWatch(target, node_pids(args, cluster, urls)) if args.cpu else None
+            figures = await run_scenario(target, name, callers, args.concurrency, args.duration_s, expected,
+                                         window=watch.window if watch else None)
             rates[f"{name}/{callers}"] = figures.transactions_per_s
             rows.append({"durability": durability, "security": target.security, **figures.row()})
             print_table(rows[-1:]) if len(rows) == 1 else print(
                 "  ".join(str(v) for v in rows[-1].values()), flush=True)
+            if watch is not None:
+                rows[-1]["cpu"] = watch.per_transaction(figures.transactions)
+                print_cpu_table(rows[-1:])
     report["throughput"] = rows
     if rows:
         print()
         print_table(rows)
+        print_cpu_table(rows)
     if cluster is not None and "failover" in args.scenarios:
         report["failover"] = await measure_failover(cluster, args.failover_trials)
         print("\nfailover (kill -9, and SIGSTOP for 6 s, of the leader):", flush=True)
@@ -270,8 +289,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-auth", action="store_true",
                         help="a fresh cluster without API tokens (default: tokens, as in production)")
     parser.add_argument("--tls", action="store_true", help="a fresh cluster serving HTTPS (a CA made for it)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also CPU per transaction by process (leader, followers, this bench) from "
+                             "/proc/PID/stat, and commits per Raft entry")
+    parser.add_argument("--cpu-pids", type=lambda text: [int(pid) for pid in text.split(",")],
+                        help="with --urls and --cpu: the nodes' PIDs, comma-separated in --urls order "
+                             "(default: found from the port each node on this machine listens on)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if args.cpu_pids and (not args.urls or len(args.cpu_pids) != len(args.urls.split(","))):
+        parser.error("--cpu-pids needs --urls, one PID per URL")
     if args.urls and (args.no_auth or args.tls):
         parser.error("--no-auth and --tls set up a fresh cluster; with --urls, set RCQ_TOKEN and RCQ_CA_FILE")
     report: dict[str, Any] = {"fsync_rate": raw_fsync_rate()}

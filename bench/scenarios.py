@@ -7,10 +7,12 @@ Must not import: pysyncobj, lmdb, rcq.server (the bench talks to rcq as a user d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +174,10 @@ async def _prefill_batch(client: RcqClient, queue: str, count: int, scenario: st
 
 
 async def run_scenario(target: Target, name: str, callers: str, concurrency: int, duration_s: float,
-                       expected_tx_per_s: float) -> Figures:
+                       expected_tx_per_s: float,
+                       window: Callable[[], AbstractAsyncContextManager[None]] | None = None) -> Figures:
+    """One scenario; ``window`` (``bench.cpu``'s, say) wraps the callers' run alone: neither the
+    prefill nor the clients' set-up and closing."""
     operation, items_per_tx = SCENARIOS[name]
     queue = f"bench-{name}-{callers}-{int(time.time() * 1000)}"
     if items_per_tx:  # enough for the whole run, from the rate seen so far, with a margin
@@ -180,8 +185,7 @@ async def run_scenario(target: Target, name: str, callers: str, concurrency: int
     shared = target.client(coalesce=True) if callers == "coalesced" else None
     clients = [shared] * concurrency if shared else [target.client() for _ in range(concurrency)]
     figures = Figures(name, callers, concurrency, duration_s, 0, 0, 0)
-    stop_at = time.monotonic() + duration_s
-    started = time.monotonic()
+    stop_at = time.monotonic()  # set when the window opens
 
     async def caller(client: RcqClient) -> None:
         while time.monotonic() < stop_at:
@@ -198,9 +202,14 @@ async def run_scenario(target: Target, name: str, callers: str, concurrency: int
             figures.items += moved
 
     try:
-        await asyncio.gather(*(caller(c) for c in clients))
+        async with window() if window is not None else contextlib.nullcontext():
+            started = time.monotonic()
+            stop_at = started + duration_s
+            try:
+                await asyncio.gather(*(caller(c) for c in clients))
+            finally:
+                figures.duration_s = time.monotonic() - started
     finally:
-        figures.duration_s = time.monotonic() - started
         for client in {id(c): c for c in clients}.values():
             await client.close()
     return figures
