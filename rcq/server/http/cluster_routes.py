@@ -1,7 +1,8 @@
 """The cluster routes: its status (``/v1/cluster``, ``/readyz``, ``/healthz``), the status page and
-its overview, storage figures, the state digest, a snapshot on request, the OpenAPI document.
+its overview, storage figures, the state digest, a snapshot on request, the OpenAPI document and
+the AsyncAPI one (the session channel).
 
-Everything but the public part of ``/v1/cluster``, the health checks and the OpenAPI document
+Everything but the public part of ``/v1/cluster``, the health checks and the two API documents
 needs an admin principal.
 
 Must not import: pysyncobj, lmdb.
@@ -13,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rcq.server.http.asyncapi import asyncapi_spec
 from rcq.server.http.auth import principal_of
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, admin_only, json_response
 from rcq.server.http.membership_routes import MEMBERSHIP
@@ -100,6 +102,11 @@ async def openapi(request: web.Request) -> web.Response:
     return json_response(openapi_spec(request.app[CONFIG].url))
 
 
+async def asyncapi(request: web.Request) -> web.Response:
+    """The AsyncAPI 3.0 description of the session channel (rcq.server.http.asyncapi), with this node's limits."""
+    return json_response(asyncapi_spec(request.app[CONFIG]))
+
+
 async def healthz(request: web.Request) -> web.Response:
     return json_response({"ok": True, "node_id": request.app[CONFIG].node_id})
 
@@ -118,6 +125,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/cluster/overview", admin_only("read the cluster overview", overview.handle))
     app.router.add_get("/metrics", admin_only("read metrics", app[METRICS].handle))
     app.router.add_get("/v1/openapi.json", openapi)
+    app.router.add_get("/v1/asyncapi.json", asyncapi)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/cluster", cluster)

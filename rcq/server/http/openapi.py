@@ -51,7 +51,8 @@ AUTH = (401, 403)
 LEADER = (307, 503)  # a follower redirects; no leader yet, or not ready
 TRANSACTION = (404, 409, 410)  # unknown, closed (aborted, expired, committed...), outcome forgotten
 WRITE = (409, 429, 507)  # too many queues; queue full or too many requests; storage full
-STATUS_TEXT = {101: "Switching protocols: the channel is open", 200: "OK", 201: "Created", 202: "Accepted", 307: "Not the leader: re-send to the Location",
+STATUS_TEXT = {101: "Switching protocols: the channel is open", 200: "OK", 201: "Created", 202: "Accepted",
+               307: "Not the leader: re-send to the Location",
                400: "Invalid request", 401: "A valid token is needed", 403: "The token does not grant this",
                404: "Not found", 408: "Request body too slow", 409: "Conflict",
                410: "Outcome no longer remembered (maybe committed)", 413: "Too large",
@@ -79,6 +80,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/readyz", "The node is ready: a serving leader, or a follower that knows one", errors=(503,)),
     Operation("GET", "/metrics", "Prometheus metrics of this node", text=True),
     Operation("GET", "/v1/openapi.json", "This document"),
+    Operation("GET", "/v1/asyncapi.json", "The AsyncAPI 3.0 description of the session channel (GET /v1/session)"),
     Operation("GET", "/v1/cluster", "This node's view of the cluster"),
     Operation("GET", "/v1/cluster/digest", "A hash of the node's replicated state and its applied index",
               errors=(503,)),
