@@ -64,17 +64,20 @@ class RcqClient:
                  session: aiohttp.ClientSession | None = None, token: str | None = None,
                  ca_file: str | os.PathLike[str] | None = None,
                  client_cert: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, channel: bool = True) -> None:
         """``token``: the API token (default: ``$RCQ_TOKEN``), sent as ``Authorization: Bearer``.
         HTTPS nodes are verified against ``ca_file`` (default: the system's CAs); ``client_cert`` =
         (certificate file, key file) for nodes that require client certificates; ``ssl_context``
-        instead of both. A ``session`` of the caller's keeps its own TLS settings."""
+        instead of both. A ``session`` of the caller's keeps its own TLS settings.
+        ``channel``: the session channel for the hot verbs (transactions, enqueue, dequeue, execute:
+        one WebSocket per node, requests pipelined on it; nodes without it are asked over HTTP);
+        False: one HTTP request per operation."""
         if ssl_context is not None and (ca_file is not None or client_cert is not None):
             raise InvalidRequest("pass ssl_context, or ca_file/client_cert, not both")
         token = token if token is not None else (os.environ.get("RCQ_TOKEN") or None)
         self._transport = Transport(urls, request_timeout_s=request_timeout_s, retry_timeout_s=retry_timeout_s,
                                     coalesce=coalesce, session=session, token=token,
-                                    tls=ssl_context or tls_context(ca_file, client_cert))
+                                    tls=ssl_context or tls_context(ca_file, client_cert), channel=channel)
 
     # ----------------------------------------------------------- lifecycle
     @property
@@ -205,7 +208,10 @@ class RcqClient:
         """:meth:`dequeue` (at most once), as :class:`Item` objects: ids, delivery counts, priorities,
         dead-letter details."""
         check_queue_name(queue)
-        batch_operation = {"op": "execute", "operations": [{"op": "dequeue", "queue": queue, "max_items": max_items}]}
+        dequeue: dict[str, Any] = {"op": "dequeue", "queue": queue, "max_items": max_items}
+        if wait_ms:  # the session channel carries waiting requests too
+            dequeue["wait_ms"] = wait_ms
+        batch_operation = {"op": "execute", "operations": [dequeue]}
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "dequeue"), {"max_items": max_items, "wait_ms": wait_ms}, WRITE,
                     batch_operation=batch_operation, wait_ms=wait_ms))

@@ -3,7 +3,20 @@
 Long because: routing, re-sending and batching are one decision in one retry loop, and its re-send rules are stated below.
 
 Every request of :mod:`rcq.client` goes through :meth:`Transport.request`. It alone decides
-whether a request leaves on its own (REST) or shares a ``POST /v1/batch``, and it alone retries.
+whether a request leaves on its own (REST, or one frame of the session channel) or shares a
+batch, and it alone retries.
+
+**The session channel** (``channel=True``). A request with a batch form (``batch_operation``)
+goes as one frame of the target node's :class:`~rcq.client.channel.Channel` (``GET /v1/session``,
+one WebSocket per node, requests pipelined by id), waiting ones too: a frame holds nothing else
+up. Its answer is judged exactly as the REST answer, and its failure exactly as a broken HTTP
+exchange (a dropped channel: "may have executed"). It goes over HTTP instead when the node has no
+channel (404/405 at the upgrade: not tried again for a while), when the upgrade is refused (a
+follower's 307, a 401, a 503: the same request over HTTP gets the node's answer with its body,
+which aiohttp drops for a refused upgrade; HTTP is used for that node for a moment), when the
+frame is large, and when :data:`CHANNEL_IN_FLIGHT_MAX` requests are in flight on the channel
+already (past the node's own bound it stops reading the channel, and long polls could hold the
+rest up). A node that answers ``not_leader`` has its channel closed once nothing is in flight on it.
 
 **Where requests go.** The transport remembers the leader's URL. A ``307 not_leader``
 means the request was not executed: it is re-sent to ``leader_url`` at once.
@@ -57,7 +70,8 @@ can), a transactional verb meets ``leader_changed`` (its transaction died with t
 
 **Coalescing** (``coalesce=True``). A request with a batch form that does not wait (a waiting
 dequeue would hold the whole batch up) is submitted to the :class:`Coalescer`, which sends the
-requests of one loop iteration as one batch, once. The batch's failure, or else each part's own
+requests of one loop iteration as one batch, once (one ``{"op": "batch"}`` frame of the channel,
+or ``POST /v1/batch``). The batch's failure, or else each part's own
 answer, comes back to each part's retry loop here and is judged exactly as a REST answer; a
 part sent again is submitted again and shares a batch with whatever else is pending. Parts that
 failed together pause until the same instant, so a failed batch goes out again as one batch.
@@ -79,6 +93,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from rcq.client.channel import Channel, ChannelUnusable
 from rcq.client.coalescer import Coalescer
 from rcq.client.exchange import Answer, ExchangeFailed, exchange, new_session, normalize_url
 from rcq.client.wire import dumps, estimated_item_bytes
@@ -103,6 +118,9 @@ BACKOFF_MAX_S = 1.0
 LEADER_PROBE_AFTER_S = 1.0  # an attempt with no answer after this (beyond its own wait) is overdue
 LEADER_PROBE_INTERVAL_S = 0.25  # how often the other nodes are asked while attempts are overdue
 LEADER_PROBE_TIMEOUT_S = 0.5
+# Requests in flight on one session channel before more go over HTTP: the node's default
+# session_in_flight_max, past which it stops reading the channel.
+CHANNEL_IN_FLIGHT_MAX = 128
 
 
 # ---------------------------------------------------------------------- the policy
@@ -177,7 +195,7 @@ class Transport:
 
     def __init__(self, urls: str | Sequence[str], *, request_timeout_s: float, retry_timeout_s: float,
                  coalesce: bool, session: aiohttp.ClientSession | None, token: str | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, channel: bool = False) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
         self._urls = list(dict.fromkeys(
             normalize_url(url) for part in listed for url in part.split(",") if url.strip()))
@@ -198,6 +216,9 @@ class Transport:
         self._closed = False
         self._leader_probe: asyncio.Task[str | None] | None = None  # shared by every overdue attempt
         self.leader_switches = 0  # overdue attempts abandoned for a newer leader (tests, benchmarks)
+        self._channels: dict[str, Channel] | None = {} if channel else None  # node URL -> its channel
+        self._retired: set[Channel] = set()  # channels to former leaders, closed once idle
+        self._http_until: dict[str, float] = {}  # node URL -> loop time before which its channel is not tried
 
     # ----------------------------------------------------------- lifecycle
     @property
@@ -212,6 +233,11 @@ class Transport:
         self._closed = True
         if self._coalescer is not None:
             self._coalescer.close()
+        channels = [*(self._channels or {}).values(), *self._retired]
+        self._retired.clear()
+        if self._channels is not None:
+            self._channels.clear()
+        await asyncio.gather(*(channel.close() for channel in channels))  # before the session they use
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -249,14 +275,13 @@ class Transport:
         batch_operation = request.batch_operation if request.wait_ms == 0 else None
         coalescer = self._coalescer if batch_operation is not None else None
         size_bytes = estimated_item_bytes(batch_operation) if batch_operation is not None else 0
-        data = None if coalescer is not None or request.body is None else dumps(request.body)
         delay_s, failures, redirects, sent = BACKOFF_FIRST_S, 0, 0, 0
         while True:
             sent += 1
             if coalescer is not None and batch_operation is not None:
                 outcome = await coalescer.submit(batch_operation, size_bytes)
             else:
-                outcome = await self._attempt(request, data)
+                outcome = await self._attempt(request)
             if not isinstance(outcome, _Failure):
                 return outcome
             error = outcome.error
@@ -298,31 +323,85 @@ class Transport:
                 failures, redirects = 0 if outcome.rotate else failures, 0
 
     # --------------------------------------------------------------- attempts
-    async def _attempt(self, request: Request, data: bytes | None) -> _Outcome:
-        """One REST exchange with the current target."""
+    async def _attempt(self, request: Request) -> _Outcome:
+        """One exchange with the current target: a frame of its channel, else REST."""
         node_url = self._target()
-        timeout_s = self.request_timeout_s + request.wait_ms / 1000  # the server may hold it that long
-        answer = await self._watched(node_url, exchange(self._http(), node_url, request.method, request.path, data,
-                                                        request.params, timeout_s, self._authorization),
-                                     request.wait_ms / 1000)
+        wait_s = request.wait_ms / 1000
+        timeout_s = self.request_timeout_s + wait_s  # the server may hold it that long
+        answer = None
+        if request.batch_operation is not None:
+            answer = await self._over_channel(node_url, request.batch_operation, timeout_s, wait_s)
+        if answer is None:
+            data = dumps(request.body) if request.body is not None else None
+            answer = await self._watched(node_url, exchange(self._http(), node_url, request.method, request.path,
+                                                            data, request.params, timeout_s, self._authorization),
+                                         wait_s)
         if isinstance(answer, _Failure):
             return answer
         if 200 <= answer.status < 300 and isinstance(answer.payload, dict):
             if request.method != "GET":  # only the serving leader executes a POST; any node answers a GET
                 self._leader = node_url
             return answer.payload
-        return _judge(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
+        return self._judged(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
+
+    # ------------------------------------------------------- the session channel
+    async def _over_channel(self, node_url: str, operation: dict[str, Any], timeout_s: float,
+                            wait_s: float = 0.0) -> Answer | _Failure | None:
+        """``operation`` as one frame of ``node_url``'s channel; None: it was not sent, use HTTP."""
+        channel = self._channel(node_url)
+        if channel is None:
+            return None
+        try:
+            return await self._watched(node_url, channel.exchange(operation, timeout_s), wait_s)
+        except ChannelUnusable as exc:
+            if exc.pause_s is not None:
+                log.debug("rcq client: HTTP for %s for %g s: %s", node_url, exc.pause_s, exc)
+                self._http_until[node_url] = asyncio.get_running_loop().time() + exc.pause_s
+            return None
+
+    def _channel(self, node_url: str) -> Channel | None:
+        """The channel to ``node_url`` a request may take now, or None (over HTTP then)."""
+        if self._channels is None or self._closed:
+            return None
+        if node_url in self._http_until:
+            if self._http_until[node_url] > asyncio.get_running_loop().time():
+                return None
+            del self._http_until[node_url]
+        channel = self._channels.get(node_url)
+        if channel is None:
+            channel = self._channels[node_url] = Channel(
+                self._http, node_url, authorization=self._authorization, connect_timeout_s=self.request_timeout_s)
+        return channel if channel.in_flight < CHANNEL_IN_FLIGHT_MAX else None
+
+    def _judged(self, node_url: str, status: int, payload: Any, retry_after_s: float | None, location: str | None,
+                finished_at: float | None = None, jitter: float | None = None) -> _Failure:
+        """:func:`_judge`; a node that is not the leader has its channel closed (once nothing is in flight)."""
+        failure = _judge(node_url, status, payload, retry_after_s, location, finished_at, jitter)
+        if isinstance(failure.error, NotLeader) and self._channels is not None:
+            channel = self._channels.pop(node_url, None)
+            if channel is not None:
+                self._retired.add(channel)
+                self.spawn(self._retire(channel))
+        return failure
+
+    async def _retire(self, channel: Channel) -> None:
+        # its requests in flight get their answers first (a follower answers 307 at once)
+        await channel.close_when_idle()
+        self._retired.discard(channel)
 
     async def _send_batch(self, operations: list[dict[str, Any]]) -> list[_Outcome]:
-        """One ``POST /v1/batch`` exchange (the coalescer's send): one outcome per operation."""
+        """One batch (the coalescer's send): a ``{"op": "batch"}`` frame of the target's channel, else
+        ``POST /v1/batch``; one outcome per operation."""
         node_url = self._target()
-        answer = await self._watched(node_url, exchange(self._http(), node_url, "POST", "/v1/batch",
-                                                        dumps({"requests": operations}), None, self.request_timeout_s,
-                                                        self._authorization))
+        answer = await self._over_channel(node_url, {"op": "batch", "requests": operations}, self.request_timeout_s)
+        if answer is None:
+            answer = await self._watched(node_url, exchange(self._http(), node_url, "POST", "/v1/batch",
+                                                            dumps({"requests": operations}), None,
+                                                            self.request_timeout_s, self._authorization))
         if isinstance(answer, _Failure):
             return [answer] * len(operations)
         if not (200 <= answer.status < 300 and isinstance(answer.payload, dict)):
-            outcome = _judge(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
+            outcome = self._judged(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
             if isinstance(outcome.error, InvalidRequest | PayloadTooLarge) and len(operations) > 1:
                 # One part spoils the whole body: each part goes alone, so each caller gets its own answer.
                 alone = await asyncio.gather(*(self._send_batch([operation]) for operation in operations))
@@ -342,7 +421,7 @@ class Transport:
             if status < 300:
                 outcomes.append(body if isinstance(body, dict) else {})
             else:  # one jitter and one clock reading for all: the parts that fail retry together
-                outcomes.append(_judge(node_url, status, body, None, None, loop_time, jitter))
+                outcomes.append(self._judged(node_url, status, body, None, None, loop_time, jitter))
         return outcomes
 
     # ------------------------------------------------- a leader that stops answering

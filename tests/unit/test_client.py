@@ -3,6 +3,10 @@
 Two-node tests share one state machine between two nodes (``SharedLog``): whichever
 replicator leads applies to it, the other is a follower whose leader is the first, so
 307s, failover and stale transactions are real server answers.
+
+Tests that count or lose HTTP requests with the wire recorder make their client with
+``channel=False``: otherwise the hot verbs leave as frames of the session channel, which
+``tests/unit/test_client_channel.py`` tests.
 """
 
 from __future__ import annotations
@@ -332,7 +336,7 @@ async def test_an_oversized_item_raises_payload_too_large(tmp_path: Path):
 async def test_a_commit_whose_answer_was_lost_is_retried_and_applied_once(node: Node, wire):
     recorder, session = wire
     recorder.lose["/commit"] = 1
-    async with RcqClient(url_of(node), session=session) as client:
+    async with RcqClient(url_of(node), session=session, channel=False) as client:
         await client.enqueue("q", b"seed")
         tx = await client.begin()
         await tx.enqueue("q", b"once")
@@ -346,7 +350,7 @@ async def test_a_commit_whose_answer_was_lost_is_retried_and_applied_once(node: 
 async def test_a_one_request_enqueue_whose_answer_was_lost_is_applied_once(node: Node, wire):
     recorder, session = wire
     recorder.lose["/enqueue"] = 1
-    async with RcqClient(url_of(node), session=session) as client:
+    async with RcqClient(url_of(node), session=session, channel=False) as client:
         info = await client.enqueue("q", b"only-once")
         assert info.duplicate is True and recorder.count("/enqueue") == 2
         assert await client.count("q") == 1
@@ -355,7 +359,7 @@ async def test_a_one_request_enqueue_whose_answer_was_lost_is_applied_once(node:
 async def test_commit_many_whose_answer_was_lost_reports_a_duplicate(node: Node, wire):
     recorder, session = wire
     recorder.lose["/v1/commit"] = 1
-    async with RcqClient(url_of(node), session=session) as client:
+    async with RcqClient(url_of(node), session=session, channel=False) as client:
         first, second = await client.begin(), await client.begin()
         await first.enqueue("q", b"1")
         await second.enqueue("q", b"2")
@@ -367,7 +371,7 @@ async def test_commit_many_whose_answer_was_lost_reports_a_duplicate(node: Node,
 async def test_an_enqueue_into_a_transaction_resent_after_a_lost_answer_is_buffered_once(node: Node, wire):
     recorder, session = wire
     recorder.lose["/enqueue"] = 1
-    async with RcqClient(url_of(node), session=session) as client:
+    async with RcqClient(url_of(node), session=session, channel=False) as client:
         tx = await client.begin()
         assert await tx.enqueue("q", b"x") == 1
         assert recorder.count("/enqueue") == 2
@@ -377,7 +381,7 @@ async def test_an_enqueue_into_a_transaction_resent_after_a_lost_answer_is_buffe
 
 async def test_a_transactional_dequeue_whose_answer_was_lost_gets_the_same_items(node: Node, wire):
     recorder, session = wire
-    async with RcqClient(url_of(node), session=session) as client:
+    async with RcqClient(url_of(node), session=session, channel=False) as client:
         await client.enqueue("q", b"1", b"2")
         recorder.lose["/dequeue"] = 1
         async with client.transaction() as tx:
@@ -429,7 +433,7 @@ async def test_a_duplicate_execute_returns_no_items(client: RcqClient):
 async def test_a_follower_redirect_is_followed_and_the_leader_remembered(pair, wire):
     a, b = pair
     recorder, session = wire
-    async with RcqClient(url_of(b), session=session) as client:
+    async with RcqClient(url_of(b), session=session, channel=False) as client:
         async with client.transaction() as tx:
             await tx.enqueue("q", b"via-follower")
         assert client.leader_url == url_of(a)
@@ -497,7 +501,7 @@ async def test_an_unreachable_cluster_raises_unavailable():
 # ------------------------------------------------------------------- coalescing
 async def test_concurrent_one_request_calls_share_one_http_request(node: Node, wire):
     recorder, session = wire
-    async with RcqClient(url_of(node), coalesce=True, session=session) as client:
+    async with RcqClient(url_of(node), coalesce=True, session=session, channel=False) as client:
         infos = await asyncio.gather(*(client.enqueue(f"q{i}", f"v{i}") for i in range(50)))
         assert recorder.count("/v1/batch") == 1 and len(recorder.requests) == 1
         assert len({info.transaction_ids for info in infos}) == 50
@@ -508,7 +512,7 @@ async def test_concurrent_one_request_calls_share_one_http_request(node: Node, w
 
 async def test_a_coalesced_error_reaches_only_its_caller(node: Node, wire):
     recorder, session = wire
-    async with RcqClient(url_of(node), coalesce=True, session=session) as client:
+    async with RcqClient(url_of(node), coalesce=True, session=session, channel=False) as client:
         results = await asyncio.gather(
             client.enqueue("q", b"fine"),
             client.enqueue("q", b"x" * ((1 << 20) + 1)),  # over item_bytes_max: a part error
@@ -524,7 +528,7 @@ async def test_a_coalesced_error_reaches_only_its_caller(node: Node, wire):
 
 async def test_a_coalesced_batch_is_bounded_in_parts(node: Node, wire):
     recorder, session = wire
-    async with RcqClient(url_of(node), coalesce=True, session=session) as client:
+    async with RcqClient(url_of(node), coalesce=True, session=session, channel=False) as client:
         await asyncio.gather(*(client.enqueue("q", b"x") for _ in range(COALESCE_PARTS_MAX + 1)))
         assert recorder.count("/v1/batch") == 2
         assert await client.count("q") == COALESCE_PARTS_MAX + 1
@@ -532,7 +536,7 @@ async def test_a_coalesced_batch_is_bounded_in_parts(node: Node, wire):
 
 async def test_coalescing_is_off_by_default(node: Node, wire):
     recorder, session = wire
-    async with RcqClient(url_of(node), session=session) as client:
+    async with RcqClient(url_of(node), session=session, channel=False) as client:
         await asyncio.gather(*(client.enqueue("q", b"x") for _ in range(5)))
         assert recorder.count("/v1/batch") == 0 and recorder.count("/enqueue") == 5
 
@@ -544,7 +548,7 @@ def test_the_client_imports_neither_pysyncobj_nor_lmdb():
 
 async def test_coalesced_interactive_transactions_share_requests(node: Node, wire):
     recorder, session = wire
-    async with RcqClient(url_of(node), coalesce=True, session=session) as client:
+    async with RcqClient(url_of(node), coalesce=True, session=session, channel=False) as client:
         await client.enqueue("q", *[f"i{i}".encode() for i in range(20)])
         before = len(recorder.requests)
 
@@ -561,7 +565,7 @@ async def test_coalesced_interactive_transactions_share_requests(node: Node, wir
 # ------------------------------------------------------- one transport, one retry engine
 async def test_a_coalesced_batch_whose_answer_was_lost_is_resent_once_as_one_batch(node: Node, wire):
     recorder, session = wire
-    async with RcqClient(url_of(node), coalesce=True, session=session) as client:
+    async with RcqClient(url_of(node), coalesce=True, session=session, channel=False) as client:
         first, second = await asyncio.gather(client.begin(), client.begin())
         await asyncio.gather(first.enqueue("q", b"from-first"), second.enqueue("q", b"from-second"))
         before = recorder.count("/v1/batch")
@@ -577,7 +581,7 @@ async def test_a_coalesced_batch_whose_answer_was_lost_is_resent_once_as_one_bat
 async def test_a_coalesced_batch_follows_a_redirect_once(pair, wire):
     a, b = pair
     recorder, session = wire
-    async with RcqClient(url_of(b), coalesce=True, session=session) as client:
+    async with RcqClient(url_of(b), coalesce=True, session=session, channel=False) as client:
         await asyncio.gather(client.enqueue("q", b"1"), client.enqueue("q", b"2"))
         assert recorder.count("/v1/batch", b.port) == 1 and recorder.count("/v1/batch", a.port) == 1
         assert client.leader_url == url_of(a)
@@ -587,7 +591,8 @@ async def test_a_coalesced_batch_follows_a_redirect_once(pair, wire):
 @pytest.mark.parametrize("coalesce", [False, True], ids=["rest", "coalesced"])
 async def test_lost_answers_fail_a_request_the_same_way_coalesced_or_not(node: Node, wire, coalesce: bool):
     recorder, session = wire
-    async with RcqClient(url_of(node), coalesce=coalesce, retry_timeout_s=0.3, session=session) as client:
+    async with RcqClient(url_of(node), coalesce=coalesce, retry_timeout_s=0.3, session=session,
+                         channel=False) as client:
         tx = await client.begin()
         await tx.enqueue("q", b"x")
         recorder.lose.update({suffix: 1_000_000 for suffix in ("/v1/batch", "/v1/transactions", "/commit", "/enqueue")})
@@ -605,7 +610,7 @@ async def test_a_coalesced_commit_that_stays_unknown_is_retried_then_raises_comm
     recorder, session = wire
     replicator = InMemoryReplicator()
     async with (running_node(tmp_path, replicator, commit_timeout_s=0.2) as node,
-                RcqClient(url_of(node), coalesce=True, retry_timeout_s=1.0, session=session) as client):
+                RcqClient(url_of(node), coalesce=True, retry_timeout_s=1.0, session=session, channel=False) as client):
         tx = await client.begin()
         await tx.enqueue("q", b"x")
         before = recorder.count("/v1/batch")
@@ -617,7 +622,7 @@ async def test_a_coalesced_commit_that_stays_unknown_is_retried_then_raises_comm
 
 async def test_waiting_dequeues_are_never_coalesced(node: Node, wire):
     recorder, session = wire
-    async with RcqClient(url_of(node), coalesce=True, session=session) as client:
+    async with RcqClient(url_of(node), coalesce=True, session=session, channel=False) as client:
         await client.enqueue("q", b"1", b"2")
         async with client.transaction() as tx:
             assert await tx.dequeue("q", wait_ms=50) == b"1"

@@ -34,8 +34,9 @@ def value(samples: dict, name: str, **labels: str) -> float:
 
 
 async def test_metrics_follow_what_happens(tmp_path: Path):
+    # channel=False: the HTTP request counters are read, and the session channel would carry the verbs
     async with running_node(tmp_path) as node, aiohttp.ClientSession(url_of(node)) as session, \
-            RcqClient(url_of(node), retry_timeout_s=1) as client:
+            RcqClient(url_of(node), retry_timeout_s=1, channel=False) as client:
         before = await scrape(session)
         assert value(before, "rcq_transactions_open") == 0
         assert value(before, "rcq_raft_role", role="leader") == 1

@@ -1,0 +1,332 @@
+"""One session channel to one node: ``GET /v1/session`` as a WebSocket, its requests pipelined by id.
+
+A request is one sub-request of ``POST /v1/batch`` (or ``{"op": "batch"}`` for a whole batch) plus
+an ``id``; its answer frame ``{"id", "status", "body"}`` carries the status and body HTTP would
+answer, in any order. :meth:`Channel.exchange` sends one request once and gives back the same
+:class:`~rcq.client.exchange.Answer` as one HTTP exchange, or raises the same
+:class:`~rcq.client.exchange.ExchangeFailed`: no retry, no leader, no policy here (the transport
+owns them). The protocol: ``docs/session-channel.md``.
+
+* **Connecting** is shared: the requests that find no open channel wait for one upgrade.
+* **Not over the channel** (:class:`ChannelUnusable`, nothing was sent): a node that answers the
+  upgrade with 404/405 has no channel (an older node); any other refusal (307 on a follower, 401,
+  503, 429) is not the answer of a request, and aiohttp drops the body of a refused upgrade, so
+  the transport sends the request over HTTP to get the node's own answer, body and all. A frame
+  over :data:`FRAME_BYTES_MAX` goes over HTTP too: an oversized frame would close the whole channel
+  (1009) and make every request in flight on it "may have executed", where HTTP answers 413.
+* **A dropped channel** fails every request in flight on it with ``maybe_sent=True`` (it may have
+  executed, exactly as a broken HTTP exchange); a frame that was never written, ``maybe_sent=False``.
+  A request that times out or is cancelled forgets its id: a late answer is dropped. A timeout with
+  no frame at all from the node since the request left closes the channel (it looks dead).
+* An error frame with a null id is logged; a 401 one (the token was revoked or expired) closes the
+  channel, failing what is in flight as "may have executed".
+
+Must not import: the other client modules but rcq.client.exchange and rcq.client.wire (the transport
+builds on this, not the reverse), rcq.server, pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+import yarl
+
+from rcq.client.exchange import Answer, ExchangeFailed
+from rcq.client.wire import dumps
+from rcq.errors import CertificateError, RcqError, Unavailable
+
+log = logging.getLogger(__name__)
+
+PATH = "/v1/session"
+SUBPROTOCOL = "rcq.session.v1"
+FRAME_ID_MAX = (1 << 53) - 1  # what a JSON number holds exactly in every language
+# Larger requests go over HTTP: below any node's body_bytes_max but its smallest settings (1 KiB
+# and up; 32 MiB by default), and large enough that HTTP's cost per request no longer matters.
+FRAME_BYTES_MAX = 1 << 20
+CLOSE_TIMEOUT_S = 1.0  # how long closing waits for the node's close frame
+# A ping after this long without a frame; no pong within half of it closes the channel. It finds a
+# connection that died silently (as aiohttp's keep-alive limit retires idle HTTP connections) and
+# keeps middleboxes from forgetting an idle one.
+HEARTBEAT_S = 30.0
+NO_CHANNEL_PAUSE_S = 60.0  # a node without the channel (404/405) is asked again after this (a rolling upgrade)
+REFUSED_PAUSE_S = 1.0  # after a refused upgrade (307, 401, 503, ...) the node is asked over HTTP this long
+
+
+class ChannelUnusable(Exception):
+    """This request was not sent over the channel: send it over HTTP. ``pause_s``: how long the node's
+    channel should not be tried again (None: only this request is concerned)."""
+
+    def __init__(self, message: str, pause_s: float | None) -> None:
+        super().__init__(message)
+        self.pause_s = pause_s
+
+
+class _Connection:
+    """One open WebSocket: its requests in flight (id -> future) and the one task that reads answers."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, node_url: str) -> None:
+        loop = asyncio.get_running_loop()
+        self.ws = ws
+        self.node_url = node_url
+        self.pending: dict[int, asyncio.Future[Answer]] = {}
+        self.ended: RcqError | None = None  # why no more frames go out on it
+        self.last_frame_at = loop.time()
+        self._last_id = 0
+        self._closing: asyncio.Task[Any] | None = None
+        self.reader = loop.create_task(self._read())
+
+    def new_id(self) -> int:
+        self._last_id = self._last_id + 1 if self._last_id < FRAME_ID_MAX else 1
+        return self._last_id
+
+    async def send(self, frame_id: int, frame: bytes) -> asyncio.Future[Answer]:
+        """Write one frame; the future of its answer. Not written: ExchangeFailed(maybe_sent=False)."""
+        if self.ended is not None or self.ws.closed:
+            raise ExchangeFailed(self.ended or Unavailable(f"the session channel to {self.node_url} closed"),
+                                 maybe_sent=False)
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self.pending[frame_id] = future
+        # Shielded: the frame is written at once, only the wait for the socket's buffer to drain can
+        # be cut short, and a cancelled drain wait would cancel every other sender's wait with it.
+        sending = asyncio.ensure_future(self.ws.send_frame(frame, aiohttp.WSMsgType.TEXT))
+        sending.add_done_callback(_consume)
+        try:
+            await asyncio.shield(sending)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            # the connection broke while the frame was written or after: it may have left
+            self.forget(frame_id)
+            self.end(Unavailable(f"the session channel to {self.node_url} broke: {exc!r}"))
+            raise ExchangeFailed(Unavailable(f"the session channel to {self.node_url} broke while sending: "
+                                             f"{exc!r}"), maybe_sent=True) from exc
+        except BaseException:
+            self.forget(frame_id)
+            raise
+        return future
+
+    def forget(self, frame_id: int) -> None:
+        future = self.pending.pop(frame_id, None)
+        if future is not None and not future.done():
+            future.cancel()
+
+    def end(self, error: RcqError) -> None:
+        """No more frames: every request in flight fails as one that may have executed; the socket closes."""
+        if self.ended is not None:
+            return
+        self.ended = error
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ExchangeFailed(error, maybe_sent=True))
+                future.exception()  # retrieved: its waiter may be gone already
+        if self.reader is not asyncio.current_task():
+            self.reader.cancel()
+        if not self.ws.closed:
+            self._closing = asyncio.ensure_future(self.ws.close())
+            self._closing.add_done_callback(_consume)
+
+    async def close(self) -> None:
+        self.end(Unavailable(f"the session channel to {self.node_url} was closed"))
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.reader
+        if self._closing is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._closing
+
+    # ------------------------------------------------------------------ reading
+    async def _read(self) -> None:
+        why = "the node closed it"
+        try:
+            while True:
+                message = await self.ws.receive()
+                self.last_frame_at = asyncio.get_running_loop().time()
+                if message.type is aiohttp.WSMsgType.TEXT:
+                    if not self._answer(message.data):
+                        why = "the node refused the token"
+                        break
+                elif message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                    why = f"the node closed it (code {self.ws.close_code})"
+                    break
+                elif message.type is aiohttp.WSMsgType.ERROR:
+                    why = f"it failed: {message.data!r}"
+                    break
+                else:  # binary: not of this protocol
+                    log.warning("session channel to %s: ignored a %s frame", self.node_url, message.type.name)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            why = f"it failed: {exc!r}"
+        self.end(Unavailable(f"the session channel to {self.node_url} closed: {why}"))
+
+    def _answer(self, data: str) -> bool:
+        """Resolve the request ``data`` answers; False: the channel must close (a 401 error frame)."""
+        try:
+            frame = json.loads(data)
+        except ValueError:
+            frame = None
+        if not isinstance(frame, dict):
+            log.warning("session channel to %s: ignored a frame that is not a JSON object", self.node_url)
+            return True
+        frame_id, status, body = frame.get("id"), frame.get("status"), frame.get("body")
+        if frame_id is None:
+            error = body.get("error") if isinstance(body, dict) else None
+            message = error.get("message") if isinstance(error, dict) else body
+            log.warning("session channel to %s: error frame, HTTP %s: %s", self.node_url, status, message)
+            return status != 401
+        future = self.pending.pop(frame_id, None) if isinstance(frame_id, int) else None
+        if future is None or future.done():
+            return True  # a late answer of a request that timed out or was cancelled
+        if not isinstance(status, int) or isinstance(status, bool):
+            # the node broke the protocol after executing who knows what
+            future.set_exception(ExchangeFailed(
+                Unavailable(f"the session channel to {self.node_url} answered a frame without a status"),
+                maybe_sent=True))
+            return True
+        future.set_result(Answer(status, body, None, _leader_url(status, body)))
+        return True
+
+
+class Channel:
+    """The session channel to the node at ``node_url``, opened on first use and again after a drop.
+
+    ``session()``: the HTTP session to open it on (the transport's, with its TLS settings);
+    ``authorization``: the ``Authorization`` header; ``connect_timeout_s`` bounds one upgrade."""
+
+    def __init__(self, session: Callable[[], aiohttp.ClientSession], node_url: str, *,
+                 authorization: str | None, connect_timeout_s: float) -> None:
+        self.node_url = node_url
+        self._session = session
+        self._authorization = authorization
+        self._connect_timeout_s = connect_timeout_s
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Future[_Connection] | None = None
+        self._closed = False
+        self.in_flight = 0  # requests in exchange(), connecting or answered or not
+        self._idle = asyncio.Event()  # set when in_flight drops to 0
+
+    async def exchange(self, operation: Mapping[str, Any], timeout_s: float) -> Answer:
+        """``operation`` (a ``/v1/batch`` sub-request, or ``{"op": "batch", ...}``) once, within ``timeout_s``.
+        Raises ExchangeFailed (no answer) or ChannelUnusable (not sent: use HTTP)."""
+        self.in_flight += 1
+        try:
+            return await self._exchange(operation, timeout_s)
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
+
+    async def _exchange(self, operation: Mapping[str, Any], timeout_s: float) -> Answer:
+        body = dumps(operation)  # encoded once: the id is spliced in front
+        if len(body) > FRAME_BYTES_MAX:
+            raise ChannelUnusable(f"a request of {len(body)} bytes goes over HTTP", None)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                connection = await self._connected()
+        except TimeoutError as exc:
+            raise ExchangeFailed(Unavailable(f"cannot open the session channel to {self.node_url} "
+                                             f"within {timeout_s:g} s"), maybe_sent=False) from exc
+        frame_id = connection.new_id()
+        sent_at = loop.time()
+        try:
+            async with asyncio.timeout_at(deadline):
+                future = await connection.send(frame_id, b'{"id":%d,' % frame_id + body[1:])
+                return await future
+        except TimeoutError as exc:
+            connection.forget(frame_id)
+            if connection.last_frame_at < sent_at:  # not a frame since: the connection looks dead
+                connection.end(Unavailable(f"the session channel to {self.node_url} fell silent"))
+            raise ExchangeFailed(Unavailable(f"no answer from {self.node_url} within {timeout_s:g} s "
+                                             "on the session channel"), maybe_sent=True) from exc
+        except asyncio.CancelledError:
+            connection.forget(frame_id)
+            raise
+
+    async def _connected(self) -> _Connection:
+        connection = self._connection
+        if connection is not None and connection.ended is None:
+            return connection
+        if self._closed:
+            raise ExchangeFailed(Unavailable(f"the session channel to {self.node_url} is closed"), maybe_sent=False)
+        connecting = self._connecting
+        if connecting is None:
+            connecting = self._connecting = asyncio.ensure_future(self._connect())
+            connecting.add_done_callback(self._connect_done)
+        try:
+            # shielded: a waiter that gives up does not cut the upgrade short for the others
+            return await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if connecting.cancelled() and task is not None and not task.cancelling():  # close() ended it
+                raise ExchangeFailed(Unavailable(f"the session channel to {self.node_url} was closed"),
+                                     maybe_sent=False) from None
+            raise
+
+    def _connect_done(self, connecting: asyncio.Future[_Connection]) -> None:
+        self._connecting = None
+        if connecting.cancelled() or connecting.exception() is not None:
+            return
+        # a connection it replaces has ended: its reader is done and its socket closing
+        self._connection = connecting.result()
+        if self._closed:  # closed while the upgrade was under way
+            self._connection.end(Unavailable(f"the session channel to {self.node_url} was closed"))
+
+    async def _connect(self) -> _Connection:
+        headers = {"Authorization": self._authorization} if self._authorization is not None else {}
+        url = yarl.URL(self.node_url + PATH, encoded=True)
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                # no ssl argument: the session's connector holds the TLS settings, as for every HTTP request
+                ws = await self._session().ws_connect(
+                    url, protocols=(SUBPROTOCOL,), headers=headers, autoping=True, heartbeat=HEARTBEAT_S,
+                    compress=0, max_msg_size=0,  # answers are unbounded, as over HTTP
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=CLOSE_TIMEOUT_S))
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status in (404, 405):
+                raise ChannelUnusable(f"{self.node_url} has no session channel (HTTP {exc.status})",
+                                      NO_CHANNEL_PAUSE_S) from exc
+            raise ChannelUnusable(f"{self.node_url} refused the session channel (HTTP {exc.status})",
+                                  REFUSED_PAUSE_S) from exc
+        except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
+            raise CertificateError(f"cannot verify the TLS certificate of {self.node_url}: "
+                                   f"{exc.certificate_error}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:  # no request frame has left
+            raise ExchangeFailed(Unavailable(f"cannot open the session channel to {self.node_url}: {exc!r}"),
+                                 maybe_sent=False) from exc
+        if ws.protocol != SUBPROTOCOL:
+            await ws.close()
+            raise ChannelUnusable(f"{self.node_url} does not speak {SUBPROTOCOL} on {PATH}", NO_CHANNEL_PAUSE_S)
+        return _Connection(ws, self.node_url)
+
+    async def close_when_idle(self) -> None:
+        """Close the channel once no request is in flight on it (each is bounded by its own timeout)."""
+        while self.in_flight:
+            self._idle.clear()
+            await self._idle.wait()
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel: its requests in flight fail as "may have executed"; no new ones are taken."""
+        self._closed = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+
+def _leader_url(status: int, body: Any) -> str | None:
+    """A 307 answer frame's ``error.leader_url``, where HTTP has its ``Location`` header."""
+    error = body.get("error") if status == 307 and isinstance(body, dict) else None
+    leader_url = error.get("leader_url") if isinstance(error, dict) else None
+    return leader_url if isinstance(leader_url, str) else None
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Retrieve a background future's exception: the caller that would have has given up."""
+    if not future.cancelled():
+        future.exception()
