@@ -216,8 +216,13 @@ class NodeConfig(BaseModel):
     append_entries_batched: bool = Field(
         False, description="hold entries for append_entries_period_s and send them together (pysyncobj's "
                            "appendEntriesUseBatch); off: send each entry at once, rcq's group commit batches")
-    append_entries_period_s: float = Field(0.02, gt=0, description="heartbeat period; with batching, how often entries go out")
-    auto_tick_period_s: float = Field(0.005, gt=0, description="pysyncobj tick thread period")
+    # An election timeout holds 8 heartbeats (etcd's 100 ms / 1 s ratio); more only cost every node
+    # CPU while idle. Entries do not wait for a heartbeat unless append_entries_batched.
+    append_entries_period_s: float = Field(0.1, gt=0, description="heartbeat period; with batching, how often entries go out")
+    auto_tick_period_s: float = Field(
+        0.05, gt=0, description="longest wait of the Raft tick thread with nothing to do: messages, proposals, "
+                                "heartbeats and election deadlines end it sooner; bounds how late the leader's "
+                                "step-down check runs")
     connection_timeout_s: float = Field(3.5, gt=0, description="peer connection timeout; at least raft_timeout_max_s")
     log_compaction_entries_min: int = Field(50_000, ge=2, description="snapshot once the log holds this many entries")
     log_compaction_interval_s: float = Field(300.0, gt=0, description="...or this long after the last snapshot")
@@ -269,6 +274,9 @@ class NodeConfig(BaseModel):
         if self.leader_fallback_timeout_s >= self.raft_timeout_min_s:
             raise ValueError("leader_fallback_timeout_s must be below raft_timeout_min_s, "
                              "or a partitioned leader serves beside the new one")
+        if self.leader_fallback_timeout_s + self.auto_tick_period_s >= self.raft_timeout_min_s:
+            raise ValueError("leader_fallback_timeout_s + auto_tick_period_s must be below raft_timeout_min_s: "
+                             "a leader checks for its majority at least every auto_tick_period_s")
         if self.connection_timeout_s < self.raft_timeout_max_s:
             raise ValueError("connection_timeout_s must be at least raft_timeout_max_s")
         if self.transaction_timeout_default_s > self.transaction_timeout_max_s:

@@ -102,6 +102,26 @@ def end_reassembly(sync_obj: SyncObj) -> None:
     sync_obj._SyncObj__recvTransmission = ""
 
 
+def next_tick_deadline(sync_obj: SyncObj) -> float:
+    """The monotonic time of the next timer pysyncobj's tick acts on: a leader's next heartbeat, a
+    follower's or candidate's election deadline (either may be past while it cannot act on it)."""
+    if sync_obj._SyncObj__raftState == syncobj_module._RAFT_STATE.LEADER:
+        return float(sync_obj._SyncObj__newAppendEntriesTime)
+    return float(sync_obj._SyncObj__raftElectionDeadline)
+
+
+def wake_tick_thread(sync_obj: SyncObj) -> None:
+    """End the tick thread's wait now, as a proposal does (pysyncobj's pipe notifier, which exists
+    unless entries are batched; then the next tick comes within its period). Any thread."""
+    notifier = getattr(sync_obj, "_SyncObj__pipeNotifier", None)
+    if notifier is None:
+        return
+    try:
+        notifier.notify()
+    except BlockingIOError:
+        pass  # the pipe is full: a wake is already pending
+
+
 def transport_of(sync_obj: SyncObj) -> Any:
     """The TCP transport; its ``send`` is how every Raft message leaves."""
     return sync_obj._SyncObj__transport

@@ -9,7 +9,8 @@ reason means), ``hand_over`` (leadership hand-over, H19, and the gate that holds
 meanwhile), ``log_upkeep`` (the Raft log on disk while running: which journal, fail-stop on a
 failed sync, flush, compaction by size). Its other neighbours: ``patches`` (fixes on pysyncobj's
 class), ``internals`` (every access to pysyncobj's private state), ``journal`` (start-up repair),
-``settings`` (NodeConfig -> SyncObjConf), ``snapshots`` (LMDB).
+``settings`` (NodeConfig -> SyncObjConf), ``snapshots`` (LMDB), ``tick_wait`` (the tick thread
+sleeps until an event or its next timer).
 
 Threads: pysyncobj's own tick thread (``autoTick``) applies entries, runs
 callbacks and writes snapshots; everything public here is called on the event
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import socket
 import threading
@@ -44,7 +46,7 @@ from rcq.server.raft import membership, patches
 from rcq.server.raft.consumer import QueueConsumer
 from rcq.server.raft.digest import ForkedDigest
 from rcq.server.raft.hand_over import HandOver
-from rcq.server.raft.internals import default_journal, use_journal_factory
+from rcq.server.raft.internals import default_journal, use_journal_factory, wake_tick_thread
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.log_upkeep import LogUpkeep
 from rcq.server.raft.patches import ON_SYNC_FAILURE
@@ -53,6 +55,7 @@ from rcq.server.raft.requests import RaftRequests
 from rcq.server.raft.secret_rotation import accepting_previous_secrets
 from rcq.server.raft.settings import build_conf
 from rcq.server.raft.snapshots import ForkingSnapshotWriter
+from rcq.server.raft.tick_wait import wait_until_next_timer
 from rcq.server.raft.wal import JournalCorrupt
 
 # pysyncobj binds its message handler as a transport callback when a SyncObj is built: the
@@ -155,6 +158,8 @@ class RaftReplicator:
         finally:
             use_journal_factory(default_journal)
         setattr(self._sync_obj, ON_SYNC_FAILURE, self._log_upkeep.on_sync_failure)
+        wait_until_next_timer(self._sync_obj)
+        self._requests.set_wake(functools.partial(wake_tick_thread, self._sync_obj))
         try:
             if self._auto_tick:
                 await asyncio.to_thread(self._sync_obj.waitBinded)

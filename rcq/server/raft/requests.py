@@ -50,10 +50,18 @@ class RaftRequests:
         self._pending: set[asyncio.Future[tuple[Any, int]]] = set()
         # Work for the tick thread (it owns pysyncobj's state and sockets), run at its next tick.
         self._tick_tasks: collections.deque[Callable[[], None]] = collections.deque()
+        self._wake: Callable[[], None] | None = None
+
+    def set_wake(self, wake: Callable[[], None]) -> None:
+        """How to end the tick thread's wait at once (once pysyncobj runs; any thread)."""
+        self._wake = wake
 
     def on_next_tick(self, task: Callable[[], None]) -> None:
-        """Run ``task`` on the tick thread at its next tick (thread-safe: a deque append)."""
+        """Run ``task`` on the tick thread at its next tick, which it starts now rather than at the
+        end of its wait (rcq.server.raft.tick_wait). Thread-safe: a deque append and a pipe write."""
         self._tick_tasks.append(task)
+        if self._wake is not None:
+            self._wake()
 
     def run_tick_tasks(self) -> None:
         """Tick thread (an on-tick callback): run the tasks queued so far, in order."""
