@@ -107,7 +107,11 @@ class _Channel:
     async def run(self) -> None:
         timer = asyncio.ensure_future(self._housekeeping())
         try:
-            await self._read()
+            try:
+                await self._read()
+            except Exception:  # a bug: the connection is a WebSocket now, it cannot carry an HTTP error answer
+                log.exception("unexpected error in a session channel")
+                self._closing = _Closing(WSCloseCode.INTERNAL_ERROR, "internal error")
             closing = self._closing
             if not self._ws.closed:
                 code, reason = (closing.code, closing.reason) if closing else (WSCloseCode.OK, "")
@@ -150,6 +154,9 @@ class _Channel:
             frame = json.loads(data)
         except ValueError:
             await self._answer_now(None, InvalidRequest("a frame is one JSON object: this one is not JSON"))
+            return
+        except RecursionError:  # arrays or objects nested deeper than the parser's stack (a frame of [[[[...)
+            await self._answer_now(None, InvalidRequest("a frame is one JSON object: this one is nested too deeply"))
             return
         frame_id = frame.get("id") if isinstance(frame, dict) else None
         if not isinstance(frame_id, int) or isinstance(frame_id, bool) or not 1 <= frame_id <= FRAME_ID_MAX:
@@ -260,7 +267,8 @@ async def serve(request: web.Request) -> web.StreamResponse:
     if stats.per_client[caller.client] >= config.session_channels_per_client_max:
         raise TooManyConnections(f"{caller.client or 'this client'} holds {config.session_channels_per_client_max}"
                                  " session channels already (session_channels_per_client_max)")
-    ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,), max_msg_size=config.body_bytes_max, compress=False,
+    # aiohttp refuses a message of max_msg_size bytes already; a frame of body_bytes_max is allowed, as a body is
+    ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,), max_msg_size=config.body_bytes_max + 1, compress=False,
                                autoping=True)
     if not ws.can_prepare(request).ok:
         raise InvalidRequest(f"{PATH} is a WebSocket endpoint: send an upgrade request")
