@@ -9,7 +9,8 @@ reason means), ``hand_over`` (leadership hand-over, H19, and the gate that holds
 meanwhile), ``log_upkeep`` (the Raft log on disk while running: which journal, fail-stop on a
 failed sync, flush, compaction by size). Its other neighbours: ``patches`` (fixes on pysyncobj's
 class), ``internals`` (every access to pysyncobj's private state), ``journal`` (start-up repair),
-``settings`` (NodeConfig -> SyncObjConf), ``snapshots`` (LMDB), ``tick_wait`` (the tick thread
+``settings`` (NodeConfig -> SyncObjConf), ``snapshots`` (LMDB), ``loop_calls`` (every call from
+the tick thread to the loop, in order), ``tick_wait`` (the tick thread
 sleeps until an event or its next timer).
 
 Threads: pysyncobj's own tick thread (``autoTick``) applies entries, runs
@@ -49,6 +50,7 @@ from rcq.server.raft.hand_over import HandOver
 from rcq.server.raft.internals import default_journal, use_journal_factory, wake_tick_thread
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.log_upkeep import LogUpkeep
+from rcq.server.raft.loop_calls import LoopCalls
 from rcq.server.raft.patches import ON_SYNC_FAILURE
 from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
 from rcq.server.raft.requests import RaftRequests
@@ -128,7 +130,9 @@ class RaftReplicator:
         self.leader_history: collections.deque[tuple[float, str | None, int]] = collections.deque(maxlen=20)
         self.repair: CompactionRepair | None = None  # what start() repaired, for logs and tests
         # Its collaborators, one job each (see the module docstring).
-        self._requests = RaftRequests(config, self, self._running)
+        # Every call from the tick thread to the loop, in order, one wake-up per burst.
+        self._to_loop = LoopCalls()
+        self._requests = RaftRequests(config, self, self._running, self._to_loop)
         self._requests.on_next_tick(self._use_the_log_membership)  # H18, at the first tick
         self._hand_over = HandOver(config, self, self._requests)
         self._log_upkeep = LogUpkeep(config)
@@ -138,6 +142,7 @@ class RaftReplicator:
         if self._sync_obj is not None or self._stopped:
             raise RuntimeError("a RaftReplicator starts once; make a new one to restart")
         self._loop = asyncio.get_running_loop()
+        self._to_loop.bind(self._loop)
         _check_bindable(self._config.raft_address)
         self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock)
         conf = build_conf(self._config, self._writer, auto_tick=self._auto_tick,
@@ -357,10 +362,8 @@ class RaftReplicator:
         # covers changes pysyncobj does not report (a term change as follower).
         if new_state == _LEADER and self._sync_obj is not None:  # its term was set before the role: consistent
             self._hand_over.elected(int(self._sync_obj.raftCurrentTerm))  # H19: "elected again" means won
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # loop closed
-                loop.call_soon_threadsafe(self._check_role)
+        with contextlib.suppress(RuntimeError):  # loop closed
+            self._to_loop.call(self._check_role)
 
     async def _poll_role(self) -> None:
         while True:
@@ -389,12 +392,12 @@ class RaftReplicator:
     def _on_applied(self, index: int, command: Command | None, result: ApplyResult) -> None:
         # Tick thread, inside apply; must never raise (H2). Scheduled before
         # pysyncobj runs the submit's callback, so the loop sees this entry
-        # before the submit returns (FIFO of call_soon_threadsafe).
-        loop, listener = self._loop, self._apply_listener
-        if loop is None or listener is None:
+        # before the submit returns (LoopCalls keeps the order).
+        listener = self._apply_listener
+        if listener is None:
             return
         with contextlib.suppress(RuntimeError):  # loop closed
-            loop.call_soon_threadsafe(self._deliver_applied, listener, index, command, result)
+            self._to_loop.call(self._deliver_applied, listener, index, command, result)
 
     @staticmethod
     def _deliver_applied(listener: ApplyListener, index: int, command: Command | None, result: ApplyResult) -> None:

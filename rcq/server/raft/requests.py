@@ -24,6 +24,7 @@ from pysyncobj import FAIL_REASON, SyncObj
 
 from rcq.errors import CommitOutcomeUnknown, LeaderChanged, NoLeader, NotLeader, Unavailable
 from rcq.server.config import NodeConfig
+from rcq.server.raft.loop_calls import LoopCalls
 from rcq.server.raft.protocol import Replicator, known_nodes
 
 logger = logging.getLogger(__name__)
@@ -41,12 +42,14 @@ class RaftRequests:
     """The way from the loop's thread to one node's pysyncobj and back."""
 
     def __init__(self, config: NodeConfig, node: Replicator,
-                 running: Callable[[], tuple[SyncObj, asyncio.AbstractEventLoop]]) -> None:
+                 running: Callable[[], tuple[SyncObj, asyncio.AbstractEventLoop]], to_loop: LoopCalls) -> None:
         """``node`` says who leads (NotLeader names it); ``running`` gives the node's pysyncobj and
-        loop, or raises Unavailable when the node is not running."""
+        loop, or raises Unavailable when the node is not running; answers reach the loop through
+        ``to_loop``, in order with the applied entries."""
         self._config = config
         self._node = node
         self._running = running
+        self._to_loop = to_loop
         self._pending: set[asyncio.Future[tuple[Any, int]]] = set()
         # Work for the tick thread (it owns pysyncobj's state and sockets), run at its next tick.
         self._tick_tasks: collections.deque[Callable[[], None]] = collections.deque()
@@ -85,15 +88,16 @@ class RaftRequests:
         H7) for its (result, fail reason); TimeoutError when none came in ``timeout_s``.
         ``adjust`` may change the fail reason, in the thread that calls back."""
         _sync_obj, loop = self._running()
+        to_loop = self._to_loop
         future: asyncio.Future[tuple[Any, int]] = loop.create_future()
 
         def done(result: Any, fail_reason: int) -> None:
             # Tick thread, or this thread for QUEUE_FULL (pysyncobj calls back synchronously
-            # then); call_soon_threadsafe is right for both.
+            # then); LoopCalls is right for both.
             if adjust is not None:
                 fail_reason = adjust(fail_reason)
             with contextlib.suppress(RuntimeError):  # loop closed: never raise into pysyncobj (H2)
-                loop.call_soon_threadsafe(_resolve, future, result, fail_reason)
+                to_loop.call(_resolve, future, result, fail_reason)
 
         self._pending.add(future)
         try:
