@@ -57,11 +57,13 @@ class RawChannel:
         assert answer["id"] == frame["id"], (frame, answer)
         return answer
 
-    async def close_code(self, timeout_s: float = QUIET_CLUSTER_WAIT_S) -> tuple[int | None, str]:
-        """Wait for the node to close the channel, no frame before: its close code and reason."""
+    async def close_code(self, timeout_s: float = QUIET_CLUSTER_WAIT_S) -> tuple[int, str]:
+        """Wait for the node to close the channel, no frame before: the code and reason of its close
+        frame (``ws.close_code`` may say 1006 instead, when the node drops the connection before our
+        close frame answering its own reaches it)."""
         message = await self.ws.receive(timeout=timeout_s)
         assert message.type == aiohttp.WSMsgType.CLOSE, f"expected the close, got {message}"
-        return self.ws.close_code, str(message.extra or "")
+        return int(message.data), str(message.extra or "")
 
 
 @contextlib.asynccontextmanager

@@ -36,7 +36,7 @@ BODY_BYTES_MAX = 64 << 10
 # A small body_bytes_max makes oversized frames cheap; items must fit in it. Long polls capped at
 # 1 s: a fuzzed wait_ms is then at most 1 s of waiting, or a 400.
 FUZZED_NODE_SETTINGS = {"body_bytes_max": BODY_BYTES_MAX, "item_bytes_max": 32 << 10, "dequeue_wait_max_ms": 1000}
-WAIT_MS = 1000  # the longest long poll the fuzzed nodes allow
+LONG_POLL_MAX_MS = 1000  # the longest long poll the fuzzed nodes allow
 EXAMPLES_PER_TEST = 100  # bounded: the whole module stays well under a minute on 2 cores
 PROBE = {"op": "status", "transaction_id": "not-a-transaction"}  # changes nothing; answered 404
 
@@ -228,7 +228,7 @@ def enqueue_frame(frame_id: int, item_bytes: int = 10) -> dict[str, Any]:
     return {"id": frame_id, "op": "execute", "operations": [{"op": "enqueue", "queue": "fuzz", "items": ["x" * item_bytes]}]}
 
 
-async def closed_with(channel: RawChannel, frame: Any) -> tuple[int | None, str]:
+async def closed_with(channel: RawChannel, frame: Any) -> tuple[int, str]:
     await channel.send(frame)
     return await channel.close_code()
 
@@ -264,8 +264,8 @@ def test_an_id_already_in_flight_closes_the_channel_with_1002_and_its_frame_is_n
         arena: tuple[Arena, asyncio.AbstractEventLoop]) -> None:
     fuzz, loop = arena
 
-    async def duplicate(channel: RawChannel) -> tuple[int | None, str]:
-        await channel.send({"id": 7, "op": "receive", "queue": "fuzz-empty", "wait_ms": WAIT_MS})  # waits
+    async def duplicate(channel: RawChannel) -> tuple[int, str]:
+        await channel.send({"id": 7, "op": "receive", "queue": "fuzz-empty", "wait_ms": LONG_POLL_MAX_MS})  # waits
         return await closed_with(channel, enqueue_frame(7))
 
     code, reason = loop.run_until_complete(fuzz.refused_changes_nothing(duplicate))
@@ -278,7 +278,7 @@ def test_pipelined_requests_are_answered_as_they_finish_not_in_order(
 
     async def run() -> list[dict[str, Any]]:
         channel = await fuzz.channel()
-        await channel.send({"id": 1, "op": "receive", "queue": "fuzz-empty", "wait_ms": WAIT_MS})
+        await channel.send({"id": 1, "op": "receive", "queue": "fuzz-empty", "wait_ms": LONG_POLL_MAX_MS})
         for frame_id in range(2, 12):
             await channel.send({"id": frame_id, **PROBE})
         return await gather_answers(channel, 11)
