@@ -226,7 +226,11 @@ class _Channel:
         idle_s = self._config.session_idle_timeout_s
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
-            closing = await self._why_close(idle_s)
+            try:
+                closing = await self._why_close(idle_s)
+            except Exception:  # a bug: a channel nobody watches must not stay open unchecked
+                log.exception("unexpected error checking a session channel")
+                closing = _Closing(WSCloseCode.INTERNAL_ERROR, "internal error")
             if closing is not None:
                 self._closing = closing
                 # wake the reader: a close frame ends its receive (the peer's close answers it)
