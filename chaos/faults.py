@@ -368,6 +368,34 @@ class FaultMaker:
         faults = {client_link(i): LinkFault(drop_forward=True, drop_backward=True) for i in targets}
         return self._links_fault("client-partition", targets, faults, {"variant": variant})
 
+    def _begin_client_drop(self, rng: random.Random) -> Fault | None:
+        """Clients' connections to the leader (session channels and HTTP alike) broken mid-request:
+        ``drop`` cuts them now and again when the fault ends; ``stall`` holds every byte of them
+        back for up to 1.5 s (answers arrive late, requests in flight go overdue), then cuts them."""
+        proxy = self.links
+        assert proxy is not None, "link faults need a target with link_faults()"
+        leader = self._leader_or_any(rng, list(range(len(self.cluster.nodes))))
+        if leader is None:
+            return None
+        link = client_link(leader)
+        variant = rng.choice(["drop", "stall"])
+        if variant == "drop":
+            proxy.reset(link)
+
+            def cut_again() -> None:
+                proxy.reset(link)
+
+            return Fault("client-drop", [leader], cut_again, {"variant": variant, "links": [link]})
+        delay_s = round(rng.uniform(0.3, 1.5), 3)
+        stalled = self._links_fault("client-drop", [leader], {link: LinkFault(delay_s=delay_s)},
+                                    {"variant": variant, "delay_s": delay_s})
+
+        def unstall_and_cut() -> None:
+            stalled.stop()
+            proxy.reset(link)
+
+        return Fault("client-drop", [leader], unstall_and_cut, stalled.details)
+
     def _all_raft_links(self) -> list[str]:
         n = len(self.cluster.nodes)
         return [raft_link(a, b) for a in range(n) for b in range(a)]

@@ -81,10 +81,11 @@ from typing import Any
 from chaos.faults import Fault, FaultMaker, FaultRefused, power_failure
 from chaos.target import ChaosTarget, membership_control
 
-KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "wipe", "snapshot",
-         "deposed-leader", "power", "membership")
-MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "delay", "loss", "power", "membership")
-NEEDS_LINK_FAULTS = ("one-way", "client-partition", "delay", "loss", "deposed-leader")
+KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "wipe",
+         "snapshot", "deposed-leader", "power", "membership")
+MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "power",
+           "membership")
+NEEDS_LINK_FAULTS = ("one-way", "client-partition", "client-drop", "delay", "loss", "deposed-leader")
 NEEDS_POWER_FS = ("power",)  # each node's data directory on its own powerfs mount (local target, --power-fs)
 NEEDS_MEMBERSHIP = ("membership",)  # nodes re-added as themselves (chaos.target.membership_control)
 # Whole-node isolation, no per-link faults, no powerfs, no membership changes.

@@ -61,6 +61,9 @@ class LinkFaults(Protocol):
     def stats(self) -> dict[str, dict[str, int]]:
         """Per link: connections accepted, bytes forwarded and dropped."""
 
+    def reset(self, name: str) -> None:
+        """Close every connection of a link now (requests in flight on them are cut)."""
+
 
 class NodeIsolation(Protocol):
     """Whole-node partitions: a node off the network reaches no other node and no client."""

@@ -28,6 +28,10 @@ dead-letter record (``items``); workers also consume the dead-letter queues and 
 ok enqueue records its acknowledgement's wall time (``ack_ms``). The features checker
 (chaos.checkers.features) holds the cluster to the rules with all of it.
 
+Workers reach the cluster as clients do by default, over a session channel (``GET /v1/session``),
+except every fourth, which sends one HTTP request per operation (:func:`uses_channel`); the
+``client-drop`` nemesis cuts and stalls those connections mid-request.
+
 The intruder, a principal that tries what it must not, is :mod:`chaos.intruder`; workers register
 their open transactions in an :class:`OpenTransactions` for it.
 
@@ -59,6 +63,7 @@ TRANSACTION_TIMEOUT_S = 8.0
 VANISH_TIMEOUT_S = 3.0  # a vanished client's items come back this soon
 REQUEST_TIMEOUT_S = 4.0
 RETRY_TIMEOUT_S = 8.0
+HTTP_WORKER_EVERY = 4  # every fourth worker sends one HTTP request per operation, the others use a session channel
 HEAD_RANK_WINDOW = 20
 DRAIN_BATCH = 100
 DEFINITELY_NOT_COMMITTED = (TransactionAborted, TransactionNotFound, InvalidRequest, QueueFull, StorageFull,
@@ -530,9 +535,17 @@ async def configure_queues(history: Any, urls: list[str], topology: Topology, pr
             history.complete(op, "ok", value, None)
 
 
-def make_client(urls: list[str], token: str | None = None, retry_timeout_s: float = RETRY_TIMEOUT_S) -> RcqClient:
-    """A client of the cluster sending ``token`` (the cluster's, if it needs one); retry_timeout_s 0: one try."""
-    return RcqClient(urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=retry_timeout_s, token=token)
+def make_client(urls: list[str], token: str | None = None, retry_timeout_s: float = RETRY_TIMEOUT_S,
+                channel: bool = True) -> RcqClient:
+    """A client of the cluster sending ``token`` (the cluster's, if it needs one); retry_timeout_s 0: one try.
+    ``channel``: the session channel for the hot verbs (the client's default); False: HTTP only."""
+    return RcqClient(urls, request_timeout_s=REQUEST_TIMEOUT_S, retry_timeout_s=retry_timeout_s, token=token,
+                     channel=channel)
+
+
+def uses_channel(worker: int) -> bool:
+    """Most workers use the session channel, as the client does by default; every fourth stays on HTTP."""
+    return worker % HTTP_WORKER_EVERY != HTTP_WORKER_EVERY - 1
 
 
 async def run_worker(history: Any, urls: list[str], generator: Generator, stop: asyncio.Event,
@@ -541,7 +554,7 @@ async def run_worker(history: Any, urls: list[str], generator: Generator, stop: 
     """Invoke the generator's ops one after another until ``stop`` is set; returns how many.
     ``registry``: where the worker lists its open transactions (for the intruder)."""
     done = 0
-    async with make_client(urls, token) as client:
+    async with make_client(urls, token, channel=uses_channel(generator.process)) as client:
         executor = Executor(client, registry, generator.process, generator.topology)
         while not stop.is_set() and (ops_max is None or done < ops_max):
             spec = generator.next()

@@ -6,6 +6,7 @@ the leader's links, so the "isolated" leader kept serving, and stopping the dela
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,3 +48,45 @@ def test_combining_takes_any_drop_and_the_worst_delay_and_loss() -> None:
                                     LinkFault(drop_backward=True, loss=0.3)])
     assert combined == LinkFault(drop_forward=True, drop_backward=True, delay_s=0.2, jitter_s=0.01, loss=0.3)
     assert combine_link_faults([]) == HEALTHY
+
+
+class ResettingProxy(RecordingProxy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.resets: list[str] = []
+
+    def reset(self, name: str) -> None:
+        self.resets.append(name)
+
+
+def client_drop(seed: int) -> tuple[ResettingProxy, Any]:
+    proxy = ResettingProxy()
+    cluster: Any = SimpleNamespace(nodes=[0, 1, 2], target="local", link_faults=lambda: proxy,
+                                   node_isolation=lambda: None, leader=lambda: 1)
+    nemesis = Nemesis(cluster, history=None, seed=seed, kinds=["client-drop"])
+    return proxy, nemesis.faults.begin("client-drop", random.Random(seed))
+
+
+def test_client_drop_cuts_the_leaders_client_connections_when_it_starts_and_again_when_it_stops() -> None:
+    for seed in range(20):
+        proxy, fault = client_drop(seed)
+        if fault.details["variant"] == "drop":
+            break
+    else:
+        raise AssertionError("no seed drew the drop variant")
+    assert fault.nodes == [1] and proxy.resets == ["client->node-1"] and proxy.links == {}
+    fault.stop()
+    assert proxy.resets == ["client->node-1", "client->node-1"]
+
+
+def test_client_drop_stalls_the_leaders_client_link_then_heals_and_cuts_it() -> None:
+    for seed in range(20):
+        proxy, fault = client_drop(seed)
+        if fault.details["variant"] == "stall":
+            break
+    else:
+        raise AssertionError("no seed drew the stall variant")
+    stalled = proxy.links["client->node-1"]
+    assert 0.3 <= stalled.delay_s <= 1.5 and not stalled.partitioned and proxy.resets == []
+    fault.stop()
+    assert proxy.links["client->node-1"] == HEALTHY and proxy.resets == ["client->node-1"]

@@ -21,8 +21,8 @@ def describe(document) -> str:
 
 
 @pytest.mark.timeout(420)
-def test_a_short_seeded_run_with_kill_pause_and_partition_is_valid(tmp_path):
-    config = RunConfig(nodes=3, time_limit_s=60, nemesis=["kill", "pause", "partition"], seed=CI_SEED,
+def test_a_short_seeded_run_with_kill_pause_partition_and_client_drops_is_valid(tmp_path):
+    config = RunConfig(nodes=3, time_limit_s=60, nemesis=["kill", "pause", "partition", "client-drop"], seed=CI_SEED,
                        out=tmp_path, workers=5)
     document = run(config, Progress(quiet=True))
     results = document["results"]
