@@ -12,7 +12,9 @@
 The package, by job: :mod:`~rcq.client.client` (:class:`RcqClient`, the API),
 :mod:`~rcq.client.transaction` (:class:`Transaction`), :mod:`~rcq.client.transport`
 (leader tracking, the one retry policy and what is safe to re-send, coalescing),
-:mod:`~rcq.client.coalescer` (the transport's batching helper) and
+:mod:`~rcq.client.coalescer` (the transport's batching helper),
+:mod:`~rcq.client.channel` (the session channel: one WebSocket to a node, requests pipelined on
+it; the transport's default for the hot verbs), :mod:`~rcq.client.exchange` (one HTTP exchange) and
 :mod:`~rcq.client.wire` (result types, item encodings, request bodies). The errors are
 those of :mod:`rcq.errors`, re-exported here.
 
