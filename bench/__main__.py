@@ -16,6 +16,9 @@ sends its admin token. ``--tls`` adds HTTPS (certificates of a CA made for the c
 runs' rows (their ``security`` column says which is which). Against ``--urls``, the clients
 send ``$RCQ_TOKEN`` and verify HTTPS against ``$RCQ_CA_FILE`` (or the system's CAs).
 
+Transport: the clients use the session channel, the client's default; with ``--http`` they send
+one HTTP request per operation (the ``transport`` column says which).
+
 Scenarios: enqueue-1, dequeue-1, session, enqueue-100, dequeue-100 (each in
 both caller modes), failover (local clusters only: kill -9 the leader,
 time to a serving new leader and to the first commit after it) and memory
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -206,8 +210,8 @@ async def _snapshot_stalls(cluster: LocalCluster, leader: int) -> dict[str, Any]
 
 # ---------------------------------------------------------------------- main
 def print_table(rows: list[dict[str, Any]]) -> None:
-    columns = ["durability", "security", "scenario", "callers", "concurrency", "tx_per_s", "items_per_s", "p50_ms", "p99_ms",
-               "errors"]
+    columns = ["durability", "security", "transport", "scenario", "callers", "concurrency", "tx_per_s", "items_per_s",
+               "p50_ms", "p99_ms", "errors"]
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
     print("  ".join(c.rjust(widths[c]) for c in columns))
     for row in rows:
@@ -225,13 +229,14 @@ def node_pids(args: argparse.Namespace, cluster: LocalCluster | None, urls: list
 
 async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability: str) -> dict[str, Any]:
     target = Target.of(cluster) if cluster is not None else Target.from_environment(args.urls.split(","))
+    target = dataclasses.replace(target, channel=not args.http)
     urls = target.urls
     async with target.client() as client:
         await client.wait_for_leader(60)
     report: dict[str, Any] = {"config": {
         "nodes": len(urls), "concurrency": args.concurrency, "duration_s": args.duration_s,
         "python": platform.python_version(), "cpus": os.cpu_count(), "target": "local" if cluster else urls,
-        "security": target.security}}
+        "security": target.security, "transport": target.transport}}
     rows = []
     rates: dict[str, float] = {}
     for name in [s for s in SCENARIOS if s in args.scenarios]:
@@ -242,7 +247,8 @@ async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability
             figures = await run_scenario(target, name, callers, args.concurrency, args.duration_s, expected,
                                          window=watch.window if watch else None)
             rates[f"{name}/{callers}"] = figures.transactions_per_s
-            rows.append({"durability": durability, "security": target.security, **figures.row()})
+            rows.append({"durability": durability, "security": target.security, "transport": target.transport,
+                         **figures.row()})
             print_table(rows[-1:]) if len(rows) == 1 else print(
                 "  ".join(str(v) for v in rows[-1].values()), flush=True)
             if watch is not None:
@@ -289,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-auth", action="store_true",
                         help="a fresh cluster without API tokens (default: tokens, as in production)")
     parser.add_argument("--tls", action="store_true", help="a fresh cluster serving HTTPS (a CA made for it)")
+    parser.add_argument("--http", action="store_true",
+                        help="clients send one HTTP request per operation (default: the session channel)")
     parser.add_argument("--cpu", action="store_true",
                         help="also CPU per transaction by process (leader, followers, this bench) from "
                              "/proc/PID/stat, and commits per Raft entry")

@@ -28,12 +28,14 @@ PREFILL_BATCH_ITEMS = 1000
 @dataclass(frozen=True)
 class Target:
     """The cluster under test as its clients see it: its URLs, the token they send and the CA
-    file they verify HTTPS against (None: no token; the system's CAs)."""
+    file they verify HTTPS against (None: no token; the system's CAs), and whether its clients
+    use the session channel (the client's default) or one HTTP request per operation."""
 
     urls: list[str]
     token: str | None = None
     ca_file: str | None = None
     security: str = "(the cluster's own)"  # what the figures were measured with
+    channel: bool = True
 
     @classmethod
     def of(cls, cluster: LocalCluster) -> Target:
@@ -43,8 +45,13 @@ class Target:
     def from_environment(cls, urls: list[str]) -> Target:
         return cls(urls, os.environ.get("RCQ_TOKEN") or None, os.environ.get("RCQ_CA_FILE") or None)
 
+    @property
+    def transport(self) -> str:
+        return "channel" if self.channel else "http"
+
     def client(self, urls: list[str] | None = None, **options: Any) -> RcqClient:
-        return RcqClient(self.urls if urls is None else urls, token=self.token, ca_file=self.ca_file, **options)
+        return RcqClient(self.urls if urls is None else urls, token=self.token, ca_file=self.ca_file,
+                         **{"channel": self.channel, **options})
 
     def session(self) -> aiohttp.ClientSession:
         """Raw HTTP to the nodes, with the token and the CA."""

@@ -36,7 +36,7 @@ def test_bench_cpu_reports_the_leader_each_follower_and_the_client(
     leader_id = cpu["leader_id"]
     followers = sorted(node.node_id for node in cluster.nodes if node.node_id != leader_id)
     assert list(cpu["us_per_tx"]) == ["leader", *followers, "client"]
-    assert row["errors"] == 0 and cpu["transactions"] > 0
+    assert row["errors"] == 0 and cpu["transactions"] > 0 and row["transport"] == "channel"
     assert all(us > 0 for us in cpu["us_per_tx"].values()), cpu
     assert cpu["commits_per_entry"] >= 1.0
     assert "notes" not in cpu, cpu["notes"]
