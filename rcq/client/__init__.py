@@ -10,6 +10,9 @@
         await client.enqueue("in", b"\\x00\\xff", "text")    # one request, one transaction
 
 The package, by job: :mod:`~rcq.client.client` (:class:`RcqClient`, the API),
+:mod:`~rcq.client.sync` (:class:`SyncClient`, the same API for synchronous code: RcqClient run
+on a thread of its own), :mod:`~rcq.client.loop_thread` (that thread: a private event loop that
+other threads run coroutines on),
 :mod:`~rcq.client.transaction` (:class:`Transaction`), :mod:`~rcq.client.transport`
 (leader tracking, the one retry policy and what is safe to re-send, coalescing),
 :mod:`~rcq.client.coalescer` (the transport's batching helper),
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from rcq.client.client import PEEK_TIMEOUT_S, RcqClient
 from rcq.client.exchange import CONNECTIONS_MAX
+from rcq.client.sync import SyncClient, SyncTransaction
 from rcq.client.transaction import Transaction
 from rcq.client.wire import (
     CommitInfo,
@@ -86,8 +90,8 @@ __all__ = [
     "Item", "ItemValue", "LeaderChanged", "MemberExists", "MemberNotFound", "MembershipConflict", "MethodNotAllowed",
     "NoLeader", "NodeUnreachable", "NotLeader", "NotReady", "OperationResult",
     "OutcomeExpired", "PayloadTooLarge", "QueueFull", "QueueInUse", "QueueNotFound", "RcqClient", "RcqError", "RequestTimeout",
-    "RouteNotFound", "StorageFull", "TokenExpired", "TooManyConnections", "TooManyQueues", "TooManyRequests",
-    "TooManyTransactions", "Transaction", "TransactionAborted", "TransactionBusy", "TransactionClosed",
+    "RouteNotFound", "StorageFull", "SyncClient", "SyncTransaction", "TokenExpired", "TooManyConnections", "TooManyQueues",
+    "TooManyRequests", "TooManyTransactions", "Transaction", "TransactionAborted", "TransactionBusy", "TransactionClosed",
     "TransactionCommitted", "TransactionExpired", "TransactionLifetimeExceeded", "TransactionNotFound", "Unauthorized",
     "Unavailable", "WouldLoseQuorum", "encode_items",
 ]
