@@ -188,6 +188,22 @@ async def test_after_a_response_the_next_head_is_timed_from_its_first_byte(start
     slowloris.cancel()
 
 
+async def test_a_head_begun_after_the_previous_deadline_was_set_gets_a_whole_deadline_of_its_own(
+        start_node, connections):
+    # One timer per connection, set for the first head: it must wait again for a later head,
+    # not close the connection when the first head's deadline passes.
+    node = await start_node(http_header_timeout_s=0.6, http_keepalive_s=30)
+    reader, writer = await connections(node.port)
+    writer.write(HEAD)
+    assert (await read_response(reader))[0] == 200
+    await asyncio.sleep(0.4)  # the scenario's pace: the next head begins 0.4 s into the first one's deadline
+    slowloris = asyncio.create_task(dribble(writer, b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 200, 0.05))
+    elapsed = await seconds_until_closed(reader, 5)
+    assert 0.5 < elapsed < 3, elapsed
+    slowloris.cancel()
+    assert limiter_of(node).header_timeouts_total == 1
+
+
 async def test_an_idle_keepalive_connection_is_closed_after_http_keepalive_s(start_node, connections):
     node = await start_node(http_header_timeout_s=0.3, http_keepalive_s=1.5)
     reader, writer = await connections(node.port)

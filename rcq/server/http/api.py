@@ -1,4 +1,4 @@
-"""The HTTP API v1: ``create_app()``, its middlewares, and the error middleware.
+"""The HTTP API v1: ``create_app()`` and the one middleware every request goes through.
 
 Thin by design: parse and validate (pydantic), call the TransactionManager or read the state
 machine, render JSON. The routes live by job in ``transaction_routes``, ``queue_routes``,
@@ -8,20 +8,25 @@ HTTP is in ``operations``. Every failure becomes ``{"error": {...}}`` with the s
 (``Location`` and ``error.leader_url``): clients re-send to the leader themselves; Raft never
 forwards a command for them.
 
+The middleware authenticates (:func:`~rcq.server.http.auth.authenticate`), renders errors, and
+counts and times each request (:meth:`~rcq.server.http.metrics.NodeMetrics.observe_request`):
+one layer, where three nested ones cost a coroutine frame, a call and a ``try`` each per request.
+
 Must not import: pysyncobj, lmdb.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from rcq.errors import InternalError, MethodNotAllowed, PayloadTooLarge, RcqError, RouteNotFound
 from rcq.server.config import NodeConfig
 from rcq.server.http import cluster_routes, membership_routes, queue_routes, session_channel, transaction_routes
-from rcq.server.http.auth import auth_middleware
+from rcq.server.http.auth import authenticate
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, TOKENS, Handler, error_response
 from rcq.server.http.membership_routes import MEMBERSHIP, make_probe
 from rcq.server.http.metrics import NodeMetrics
@@ -34,34 +39,50 @@ from rcq.tokens import TokenRegistry
 log = logging.getLogger(__name__)
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except RcqError as exc:
-        return error_response(exc, request)
-    except web.HTTPRequestEntityTooLarge as exc:
+def request_middleware(metrics: NodeMetrics, tokens: TokenRegistry) -> Middleware:
+    """Authentication, errors as JSON, and the request counted (with the status it is answered
+    with, rendered errors included) and timed, for every request."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.monotonic()
+        status = 500  # what a cancelled request is counted as
+        try:
+            try:
+                authenticate(request, tokens)
+                response = await handler(request)
+            except RcqError as exc:
+                response = error_response(exc, request)
+            except web.HTTPException as exc:
+                status = exc.status
+                response = _http_error_response(exc, request)
+            except Exception:
+                log.exception("unexpected error in %s %s", request.method, request.path)
+                response = error_response(InternalError())
+            status = response.status
+            return response
+        finally:
+            metrics.observe_request(request, status, started)
+
+    return middleware
+
+
+def _http_error_response(exc: web.HTTPException, request: web.Request) -> web.Response:
+    """aiohttp's own refusals that rcq answers with its JSON errors; any other is re-raised, for
+    aiohttp to answer (redirects and the like)."""
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return error_response(PayloadTooLarge(f"request body over the limit: {exc.text}"))
-    except web.HTTPNotFound:
+    if isinstance(exc, web.HTTPNotFound):
         return error_response(RouteNotFound(f"no endpoint {request.method} {request.path}"))
-    except web.HTTPMethodNotAllowed:
+    if isinstance(exc, web.HTTPMethodNotAllowed):
         return error_response(MethodNotAllowed(f"{request.method} is not allowed on {request.path}"))
-    except web.HTTPException:
-        raise
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("unexpected error in %s %s", request.method, request.path)
-        return error_response(InternalError())
+    raise exc
 
 
 def create_app(config: NodeConfig, manager: TransactionManager, replicator: Replicator) -> web.Application:
     metrics = NodeMetrics(config, manager, replicator)
     tokens = TokenRegistry(config.tokens, config.tokens_file)
-    # The metrics middleware is outermost: it counts the status error_middleware answered with,
-    # and error_middleware renders what authentication refuses.
-    app = web.Application(middlewares=[metrics.middleware, error_middleware, auth_middleware(tokens)],
-                          client_max_size=config.body_bytes_max)
+    app = web.Application(middlewares=[request_middleware(metrics, tokens)], client_max_size=config.body_bytes_max)
     app[CONFIG] = config
     app[MANAGER] = manager
     app[REPLICATOR] = replicator

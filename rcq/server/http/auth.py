@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from rcq.tokens import OPEN, Principal, TokenRegistry
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 PRINCIPAL = web.RequestKey("principal", Principal)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def presented_token(authorization: str | None) -> str | None:
@@ -50,14 +46,12 @@ def principal_of(request: web.Request) -> Principal:
     return request.get(PRINCIPAL, OPEN)
 
 
-def auth_middleware(registry: TokenRegistry) -> Middleware:
-    @web.middleware
-    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if registry.enabled and request.path not in PUBLIC_PATHS:
-            request[PRINCIPAL] = registry.authenticate(presented_token(request.headers.get("Authorization")))
-        return await handler(request)
-
-    return authenticate
+def authenticate(request: web.Request, registry: TokenRegistry) -> None:
+    """Give ``request`` the principal of the token it carries; raises ``Unauthorized`` (or
+    ``TokenExpired``) if it has none that is valid. Public paths need none, nor does any path of
+    a node without tokens: those requests keep :data:`OPEN`. Called by the app's middleware."""
+    if registry.enabled and request.path not in PUBLIC_PATHS:
+        request[PRINCIPAL] = registry.authenticate(presented_token(request.headers.get("Authorization")))
 
 
 # ``WWW-Authenticate`` of every 401: Basic, so that a browser asks for the token (as the password).

@@ -156,8 +156,10 @@ class ConnectionLimiter:
             connection.close_now()
 
     def _tracking(self, handle: Handler) -> Handler:
+        admitted = self.admitted
+
         async def tracked(request: web.BaseRequest) -> web.StreamResponse:
-            connection = self.admitted.get(request.protocol)
+            connection = admitted.get(request.protocol)
             if connection is None:
                 return await handle(request)
             connection.request_started()
@@ -182,13 +184,19 @@ class ConnectionLimiter:
 
 class _Connection(asyncio.Protocol):
     """One accepted connection: refused, or admitted and handed to aiohttp's RequestHandler, whose
-    protocol methods it forwards while it keeps the head deadline."""
+    protocol methods it forwards while it keeps the head deadline.
+
+    The deadline costs a timer per connection, not per request: a head's start is a timestamp
+    (``_head_since``), and the one timer, when it fires, closes the connection if the head it
+    waits for is late, or else waits again until that head's deadline (as aiohttp's keep-alive
+    timer does). Requests back to back on a kept-alive connection arm and cancel nothing."""
 
     def __init__(self, limiter: ConnectionLimiter) -> None:
         self._limiter = limiter
         self._transport: asyncio.Transport | None = None
         self._handler: web.RequestHandler | None = None
-        self._timer: asyncio.TimerHandle | None = None  # head deadline, or a refusal's linger
+        self._timer: asyncio.TimerHandle | None = None  # the head deadline's, or a refusal's linger
+        self._head_since: float | None = None  # when the awaited head began to arrive; None: none awaited
         self._busy = False  # a request of this connection is in its handler
 
     # ------------------------------------------------------------ asyncio.Protocol
@@ -202,14 +210,14 @@ class _Connection(asyncio.Protocol):
         self._handler = handler
         limiter.admitted[handler] = self
         handler.connection_made(transport)
-        self._arm_head_deadline()
+        self._head_started()
 
     def data_received(self, data: bytes) -> None:
         if self._handler is None:  # refused: its request has been read, so closing sends FIN
             self.close_now()
             return
-        if not self._busy and self._timer is None:  # the first byte of a new request head
-            self._arm_head_deadline()
+        if not self._busy and self._head_since is None:  # the first byte of a new request head
+            self._head_started()
         self._handler.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -237,8 +245,10 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ requests
     def request_started(self) -> None:
+        """Its head is complete and handled: no deadline while the handler runs (the timer, if
+        armed, finds nothing awaited when it fires)."""
         self._busy = True
-        self._cancel_timer()
+        self._head_since = None
 
     def request_finished(self) -> None:
         # The next head is timed from its first byte; until then the connection is idle, which
@@ -264,12 +274,20 @@ class _Connection(asyncio.Protocol):
         limiter.lingering.add(self)
         self._timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, self.close_now)
 
-    def _arm_head_deadline(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(self._limiter.header_timeout_s, self._head_timed_out)
+    def _head_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._head_since = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_at(self._head_since + self._limiter.header_timeout_s, self._head_deadline)
 
-    def _head_timed_out(self) -> None:
+    def _head_deadline(self) -> None:
         self._timer = None
-        if self._busy or self._transport is None:
+        if self._busy or self._head_since is None or self._transport is None:
+            return  # no head awaited: the next one arms the timer again
+        loop = asyncio.get_running_loop()
+        deadline = self._head_since + self._limiter.header_timeout_s
+        if loop.time() < deadline:  # a later head than the one this timer was set for
+            self._timer = loop.call_at(deadline, self._head_deadline)
             return
         self._limiter.header_timeouts_total += 1
         log.debug("closing an HTTP connection from %s: no complete request head within %g s",
