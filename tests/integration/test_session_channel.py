@@ -199,3 +199,35 @@ async def test_the_channel_runs_over_mutual_tls():
 
             await wait_until(committed, LOCAL_WAIT_S, message="a commit over wss://")
             await channel.ws.close()
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    line = f"{name}{{{labels}}} " if labels else f"{name} "
+    return sum(float(row.split()[-1]) for row in text.splitlines() if row.startswith(line))
+
+
+async def test_metrics_count_channels_frames_and_closes(cluster: LocalCluster):
+    url = cluster.urls[cluster.wait_for_leader(LEADER_TIMEOUT_S)]
+    async with aiohttp.ClientSession() as session:
+        async def scrape() -> str:
+            async with session.get(f"{url}/metrics", headers=cluster.auth_headers()) as response:
+                return await response.text()
+
+        before = await scrape()
+        channel = await open_channel(session, cluster)
+        for _ in range(3):
+            status, _ = await channel.ask("begin")
+            assert status == 201
+        during = await scrape()
+        assert metric(during, "rcq_session_channels") >= 1
+        assert metric(during, "rcq_session_channels_opened_total") >= metric(before, "rcq_session_channels_opened_total") + 1
+        assert metric(during, "rcq_session_frames_in_total") >= metric(before, "rcq_session_frames_in_total") + 3
+        assert metric(during, "rcq_session_frames_out_total") >= metric(before, "rcq_session_frames_out_total") + 3
+        assert "rcq_session_requests_in_flight " in during
+        await channel.ws.close()
+
+        async def counted_closed() -> bool:
+            return (metric(await scrape(), "rcq_session_channels_closed_total", 'code="1000"')
+                    > metric(before, "rcq_session_channels_closed_total", 'code="1000"'))
+
+        await wait_until(counted_closed, LOCAL_WAIT_S, message="the closed channel counted by its close code")

@@ -26,6 +26,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rcq.server.config import NodeConfig
+from rcq.server.http.channel_stats import ChannelStats
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
 
@@ -165,12 +166,22 @@ class RcqCollector(Collector):
                                 value=int(self._manager.serving))
 
 
+class _SessionCollector(Collector):
+    def __init__(self, stats: ChannelStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._stats.metrics()
+
+
 class NodeMetrics:
     """One node's registry, its observed metrics, and the ``/metrics`` handler."""
 
     def __init__(self, config: NodeConfig, manager: TransactionManager, replicator: Replicator) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(RcqCollector(config, manager, replicator))
+        self.sessions = ChannelStats()
+        self.registry.register(_SessionCollector(self.sessions))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu, open fds
         self.commit_seconds = Histogram(
             "rcq_commit_duration_seconds", "From a commit's proposal to its outcome, on the leader",

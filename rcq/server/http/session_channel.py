@@ -27,8 +27,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -37,7 +35,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from rcq.errors import InternalError, InvalidRequest, NotLeader, RcqError, TooManyConnections
 from rcq.server.http import operations
 from rcq.server.http.auth import presented_token
-from rcq.server.http.handlers import CONFIG, MANAGER, TOKENS, caller_of, error_response, invalid_body
+from rcq.server.http.channel_stats import ChannelStats
+from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, TOKENS, caller_of, error_response, invalid_body
 from rcq.server.http.models import BatchOperation, BatchRequest
 from rcq.server.http.transaction_routes import answer_each, batch_operation
 
@@ -62,20 +61,6 @@ FRAME = TypeAdapter(BatchOperation)
 BATCH_FRAME = TypeAdapter(ChannelBatch)
 
 
-@dataclass
-class ChannelStats:
-    """What ``/metrics`` reports of this node's channels."""
-
-    open: int = 0
-    in_flight: int = 0
-    frames_in: int = 0
-    frames_out: int = 0
-    opened_total: int = 0
-    closed_total: Counter[int] = field(default_factory=Counter)  # by close code
-    per_client: Counter[str] = field(default_factory=Counter)
-
-
-SESSIONS = web.AppKey("sessions", ChannelStats)
 
 
 class _Closing(Exception):
@@ -260,7 +245,7 @@ class _Channel:
 
 async def serve(request: web.Request) -> web.StreamResponse:
     """``GET /v1/session``: checks as any leader-only request, then the channel until it closes."""
-    manager, config, stats = request.app[MANAGER], request.app[CONFIG], request.app[SESSIONS]
+    manager, config, stats = request.app[MANAGER], request.app[CONFIG], request.app[METRICS].sessions
     caller = caller_of(request)  # the auth middleware refused a missing or bad token already
     try:
         manager.require_serving()
@@ -291,5 +276,4 @@ async def serve(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    app[SESSIONS] = ChannelStats()
     app.router.add_get(PATH, serve)
