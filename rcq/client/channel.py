@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import aiohttp
@@ -207,44 +207,53 @@ class Channel:
         self.in_flight = 0  # requests in exchange(), connecting or answered or not
         self._idle = asyncio.Event()  # set when in_flight drops to 0
 
-    async def exchange(self, operation: Mapping[str, Any], timeout_s: float) -> Answer:
+    async def exchange(self, operation: Mapping[str, Any], timeout_s: float, overdue_s: float | None = None,
+                       on_overdue: OverdueWatch | None = None) -> Answer:
         """``operation`` (a ``/v1/batch`` sub-request, or ``{"op": "batch", ...}``) once, within ``timeout_s``.
-        Raises ExchangeFailed (no answer) or ChannelUnusable (not sent: use HTTP)."""
+        Raises ExchangeFailed (no answer) or ChannelUnusable (not sent: use HTTP). With no answer
+        ``overdue_s`` after it left, ``on_overdue(abandon)`` runs (a task) until the answer comes; it
+        may give up on the request with ``abandon(exception)``, which this then raises."""
         self.in_flight += 1
         try:
-            return await self._exchange(operation, timeout_s)
+            return await self._exchange(operation, timeout_s, overdue_s, on_overdue)
         finally:
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
 
-    async def _exchange(self, operation: Mapping[str, Any], timeout_s: float) -> Answer:
+    async def _exchange(self, operation: Mapping[str, Any], timeout_s: float, overdue_s: float | None,
+                        on_overdue: OverdueWatch | None) -> Answer:
         body = dumps(operation)  # encoded once: the id is spliced in front
         if len(body) > FRAME_BYTES_MAX:
             raise ChannelUnusable(f"a request of {len(body)} bytes goes over HTTP", None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        try:
-            async with asyncio.timeout_at(deadline):
-                connection = await self._connected()
-        except TimeoutError as exc:
-            raise ExchangeFailed(Unavailable(f"cannot open the session channel to {self.node_url} "
-                                             f"within {timeout_s:g} s"), maybe_sent=False) from exc
+        connection = self._connection
+        if connection is None or connection.ended is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    connection = await self._connected()
+            except TimeoutError as exc:
+                raise ExchangeFailed(Unavailable(f"cannot open the session channel to {self.node_url} "
+                                                 f"within {timeout_s:g} s"), maybe_sent=False) from exc
         frame_id = connection.new_id()
         sent_at = loop.time()
+        future = await connection.send(frame_id, b'{"id":%d,' % frame_id + body[1:])
+        # One timer per request, not a task and a timeout context: the hot path of every verb.
+        timer = _RequestTimer(future, deadline, None if overdue_s is None else sent_at + overdue_s, on_overdue)
         try:
-            async with asyncio.timeout_at(deadline):
-                future = await connection.send(frame_id, b'{"id":%d,' % frame_id + body[1:])
-                return await future
-        except TimeoutError as exc:
+            return await future
+        except _Expired as exc:
             connection.forget(frame_id)
             if connection.last_frame_at < sent_at:  # not a frame since: the connection looks dead
                 connection.end(Unavailable(f"the session channel to {self.node_url} fell silent"))
             raise ExchangeFailed(Unavailable(f"no answer from {self.node_url} within {timeout_s:g} s "
                                              "on the session channel"), maybe_sent=True) from exc
-        except asyncio.CancelledError:
+        except BaseException:  # abandoned, cancelled, or the channel dropped: a late answer is dropped
             connection.forget(frame_id)
             raise
+        finally:
+            timer.cancel()
 
     async def _connected(self) -> _Connection:
         connection = self._connection
@@ -317,6 +326,54 @@ class Channel:
         connection, self._connection = self._connection, None
         if connection is not None:
             await connection.close()
+
+
+class _Expired(Exception):
+    """A request's ``timeout_s`` passed without its answer."""
+
+
+# ``on_overdue(abandon)``: watches an overdue request; ``abandon(exception)`` ends its wait with
+# ``exception`` and says whether it did (False: the answer came first).
+Abandon = Callable[[BaseException], bool]
+OverdueWatch = Callable[[Abandon], Coroutine[Any, Any, None]]
+
+
+class _RequestTimer:
+    """The one timer of a request in flight: first when it becomes overdue (its watch starts), then
+    at its deadline (its answer future fails with :class:`_Expired`)."""
+
+    def __init__(self, future: asyncio.Future[Answer], deadline: float, overdue_at: float | None,
+                 on_overdue: OverdueWatch | None) -> None:
+        self._future = future
+        self._deadline = deadline
+        self._on_overdue = on_overdue if overdue_at is not None and overdue_at < deadline else None
+        self._watch: asyncio.Task[None] | None = None
+        loop = future.get_loop()
+        first = overdue_at if overdue_at is not None and self._on_overdue is not None else deadline
+        self._handle = loop.call_at(first, self._fire)
+
+    def _fire(self) -> None:
+        if self._future.done():
+            return
+        if self._on_overdue is None:
+            self._future.set_exception(_Expired())
+            return
+        watch, self._on_overdue = self._on_overdue, None
+        loop = self._future.get_loop()
+        self._handle = loop.call_at(self._deadline, self._fire)
+        self._watch = loop.create_task(watch(self._abandon))
+        self._watch.add_done_callback(_consume)
+
+    def _abandon(self, error: BaseException) -> bool:
+        if self._future.done():
+            return False
+        self._future.set_exception(error)
+        return True
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+        if self._watch is not None and not self._watch.done():
+            self._watch.cancel()
 
 
 def _leader_url(status: int, body: Any) -> str | None:

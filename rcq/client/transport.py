@@ -93,7 +93,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from rcq.client.channel import Channel, ChannelUnusable
+from rcq.client.channel import Abandon, Channel, ChannelUnusable
 from rcq.client.coalescer import Coalescer
 from rcq.client.exchange import Answer, ExchangeFailed, exchange, new_session, normalize_url
 from rcq.client.wire import dumps, estimated_item_bytes
@@ -351,8 +351,15 @@ class Transport:
         channel = self._channel(node_url)
         if channel is None:
             return None
+        # overdue, the same watch as _watched's, run by the channel's own timer (no task per request)
+        overdue_s = LEADER_PROBE_AFTER_S + wait_s if len(self._urls) > 1 else None
         try:
-            return await self._watched(node_url, channel.exchange(operation, timeout_s), wait_s)
+            return await channel.exchange(operation, timeout_s, overdue_s,
+                                          lambda abandon: self._watch_overdue(node_url, abandon))
+        except ExchangeFailed as exc:
+            return _failed_exchange(node_url, exc)
+        except _Abandoned as exc:
+            return exc.failure
         except ChannelUnusable as exc:
             if exc.pause_s is not None:
                 log.debug("rcq client: HTTP for %s for %g s: %s", node_url, exc.pause_s, exc)
@@ -449,6 +456,20 @@ class Transport:
             if not attempt.done():
                 attempt.cancel()
 
+    async def _watch_overdue(self, node_url: str, abandon: Abandon) -> None:
+        """:meth:`_watched`'s loop for a request on a channel: ends its wait if another node leads."""
+        while True:
+            newer = await self._probe_for_leader(node_url)
+            if newer is not None:
+                error = Unavailable(f"{node_url} stopped answering; {newer} is the serving leader now")
+                failure = _Failure(node_url, error, asyncio.get_running_loop().time(), random.uniform(0.5, 1.0),
+                                   maybe_executed=True, retryable=True, rotate=True)
+                if abandon(_Abandoned(failure)):
+                    self._leader = newer
+                    self.leader_switches += 1
+                return
+            await asyncio.sleep(LEADER_PROBE_INTERVAL_S)
+
     async def _probe_for_leader(self, overdue_url: str) -> str | None:
         """Another node that says it is the serving leader, or None; one probe at a time is shared."""
         probe = self._leader_probe
@@ -528,6 +549,14 @@ class Transport:
         except ExchangeFailed:
             return None
         return answer.payload if answer.status == 200 and isinstance(answer.payload, dict) else None
+
+
+class _Abandoned(Exception):
+    """An overdue request on a channel given up for another leader: its failure, as _watched makes it."""
+
+    def __init__(self, failure: _Failure) -> None:
+        super().__init__(failure.error.message)
+        self.failure = failure
 
 
 # ------------------------------------------------------------------ judging answers

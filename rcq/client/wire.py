@@ -171,9 +171,13 @@ def dead_letter_from_wire(entry: Mapping[str, Any] | None) -> DeadLetter | None:
 
 
 # ------------------------------------------------------------------ request bodies
+# ensure_ascii=False: UTF-8 items travel as themselves, not as \\u escapes six times their size. One
+# encoder for every request: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def dumps(body: Any) -> bytes:
-    # ensure_ascii=False: UTF-8 items travel as themselves, not as \\u escapes six times their size
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _ENCODER.encode(body).encode("utf-8")
 
 
 def receive_body(queue: str, max_items: int, wait_ms: int, timeout_s: float | None,
