@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.encryptor import getEncryptor
+from pysyncobj.tcp_connection import TcpConnection
 
 from rcq.server.config import NodeConfig, PeerConfig
 from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite
@@ -605,7 +606,6 @@ async def test_without_the_fix_one_emfile_closes_pysyncobjs_listener_for_good(
 def _measure_frame(size: int) -> float:
     """Seconds for a node-side TcpConnection to receive and decode one ``size``-byte message."""
     from pysyncobj.poller import createPoller
-    from pysyncobj.tcp_connection import TcpConnection
 
     # zlib level 0 (pysyncobj sends level 3): random bytes do not compress, and compressing 64 MiB
     # would only make the measurement slower to prepare.
@@ -690,3 +690,35 @@ def test_an_accept_error_about_one_connection_keeps_the_listener(error: str) -> 
     FailingSocket.accept = lambda self: (_ for _ in ()).throw(OSError(errno_module.EBADF, "EBADF"))  # type: ignore[method-assign]
     transport_patches._on_new_connection(listener, 0, POLL_EVENT_TYPE.READ)
     assert listener.unbound is True
+
+
+# ------------------------------------------------------------------ the send path's compression
+def sent_frames(send: Any, message: Any, encryptor: Any) -> bytes:
+    """What ``send`` (pysyncobj's TcpConnection.send, or rcq's) writes for ``message``: one frame."""
+    conn: Any = TcpConnection.__new__(TcpConnection)
+    conn.sendRandKey, conn.encryptor = b"nonce", encryptor
+    conn._TcpConnection__writeBuffer = b""
+    conn._TcpConnection__trySendBuffer = lambda: None
+    send(conn, message)
+    written = conn._TcpConnection__writeBuffer
+    (length,) = struct.unpack("i", written[:4])
+    assert len(written) == 4 + length
+    return written[4:]
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_frames_are_compressed_faster_and_read_by_any_node_as_before(sealed: bool) -> None:
+    encryptor = getEncryptor("a cluster secret") if sealed else None
+    entry = (pysyncobj_pickle.dumps({"units": ["item-%d" % i for i in range(200)]}), 7, 3)
+    message = {"type": "append_entries", "term": 3, "commit_index": 6, "entries": [entry],
+               "prevLogIdx": 6, "prevLogTerm": 3}
+    pysyncobjs = next(r.original for r in transport_patches.REPLACED["send"])
+    assert TcpConnection.send is transport_patches._send  # installed
+    for send in (transport_patches._send, pysyncobjs):
+        frame = sent_frames(send, message, encryptor)
+        receiver: Any = TcpConnection.__new__(TcpConnection)
+        receiver.encryptor, receiver.recvRandKey, receiver.recvLastTimestamp = encryptor, b"nonce", 0
+        assert transport_patches._decode(receiver, frame) == message  # what every node reads
+        compressed = encryptor.decrypt(frame) if encryptor else frame
+        level = {transport_patches._send: transport_patches.WIRE_COMPRESSION_LEVEL, pysyncobjs: 3}[send]
+        assert compressed == zlib.compress(pysyncobj_pickle.dumps((b"nonce", message)), level)
