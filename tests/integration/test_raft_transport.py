@@ -709,7 +709,7 @@ def sent_frames(send: Any, message: Any, encryptor: Any) -> bytes:
 @pytest.mark.parametrize("sealed", [True, False])
 def test_frames_are_compressed_faster_and_read_by_any_node_as_before(sealed: bool) -> None:
     encryptor = getEncryptor("a cluster secret") if sealed else None
-    entry = (pysyncobj_pickle.dumps({"units": ["item-%d" % i for i in range(200)]}), 7, 3)
+    entry = (pysyncobj_pickle.dumps({"units": [f"item-{i}" for i in range(200)]}), 7, 3)
     message = {"type": "append_entries", "term": 3, "commit_index": 6, "entries": [entry],
                "prevLogIdx": 6, "prevLogTerm": 3}
     pysyncobjs = next(r.original for r in transport_patches.REPLACED["send"])
