@@ -48,6 +48,7 @@ FRAME_ID_MAX = (1 << 53) - 1  # what a JSON number holds exactly in every langua
 HOUSEKEEPING_INTERVAL_S = 1.0  # token, leadership and idleness are looked at this often
 LEADERSHIP_DRAIN_S = 5.0  # after leadership ends, in-flight requests get this long to be answered
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one for every answer: json.dumps(..., separators) makes one per call
 CLOSE_LEADERSHIP_ENDED = 1012  # "service restart": the client reconnects, to the new leader
 
 
@@ -200,8 +201,7 @@ class _Channel:
         if self._ws.closed:
             return
         try:
-            await self._ws.send_str(json.dumps({"id": frame_id, "status": status, "body": body},
-                                               separators=(",", ":")))
+            await self._ws.send_str(_ENCODER.encode({"id": frame_id, "status": status, "body": body}))
         except (ConnectionError, RuntimeError):  # the peer went away; its reader ends the channel
             return
         self._stats.frames_out += 1
