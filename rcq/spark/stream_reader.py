@@ -32,6 +32,14 @@ those of later batches (a dead run's leftovers: their items go back to the
 head now, not at their timeout). That listing is also the recovery after a
 restart, so the consumer id must be stable and unique per running query.
 
+**When** (:class:`~rcq.spark.settle.Settler`): the first settle of a reader, and the one
+after a replayed batch, run before ``latestOffset`` answers (they recover a dead run). After a
+batch this reader offered, the commit runs in the background while batch ``n+1`` is planned and
+read (it spares batch ``n+1``'s transactions), and ``latestOffset`` waits for it only when there
+is no next batch (the query ends or idles) or, for availableNow, when the budget could be spent
+by the batches not yet counted. The next ``latestOffset`` waits for it before anything else, and
+repeats a failed one synchronously, so a commit's error still fails the query where Spark sees it.
+
 Must not import: pysyncobj, lmdb.
 """
 
@@ -48,10 +56,11 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from rcq.client import Item, RcqClient, Transaction
-from rcq.errors import RcqError, TransactionClosed
+from rcq.errors import RcqError
 from rcq.spark.options import RcqOptions
 from rcq.spark.remote import call
 from rcq.spark.schema import arrow_schema, items_to_batch
+from rcq.spark.settle import Settler, label_prefix
 
 log = logging.getLogger(__name__)
 
@@ -134,46 +143,6 @@ def available_items(info: dict[str, Any]) -> int:
     return 0
 
 
-def label_prefix(consumer_id: str) -> str:
-    """Labels of a consumer's transactions: ``rcq-source:<consumerId>:<batch>:<partition>``."""
-    return f"rcq-source:{consumer_id}:"
-
-
-def _batch_of(label: str | None, prefix: str) -> int | None:
-    if not label or not label.startswith(prefix):
-        return None
-    head = label[len(prefix):].split(":", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
-async def settle(client: RcqClient, consumer_id: str, done_batch: int) -> int:
-    """Commit open transactions of batches <= ``done_batch``, abort later ones; returns items committed."""
-    prefix = label_prefix(consumer_id)
-    to_commit: list[str] = []
-    to_abort: list[str] = []
-    for described in await client.transactions(label_prefix=prefix):
-        batch = _batch_of(described.get("label"), prefix)
-        if batch is None or described.get("state") != "open":
-            continue
-        (to_commit if batch <= done_batch else to_abort).append(described["transaction_id"])
-    for transaction_id in to_abort:
-        await client.attach(transaction_id).abort_quietly()
-    if not to_commit:
-        return 0
-    try:
-        return (await client.commit_many(to_commit)).dequeued
-    except TransactionClosed as exc:  # one expired or was aborted: commit the others one by one
-        log.warning("rcq source %s: commit of batch <= %d: %s; committing one by one", consumer_id, done_batch, exc)
-    committed = 0
-    for transaction_id in to_commit:
-        try:
-            committed += (await client.attach(transaction_id).commit()).dequeued
-        except TransactionClosed as exc:  # its items went back to the queue: they will be read again
-            log.warning("rcq source %s: %s was closed (%s); its items will be read again",
-                        consumer_id, transaction_id, exc.code)
-    return committed
-
-
 class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """State lives in the driver-side runner process only and is rebuilt from rcq after a restart."""
 
@@ -183,13 +152,35 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.consumer_id = consumer_id
         self.budget_items: int | None = None  # availableNow: items left to read
         self.offered: set[int] = set()  # batches this reader announced; any other one is a replay
+        self._settler: Settler | None = None  # made by the first settle: only the driver-side runner settles
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_settler": None}
+
+    @property
+    def settler(self) -> Settler:
+        if self._settler is None:
+            self._settler = Settler(self.options, self.consumer_id)
+        return self._settler
 
     def initialOffset(self) -> dict[str, int]:
         return {"batch": 0}
 
-    def _settle(self, done_batch: int) -> int:
-        return call(self.options, lambda client: settle(client, self.consumer_id, done_batch),
-                    f"committing consumer {self.consumer_id}'s batches up to {done_batch}")
+    def _count_committed(self) -> None:
+        committed = self.settler.take_committed()
+        if self.budget_items is not None:
+            self.budget_items -= committed
+
+    def _may_settle_later(self, done: int) -> bool:
+        """A batch this run offered may be committed during the next one, but for availableNow only
+        when the budget outlasts it even if every batch not yet counted read all it could."""
+        if done not in self.offered:  # the first call, or a replayed batch: recover now
+            return False
+        if self.budget_items is None:
+            return True
+        uncounted = done - self.settler.counted_through
+        batch_items_max = self.options.num_partitions * self.options.max_items_per_partition
+        return self.budget_items - uncounted * batch_items_max > 0
 
     def _queue_info(self) -> dict[str, Any]:
         async def ask(client: RcqClient) -> dict[str, Any]:
@@ -204,12 +195,20 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         done = int(start["batch"])
-        committed = self._settle(done)
-        if self.budget_items is not None:
-            self.budget_items -= committed
-            if self.budget_items <= 0:
-                return start
+        settler = self.settler
+        last_one_failed = not settler.wait()  # then settle now, where its error shows
+        self._count_committed()
+        if not last_one_failed and self._may_settle_later(done):
+            settler.later(done, spare_through=done + 1)  # batch done+1's tasks begin while it runs
+        else:
+            settler.now(done)
+        self._count_committed()
+        if self.budget_items is not None and self.budget_items <= 0:
+            return start
         if available_items(self._queue_info()) <= 0:
+            if not settler.wait():  # no next batch (the query ends or idles): commit before answering
+                settler.now(done)
+            self._count_committed()
             return start
         self.offered.add(done + 1)
         return {"batch": done + 1}
@@ -228,10 +227,16 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_partition(self.options, partition)
 
     def commit(self, end: dict[str, int]) -> None:
+        batch = int(end["batch"])
+        if batch <= self.settler.settled_through:  # latestOffset settled it, or is settling it
+            return
         try:
-            committed = self._settle(int(end["batch"]))
+            self.settler.now(batch)
         except (RcqError, RuntimeError) as exc:  # latestOffset will try again
             log.warning("rcq source %s: commit(%s) failed: %s", self.consumer_id, end, exc)
             return
-        if self.budget_items is not None:
-            self.budget_items -= committed
+        self._count_committed()
+
+    def stop(self) -> None:
+        if self._settler is not None:
+            self._settler.close()
