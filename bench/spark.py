@@ -9,7 +9,9 @@ SparkSession, warms both up, then measures, with 100-byte items:
   ``trigger(availableNow=True)`` into the ``noop`` sink, draining those rows;
   wall time from ``start()`` to the end of the query;
 
-each with enqueue/dequeue requests of ``--batch-size`` items, and then
+each with enqueue/dequeue requests of ``--batch-size`` items; then, as the yardstick of what
+Spark itself costs, the same streaming read from a source that makes its rows up
+(:mod:`bench.spark_baseline`: no network, no rcq, no commit; "Spark alone"); and then
 ``python -m bench``'s ``enqueue-100`` and ``dequeue-100`` scenarios (separate
 callers) on the same cluster. The issue's target: the Spark path reaches at
 least 50% of rcq's items/s.
@@ -51,6 +53,7 @@ def make_spark(master: str, config: dict[str, str] | None = None) -> Any:
     from pyspark.sql import SparkSession
 
     import rcq.spark
+    from bench.spark_baseline import register as register_baseline
 
     builder = (SparkSession.builder.master(master).appName("rcq-spark-bench")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
@@ -61,6 +64,7 @@ def make_spark(master: str, config: dict[str, str] | None = None) -> Any:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("OFF")
     rcq.spark.register(spark)
+    register_baseline(spark)
     return spark
 
 
@@ -74,11 +78,12 @@ def sink_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: in
 
 
 def source_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: int, batch_size: int,
-                      per_partition: int, checkpoint: Path, options: dict[str, str]) -> float:
-    stream = (spark.readStream.format("rcq").option("url", urls).option("queue", queue)
+                      per_partition: int, checkpoint: Path, options: dict[str, str], fmt: str = "rcq") -> float:
+    """``fmt``: ``rcq``, or ``rcq_baseline`` (:mod:`bench.spark_baseline`: the same rows made up, no I/O)."""
+    stream = (spark.readStream.format(fmt).option("url", urls).option("queue", queue)
               .option("consumerId", f"bench-{uuid.uuid4().hex[:8]}").option("batchSize", batch_size)
               .option("numPartitions", partitions).option("maxItemsPerPartition", per_partition)
-              .options(**options).load())
+              .option("rows", rows).options(**options).load())
     started = time.perf_counter()
     query = (stream.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
              .trigger(availableNow=True).start())
@@ -88,8 +93,8 @@ def source_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: 
     elapsed = time.perf_counter() - started
     read = sum(int(p["numInputRows"]) for p in query.recentProgress)
     batches_s = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in query.recentProgress) / 1000
-    print(f"  streaming read: {len(query.recentProgress)} micro-batches, {batches_s:.1f} s of {elapsed:.1f} s inside "
-          f"them ({read / max(batches_s, 1e-9):.0f} rows/s without the query's start-up)", flush=True)
+    print(f"  streaming read ({fmt}): {len(query.recentProgress)} micro-batches, {batches_s:.1f} s of {elapsed:.1f} s "
+          f"inside them ({read / max(batches_s, 1e-9):.0f} rows/s without the query's start-up)", flush=True)
     if read < rows:
         raise RuntimeError(f"the streaming read saw {read} of {rows} rows")
     return read / elapsed
@@ -108,9 +113,12 @@ async def rcq_bench(target: Target, concurrency: int, duration_s: float) -> dict
 def spark_figures(spark: Any, urls: str, args: argparse.Namespace, options: dict[str, str],
                   temp: Path) -> dict[str, float]:
     """Warm this session up (its executors are new JVMs and Python workers), then measure."""
+    from bench.spark_baseline import FORMAT as BASELINE_FORMAT
     warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
     sink_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, options)
     source_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, 1000, temp / f"w-{warm}", options)
+    source_rows_per_s(spark, urls, warm, 2000, args.partitions, args.batch_size, 1000, temp / f"wb-{warm}", {},
+                      fmt=BASELINE_FORMAT)
     queue = f"bench-spark-{uuid.uuid4().hex[:8]}"
     figures = {"spark_sink_rows_per_s": sink_rows_per_s(spark, urls, queue, args.rows, args.partitions,
                                                          args.batch_size, options)}
@@ -119,19 +127,28 @@ def spark_figures(spark: Any, urls: str, args: argparse.Namespace, options: dict
         spark, urls, queue, args.rows, args.partitions, args.batch_size, args.items_per_partition,
         temp / f"checkpoint-{queue}", options)
     print(f"streaming source:  {figures['spark_source_rows_per_s']:10.0f} rows/s", flush=True)
+    figures["spark_baseline_rows_per_s"] = source_rows_per_s(
+        spark, urls, queue, args.rows, args.partitions, args.batch_size, args.items_per_partition,
+        temp / f"checkpoint-baseline-{queue}", {}, fmt=BASELINE_FORMAT)
+    print(f"Spark alone:       {figures['spark_baseline_rows_per_s']:10.0f} rows/s (a source that reads nothing)",
+          flush=True)
     return figures
 
 
 def print_modes(by_mode: dict[str, dict[str, float]], rcq_figures: dict[str, float]) -> None:
     """One row per Spark mode: rows/s and the share of rcq's own items/s."""
     width = max(len("Spark mode"), *(len(mode) for mode in by_mode))
-    print(f"\n{'Spark mode':<{width}}  {'batch sink rows/s':>24}  {'streaming source rows/s':>24}")
+    print(f"\n{'Spark mode':<{width}}  {'batch sink rows/s':>24}  {'streaming source rows/s':>24}  "
+          f"{'Spark alone (no I/O) rows/s':>28}")
     for mode, figures in by_mode.items():
         sink = figures["spark_sink_rows_per_s"]
         source = figures["spark_source_rows_per_s"]
+        alone = figures["spark_baseline_rows_per_s"]
         sink_share = sink / max(rcq_figures["enqueue-100"], 1e-9)
         source_share = source / max(rcq_figures["dequeue-100"], 1e-9)
-        print(f"{mode:<{width}}  {f'{sink:,.0f} ({sink_share:.0%})':>24}  {f'{source:,.0f} ({source_share:.0%})':>24}")
+        alone_share = alone / max(rcq_figures["dequeue-100"], 1e-9)
+        print(f"{mode:<{width}}  {f'{sink:,.0f} ({sink_share:.0%})':>24}  {f'{source:,.0f} ({source_share:.0%})':>24}  "
+              f"{f'{alone:,.0f} ({alone_share:.0%})':>28}")
     print(f"{'rcq bench, 100-item requests':<{width}}  {rcq_figures['enqueue-100']:>24,.0f}  "
           f"{rcq_figures['dequeue-100']:>24,.0f}")
 
