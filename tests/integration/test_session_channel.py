@@ -152,7 +152,7 @@ async def test_many_requests_in_flight_are_each_answered_once_with_their_own_id(
     answers = [await channel.answer(frame_id) for frame_id in sent]
     assert all(answer["status"] == 200 and answer["body"]["committed"] for answer in answers)
     assert not channel.early
-    status, drained = await channel.ask("execute", operations=[{"op": "dequeue", "queue": queue, "max_items": 200}])
+    _, drained = await channel.ask("execute", operations=[{"op": "dequeue", "queue": queue, "max_items": 200}])
     assert sorted(int(item["value"]) for item in drained["results"][0]["items"]) == list(range(100))
 
 
