@@ -43,7 +43,6 @@ from rcq.client.coalescer import COALESCE_PARTS_MAX
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
-from tests.helpers.fakes import Wire
 from tests.helpers.nodes import make_config, running_node, url_of
 
 UNKNOWN_TRANSACTION_ID = "1." + "0" * 24
@@ -92,13 +91,6 @@ class ClusterReplicator(InMemoryReplicator):
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
     async with running_node(tmp_path) as node:
         yield node
-
-
-@pytest.fixture
-async def wire() -> AsyncIterator[tuple[Wire, aiohttp.ClientSession]]:
-    recorder = Wire()
-    async with aiohttp.ClientSession(middlewares=[recorder]) as session:
-        yield recorder, session
 
 
 @pytest.fixture

@@ -304,13 +304,6 @@ async def real_node(tmp_path: Path) -> AsyncIterator[Node]:
         yield node
 
 
-@pytest.fixture
-async def wire() -> AsyncIterator[tuple[Wire, aiohttp.ClientSession]]:
-    recorder = Wire()
-    async with aiohttp.ClientSession(middlewares=[recorder]) as session:
-        yield recorder, session
-
-
 def posts(recorder: Wire) -> list[str]:
     return [path for method, _, path in recorder.requests if method != "GET"]
 
