@@ -27,6 +27,7 @@ import contextlib
 import functools
 import logging
 import os
+import pickle
 import resource
 import select
 import socket
@@ -468,10 +469,14 @@ async def test_a_large_entry_marked_finish_too_early_is_taken_at_its_last_part(
             assert failures == []
             assert [(a["success"], a["reset"]) for a in answers] == [(False, False)] * (len(messages) - 1) + [(True, False)]
             assert answers[-1]["next_node_idx"] == entry[1] + 1  # the entry acknowledged once, at its last part
+            assert raft.entry(entry[1]) == entry  # taken whole at the last part
+            assert reassembled_so_far(raft.sync_obj) == ""  # and nothing kept of it
         else:
-            assert len(failures) == early, failures  # UnpicklingError, then its fallback's EOFError or UnicodeDecodeError
-        assert raft.entry(entry[1]) == entry  # taken whole at the last part, either way
-        assert reassembled_so_far(raft.sync_obj) == ""  # and nothing kept of it
+            # UnpicklingError, then its fallback's EOFError or UnicodeDecodeError, at every early
+            # 'finish'. Once (a loaded CI machine, 2026-11-26) pysyncobj's own path failed the last
+            # part too, holding a truncated entry: the hazard at its worst, not what rcq runs.
+            assert len(failures) >= early, failures
+            assert all(isinstance(f, pickle.UnpicklingError | EOFError | UnicodeDecodeError) for f in failures), failures
     finally:
         await replicator.stop()
 
