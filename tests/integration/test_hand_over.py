@@ -64,6 +64,16 @@ async def commit_one(raft: ManualRaft) -> None:
     assert isinstance(proposal.result(), BarrierResult)
 
 
+async def timeout_now_sent(raft: ManualRaft) -> tuple[Any, asyncio.Task[Any]]:
+    """One entry committed, then a hand-over to the first peer under way: its TimeoutNow sent."""
+    await commit_one(raft)
+    target = raft.peers[0]
+    hand_over = start(raft.replicator.transfer_leadership(str(target)))
+    await asyncio.sleep(0)  # the hand-over asks the tick thread for TimeoutNow...
+    await raft.step()  # ...which sends it: the target holds the whole log
+    return target, hand_over
+
+
 async def steps_until_done(raft: ManualRaft, task: asyncio.Task[Any], what: str) -> None:
     """Tick (without acknowledging) until ``task`` ends; its own waits are in real time."""
     deadline = time.monotonic() + 30.0
@@ -159,11 +169,7 @@ async def test_a_hand_over_answers_once_the_new_leader_is_known_and_names_it(tmp
     node knows of no leader; answering then named none (CI saw ``{'leader_id': None}``, with the
     target leading 10 ms later). The hand-over answers once the node knows the leader, with it."""
     async with leading(tmp_path) as raft:
-        await commit_one(raft)
-        target = raft.peers[0]
-        hand_over = start(raft.replicator.transfer_leadership(str(target)))
-        await asyncio.sleep(0)  # the hand-over asks the tick thread for TimeoutNow...
-        await raft.step()  # ...which sends it: the target holds the whole log
+        target, hand_over = await timeout_now_sent(raft)
         raft.receive(target, vote_request(raft, TERM + 1))
         for _ in range(5):  # the hand-over's own polls, in real time
             await raft.step()
@@ -183,11 +189,7 @@ async def test_a_hand_over_is_not_ended_by_the_node_stepping_down(tmp_path: Path
     load: the client, retrying, reached the target, which answered "already leader"). It waits
     for the winner, as usual."""
     async with leading(tmp_path) as raft:
-        await commit_one(raft)
-        target = raft.peers[0]
-        hand_over = start(raft.replicator.transfer_leadership(str(target)))
-        await asyncio.sleep(0)  # the hand-over asks the tick thread for TimeoutNow...
-        await raft.step()  # ...which sends it: the target holds the whole log
+        target, hand_over = await timeout_now_sent(raft)
         storing, stored = threading.Event(), threading.Event()
         journal = journal_of(raft.sync_obj)
         set_current_term = journal.setCurrentTerm
