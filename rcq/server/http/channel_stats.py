@@ -14,13 +14,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 @dataclass
 class ChannelStats:
-    open: int = 0
     in_flight: int = 0
     frames_in: int = 0
     frames_out: int = 0
     opened_total: int = 0
     closed_total: Counter[int] = field(default_factory=Counter)  # by close code
     per_client: Counter[str] = field(default_factory=Counter)  # open channels, for the per-client cap
+
+    @property
+    def open(self) -> int:
+        return sum(self.per_client.values())
 
     def metrics(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("rcq_session_channels", "Session channels open on this node", value=self.open)

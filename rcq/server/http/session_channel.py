@@ -38,7 +38,7 @@ from rcq.server.http.auth import presented_token
 from rcq.server.http.channel_stats import ChannelStats
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, TOKENS, caller_of, error_response, invalid_body
 from rcq.server.http.models import BatchOperation, BatchRequest
-from rcq.server.http.transaction_routes import answer_each, batch_operation
+from rcq.server.http.transaction_routes import batch_answer, batch_operation
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +190,7 @@ class _Channel:
     async def _execute(self, operation: BaseModel) -> operations.Answer:
         manager, config = self._manager, self._config
         if isinstance(operation, ChannelBatch):
-            operations.check_count("sub-requests", len(operation.requests), config)
-            manager.require_serving()
-            budget = manager.answer_budget()  # one answer, one budget
-            return 200, {"responses": await answer_each(
-                [batch_operation(manager, config, self._caller, budget, sub) for sub in operation.requests])}
+            return 200, await batch_answer(manager, config, self._caller, operation.requests)
         return await batch_operation(manager, config, self._caller, manager.answer_budget(), operation)
 
     async def _send(self, frame_id: int | None, status: int, body: dict[str, Any]) -> None:
@@ -262,13 +258,11 @@ async def serve(request: web.Request) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise InvalidRequest(f"{PATH} is a WebSocket endpoint: send an upgrade request")
     stats.per_client[caller.client] += 1
-    stats.open += 1
     stats.opened_total += 1
     try:
         await ws.prepare(request)
         await _Channel(request, ws, caller, stats).run()
     finally:
-        stats.open -= 1
         stats.per_client[caller.client] -= 1
         if stats.per_client[caller.client] <= 0:
             del stats.per_client[caller.client]

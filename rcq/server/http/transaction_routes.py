@@ -172,15 +172,20 @@ def batch_operation(manager: TransactionManager, config: NodeConfig, caller: ope
     return operations.commit_many(manager, config, sub, caller)
 
 
+async def batch_answer(manager: TransactionManager, config: NodeConfig, caller: operations.Caller,
+                       requests: list[Any]) -> dict[str, Any]:
+    """The answer of ``POST /v1/batch`` (and of a session channel's ``batch`` frame)."""
+    operations.check_count("sub-requests", len(requests), config)
+    manager.require_serving()
+    budget = manager.answer_budget()  # one answer, one budget
+    return {"responses": await answer_each([batch_operation(manager, config, caller, budget, sub) for sub in requests])}
+
+
 async def batch(request: web.Request) -> web.Response:
     """Many independent sub-requests (any verb, any transaction) in one HTTP request."""
     body = await read_model(request, BatchRequest)
-    manager, config = request.app[MANAGER], request.app[CONFIG]
-    operations.check_count("sub-requests", len(body.requests), config)
-    manager.require_serving()
-    caller, budget = caller_of(request), manager.answer_budget()  # one answer, one budget
-    answers = await answer_each([batch_operation(manager, config, caller, budget, sub) for sub in body.requests])
-    return json_response({"responses": answers})
+    return json_response(await batch_answer(request.app[MANAGER], request.app[CONFIG], caller_of(request),
+                                            body.requests))
 
 
 def add_routes(app: web.Application) -> None:
