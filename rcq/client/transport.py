@@ -351,7 +351,7 @@ class Transport:
         channel = self._channel(node_url)
         if channel is None:
             return None
-        # overdue, the same watch as _watched's, run by the channel's own timer (no task per request)
+        # overdue, the same watch as _watched's, started by the channel's own timer (no task per request)
         overdue_s = LEADER_PROBE_AFTER_S + wait_s if len(self._urls) > 1 else None
         try:
             return await channel.exchange(operation, timeout_s, overdue_s,
@@ -437,27 +437,37 @@ class Transport:
         """Run one exchange with ``node_url``; while it is overdue, look for another serving leader and,
         if there is one, abandon the exchange (it may have executed) for it. See the module docstring."""
         attempt = asyncio.ensure_future(exchanging)
+        abandoned: list[_Failure] = []
+
+        def abandon(error: BaseException) -> bool:
+            if attempt.done() or not isinstance(error, _Abandoned):
+                return False
+            abandoned.append(error.failure)
+            attempt.cancel()
+            return True
+
+        watch = None
         try:
             done, _ = await asyncio.wait({attempt}, timeout=LEADER_PROBE_AFTER_S + wait_s)
-            while not done and len(self._urls) > 1:
-                newer = await self._probe_for_leader(node_url)
-                if newer is not None and not attempt.done():
-                    attempt.cancel()
-                    self._leader = newer
-                    self.leader_switches += 1
-                    error = Unavailable(f"{node_url} stopped answering; {newer} is the serving leader now")
-                    return _Failure(node_url, error, asyncio.get_running_loop().time(), random.uniform(0.5, 1.0),
-                                    maybe_executed=True, retryable=True, rotate=True)
-                done, _ = await asyncio.wait({attempt}, timeout=LEADER_PROBE_INTERVAL_S)
-            return await attempt
+            if not done and len(self._urls) > 1:
+                watch = asyncio.ensure_future(self._watch_overdue(node_url, abandon))
+            try:
+                return await attempt
+            except asyncio.CancelledError:
+                if abandoned and attempt.cancelled():
+                    return abandoned[0]
+                raise
         except ExchangeFailed as exc:
             return _failed_exchange(node_url, exc)
         finally:
+            if watch is not None:
+                watch.cancel()
             if not attempt.done():
                 attempt.cancel()
 
     async def _watch_overdue(self, node_url: str, abandon: Abandon) -> None:
-        """:meth:`_watched`'s loop for a request on a channel: ends its wait if another node leads."""
+        """While a request to ``node_url`` is overdue: every LEADER_PROBE_INTERVAL_S, ask the other nodes
+        who leads; once another does, abandon the request for it (over HTTP or on a channel alike)."""
         while True:
             newer = await self._probe_for_leader(node_url)
             if newer is not None:

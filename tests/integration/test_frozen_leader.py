@@ -32,14 +32,16 @@ async def serving_leader(cluster, candidates: list[int]) -> int | None:
     return None
 
 
-async def test_clients_move_to_the_new_leader_while_the_old_one_is_frozen():
+@pytest.mark.parametrize("channel", [True, False], ids=["channel", "http"])
+async def test_clients_move_to_the_new_leader_while_the_old_one_is_frozen(channel: bool):
     with running_cluster() as cluster:
         leader = cluster.wait_for_leader(30)
         others = [i for i in range(3) if i != leader]
         acked: list[tuple[float, str]] = []
         stop = asyncio.Event()
 
-        async with RcqClient(cluster.urls, request_timeout_s=30, retry_timeout_s=60, **cluster.client_options()) as client:
+        async with RcqClient(cluster.urls, request_timeout_s=30, retry_timeout_s=60, channel=channel,
+                             **cluster.client_options()) as client:
             async def produce() -> None:
                 n = 0
                 while not stop.is_set():
