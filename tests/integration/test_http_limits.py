@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import logging
 import os
 import resource
 import socket
@@ -25,7 +26,7 @@ import pytest
 
 from rcq.private_files import write_private
 from rcq.server.config import NodeConfig
-from rcq.server.http.connections import ConnectionLimiter, accept_backlog, connections_max_for
+from rcq.server.http.connections import ACCEPT_PAUSED, ConnectionLimiter, accept_backlog, connections_max_for
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
 from rcq.testing.cluster import LocalCluster
@@ -465,3 +466,43 @@ def test_when_accept_fails_with_emfile_open_connections_are_served_and_accepting
             assert status == 200 and answer["committed"] is True
             assert keepalive_request(client, "GET", "/v1/queues/emfile")[1]["count"] == 1
         assert cluster.unexpected_exits() == {}
+
+
+# ------------------------------------------------------------------ asyncio's accept retry
+@contextlib.contextmanager
+def open_files_capped(headroom: int) -> Iterator[None]:
+    """Lower this process's RLIMIT_NOFILE soft limit to its open descriptors plus ``headroom``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + headroom, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_listener_closed_while_accept_is_paused_logs_no_error(start_node, caplog):
+    # After EMFILE asyncio stops accepting and calls _start_serving on the socket a second later,
+    # unchecked; a node stopped within that second had it raise "Invalid file descriptor: -1",
+    # logged at ERROR with a traceback (docs/dependency-workarounds.md).
+    loop = asyncio.get_running_loop()
+    reached: list[dict[str, Any]] = []  # what the listener's exception handler passed on
+    loop.set_exception_handler(lambda _loop, context: reached.append(context))
+    try:
+        node = await start_node(http_connections_max=100_000, http_header_timeout_s=60)
+        clients = [socket.socket() for _ in range(8)]  # made before the cap: connecting needs no descriptor
+        with contextlib.ExitStack() as closing:
+            for client in clients:
+                closing.callback(client.close)
+                client.setblocking(False)
+            with caplog.at_level(logging.INFO, logger="rcq.server.http.connections"):
+                with open_files_capped(headroom=2):
+                    for client in clients:
+                        client.connect_ex(("127.0.0.1", node.port))
+                    await wait_until(lambda: any(c.get("message") == ACCEPT_PAUSED for c in reached), 10)
+                    assert node.http_listener is not None
+                    node.http_listener.close()  # within the second: asyncio's retry is pending
+                await wait_until(lambda: "retry found the HTTP listener closed" in caplog.text
+                                 or any(c.get("message") != ACCEPT_PAUSED for c in reached), 5)
+        assert [c.get("exception") for c in reached if c.get("message") != ACCEPT_PAUSED] == []
+    finally:
+        loop.set_exception_handler(None)

@@ -29,7 +29,8 @@ runs, so the backlog is an eighth of the rest, and a refused connection lingers 
 and lose the 503) only while fewer than another eighth do. Should ``accept()`` still fail with
 EMFILE (a cap set above the limit), asyncio logs it, stops accepting for a second, then tries
 again; open connections are served meanwhile, but Raft, which opens files too (pysyncobj's tick
-thread fails when it cannot), is not safe there: that is what the reserve is for.
+thread fails when it cannot), is not safe there: that is what the reserve is for. (A retry that
+finds the listener closed is asyncio's own harmless mistake: see :class:`HttpListener`.)
 
 Must not import: pysyncobj, lmdb.
 """
@@ -52,6 +53,7 @@ from rcq.server.security.tls import server_context
 
 log = logging.getLogger(__name__)
 
+ACCEPT_PAUSED = "socket.accept() out of system resource"  # asyncio's message; it retries a second later
 ACCEPT_BACKLOG_MAX = 1024
 ACCEPT_BACKLOG_MIN = 16
 REFUSAL_LINGER_S = 0.25  # a refused connection that sent nothing is closed after this (FIN, not RST)
@@ -307,6 +309,14 @@ class HttpListener:
     Replaces ``web.TCPSite`` (which would hand the runner's server to asyncio directly): call
     :meth:`start` after ``runner.setup()``; :meth:`close` before ``runner.cleanup()`` (which
     shuts the admitted connections down), :meth:`wait_closed` after.
+
+    A workaround lives here (docs/dependency-workarounds.md): after an EMFILE, asyncio stops
+    watching the socket and calls ``_start_serving`` on it a second later, without checking that
+    the socket is still open. Closed meanwhile (the node stopping), that call raises ``ValueError:
+    Invalid file descriptor: -1``, which the loop logs at ERROR with a traceback. The listener's
+    loop exception handler recognises exactly that (a pause on this socket before it closed, then
+    that error from that callback) and logs one INFO line instead; everything else goes on to the
+    handler that was there before.
     """
 
     def __init__(self, runner: web.AppRunner, config: NodeConfig) -> None:
@@ -315,6 +325,8 @@ class HttpListener:
         self._server: asyncio.Server | None = None
         self.limiter: ConnectionLimiter | None = None
         self.port: int | None = None
+        self._accept_paused = False  # asyncio met EMFILE on this socket: a retry may be pending
+        self._closed_while_paused = False
 
     async def start(self) -> int:
         """Listen; returns the bound port (``http_port`` 0 binds a free one)."""
@@ -338,14 +350,34 @@ class HttpListener:
             ssl=tls, ssl_handshake_timeout=config.http_header_timeout_s if tls is not None else None)
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else config.http_port
+        loop.set_exception_handler(self._exception_handler(loop.get_exception_handler(),
+                                                           {sock.fileno() for sock in sockets}))
         log.info("HTTP%s: at most %d connections (open-file limit %d), head within %g s, body within %g s, "
                  "idle keep-alive %g s", "S (TLS)" if tls is not None else "", connections_max, nofile,
                  config.http_header_timeout_s, config.http_body_timeout_s, config.http_keepalive_s)
         return self.port
 
+    def _exception_handler(self, previous: Any, fds: set[int]) -> Any:
+        def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            sock = context.get("socket")
+            if context.get("message") == ACCEPT_PAUSED and sock is not None and sock.fileno() in fds:
+                self._accept_paused = True
+            elif (self._closed_while_paused and isinstance(context.get("exception"), ValueError)
+                  and "._start_serving(" in repr(context.get("handle"))):
+                log.info("asyncio's accept() retry found the HTTP listener closed (harmless: it had "
+                         "paused accepting, out of descriptors, before the node closed it)")
+                return
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        return handle
+
     def close(self) -> None:
         """Stop accepting; close refused connections still lingering."""
         if self._server is not None:
+            self._closed_while_paused = self._accept_paused
             self._server.close()
         if self.limiter is not None:
             self.limiter.close_refused()
