@@ -22,6 +22,14 @@ certificates of a CA made for the cluster (:mod:`rcq.testing.tls`); every URL is
 ``tls_client_certificates=True`` the nodes also require a client certificate of that CA
 (mutual TLS): the harness makes one (``client_cert``) and presents it itself.
 
+**Releases** (:mod:`rcq.testing.releases`): a node runs the code under test unless it is given a
+:class:`~rcq.testing.releases.Release`, another version of rcq from this repository's history:
+``LocalCluster(3, release=previous)`` starts every node of that release, and
+:meth:`LocalCluster.restart_node_as` restarts one node into another release (or, with None, into
+the code under test), as a rolling upgrade does. A node of a release gets a config file with only
+the fields that release's NodeConfig knows (it forbids any other); the tokens file is the same for
+every node. A reopened cluster runs the code under test (a release is not in the manifest).
+
 Layout of ``base_dir``::
 
     cluster.json            what is needed to reopen the cluster (no secret)
@@ -69,6 +77,7 @@ from rcq.testing.nodes import (
     read_tail,
 )
 from rcq.testing.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
+from rcq.testing.releases import Release
 from rcq.testing.tls import CA_NAME, CertFiles, write_ca, write_certificate
 from rcq.tokens import Grant, TokenEntry, new_token, parse_tokens_file, token_hash, tokens_file_text
 
@@ -92,18 +101,20 @@ class LocalCluster(PolledCluster[LocalNode]):
     otherwise :meth:`allocate_ports` picks free ones. ``auth``: the nodes require tokens (an
     admin token is made: :attr:`token`); ``tls``: they serve HTTPS (:attr:`ca_file`);
     ``tls_client_certificates``: they also require a client certificate signed by the cluster's
-    CA (one is made: :attr:`client_cert`, which the harness's polls present too).
+    CA (one is made: :attr:`client_cert`, which the harness's polls present too). ``release``:
+    every node runs that release instead of the code under test (nodes added later too).
     """
 
     token: str | None  # the admin token (None: auth is off)
     ca_file: Path | None  # the CA that signed the nodes' certificates (None: plain HTTP)
     client_cert: CertFiles | None  # the client certificate, when the nodes require one
+    release: Release | None  # what nodes run unless restart_node_as changes it (None: the code under test)
 
     def __init__(self, nodes: int = 3, base_dir: Path | None = None, secret: str | None = None,
                  node_overrides: dict[str, Any] | None = None, log_level: str = "INFO", *,
                  keep: bool = False, insecure: bool = False, base_port: int | None = None,
                  auth: bool = True, tls: bool = False, tls_client_certificates: bool = False,
-                 admin_token: str | None = None) -> None:
+                 admin_token: str | None = None, release: Release | None = None) -> None:
         if nodes < 1:
             raise ValueError("nodes must be at least 1")
         if tls_client_certificates and not tls:
@@ -131,6 +142,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.ca_file = None
         self.client_cert = None
         self.keep = keep
+        self.release = release
         self._closed = False
         if base_port is not None:
             http_ports = [base_port + i for i in range(nodes)]
@@ -142,7 +154,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         self._owns_dir = base_dir is None
         self.base_dir = Path(tempfile.mkdtemp(prefix="rcq-cluster-")) if base_dir is None else Path(base_dir)
         self.nodes = [LocalNode(i, f"node-{i}", http_ports[i], raft_ports[i], self.base_dir / f"node-{i}",
-                                tls=tls) for i in range(nodes)]
+                                tls=tls, release=release) for i in range(nodes)]
         try:
             self.base_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             if self.token is not None:
@@ -170,6 +182,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.tls_client_certificates = bool(manifest.get("tls_client_certificates", False))
         self._owns_dir = False
         self.keep = True
+        self.release = None
         self.base_dir = base_dir
         self.nodes = [LocalNode(n["index"], n["node_id"], n["http_port"], n["raft_port"], base_dir / n["directory"],
                                 tls=self.tls) for n in manifest["nodes"]]
@@ -255,7 +268,10 @@ class LocalCluster(PolledCluster[LocalNode]):
 
     def _write_node_config(self, node: LocalNode, peers: Sequence[int] | None = None) -> None:
         node.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(node.config_path, json.dumps(self._node_config(node, peers), indent=2) + "\n")
+        config = self._node_config(node, peers)
+        if node.release is not None:  # an older NodeConfig refuses fields it does not know
+            config = node.release.node_config(config)
+        write_private(node.config_path, json.dumps(config, indent=2) + "\n")
 
     def _write_shared_files(self) -> None:
         """The tokens every node reads (with auth) and the manifest that reopens the cluster."""
@@ -297,7 +313,8 @@ class LocalCluster(PolledCluster[LocalNode]):
             raise RuntimeError("the cluster is closed")
         http_port, raft_port = free_ports(2)
         index = len(self.nodes)
-        node = LocalNode(index, f"node-{index}", http_port, raft_port, self.base_dir / f"node-{index}", tls=self.tls)
+        node = LocalNode(index, f"node-{index}", http_port, raft_port, self.base_dir / f"node-{index}", tls=self.tls,
+                         release=self.release)
         self.nodes.append(node)
         if self.tls:  # a certificate of the cluster's CA, as the first nodes have
             ca = self._tls_files(CA_NAME)
@@ -323,6 +340,20 @@ class LocalCluster(PolledCluster[LocalNode]):
         if wait:
             self.wait_for_http([i], timeout_s)
         return pid
+
+    def restart_node_as(self, i: int, release: Release | None, wait: bool = True,
+                        timeout_s: float | None = None) -> int:
+        """Stop node ``i`` (if it runs), make it run ``release`` (None: the code under test) with a
+        config file that release accepts, and start it again on the same data, as a rolling upgrade
+        (or downgrade) does; waits for its HTTP unless ``wait`` is false. Returns its pid. Its config
+        gets every other node as a peer, as :meth:`reopen` writes it."""
+        if self._closed:
+            raise RuntimeError("the cluster is closed")
+        if self.nodes[i].running():
+            self.stop_node(i)
+        self.nodes[i].release = release
+        self._write_node_config(self.nodes[i])
+        return self.start_node(i, wait=wait, timeout_s=timeout_s)
 
     def stop_node(self, i: int, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM node ``i`` and wait; SIGKILL it after ``timeout_s``. Returns its exit code."""

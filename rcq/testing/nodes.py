@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from rcq.testing.releases import Release
+
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
@@ -95,6 +97,8 @@ class LocalNode:
     starts: int = 0
     nofile_limit: int | None = None  # RLIMIT_NOFILE soft limit its process starts with (None: inherited)
     tls: bool = False  # it serves HTTPS
+    # The release it runs (rcq.testing.releases): None, the code under test (this interpreter's rcq).
+    release: Release | None = None
 
     @property
     def scheme(self) -> str:
@@ -137,29 +141,37 @@ class LocalNode:
         return self.running() and not self.paused
 
     def describe(self) -> str:
+        runs = "" if self.release is None else f"release {self.release.name}, "
         if self.process is None:
-            return "stopped"
+            return runs + "stopped"
         code = self.process.poll()
         if code is not None:
-            return f"exited with {code}"
-        return f"pid {self.process.pid}" + (" paused" if self.paused else "")
+            return f"{runs}exited with {code}"
+        return f"{runs}pid {self.process.pid}" + (" paused" if self.paused else "")
 
     # ------------------------------------------------------------ process
+    def rcq_argv(self) -> list[str]:
+        """``python -m rcq`` of the release it runs (of the code under test without one)."""
+        return [sys.executable, "-m", "rcq"] if self.release is None else self.release.rcq_argv()
+
     def spawn(self, log_level: str) -> int:
-        """Start ``python -m rcq serve`` on its config file; returns the pid."""
+        """Start ``python -m rcq serve`` (of its release, if it has one) on its config file; returns the pid."""
         if self.running():
             raise RuntimeError(f"{self.node_id} is already running ({self.describe()})")
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         env = {k: v for k, v in os.environ.items() if k not in CONFIG_DECIDES}
+        if self.release is not None:
+            env = self.release.environment(env)
         env["PYTHONUNBUFFERED"] = "1"
         with open(self.log_path, "ab") as log_file:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            log_file.write(f"===== {stamp} start #{self.starts + 1} of {self.node_id} =====\n".encode())
+            runs = "" if self.release is None else f" (release {self.release.name}, {self.release.commit[:12]})"
+            log_file.write(f"===== {stamp} start #{self.starts + 1} of {self.node_id}{runs} =====\n".encode())
             log_file.flush()
             # Its own session: a signal sent to the test runner or the launcher's terminal never
             # reaches it, and its process group holds exactly it and what it forks.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rcq", "serve", "--config", str(self.config_path), "--log-level", log_level],
+                [*self.rcq_argv(), "serve", "--config", str(self.config_path), "--log-level", log_level],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, env=env, cwd=self.directory,
                 preexec_fn=None if self.nofile_limit is None else self._lower_nofile_limit)

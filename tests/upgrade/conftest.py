@@ -1,0 +1,53 @@
+"""Fixtures for tests that run another release of rcq beside the code under test.
+
+``previous_release``: the previous release (:data:`rcq.testing.releases.PREVIOUS_RELEASE`), taken
+from this repository's history and made runnable once per test session in a temporary directory
+(its tree and a scratch venv without pip; about a second), removed at the end of the session.
+Without the history (a shallow clone, an exported tree) it raises, so every test that uses it
+fails, saying so: these tests never skip.
+
+When a test that used a LocalCluster fails, the tail of every node's log is added to its report
+(section "rcq node logs"), as for the integration tests.
+
+Must not import: a test module or another conftest.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcq.testing.cluster import LocalCluster
+from rcq.testing.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
+
+log = logging.getLogger(__name__)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    clusters = {id(v): v for v in getattr(item, "funcargs", {}).values() if isinstance(v, LocalCluster)}
+    for value in clusters.values():
+        report.sections.append((f"rcq node logs ({value.base_dir}, {report.when})", value.dump_logs()))
+
+
+@pytest.fixture(scope="session")
+def previous_release() -> Iterator[Release]:
+    directory = Path(tempfile.mkdtemp(prefix="rcq-release-"))
+    try:
+        started = time.monotonic()
+        release = materialise(PREVIOUS_RELEASE, directory / PREVIOUS_RELEASE_NAME, PREVIOUS_RELEASE_NAME)
+        log.info("release %s (%s) made runnable in %.2f s", release.name, release.commit, time.monotonic() - started)
+        yield release
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
