@@ -73,7 +73,11 @@ async def exchange(session: aiohttp.ClientSession, node_url: str, method: str, p
     """``method path`` on the node at ``node_url``, once; no answer raises :class:`ExchangeFailed`.
     ``authorization``: the ``Authorization`` header (the token), sent with every request."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    headers = {"Content-Type": "application/json"} if data is not None else {}
+    # A follower would forward the request to the leader; the transport follows the 307 itself
+    # instead, so that it knows which node ran an attempt and judges a retry by that.
+    headers = {"Rcq-Redirect": "1"}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
     if authorization is not None:
         headers["Authorization"] = authorization
     # aiohttp warns (ResourceWarning) about raw bodies over 1 MiB; a stream of one buffer is the same

@@ -4,13 +4,15 @@ Thin by design: parse and validate (pydantic), call the TransactionManager or re
 machine, render JSON. The routes live by job in ``transaction_routes``, ``queue_routes``,
 ``cluster_routes`` and ``membership_routes``, sharing ``handlers``; what a verb does apart from
 HTTP is in ``operations``. Every failure becomes ``{"error": {...}}`` with the status of its
-:mod:`rcq.errors` class. A follower answers leader-only requests with 307 and the leader's URL
-(``Location`` and ``error.leader_url``): clients re-send to the leader themselves; Raft never
-forwards a command for them.
+:mod:`rcq.errors` class. A follower relays leader-only requests to the leader over HTTP and
+answers with the leader's answer (:mod:`~rcq.server.http.forwarding`); a client that asks for it
+(``Rcq-Redirect: 1``) gets 307 and the leader's URL instead (``Location`` and
+``error.leader_url``). Raft never forwards a command.
 
-The middleware authenticates (:func:`~rcq.server.http.auth.authenticate`), renders errors, and
-counts and times each request (:meth:`~rcq.server.http.metrics.NodeMetrics.observe_request`):
-one layer, where three nested ones cost a coroutine frame, a call and a ``try`` each per request.
+The middleware authenticates (:func:`~rcq.server.http.auth.authenticate`), renders errors, turns
+``NotLeader`` into a forward or a 307, and counts and times each request
+(:meth:`~rcq.server.http.metrics.NodeMetrics.observe_request`): one layer, where nested ones cost
+a coroutine frame, a call and a ``try`` each per request.
 
 Must not import: pysyncobj, lmdb.
 """
@@ -23,10 +25,11 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from rcq.errors import InternalError, MethodNotAllowed, PayloadTooLarge, RcqError, RouteNotFound
+from rcq.errors import InternalError, MethodNotAllowed, NotLeader, PayloadTooLarge, RcqError, RouteNotFound
 from rcq.server.config import NodeConfig
 from rcq.server.http import cluster_routes, membership_routes, queue_routes, session_channel, transaction_routes
 from rcq.server.http.auth import authenticate
+from rcq.server.http.forwarding import Forwarder
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, TOKENS, Handler, error_response
 from rcq.server.http.membership_routes import MEMBERSHIP, make_probe
 from rcq.server.http.metrics import NodeMetrics
@@ -39,9 +42,11 @@ from rcq.tokens import TokenRegistry
 log = logging.getLogger(__name__)
 
 
-def request_middleware(metrics: NodeMetrics, tokens: TokenRegistry) -> Middleware:
+def request_middleware(metrics: NodeMetrics, tokens: TokenRegistry, forwarder: Forwarder | None = None) -> Middleware:
     """Authentication, errors as JSON, and the request counted (with the status it is answered
-    with, rendered errors included) and timed, for every request."""
+    with, rendered errors included) and timed, for every request. With a ``forwarder``, a
+    leader-only request on a follower is forwarded to the leader (or redirected, if it asks), and a
+    forwarded request takes the caller a member vouches for; without one, it is always the 307."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -49,8 +54,13 @@ def request_middleware(metrics: NodeMetrics, tokens: TokenRegistry) -> Middlewar
         status = 500  # what a cancelled request is counted as
         try:
             try:
+                if forwarder is not None:
+                    request = forwarder.trusted(request)
                 authenticate(request, tokens)
                 response = await handler(request)
+            except NotLeader as exc:
+                response = (await forwarder.answer(request, exc) if forwarder is not None
+                            else error_response(exc, request))
             except RcqError as exc:
                 response = error_response(exc, request)
             except web.HTTPException as exc:
@@ -82,13 +92,17 @@ def _http_error_response(exc: web.HTTPException, request: web.Request) -> web.Re
 def create_app(config: NodeConfig, manager: TransactionManager, replicator: Replicator) -> web.Application:
     metrics = NodeMetrics(config, manager, replicator)
     tokens = TokenRegistry(config.tokens, config.tokens_file)
-    app = web.Application(middlewares=[request_middleware(metrics, tokens)], client_max_size=config.body_bytes_max)
+    peer_tls = peer_context(config)
+    forwarder = Forwarder(config, peer_tls, metrics.registry)
+    app = web.Application(middlewares=[request_middleware(metrics, tokens, forwarder)],
+                          client_max_size=config.body_bytes_max)
+    app.on_cleanup.append(forwarder.close)
     app[CONFIG] = config
     app[MANAGER] = manager
     app[REPLICATOR] = replicator
     app[METRICS] = metrics
     app[TOKENS] = tokens
-    app[MEMBERSHIP] = Membership(config, manager, replicator, make_probe(peer_context(config)))
+    app[MEMBERSHIP] = Membership(config, manager, replicator, make_probe(peer_tls))
     cluster_routes.add_routes(app)
     membership_routes.add_routes(app)
     transaction_routes.add_routes(app)
