@@ -4,7 +4,9 @@
 from this repository's history and made runnable once per test session in a temporary directory
 (its tree and a scratch venv without pip; about a second), removed at the end of the session.
 Without the history (a shallow clone, an exported tree) it raises, so every test that uses it
-fails, saying so: these tests never skip.
+fails, saying so: these tests never skip. ``previous_cluster``: a started 3-node
+:class:`~rcq.testing.cluster.LocalCluster` of the previous release, one per test (tests restart
+its nodes into other releases), closed after it.
 
 When a test that used a LocalCluster fails, the tail of every node's log is added to its report
 (section "rcq node logs"), as for the integration tests.
@@ -51,3 +53,9 @@ def previous_release() -> Iterator[Release]:
         yield release
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def previous_cluster(previous_release: Release) -> Iterator[LocalCluster]:
+    with LocalCluster(3, release=previous_release) as cluster:
+        yield cluster

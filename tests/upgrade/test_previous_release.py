@@ -20,8 +20,6 @@ from rcq.testing.releases import PREVIOUS_RELEASE, REPO_ROOT, Release, ReleaseUn
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
 
-TRANSACTION_TIMEOUT_S = 30.0
-
 
 def process_argv(pid: int) -> list[str]:
     """The command line a process was started with (Linux /proc)."""
@@ -50,9 +48,9 @@ async def enqueue_and_dequeue(cluster: LocalCluster, queue: str, values: list[st
     """A transaction's enqueue and another's dequeue of ``values``, then a one-request round trip,
     each committed through the leader (the client finds it)."""
     async with RcqClient(cluster.urls, **cluster.client_options()) as client:
-        async with client.transaction(timeout_s=TRANSACTION_TIMEOUT_S) as tx:
+        async with client.transaction() as tx:
             await tx.enqueue_batch(queue, values)
-        async with client.transaction(timeout_s=TRANSACTION_TIMEOUT_S) as tx:
+        async with client.transaction() as tx:
             taken = await tx.dequeue_batch(queue, len(values) + 1)
         assert sorted(v.decode() for v in taken) == sorted(values)
         await client.enqueue(queue, "one-request")
@@ -95,36 +93,35 @@ def test_without_a_repository_materialise_says_so(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ clusters
 @pytest.mark.cluster
 async def test_a_cluster_of_the_previous_release_elects_commits_and_runs_the_old_code(
-        previous_release: Release) -> None:
-    with LocalCluster(3, release=previous_release) as cluster:
-        for i in range(3):
-            assert_runs(cluster, i, previous_release)
-            assert f"(release {previous_release.name}, " in cluster.log_tail(i)
-        cluster.wait_for_leader(LEADER_TIMEOUT_S)
-        await enqueue_and_dequeue(cluster, fresh_queue("old"), ["a", "b", "c"])
-        cluster.wait_for_convergence(CLUSTER_WAIT_S, indices=range(3))
+        previous_release: Release, previous_cluster: LocalCluster) -> None:
+    for i in range(3):
+        assert_runs(previous_cluster, i, previous_release)
+        assert f"(release {previous_release.name}, " in previous_cluster.log_tail(i)
+    previous_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    await enqueue_and_dequeue(previous_cluster, fresh_queue("old"), ["a", "b", "c"])
+    previous_cluster.wait_for_convergence(CLUSTER_WAIT_S, indices=range(3))
 
 
 @pytest.mark.cluster
 async def test_a_node_restarted_into_the_code_under_test_works_with_the_previous_release(
-        previous_release: Release) -> None:
-    with LocalCluster(3, release=previous_release) as cluster:
-        cluster.wait_for_leader(LEADER_TIMEOUT_S)
-        cluster.restart_node_as(0, None)
-        assert_runs(cluster, 0, None)
-        for i in (1, 2):
-            assert_runs(cluster, i, previous_release)
-        cluster.wait_for_applied(LEADER_TIMEOUT_S)  # node 0 has caught up with the old leader
+        previous_release: Release, previous_cluster: LocalCluster) -> None:
+    cluster = previous_cluster
+    cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    cluster.restart_node_as(0, None)
+    assert_runs(cluster, 0, None)
+    for i in (1, 2):
+        assert_runs(cluster, i, previous_release)
+    cluster.wait_for_applied(LEADER_TIMEOUT_S)  # node 0 has caught up with the old leader
 
-        # The old code leads, the new code follows.
-        if cluster.wait_for_leader(LEADER_TIMEOUT_S) == 0:
-            hand_over(cluster, 1)
-        await enqueue_and_dequeue(cluster, fresh_queue("old-leader"), ["a", "b"])
-        # The new code leads, the old code follows, as after a rolling upgrade's hand-over.
-        hand_over(cluster, 0)
-        await enqueue_and_dequeue(cluster, fresh_queue("new-leader"), ["c", "d"])
+    # The old code leads, the new code follows.
+    if cluster.wait_for_leader(LEADER_TIMEOUT_S) == 0:
+        hand_over(cluster, 1)
+    await enqueue_and_dequeue(cluster, fresh_queue("old-leader"), ["a", "b"])
+    # The new code leads, the old code follows, as after a rolling upgrade's hand-over.
+    hand_over(cluster, 0)
+    await enqueue_and_dequeue(cluster, fresh_queue("new-leader"), ["c", "d"])
 
-        # Every node's /v1/cluster/digest the same, at the same applied index: the old and the new
-        # code replicated and applied the same entries into the same state.
-        converged = cluster.wait_for_convergence(CLUSTER_WAIT_S, indices=range(3))
-        assert converged["applied_index"] > 0
+    # Every node's /v1/cluster/digest the same, at the same applied index: the old and the new
+    # code replicated and applied the same entries into the same state.
+    converged = cluster.wait_for_convergence(CLUSTER_WAIT_S, indices=range(3))
+    assert converged["applied_index"] > 0
