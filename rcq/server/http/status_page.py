@@ -13,6 +13,9 @@ node's view carries its commit-latency sum and count, and the page plots the lea
 Both need an admin token where tokens are on: a browser asks for it (HTTP Basic, the token as the
 password) and sends it with every poll; the node passes the same ``Authorization`` on to its peers
 (tokens are the same on every node) over HTTPS verified with ``tls_peer_ca_file`` when TLS is on.
+A page opened with the token in its URL (``http://admin:TOKEN@host:port/``) takes it from there
+and sends it as a Bearer token: its polls go to ``location.origin``, since ``fetch()`` refuses a
+URL with credentials, which a relative one resolved against such a page's URL would be.
 
 Must not import: pysyncobj, lmdb.
 """
