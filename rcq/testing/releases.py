@@ -4,14 +4,16 @@
 venv ``<dir>/venv`` (no pip) whose only addition is a ``.pth`` file: the old source first, then the
 site-packages directories of the interpreter running this code. So ``python -m rcq`` of that venv
 runs the old release's code with the dependencies already installed here: no package index, no
-network, a second or two. The returned :class:`Release` is what a
+network, a fraction of a second. The returned :class:`Release` is what a
 :class:`~rcq.testing.nodes.LocalNode` is given to run that release instead of the code under test.
 
 Why the old source wins over this checkout: the checkout is installed *editable*, through an
 ``import`` line in a ``.pth`` file of this venv's site-packages that installs a meta-path finder
 mapping ``rcq`` to this checkout. A ``.pth`` file is only executed in a directory ``site`` itself
 processes; the scratch venv lists this venv's site-packages as a plain path, so that finder is never
-installed there, and ``rcq`` is found on the path, where the old source comes first.
+installed there, and ``rcq`` is found on the path, where the old source comes first. Two more
+things could put the new code first, and are kept out: the working directory (the release's
+interpreter runs with ``-P``) and ``PYTHONPATH`` (:meth:`Release.environment` drops it).
 :meth:`Release.rcq_file` asks the release's own interpreter, so a test can prove it.
 
 The history must be there: a shallow clone or an exported tree has no previous release, and
