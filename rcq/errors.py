@@ -317,6 +317,22 @@ class WouldLoseQuorum(RcqError):
     http_status = 409
 
 
+class FeatureLevelRequired(RcqError):
+    """The cluster's feature level is below what this request needs (docs/upgrades.md): every member
+    must run a release that has the feature, and the level be raised; nothing was changed."""
+
+    code = "feature_level_required"
+    http_status = 409
+
+
+class FeatureLevelUnsupported(RcqError):
+    """A member (or this node) cannot read the feature level asked for, or the level would go
+    down; upgrade that member first. Nothing was changed."""
+
+    code = "feature_level_unsupported"
+    http_status = 409
+
+
 def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:
     found: list[type[RcqError]] = []
     for sub in cls.__subclasses__():

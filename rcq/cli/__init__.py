@@ -32,12 +32,14 @@ from rcq.cli.queues import add_queue_parsers
 from rcq.cli.serve import add_serve_parser, read_cluster_secret
 from rcq.cli.tokens import add_token_parsers, admin_token_entry
 from rcq.errors import RcqError, TokenExpired, Unauthorized
+from rcq.version import rcq_version
 
 __all__ = ["admin_token_entry", "build_parser", "client_security", "main", "read_cluster_secret"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rcq", description="rcq: a transactional, Raft-replicated queue")
+    parser.add_argument("--version", action="version", version=f"rcq {rcq_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     common = client_flags()
     add_serve_parser(commands)

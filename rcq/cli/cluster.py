@@ -60,6 +60,14 @@ def add_cluster_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Hand leadership to NODE_ID, or (without it) to the most caught-up follower.")
     transfer.add_argument("node_id", metavar="NODE_ID", nargs="?", default=None)
     transfer.set_defaults(func=cmd_cluster_transfer_leader, error_hint=membership_hint)
+    level = actions.add_parser(
+        "feature-level", parents=[common], help="the cluster's feature level, and what each member reads",
+        description="Show the cluster's active feature level and each member's version and highest readable "
+                    "level; with --raise, raise the active level (to LEVEL, or to the highest every member "
+                    "reads). A level never goes down (docs/upgrades.md).")
+    level.add_argument("--raise", dest="raise_to", nargs="?", const=0, default=None, type=int, metavar="LEVEL",
+                       help="raise the level (without LEVEL: to the highest every member reads)")
+    level.set_defaults(func=cmd_cluster_feature_level)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -107,6 +115,30 @@ def cmd_cluster_members(args: argparse.Namespace) -> int:
             print(json.dumps(members))
         else:
             _print_members(members)
+        return 0
+
+    return with_client(args, verb)
+
+
+def cmd_cluster_feature_level(args: argparse.Namespace) -> int:
+    async def verb(client: Any) -> int:
+        if args.raise_to is not None:
+            target = args.raise_to or None  # --raise alone: the highest every member reads
+            answer = await client.raise_feature_level(target)
+            if args.json:
+                print(json.dumps(answer))
+                return 0
+            print(f"feature level {answer['level']}" + (f" (was {answer['previous']})" if answer["changed"]
+                                                        else " (unchanged)"))
+            return 0
+        report = await client.feature_level()
+        if args.json:
+            print(json.dumps(report))
+            return 0
+        print(f"active feature level {report['active']} (this node reads up to {report['max']}; "
+              f"raised automatically: {'yes' if report['auto'] else 'no'})")
+        print_table(["NODE", "URL", "VERSION", "READS_UP_TO", "PROBLEM"],
+                    [[m["node_id"], m["url"], m["version"], m["level_max"], m["problem"]] for m in report["members"]])
         return 0
 
     return with_client(args, verb)

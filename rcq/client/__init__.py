@@ -45,6 +45,8 @@ from rcq.errors import (
     CertificateError,
     CommitConflict,
     CommitOutcomeUnknown,
+    FeatureLevelRequired,
+    FeatureLevelUnsupported,
     Forbidden,
     InternalError,
     InvalidQueueName,
@@ -86,7 +88,8 @@ from rcq.errors import (
 
 __all__ = [
     "CONNECTIONS_MAX", "PEEK_TIMEOUT_S", "CertificateError", "CommitConflict", "CommitInfo", "CommitOutcomeUnknown",
-    "DeadLetter", "Dequeue", "Enqueue", "ExecuteResult", "Forbidden", "InternalError", "InvalidQueueName", "InvalidRequest",
+    "DeadLetter", "Dequeue", "Enqueue", "ExecuteResult", "FeatureLevelRequired",
+    "FeatureLevelUnsupported", "Forbidden", "InternalError", "InvalidQueueName", "InvalidRequest",
     "Item", "ItemValue", "LeaderChanged", "MemberExists", "MemberNotFound", "MembershipConflict", "MethodNotAllowed",
     "NoLeader", "NodeUnreachable", "NotLeader", "NotReady", "OperationResult",
     "OutcomeExpired", "PayloadTooLarge", "QueueFull", "QueueInUse", "QueueNotFound", "RcqClient", "RcqError", "RequestTimeout",

@@ -23,6 +23,7 @@ from rcq.client.exchange import tls_context
 from rcq.client.transaction import Transaction, TransactionContext, received, timeout_s_of
 from rcq.client.transport import COMMIT, MEMBERSHIP, SAFE, WRITE, Attempts, Request, Transport
 from rcq.client.wire import (
+    FEATURE_LEVEL_PATH,
     LEADERSHIP_PATH,
     MEMBERS_PATH,
     CommitInfo,
@@ -360,3 +361,17 @@ class RcqClient:
         Needs an admin token."""
         return dict(await self._transport.request(
             Request("POST", LEADERSHIP_PATH, leadership_body(node_id), MEMBERSHIP, wait_ms=MEMBERSHIP_CHANGE_MS)))
+
+    async def feature_level(self) -> dict[str, Any]:
+        """The cluster's feature level (docs/upgrades.md): ``active``, ``max`` (what the answering
+        node reads), ``auto``, the known ``levels``, and each member's ``version`` and ``level_max``.
+        Needs an admin token."""
+        return dict(await self._transport.request(Request("GET", FEATURE_LEVEL_PATH)))
+
+    async def raise_feature_level(self, level: int | None = None) -> dict[str, Any]:
+        """Raise the cluster's feature level to ``level`` (None: the highest every member reads);
+        answers ``level``, ``previous`` and ``changed``. Raises FeatureLevelUnsupported when a member
+        cannot read it. Raising twice is harmless, so it is re-sent after an unknown outcome.
+        Needs an admin token."""
+        return dict(await self._transport.request(
+            Request("POST", FEATURE_LEVEL_PATH, {"level": level}, WRITE, wait_ms=MEMBERSHIP_CHANGE_MS)))

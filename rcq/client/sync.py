@@ -305,3 +305,9 @@ class SyncClient:
 
     def transfer_leadership(self, node_id: str | None = None) -> dict[str, Any]:
         return self._runner.run(self._client.transfer_leadership(node_id))
+
+    def feature_level(self) -> dict[str, Any]:
+        return self._runner.run(self._client.feature_level())
+
+    def raise_feature_level(self, level: int | None = None) -> dict[str, Any]:
+        return self._runner.run(self._client.raise_feature_level(level))

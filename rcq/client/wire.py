@@ -42,6 +42,7 @@ ItemValue = bytes | bytearray | memoryview | str
 OPERATION_OVERHEAD_BYTES = 64
 MEMBERS_PATH = "/v1/cluster/members"
 LEADERSHIP_PATH = "/v1/cluster/leadership"
+FEATURE_LEVEL_PATH = "/v1/cluster/feature-level"
 CATCH_UP_TIMEOUT_MAX_S = 600.0  # the most an add may wait for the new node to catch up (the server's bound)
 
 

@@ -31,6 +31,7 @@ from pydantic_core import PydanticCustomError
 from rcq import limits
 from rcq.errors import InvalidRequest
 from rcq.private_files import read_private
+from rcq.server.core.features import LEVEL_MAX
 from rcq.tokens import TokenEntry, TokenFormatError
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
@@ -198,9 +199,15 @@ class NodeConfig(BaseModel):
 
     # --- commits
     commit_timeout_s: float = Field(10.0, gt=0, description="after this, a commit's outcome is reported unknown (504)")
+    feature_level_auto: bool = Field(
+        True, description="the leader raises the cluster's feature level once every member reads a higher one "
+                          "(false: only POST /v1/cluster/feature-level does, so a rollback stays possible)")
     test_clock_offset_ms: int = Field(
         0, description="FOR TESTS ONLY: skews this node's clock (as leader) by this many ms, to test that "
                        "time in the replicated state never goes back (docs/queue-features.md)")
+    test_feature_level_max: int | None = Field(
+        None, ge=1, description="FOR TESTS ONLY: this node reads feature levels only up to this one, as a node of an "
+                                "older release would, to test refusals and stops (docs/upgrades.md)")
     commit_batch_units_max: int = Field(4096, ge=1, description="most commit units grouped into one Raft entry")
     commit_batch_bytes_max: int = Field(
         limits.COMMIT_BATCH_BYTES_MAX, ge=1024, description="most item bytes grouped into one Raft entry")
@@ -322,6 +329,11 @@ class NodeConfig(BaseModel):
     @property
     def snapshot_path(self) -> Path:
         return self.data_dir / "raft.snapshot.lmdb"
+
+    @property
+    def feature_level_max(self) -> int:
+        """The highest feature level this node reads (rcq.server.core.features)."""
+        return min(LEVEL_MAX, self.test_feature_level_max or LEVEL_MAX)
 
     def directory(self, recorded: dict[str, tuple[str, str]]) -> dict[str, PeerConfig]:
         """Raft address -> node, for every node this one knows: itself, its configured peers, and

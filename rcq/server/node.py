@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 class Node:
     def __init__(self, config: NodeConfig, replicator: Replicator | None = None) -> None:
         self.config = config
-        self.state_machine = QueueStateMachine()
+        self.state_machine = QueueStateMachine(config.feature_level_max)
         if replicator is None:
             from rcq.server.raft.replicator import RaftReplicator  # the only door to pysyncobj
 

@@ -348,8 +348,6 @@ MALFORMED = [
     None,
     (),
     "commit",
-    (COMMAND_VERSION + 1, KIND_BARRIER, 9, 9),
-    (COMMAND_VERSION, "unknown", 9, 9),
     (COMMAND_VERSION, KIND_BARRIER, 9),
     (COMMAND_VERSION, KIND_BARRIER, True, 9),
     (COMMAND_VERSION, KIND_COMMIT, 9, 10**9, ((None, (("t", (("a", ("not bytes",)),), ()),)),)),
@@ -929,6 +927,8 @@ def test_apply_never_raises_and_garbage_changes_nothing_but_last_index(commands,
     for raw in garbage:
         index += 1
         result = sm.apply(raw, index)
+        if isinstance(result, ApplyFailed) and result.reason == "unreadable_entry":
+            break  # a newer format (a string kind this version lacks): the node stops here
         if isinstance(result, ApplyFailed):
             assert result.reason == "malformed_command"
             assert replicated_state(sm, "last_index") == before

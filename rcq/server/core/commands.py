@@ -24,6 +24,7 @@ KIND_BARRIER = "barrier"
 KIND_QUEUE = "queue"
 KIND_ITEMS = "items"  # an ItemsAction inside a commit entry's units
 KIND_MEMBER = "member"
+KIND_LEVEL = "level"  # feature level 2 (rcq.server.core.features)
 MEMBER_ACTIONS = ("record", "forget")
 QUEUE_ACTIONS = ("configure", "purge", "delete")
 # What an ItemsAction does to the items it names (docs/queue-features.md):
@@ -39,6 +40,14 @@ DEAD_REASONS = ("max_deliveries", "expired", "rejected")
 
 class MalformedCommand(ValueError):
     """A log entry that is not a command this version understands."""
+
+
+class UnreadableCommand(MalformedCommand):
+    """A log entry of a newer format (a newer command version, an unknown kind): written by a
+    newer rcq at a feature level this node does not read. The node must stop, not skip it."""
+
+
+UNREADABLE_ENTRY = "unreadable_entry"  # ApplyFailed.reason of an entry this node cannot read: it stops
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +186,19 @@ class MemberRecord:
     http_url: str = ""
 
 
-Command = CommitBatch | Barrier | QueueChange | MemberRecord
+@dataclass(frozen=True, slots=True)
+class SetLevel:
+    """Raise the cluster's active feature level (docs/upgrades.md). Proposed by a leader only once
+    every member reads ``level``; ``writer_version`` is the proposing node's rcq version, named in
+    the message of a node that cannot read the level."""
+
+    term: int
+    now_ms: int
+    level: int
+    writer_version: str
+
+
+Command = CommitBatch | Barrier | QueueChange | MemberRecord | SetLevel
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +278,13 @@ class BarrierResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SetLevelResult:
+    status: Literal["done", "rejected"]
+    level: int  # the active level after the entry
+    reason: str | None = None  # stale_leader, level_lowered
+
+
+@dataclass(frozen=True, slots=True)
 class ApplyFailed:
     """The entry could not be applied.
 
@@ -269,7 +297,7 @@ class ApplyFailed:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-ApplyResult = BatchResult | BarrierResult | QueueChangeResult | MemberRecordResult | ApplyFailed
+ApplyResult = BatchResult | BarrierResult | QueueChangeResult | MemberRecordResult | SetLevelResult | ApplyFailed
 
 
 def encode(command: Command) -> tuple[Any, ...]:
@@ -282,6 +310,8 @@ def encode(command: Command) -> tuple[Any, ...]:
     if isinstance(command, MemberRecord):
         return (COMMAND_VERSION, KIND_MEMBER, command.term, command.now_ms, command.action, command.node_id,
                 command.raft_address, command.http_url)
+    if isinstance(command, SetLevel):
+        return (COMMAND_VERSION, KIND_LEVEL, command.term, command.now_ms, command.level, command.writer_version)
     units = tuple(_encode_unit(unit) for unit in command.units)
     if command.limits is None:
         return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units)
@@ -310,6 +340,8 @@ def decode(raw: Any) -> Command:
         version, kind = raw[0], raw[1]
     except (TypeError, IndexError, KeyError) as exc:
         raise MalformedCommand(f"not a command tuple: {type(raw).__name__}") from exc
+    if type(version) is int and version > COMMAND_VERSION:
+        raise UnreadableCommand(f"command version {version}, this node reads up to {COMMAND_VERSION}")
     if type(version) is not int or version != COMMAND_VERSION:
         raise MalformedCommand(f"command version {version!r}, this node knows {COMMAND_VERSION}")
     try:
@@ -340,8 +372,14 @@ def decode(raw: Any) -> Command:
                 raise ValueError(f"unknown member action {action!r}")
             return MemberRecord(term=_int(term), now_ms=_int(now_ms), action=action, node_id=_str(node_id),
                                 raft_address=_str(raft_address), http_url=_str(http_url))
+        if kind == KIND_LEVEL:
+            _, _, term, now_ms, level, writer_version = raw
+            return SetLevel(term=_int(term), now_ms=_int(now_ms), level=_positive(level),
+                            writer_version=_str(writer_version))
     except (TypeError, ValueError) as exc:
         raise MalformedCommand(f"bad {kind} command: {exc}") from exc
+    if isinstance(kind, str):  # a kind a newer version writes
+        raise UnreadableCommand(f"unknown command kind {kind!r}")
     raise MalformedCommand(f"unknown command kind {kind!r}")
 
 

@@ -5,7 +5,10 @@ items) and the items as (queue, item id, value), sorted by queue then id; the ra
 (``rcq/server/raft/snapshots.py``) stores both in one file. Formats are versioned here, where
 they are defined: ``SNAPSHOT_FORMAT`` is what is written, ``SNAPSHOT_FORMATS_READ`` what a node
 still restores (1: no queue settings; 2: purge total and limits; 3: settings, every total,
-enqueue times, item metadata), so a node reads the snapshots of the version before it.
+enqueue times, item metadata; 4: the active feature level), so a node reads the snapshots of the
+version before it. Format 4 is written only at feature level 2 and above: a cluster at level 1
+writes format 3, byte for byte what rcq 0.1 writes, so that its nodes read each other's snapshots
+(rcq.server.core.features). A snapshot of a level above the node's stops it: UnreadableLevel.
 
 The digest hashes the same content: replicas that applied the same log have the same digest.
 
@@ -20,21 +23,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from rcq.server.core.commands import QueueSettings
+from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_SNAPSHOT_FORMAT_4, UnreadableLevel
 from rcq.server.core.ledger import Ledger
 from rcq.server.core.outcomes import KeyRecord, TransactionOutcome, TransactionRecords
 from rcq.server.core.queue import ItemMeta, Queue, QueueStats
 
-SNAPSHOT_FORMAT = 3
-SNAPSHOT_FORMATS_READ = (1, 2, 3)
+SNAPSHOT_FORMAT = 4  # the newest written; 3 while the cluster's feature level is 1
+SNAPSHOT_FORMATS_READ = (1, 2, 3, 4)
 
 Members = dict[str, tuple[str, str]]  # node id -> (Raft address, HTTP URL)
 
 
 def encode_meta(ledger: Ledger, records: TransactionRecords, last_index: int, barrier_term: int,
-                members: Members) -> dict[str, Any]:
+                members: Members, level: int = LEVEL_BASE, level_writer: str | None = None) -> dict[str, Any]:
     """Everything but the items, as plain values."""
+    leveled = level >= LEVEL_OF_SNAPSHOT_FORMAT_4
     return {
-        "format": SNAPSHOT_FORMAT,
+        "format": SNAPSHOT_FORMAT if leveled else 3,
         "next_item_id": ledger.next_item_id,
         "now_ms": ledger.now_ms,
         "last_index": last_index,
@@ -55,6 +60,7 @@ def encode_meta(ledger: Ledger, records: TransactionRecords, last_index: int, ba
         "idempotency": [(k, (), r.index, r.at_ms) for k, r in records.keys.items()],
         # Only once a membership change recorded one: older states keep their digest.
         **({"members": sorted((node_id, *where) for node_id, where in members.items())} if members else {}),
+        **({"level": level, "level_writer": level_writer} if leveled else {}),
     }
 
 
@@ -87,13 +93,18 @@ class Decoded:
     outcomes_forgotten_term: int
     keys: list[tuple[str, KeyRecord]]
     members: Members
+    level: int
+    level_writer: str | None
 
 
-def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]]) -> Decoded:
+def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]], level_max: int = LEVEL_MAX) -> Decoded:
     """Read a snapshot (``items`` sorted as :func:`encode_items` yields them); ValueError for an
     unknown format."""
     if meta.get("format") not in SNAPSHOT_FORMATS_READ:
         raise ValueError(f"snapshot format {meta.get('format')!r}, expected one of {SNAPSHOT_FORMATS_READ}")
+    level = int(meta.get("level", LEVEL_BASE))
+    if level > level_max:
+        raise UnreadableLevel(level, meta.get("level_writer"), "this node's snapshot", level_max)
     ledger = Ledger()
     for name, enqueued_total, dequeued_total, *rest in meta["queues"]:
         ledger.queues[name] = _decode_queue(enqueued_total, dequeued_total, rest)
@@ -112,6 +123,8 @@ def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]]) -> Dec
         outcomes_forgotten_term=int(meta.get("outcomes_forgotten_term", 0)),
         keys=[(key, KeyRecord(index, at_ms)) for key, _ids, index, at_ms in meta["idempotency"]],
         members={node_id: (raft_address, url) for node_id, raft_address, url in meta.get("members", ())},
+        level=level,
+        level_writer=meta.get("level_writer"),
     )
 
 

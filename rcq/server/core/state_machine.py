@@ -38,6 +38,7 @@ from typing import Any
 
 from rcq.server.core import snapshot_format
 from rcq.server.core.commands import (
+    UNREADABLE_ENTRY,
     ApplyFailed,
     ApplyResult,
     Barrier,
@@ -49,9 +50,13 @@ from rcq.server.core.commands import (
     MemberRecordResult,
     QueueChange,
     QueueSettings,
+    SetLevel,
+    SetLevelResult,
+    UnreadableCommand,
     decode,
 )
 from rcq.server.core.commits import apply_batch
+from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
 from rcq.server.core.ledger import ITEM_OVERHEAD_BYTES, Ledger, item_cost
 from rcq.server.core.outcomes import KeyRecord, Retention, TransactionOutcome, TransactionRecords, id_term
 from rcq.server.core.queue import ItemMeta, Queue
@@ -86,7 +91,9 @@ ITEM_ACTION_IDS_MAX = 10_000  # items one ItemsAction may name (redrive moves at
 
 
 class QueueStateMachine:
-    def __init__(self) -> None:
+    def __init__(self, level_max: int = LEVEL_MAX) -> None:
+        # The highest feature level this replica reads; an entry or snapshot above it is unreadable.
+        self._level_max = level_max
         self._ledger = Ledger()
         self._records = TransactionRecords(
             outcomes=Retention(OUTCOME_RETENTION_MS, OUTCOME_RETENTION_MIN_MS, OUTCOMES_MAX),
@@ -96,6 +103,9 @@ class QueueStateMachine:
         # The cluster's directory: node id -> (Raft address, HTTP URL) of members recorded by
         # membership changes (docs/membership.md). Empty until the first change.
         self._members: dict[str, tuple[str, str]] = {}
+        # The active feature level and the rcq version of the node that raised it (docs/upgrades.md).
+        self._level = LEVEL_BASE
+        self._level_writer: str | None = None
 
     @property
     def _queues(self) -> dict[str, Queue]:
@@ -112,9 +122,16 @@ class QueueStateMachine:
         whoever follows the stream of applied entries never decodes an entry twice."""
         try:
             command = decode(raw_command)
+        except UnreadableCommand as exc:  # the replicator stops the node: nothing more is applied
+            return None, ApplyFailed(reason=UNREADABLE_ENTRY, details={"error": str(exc)})
         except MalformedCommand as exc:
             self._last_index = max(self._last_index, index)
             return None, ApplyFailed(reason="malformed_command", details={"error": str(exc)})
+        if isinstance(command, SetLevel) and command.level > self._level_max:
+            return command, ApplyFailed(reason=UNREADABLE_ENTRY, details={
+                "error": f"feature level {command.level} raised by rcq {command.writer_version}; "
+                         f"this node reads levels up to {self._level_max}",
+                "level": command.level, "writer_version": command.writer_version, "level_max": self._level_max})
         return command, self._apply_command(command, index)
 
     def _apply_command(self, command: Command, index: int) -> ApplyResult:
@@ -130,6 +147,8 @@ class QueueStateMachine:
                 result = apply_queue_change(ledger, command, self._barrier_term, QUEUES_MAX)
             elif isinstance(command, MemberRecord):
                 result = self._apply_member_record(command)
+            elif isinstance(command, SetLevel):
+                result = self._apply_set_level(command)
             else:
                 result = apply_batch(ledger, self._records, command, index, self._barrier_term,
                                      QUEUES_MAX, ITEM_ACTION_IDS_MAX)
@@ -149,6 +168,26 @@ class QueueStateMachine:
                     del self._members[node_id]  # the address now belongs to another node
             self._members[record.node_id] = (record.raft_address, record.http_url)
         return MemberRecordResult("done", record.node_id)
+
+    # ----------------------------------------------------------- feature level
+    def _apply_set_level(self, command: SetLevel) -> SetLevelResult:
+        if command.term < self._barrier_term:
+            return SetLevelResult("rejected", self._level, reason="stale_leader")
+        if command.level < self._level:
+            return SetLevelResult("rejected", self._level, reason="level_lowered")
+        if command.level > self._level:
+            self._level, self._level_writer = command.level, command.writer_version
+        return SetLevelResult("done", self._level)
+
+    @property
+    def level(self) -> int:
+        """The cluster's active feature level: what may be written (rcq.server.core.features)."""
+        return self._level
+
+    @property
+    def level_writer(self) -> str | None:
+        """The rcq version of the node that raised the level to what it is (None: never raised)."""
+        return self._level_writer
 
     def member_directory(self) -> dict[str, tuple[str, str]]:
         """node id -> (Raft address, HTTP URL) of every member a membership change recorded."""
@@ -289,7 +328,7 @@ class QueueStateMachine:
     def snapshot_meta(self) -> dict[str, Any]:
         """Everything but the items, as plain values (lists, tuples, ints, str)."""
         return snapshot_format.encode_meta(self._ledger, self._records, self._last_index, self._barrier_term,
-                                           self._members)
+                                           self._members, self._level, self._level_writer)
 
     def snapshot_items(self) -> Iterator[tuple[str, int, bytes]]:
         """Every item as (queue, item id, value), sorted by queue then id."""
@@ -297,9 +336,10 @@ class QueueStateMachine:
 
     def restore(self, meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]]) -> None:
         """Discard all state and load a snapshot (``items`` sorted as snapshot_items yields them)."""
-        decoded = snapshot_format.decode(meta, items)
+        decoded = snapshot_format.decode(meta, items, self._level_max)
         self._ledger = decoded.ledger
         self._last_index = decoded.last_index
         self._barrier_term = decoded.barrier_term
         self._records.replace_all(decoded.outcomes, decoded.outcomes_forgotten_term, decoded.keys)
         self._members = decoded.members
+        self._level, self._level_writer = decoded.level, decoded.level_writer

@@ -27,12 +27,21 @@ from aiohttp.typedefs import Middleware
 
 from rcq.errors import InternalError, MethodNotAllowed, NotLeader, PayloadTooLarge, RcqError, RouteNotFound
 from rcq.server.config import NodeConfig
-from rcq.server.http import cluster_routes, membership_routes, queue_routes, session_channel, transaction_routes
+from rcq.server.http import (
+    cluster_routes,
+    feature_level_routes,
+    membership_routes,
+    queue_routes,
+    session_channel,
+    transaction_routes,
+)
 from rcq.server.http.auth import authenticate
+from rcq.server.http.feature_level_routes import FEATURE_LEVELS, make_survey
 from rcq.server.http.forwarding import Forwarder
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, TOKENS, Handler, error_response
 from rcq.server.http.membership_routes import MEMBERSHIP, make_probe
 from rcq.server.http.metrics import NodeMetrics
+from rcq.server.leader.feature_levels import FeatureLevels
 from rcq.server.leader.membership import Membership
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
@@ -102,9 +111,12 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[REPLICATOR] = replicator
     app[METRICS] = metrics
     app[TOKENS] = tokens
-    app[MEMBERSHIP] = Membership(config, manager, replicator, make_probe(peer_tls))
+    app[MEMBERSHIP] = Membership(config, manager, replicator,
+                                 make_probe(peer_tls, lambda: replicator.read(lambda sm: sm.level)))
+    app[FEATURE_LEVELS] = FeatureLevels(config, manager, replicator, app[MEMBERSHIP], make_survey(app, peer_tls))
     cluster_routes.add_routes(app)
     membership_routes.add_routes(app)
+    feature_level_routes.add_routes(app)
     transaction_routes.add_routes(app)
     queue_routes.add_routes(app)
     session_channel.add_routes(app)

@@ -21,6 +21,7 @@ from rcq.server.http.membership_routes import MEMBERSHIP
 from rcq.server.http.openapi import openapi_spec
 from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
 from rcq.server.security.tls import peer_context
+from rcq.version import rcq_version
 
 
 async def storage(request: web.Request) -> web.Response:
@@ -56,6 +57,9 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
             for at, address, term in status.details.get("leader_history", [])],
         "peers": [{"node_id": p.node_id, "url": p.http_url, "raft_address": p.raft_address} for p in peers],
         "member": config.raft_address in voting,
+        "version": rcq_version(),
+        "feature_level": replicator.read(lambda sm: sm.level),
+        "feature_level_max": config.feature_level_max,
     }
 
 
@@ -108,7 +112,10 @@ async def asyncapi(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return json_response({"ok": True, "node_id": request.app[CONFIG].node_id})
+    # The version and the highest feature level read: what a leader asks before raising the level
+    # or adding a member (rcq.server.leader.feature_levels).
+    return json_response({"ok": True, "node_id": request.app[CONFIG].node_id, "version": rcq_version(),
+                          "feature_level_max": request.app[CONFIG].feature_level_max})
 
 
 async def readyz(request: web.Request) -> web.Response:

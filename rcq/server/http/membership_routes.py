@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from rcq.server.core.features import LEVEL_BASE
 from rcq.server.http.handlers import admin_only, json_response, read_model
 from rcq.server.http.models import AddMemberRequest, TransferLeadershipRequest
 from rcq.server.leader.membership import Membership
@@ -23,8 +24,10 @@ from rcq.server.leader.membership import Membership
 PROBE_TIMEOUT_S = 3.0
 MEMBERSHIP = web.AppKey("membership", Membership)
 
-def make_probe(peer_tls: ssl.SSLContext | None) -> Callable[[str, str], Awaitable[str | None]]:
-    """A probe: None when ``url``'s /healthz answers as ``node_id``, else what went wrong."""
+def make_probe(peer_tls: ssl.SSLContext | None,
+               active_level: Callable[[], int]) -> Callable[[str, str], Awaitable[str | None]]:
+    """A probe: None when ``url``'s /healthz answers as ``node_id`` and reads the cluster's active
+    feature level, else what went wrong (a node that cannot read it must not join)."""
 
     async def probe(url: str, node_id: str) -> str | None:
         connector = aiohttp.TCPConnector(ssl=peer_tls if peer_tls is not None else True)
@@ -39,6 +42,10 @@ def make_probe(peer_tls: ssl.SSLContext | None) -> Callable[[str, str], Awaitabl
         answered = body.get("node_id") if isinstance(body, dict) else None
         if answered != node_id:
             return f"the node there is {answered!r}, not {node_id!r}"
+        level_max, active = body.get("feature_level_max", LEVEL_BASE), active_level()  # rcq 0.1 states none
+        if not isinstance(level_max, int) or level_max < active:
+            return (f"it runs rcq {body.get('version') or '0.1'}, which reads feature levels up to {level_max}; "
+                    f"the cluster runs at {active} (docs/upgrades.md)")
         return None
 
     return probe

@@ -29,6 +29,7 @@ from rcq.server.config import NodeConfig
 from rcq.server.http.channel_stats import ChannelStats
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
+from rcq.version import rcq_version
 
 QUEUE_LABELS_MAX = 1000
 OTHER_QUEUES = "_other"
@@ -67,6 +68,17 @@ class RcqCollector(Collector):
         yield from self._storage()
         yield from self._transactions()
         yield from self._raft()
+        yield from self._versions()
+
+    def _versions(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("rcq_build_info", "This node's rcq version (the value is 1)", labels=["version"])
+        info.add_metric([rcq_version()], 1)
+        levels = GaugeMetricFamily("rcq_feature_level", "The cluster's active feature level as this node applied "
+                                   "it, and the highest this node reads (docs/upgrades.md)", labels=["level"])
+        levels.add_metric(["active"], self._replicator.read(lambda sm: sm.level))
+        levels.add_metric(["max"], self._config.feature_level_max)
+        yield info
+        yield levels
 
     def _queues(self) -> Iterator[Metric]:
         rows = self._replicator.read(lambda sm: sm.deepest_queues())

@@ -306,6 +306,13 @@ class AddMemberRequest(_Model):
     catch_up_timeout_s: float = Field(60.0, ge=0, le=600, description="how long to wait for it to catch up")
 
 
+class RaiseFeatureLevelRequest(_Model):
+    """POST /v1/cluster/feature-level: raise the cluster's feature level (docs/upgrades.md)."""
+
+    level: int | None = Field(None, ge=1, le=1000,
+                              description="the level to raise to (null: the highest every member reads)")
+
+
 class TransferLeadershipRequest(_Model):
     """POST /v1/cluster/leadership: hand leadership to a member (null: the most caught-up follower)."""
 

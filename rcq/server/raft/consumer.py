@@ -17,9 +17,10 @@ from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConsumer, replicated
 
-from rcq.server.core.commands import ApplyFailed, ApplyResult, Command
+from rcq.server.core.commands import UNREADABLE_ENTRY, ApplyFailed, ApplyResult, Command
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft.internals import entry_term
+from rcq.server.raft.unreadable import entry_message, stop_unreadable
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,9 @@ class QueueConsumer(SyncObjConsumer):
     """
 
     def __init__(self, state_machine: QueueStateMachine, lock: threading.Lock,
-                 on_applied: Callable[[int, Command | None, ApplyResult], None]) -> None:
+                 on_applied: Callable[[int, Command | None, ApplyResult], None], node_id: str = "?") -> None:
         super().__init__()
+        self._node_id = node_id
         self._state_machine = state_machine
         self._lock = lock
         self._on_applied = on_applied
@@ -71,6 +73,8 @@ class QueueConsumer(SyncObjConsumer):
         except Exception as exc:
             logger.exception("apply of entry %d raised", index)
             command, result = None, ApplyFailed(reason="apply_error", details={"error": repr(exc)})
+        if isinstance(result, ApplyFailed) and result.reason == UNREADABLE_ENTRY:
+            stop_unreadable(self._node_id, entry_message(index, result.details))  # never skip it: diverging
         self._on_applied(index, command, result)
         return result
 

@@ -112,7 +112,7 @@ class RaftReplicator:
         self._state_machine = state_machine
         self._auto_tick = auto_tick
         self._lock = threading.Lock()
-        self._consumer = QueueConsumer(state_machine, self._lock, self._on_applied)
+        self._consumer = QueueConsumer(state_machine, self._lock, self._on_applied, config.node_id)
         # Digests off the apply path, as snapshots (H9): the lock is held only to fork a child that hashes.
         self._digest = ForkedDigest(lambda: (state_machine.digest(), state_machine.last_index), self._lock)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -144,7 +144,8 @@ class RaftReplicator:
         self._loop = asyncio.get_running_loop()
         self._to_loop.bind(self._loop)
         _check_bindable(self._config.raft_address)
-        self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock)
+        self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock,
+                                             self._config.node_id)
         conf = build_conf(self._config, self._writer, auto_tick=self._auto_tick,
                           on_state_changed=self._on_state_changed)
         self._config.data_dir.mkdir(parents=True, exist_ok=True)

@@ -39,9 +39,12 @@ from typing import Any
 
 import lmdb
 
+from rcq.server.core.features import UnreadableLevel
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft.digest import fork_child
 from rcq.server.raft.files import fsync_path, replace_durably
+from rcq.server.raft.unreadable import stop_unreadable
+from rcq.version import rcq_version
 
 logger = logging.getLogger(__name__)
 
@@ -212,8 +215,9 @@ class ForkingSnapshotWriter:
     """
 
     def __init__(self, state_machine: QueueStateMachine, snapshot_path: str | os.PathLike[str],
-                 lock: threading.Lock) -> None:
+                 lock: threading.Lock, node_id: str = "?") -> None:
         self._state_machine = state_machine
+        self._node_id = node_id
         self._final_path = os.fspath(snapshot_path)
         self._part_path = self._final_path + PART_SUFFIX
         self._lock = lock
@@ -281,8 +285,11 @@ class ForkingSnapshotWriter:
         # it durable before it replaces the state and pysyncobj clears the journal for it (H8).
         fsync_path(file_name)
         fsync_path(os.path.dirname(os.path.abspath(file_name)))
-        with self._lock:
-            raft_data = read_snapshot(file_name, self._state_machine)
+        try:
+            with self._lock:
+                raft_data = read_snapshot(file_name, self._state_machine)
+        except UnreadableLevel as exc:  # at start, or received from a leader: this code cannot go on
+            stop_unreadable(self._node_id, exc.explain(rcq_version()))
         self.loaded_count += 1
         return raft_data
 
