@@ -28,7 +28,7 @@ from rcq.server.http.forwarding import FORWARD_PROOF, FORWARDED_AT, FORWARDED_BY
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator
 from rcq.testing.cluster import LocalCluster
-from tests.helpers import LEADER_TIMEOUT_S
+from tests.helpers import LEADER_TIMEOUT_S, NODE_SERVING_TIMEOUT_S
 from tests.helpers.cluster import running_cluster
 from tests.helpers.nodes import make_config, url_of
 
@@ -154,7 +154,7 @@ async def test_forwards_in_flight_are_bounded(monkeypatch: pytest.MonkeyPatch) -
 
     async with follower_of(leader) as url:
         held = asyncio.create_task(ask("POST", f"{url}/v1/transactions", {}))
-        await asyncio.wait_for(arrived.wait(), 10)
+        await asyncio.wait_for(arrived.wait(), NODE_SERVING_TIMEOUT_S)
         status, payload, headers = await ask("POST", f"{url}/v1/transactions", {})
         assert (status, code(payload), headers["Retry-After"]) == (503, "unavailable", "1")
         release.set()

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from rcq.testing.cluster import LocalCluster
+from tests.helpers import CLUSTER_WAIT_S
 
 pytestmark = pytest.mark.cluster
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- tested: readme-shell"
 BLOCK = re.compile(re.escape(MARKER) + r"[^\n]*-->\n```(?:sh|bash)\n(.*?)\n```", re.DOTALL)
-RUN_TIMEOUT_S = 120.0
 
 
 def readme_blocks() -> list[str]:
@@ -52,7 +52,7 @@ def test_the_readmes_shell_walk_through_runs_against_any_node(cluster: LocalClus
            "RCQ_URLS": ",".join(cluster.urls), "RCQ_TOKEN": cluster.token}
     for block in readme_blocks():
         done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block], env=env, capture_output=True,
-                              text=True, timeout=RUN_TIMEOUT_S, check=False)
+                              text=True, timeout=CLUSTER_WAIT_S, check=False)
         assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
         answers = json_lines(done.stdout)
         assert all("error" not in answer for answer in answers), done.stdout
