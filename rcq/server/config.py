@@ -31,7 +31,6 @@ from pydantic_core import PydanticCustomError
 from rcq import limits
 from rcq.errors import InvalidRequest
 from rcq.private_files import read_private
-from rcq.server.core.features import LEVEL_MAX
 from rcq.tokens import TokenEntry, TokenFormatError
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
@@ -329,11 +328,6 @@ class NodeConfig(BaseModel):
     @property
     def snapshot_path(self) -> Path:
         return self.data_dir / "raft.snapshot.lmdb"
-
-    @property
-    def feature_level_max(self) -> int:
-        """The highest feature level this node reads (rcq.server.core.features)."""
-        return min(LEVEL_MAX, self.test_feature_level_max or LEVEL_MAX)
 
     def directory(self, recorded: dict[str, tuple[str, str]]) -> dict[str, PeerConfig]:
         """Raft address -> node, for every node this one knows: itself, its configured peers, and

@@ -17,6 +17,7 @@ import signal
 from aiohttp import web
 
 from rcq.server.config import NodeConfig, is_loopback
+from rcq.server.core.features import level_max_read
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.http.api import create_app
 from rcq.server.http.connections import HttpListener, runner_options
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 class Node:
     def __init__(self, config: NodeConfig, replicator: Replicator | None = None) -> None:
         self.config = config
-        self.state_machine = QueueStateMachine(config.feature_level_max)
+        self.state_machine = QueueStateMachine(level_max_read(config.test_feature_level_max))
         if replicator is None:
             from rcq.server.raft.replicator import RaftReplicator  # the only door to pysyncobj
 

@@ -127,6 +127,7 @@ class LocalCluster(PolledCluster[LocalNode]):
             raise FileExistsError(f"{base_dir} already holds a cluster; use LocalCluster.reopen()")
         self.log_level = log_level
         self.node_overrides = dict(node_overrides or {})
+        self.node_settings: dict[int, dict[str, Any]] = {}  # one node's own extra fields (set_node_override)
         self.insecure = insecure
         self._secret = None if insecure else (secret or secrets.token_urlsafe(32))
         self.auth = auth
@@ -219,6 +220,7 @@ class LocalCluster(PolledCluster[LocalNode]):
     def _node_config(self, node: LocalNode, peers: Sequence[int] | None = None) -> dict[str, Any]:
         config: dict[str, Any] = {
             **self.node_overrides,
+            **self.node_settings.get(node.index, {}),
             "node_id": node.node_id,
             "http_host": HOST,
             "http_port": node.http_port,
@@ -354,6 +356,23 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.nodes[i].release = release
         self._write_node_config(self.nodes[i])
         return self.start_node(i, wait=wait, timeout_s=timeout_s)
+
+    def set_node_override(self, i: int, **fields: Any) -> None:
+        """Give node ``i`` NodeConfig fields of its own (a value of None removes one), written to its
+        config file now; it reads them when it (re)starts."""
+        own = self.node_settings.setdefault(i, {})
+        for name, value in fields.items():
+            if value is None:
+                own.pop(name, None)
+            else:
+                own[name] = value
+        self._write_node_config(self.nodes[i])
+
+    def restart_node_with(self, i: int, wait: bool = True, **fields: Any) -> int:
+        """Stop node ``i``, give it ``fields`` (:meth:`set_node_override`), start it again."""
+        self.stop_node(i)
+        self.set_node_override(i, **fields)
+        return self.start_node(i, wait=wait)
 
     def stop_node(self, i: int, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM node ``i`` and wait; SIGKILL it after ``timeout_s``. Returns its exit code."""

@@ -227,12 +227,13 @@ async def test_a_transaction_belongs_to_the_principal_that_began_it(secured: Loc
         # Untouched by bob: alice's transaction still holds its item and commits both ways.
         status, committed, _ = await call(session, "POST", f"{url}/v1/transactions/{tx}/commit", alice, {})
         assert status == 200 and (committed["enqueued"], committed["dequeued"]) == (1, 1)
-        # Once committed: still 404 for bob at the leader; a follower does not answer him (307).
+        # Once committed: still 404 for bob at the leader; a follower forwards him to the leader,
+        # which refuses him the same way.
         status, payload, _ = await call(session, "GET", f"{url}/v1/transactions/{tx}", bob)
         assert (status, error_code(payload)) == (404, "transaction_not_found")
         for follower in (u for u in secured.urls if u != url):
             status, payload, _ = await call(session, "GET", f"{follower}/v1/transactions/{tx}", bob)
-            assert (status, error_code(payload)) == (307, "not_leader"), payload
+            assert (status, error_code(payload)) == (404, "transaction_not_found"), payload
     async with RcqClient(secured.urls, token=bob) as client:
         with pytest.raises(TransactionNotFound):
             await client.commit_many([tx])

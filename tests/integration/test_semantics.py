@@ -269,10 +269,14 @@ async def test_commit_many_commits_together_and_a_replayed_idempotency_key_appli
 
 # -------------------------------------------------------------------- bad input
 async def call(http: aiohttp.ClientSession, method: str, url: str, *, body: Any = None,
-               raw: bytes | None = None) -> tuple[int, dict[str, Any], Mapping[str, str]]:
-    kwargs: dict[str, Any] = {"allow_redirects": False}
+               raw: bytes | None = None, redirect: bool = False) -> tuple[int, dict[str, Any], Mapping[str, str]]:
+    """One request, redirects not followed; ``redirect``: ask a follower for its 307 instead of
+    having it forward the request to the leader."""
+    headers = {"Rcq-Redirect": "1"} if redirect else {}
+    kwargs: dict[str, Any] = {"allow_redirects": False, "headers": headers}
     if raw is not None:
-        kwargs.update(data=raw, headers={"Content-Type": "application/json"})
+        kwargs["data"] = raw
+        headers["Content-Type"] = "application/json"
     elif body is not None:
         kwargs["json"] = body
     async with http.request(method, url, **kwargs) as response:
@@ -385,10 +389,10 @@ async def test_bad_input_gets_its_status_code_and_changes_nothing_on_any_node(
     status, _, _ = await call(http, "POST", f"{base}/v1/transactions", body={"timeout_s": 1})
     assert status == 201, "aborting released the open-transaction slots"
 
-    # 307 from a follower: not executed there, sent to the leader
+    # 307 from a follower asked for one (Rcq-Redirect): not executed there, sent to the leader
     for path, body in (("/v1/transactions", {}), (f"/v1/queues/{queue}/enqueue", {"items": ["x"]}),
                        ("/v1/execute", {"operations": [{"op": "dequeue", "queue": queue}]})):
-        status, answer, headers = await call(http, "POST", follower + path, body=body)
+        status, answer, headers = await call(http, "POST", follower + path, body=body, redirect=True)
         assert (status, answer["error"]["code"], answer["error"]["leader_url"]) == (307, "not_leader", base)
         assert headers["Location"] == base + path
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rcq.version import rcq_version
 from tests.helpers import STATUS_PAGE_WAIT_MS
 from tests.helpers.cluster import running_cluster
 
@@ -51,6 +52,7 @@ def test_the_status_page_shows_the_cluster_and_updates_live(tmp_path: Path) -> N
                                    timeout=STATUS_PAGE_WAIT_MS)
             assert page.locator("#nodes tbody tr").count() == 3
             assert page.locator("#nodes .pill.leader").count() == 1
+            assert (page.locator("#nodes tbody").text_content() or "").count(rcq_version()) == 3  # each node's
             assert page.locator("#served-by").text_content() == cluster.status(follower)["node_id"]
             enqueued = page.locator('#queues tr[data-queue="jobs"] td.enqueued')
             enqueued.wait_for(timeout=STATUS_PAGE_WAIT_MS)

@@ -170,7 +170,8 @@ async def test_a_follower_sends_clients_to_the_leader(tmp_path: Path):
     await node.start()
     try:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{node.port}") as session:
-            async with session.post("/v1/transactions", json={}, allow_redirects=False) as response:
+            async with session.post("/v1/transactions", json={}, allow_redirects=False,
+                                    headers={"Rcq-Redirect": "1"}) as response:
                 body = await response.json()
                 assert response.status == 307
                 assert response.headers["Location"] == "http://leader:1/v1/transactions"

@@ -48,6 +48,12 @@ LEVEL_MAX = LEVELS[-1].number  # the highest level this code reads and writes
 LEVEL_OF_SNAPSHOT_FORMAT_4 = 2
 
 
+def level_max_read(held_at: int | None) -> int:
+    """The highest level a node reads: LEVEL_MAX, or lower where a test holds it lower
+    (``NodeConfig.test_feature_level_max``), as a node of an older release would read."""
+    return LEVEL_MAX if held_at is None else min(LEVEL_MAX, held_at)
+
+
 def level(number: int) -> Level | None:
     """The level ``number`` as this code knows it; None for one above LEVEL_MAX."""
     return LEVELS[number - 1] if 1 <= number <= LEVEL_MAX else None

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rcq.server.core.features import level_max_read
 from rcq.server.http.asyncapi import asyncapi_spec
 from rcq.server.http.auth import principal_of
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, admin_only, json_response
@@ -59,7 +60,7 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         "member": config.raft_address in voting,
         "version": rcq_version(),
         "feature_level": replicator.read(lambda sm: sm.level),
-        "feature_level_max": config.feature_level_max,
+        "feature_level_max": level_max_read(config.test_feature_level_max),
     }
 
 
@@ -115,7 +116,7 @@ async def healthz(request: web.Request) -> web.Response:
     # The version and the highest feature level read: what a leader asks before raising the level
     # or adding a member (rcq.server.leader.feature_levels).
     return json_response({"ok": True, "node_id": request.app[CONFIG].node_id, "version": rcq_version(),
-                          "feature_level_max": request.app[CONFIG].feature_level_max})
+                          "feature_level_max": level_max_read(request.app[CONFIG].test_feature_level_max)})
 
 
 async def readyz(request: web.Request) -> web.Response:

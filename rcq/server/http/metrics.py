@@ -26,6 +26,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rcq.server.config import NodeConfig
+from rcq.server.core.features import level_max_read
 from rcq.server.http.channel_stats import ChannelStats
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
@@ -76,7 +77,7 @@ class RcqCollector(Collector):
         levels = GaugeMetricFamily("rcq_feature_level", "The cluster's active feature level as this node applied "
                                    "it, and the highest this node reads (docs/upgrades.md)", labels=["level"])
         levels.add_metric(["active"], self._replicator.read(lambda sm: sm.level))
-        levels.add_metric(["max"], self._config.feature_level_max)
+        levels.add_metric(["max"], level_max_read(self._config.test_feature_level_max))
         yield info
         yield levels
 

@@ -49,7 +49,7 @@ ANY = (400, 404, 408, 413, 503)
 # when the token lacks the permission (rcq.server.http.auth).
 PUBLIC = frozenset({"/healthz", "/readyz"})
 AUTH = (401, 403)
-LEADER = (307, 503)  # a follower redirects; no leader yet, or not ready
+LEADER = (307, 503, 504)  # a follower redirects when asked; no leader yet, or not ready; a forward's answer lost
 TRANSACTION = (404, 409, 410)  # unknown, closed (aborted, expired, committed...), outcome forgotten
 WRITE = (409, 429, 507)  # too many queues; queue full or too many requests; storage full
 STATUS_TEXT = {101: "Switching protocols: the channel is open", 200: "OK", 201: "Created", 202: "Accepted",

@@ -26,7 +26,7 @@ from typing import Any
 from rcq.errors import FeatureLevelRequired, FeatureLevelUnsupported, RcqError, Unavailable
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import SetLevel, SetLevelResult
-from rcq.server.core.features import LEVELS, describe
+from rcq.server.core.features import LEVELS, describe, level_max_read
 from rcq.server.leader.membership import Membership
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
@@ -69,6 +69,7 @@ class FeatureLevels:
         self._replicator = replicator
         self._membership = membership
         self._survey = survey
+        self._level_max = level_max_read(config.test_feature_level_max)  # what this node reads
         self._raising = asyncio.Lock()
         self._auto_task: asyncio.Task[None] | None = None
 
@@ -91,7 +92,7 @@ class FeatureLevels:
         found = []
         for member in self._membership.members():
             if member.self:
-                found.append(MemberLevels(member.node_id, member.url, rcq_version(), self._config.feature_level_max))
+                found.append(MemberLevels(member.node_id, member.url, rcq_version(), self._level_max))
                 continue
             if member.url is None:
                 found.append(MemberLevels(member.node_id, None, None, None, "no HTTP URL known"))
@@ -105,7 +106,7 @@ class FeatureLevels:
 
     async def report(self) -> dict[str, Any]:
         active, writer = self._replicator.read(lambda sm: (sm.level, sm.level_writer))
-        return {"active": active, "raised_by_version": writer, "max": self._config.feature_level_max,
+        return {"active": active, "raised_by_version": writer, "max": self._level_max,
                 "auto": self._config.feature_level_auto,
                 "levels": [{"level": lv.number, "name": lv.name, "summary": lv.summary, "since": lv.since}
                            for lv in LEVELS],
@@ -164,7 +165,7 @@ class FeatureLevels:
     async def _raise_when_all_read(self) -> None:
         while True:
             await asyncio.sleep(AUTO_RAISE_INTERVAL_S)
-            if not self._manager.serving or self.active() >= self._config.feature_level_max:
+            if not self._manager.serving or self.active() >= self._level_max:
                 continue
             try:
                 await self.raise_to(None)
