@@ -151,7 +151,7 @@ GARBAGE = {
     "unit_truncated": commit(((None,),)),
     "unit_overlong": commit(((None, (), ()),)),
     "transaction_truncated": commit((unit(("t", ())),)),
-    "transaction_overlong": commit((unit(("t", (), (), (), ())),)),
+    "transaction_overlong": commit((unit(("t", (), (), (), (), ())),)),
     "enqueue_pair_truncated": commit((unit(tx(enqueues=(("q",),))),)),
     "dequeue_pair_truncated": commit((unit(tx(dequeues=(("q",),))),)),
     # wrong types for ints

@@ -145,6 +145,13 @@ def sample_commands(level: int) -> list[Any]:
     ]
     if level >= 2:
         commands.insert(1, SetLevel(1, 1_000, 2, "0.2.0"))
+        # Item headers (level 2): an enqueue where some items carry them, one with options too; the
+        # queue is not purged, so the snapshot holds items with headers (with and without options).
+        commands.append(CommitBatch(1, 1_007, (CommitUnit((TransactionWrite(
+            "t4", enqueues=(("h", (b"e", b"f")), ("h", (b"g",)), ("h", (b"i",))),
+            enqueue_options=(None, EnqueueOptions(0, None, 60_000), None),
+            enqueue_headers=(((("traceparent", "00-1-2-01"), ("k", "v")), None), (((("k", "w"),),)), None)),)),
+        ), Limits(10**9, 10**6, 10**9)))
     return commands
 
 

@@ -213,7 +213,7 @@ MALFORMED_FEATURES = {
     "option_zero_ttl": _commit_raw(_tx_raw(((0, None, 0),))),
     "option_float_ttl": _commit_raw(_tx_raw(((0, None, 1.5),))),
     "option_two_fields": _commit_raw(_tx_raw(((0, None),))),
-    "transaction_five_fields": _commit_raw((None, (("t", (), (), (), ()),))),
+    "transaction_six_fields": _commit_raw((None, (("t", (), (), (), (), ()),))),
     "unknown_item_action": _commit_raw((KIND_ITEMS, "explode", "q", (1,), None)),
     "queue_action_as_item_action": _commit_raw((KIND_ITEMS, "purge", "q", (1,), None)),
     "wrong_items_kind": _commit_raw(("things", "deliver", "q", (1,), None)),

@@ -14,6 +14,7 @@ Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -63,6 +64,11 @@ class EnqueueOptions:
     ttl_ms: int | None = None
 
 
+# An item's headers (feature level 2): string keys to string values, in the order given. Only
+# items that carry some have any; the leader checks them (rcq.server.leader.item_headers).
+Headers = tuple[tuple[str, str], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class TransactionWrite:
     """Everything one transaction asks for at commit time."""
@@ -74,9 +80,15 @@ class TransactionWrite:
     dequeues: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # the options of each enqueue, parallel to ``enqueues``; () when every one is plain
     enqueue_options: tuple[EnqueueOptions | None, ...] = ()
+    # the headers of each enqueued item, parallel to ``enqueues``: per enqueue None (no item of it
+    # has headers) or one entry per item (None: that item has none); () when no item has any
+    enqueue_headers: tuple[tuple[Headers | None, ...] | None, ...] = ()
 
     def options_of(self, position: int) -> EnqueueOptions | None:
         return self.enqueue_options[position] if self.enqueue_options else None
+
+    def headers_of(self, position: int) -> tuple[Headers | None, ...] | None:
+        return self.enqueue_headers[position] if self.enqueue_headers else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,10 +340,16 @@ def _encode_unit(unit: CommitUnit | ItemsAction) -> tuple[Any, ...]:
 
 
 def _encode_transaction(t: TransactionWrite) -> tuple[Any, ...]:
-    if not any(t.enqueue_options):
+    # Optional trailing fields, each written only when used, so that a transaction without them is
+    # exactly what an older version writes: options (4th), item headers (5th, feature level 2).
+    has_headers = any(h is not None for h in t.enqueue_headers)
+    if not any(t.enqueue_options) and not has_headers:
         return (t.transaction_id, t.enqueues, t.dequeues)
-    options = tuple(None if o is None else (o.priority, o.delay_ms, o.ttl_ms) for o in t.enqueue_options)
-    return (t.transaction_id, t.enqueues, t.dequeues, options)
+    options = tuple(None if o is None else (o.priority, o.delay_ms, o.ttl_ms) for o in t.enqueue_options) \
+        if any(t.enqueue_options) else ()
+    if not has_headers:
+        return (t.transaction_id, t.enqueues, t.dequeues, options)
+    return (t.transaction_id, t.enqueues, t.dequeues, options, t.enqueue_headers)
 
 
 def decode(raw: Any) -> Command:
@@ -411,21 +429,43 @@ def _decode_unit(raw: Any) -> CommitUnit | ItemsAction:
 
 
 def _decode_transaction(raw: Any) -> TransactionWrite:
-    # Three fields: no enqueue options (older versions, and plain enqueues); four: with them.
+    # Three fields: no enqueue options (older versions, and plain enqueues); four: with them; five:
+    # with item headers too (feature level 2; the options field is () when every enqueue is plain).
     transaction_id, enqueues, dequeues, *rest = raw
     if not isinstance(transaction_id, str):
         raise ValueError("transaction id must be str")
-    if len(rest) > 1:
+    if len(rest) > 2:
         raise ValueError(f"{len(raw)} transaction fields")
     write = TransactionWrite(
         transaction_id=transaction_id,
         enqueues=tuple((_str(q), tuple(_bytes(i) for i in _seq(items))) for q, items in _seq(enqueues)),
         dequeues=tuple((_str(q), tuple(_int(i) for i in _seq(ids))) for q, ids in _seq(dequeues)),
         enqueue_options=tuple(_decode_options(o) for o in _seq(rest[0])) if rest else (),
+        enqueue_headers=tuple(_decode_enqueue_headers(h) for h in _seq(rest[1])) if len(rest) > 1 else (),
     )
     if write.enqueue_options and len(write.enqueue_options) != len(write.enqueues):
         raise ValueError("enqueue options do not match the enqueues")
+    if len(rest) > 1:
+        if len(write.enqueue_headers) != len(write.enqueues):
+            raise ValueError("item headers do not match the enqueues")
+        for headers, (_, values) in zip(write.enqueue_headers, write.enqueues, strict=True):
+            if headers is not None and len(headers) != len(values):
+                raise ValueError("item headers do not match the items")
     return write
+
+
+def _decode_enqueue_headers(raw: Any) -> tuple[Headers | None, ...] | None:
+    return None if raw is None else tuple(None if h is None else decode_headers(h) for h in _seq(raw))
+
+
+def decode_headers(raw: Any) -> Headers:
+    """An item's headers as the log or a snapshot holds them: pairs of strings. Keys are interned:
+    the same few keys (a ``traceparent``...) on a million items are one string, not a million."""
+    pairs = []
+    for pair in _seq(raw):
+        key, value = _seq(pair)
+        pairs.append((sys.intern(_str(key)), _str(value)))
+    return tuple(pairs)
 
 
 def _decode_options(raw: Any) -> EnqueueOptions | None:

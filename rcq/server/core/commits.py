@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from rcq.server.core.commands import BatchResult, CommitBatch, CommitUnit, ItemsAction, ItemsOutcome, Limits, UnitOutcome
 from rcq.server.core.item_actions import apply_action
-from rcq.server.core.ledger import Ledger, item_cost
+from rcq.server.core.ledger import Ledger, headers_bytes, item_cost
 from rcq.server.core.outcomes import TransactionOutcome, TransactionRecords
 
 Rejection = tuple[str, tuple[int, ...], str | None]  # (reason, missing item ids, the queue it is about)
@@ -69,7 +69,8 @@ def _apply_unit(ledger: Ledger, records: TransactionRecords, unit: CommitUnit, i
                 ledger.dequeue(queue_name, ids)
         for position, (queue_name, values) in enumerate(transaction.enqueues):
             if values:
-                enqueued.append(ledger.append(queue_name, values, transaction.options_of(position)))
+                enqueued.append(ledger.append(queue_name, values, transaction.options_of(position),
+                                              transaction.headers_of(position)))
     records.record(unit, TransactionOutcome("committed", index, ledger.now_ms))
     return UnitOutcome("committed", index, enqueued=tuple(enqueued))
 
@@ -89,20 +90,23 @@ def _check_unit(ledger: Ledger, unit: CommitUnit, limits: Limits | None, queues_
             delta = growth.setdefault(queue_name, [0, 0])
             for item_id in ids:
                 value = queue.items.get(item_id) if queue is not None else None
-                if value is None:
+                if queue is None or value is None:
                     missing.append(item_id)
                     continue
                 if item_id in taken:
                     return "item_dequeued_twice", (item_id,), None
                 taken.add(item_id)
                 delta[0] -= 1
-                delta[1] -= len(value)
-        for queue_name, values in transaction.enqueues:
+                delta[1] -= len(value) + headers_bytes(queue.meta_of(item_id).headers)
+        for position, (queue_name, values) in enumerate(transaction.enqueues):
             if values and queue_name not in ledger.queues and queue_name not in new_queues:
                 new_queues.append(queue_name)
             delta = growth.setdefault(queue_name, [0, 0])
             delta[0] += len(values)
             delta[1] += sum(len(v) for v in values)
+            headers = transaction.headers_of(position)
+            if headers is not None:
+                delta[1] += sum(headers_bytes(h) for h in headers)
     if missing:
         return "items_missing", tuple(missing), None
     if len(ledger.queues) + len(new_queues) > queues_max:

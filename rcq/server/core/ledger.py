@@ -15,18 +15,33 @@ Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 
 from __future__ import annotations
 
-from rcq.server.core.commands import DEAD_REASONS, EnqueuedRange, EnqueueOptions, Limits
+from rcq.server.core.commands import DEAD_REASONS, EnqueuedRange, EnqueueOptions, Headers, Limits
 from rcq.server.core.queue import ItemMeta, Queue, QueueStats
 
 # What one item costs in RAM besides its bytes: the bytes object's header, its id (an int
 # object), a dict slot and a deque slot, measured with tracemalloc (docs/limits.md, "What an
 # item costs"). A replicated rule: every node must count the same for the same entry.
 ITEM_OVERHEAD_BYTES = 160
+# What headers cost besides their keys' and values' UTF-8 bytes, about what tracemalloc shows for
+# an item with one header (docs/limits.md): once per item that has any, its ItemMeta, the meta
+# dict's slot and the headers tuple; then per header, the pair tuple and two str objects.
+# Replicated rules, like the above.
+HEADERS_ITEM_OVERHEAD_BYTES = 160
+HEADER_OVERHEAD_BYTES = 128
 
 
 def item_cost(items: int, item_bytes: int) -> int:
-    """What ``items`` items of ``item_bytes`` bytes in all cost against the limits (negative: freed)."""
+    """What ``items`` items of ``item_bytes`` bytes in all cost against the limits (negative: freed).
+    An item's bytes are its value's and its headers' (:func:`headers_bytes`)."""
     return item_bytes + ITEM_OVERHEAD_BYTES * items
+
+
+def headers_bytes(headers: Headers | None) -> int:
+    """What an item's headers add to its bytes (0 for none): counted in every byte total and limit."""
+    if not headers:
+        return 0
+    return HEADERS_ITEM_OVERHEAD_BYTES + sum(len(key.encode()) + len(value.encode()) + HEADER_OVERHEAD_BYTES
+                                             for key, value in headers)
 
 
 class Ledger:
@@ -72,17 +87,26 @@ class Ledger:
             queue = self.queues[queue_name] = Queue()
         return queue
 
-    def append(self, queue_name: str, values: tuple[bytes, ...], options: EnqueueOptions | None) -> EnqueuedRange:
-        """Enqueue ``values`` at the tail of ``queue_name`` under new ids."""
+    def append(self, queue_name: str, values: tuple[bytes, ...], options: EnqueueOptions | None,
+               headers: tuple[Headers | None, ...] | None = None) -> EnqueuedRange:
+        """Enqueue ``values`` at the tail of ``queue_name`` under new ids (``headers``: each item's,
+        parallel to ``values``; None: no item has any)."""
         queue = self.queue(queue_name)
         meta = self._enqueue_meta(queue, options)
         first = self.next_item_id
         item_id = first
         added_bytes = 0
-        for value in values:
-            queue.append(item_id, value, None if meta is None else ItemMeta(
-                priority=meta.priority, visible_at_ms=meta.visible_at_ms, expires_at_ms=meta.expires_at_ms))
-            added_bytes += len(value)
+        for position, value in enumerate(values):
+            item_headers = (headers[position] or None) if headers is not None else None  # (): none
+            if meta is None and item_headers is None:
+                queue.append(item_id, value, None)
+            elif meta is None:
+                queue.append(item_id, value, ItemMeta(headers=item_headers))
+            else:
+                queue.append(item_id, value, ItemMeta(
+                    priority=meta.priority, visible_at_ms=meta.visible_at_ms, expires_at_ms=meta.expires_at_ms,
+                    headers=item_headers))
+            added_bytes += len(value) + headers_bytes(item_headers)
             item_id += 1
         self.next_item_id = item_id
         queue.note_enqueue_time(first, self.now_ms)
@@ -112,23 +136,31 @@ class Ledger:
         queue = self.queues[queue_name]
         removed_bytes = 0
         for item_id in item_ids:
-            removed_bytes += len(queue.remove(item_id))
+            removed_bytes += self._remove(queue, item_id)[1]
         queue.stats.bytes -= removed_bytes
         queue.stats.dequeued_total += len(item_ids)
         self.items_total -= len(item_ids)
         self.bytes_total -= removed_bytes
         queue.forget_old_times()
 
-    def move(self, queue: Queue, item_id: int, target_name: str, meta: ItemMeta) -> EnqueuedRange:
-        """Move one item to the tail of ``target_name`` under a new id (storage does not change)."""
+    @staticmethod
+    def _remove(queue: Queue, item_id: int) -> tuple[bytes, int]:
+        """Take an item out of ``queue``: its value and its bytes (the value's and its headers')."""
+        extra = headers_bytes(queue.meta_of(item_id).headers)
         value = queue.remove(item_id)
-        queue.stats.bytes -= len(value)
+        return value, len(value) + extra
+
+    def move(self, queue: Queue, item_id: int, target_name: str, meta: ItemMeta) -> EnqueuedRange:
+        """Move one item to the tail of ``target_name`` under a new id (storage does not change;
+        ``meta`` carries the item's headers on)."""
+        value, size = self._remove(queue, item_id)
+        queue.stats.bytes -= size
         target = self.queue(target_name)
         new_id = self.next_item_id
         self.next_item_id += 1
         target.append(new_id, value, meta)
         target.note_enqueue_time(new_id, self.now_ms)
-        target.stats.bytes += len(value)
+        target.stats.bytes += size
         target.stats.enqueued_total += 1
         return EnqueuedRange(target_name, new_id, 1, meta.priority, meta.visible_at_ms, meta.expires_at_ms)
 
@@ -146,11 +178,11 @@ class Ledger:
             stats.max_deliveries_total += 1
         target_name = queue.settings.dead_letter_queue
         if target_name is None or target_name == queue_name:
-            value = queue.remove(item_id)
-            stats.bytes -= len(value)
+            _, size = self._remove(queue, item_id)
+            stats.bytes -= size
             stats.dropped_total += 1
             self.items_total -= 1
-            self.bytes_total -= len(value)
+            self.bytes_total -= size
             return None
         stats.dead_lettered_total += 1
         target = self.queue(target_name)
@@ -159,7 +191,8 @@ class Ledger:
         # gives it back to the source (clamped to the source's max_priority there).
         meta = ItemMeta(priority=old.priority,
                         expires_at_ms=None if ttl_ms is None else self.now_ms + ttl_ms,
-                        dead_reason=reason, dead_source=queue_name, dead_deliveries=old.deliveries, dead_note=note)
+                        dead_reason=reason, dead_source=queue_name, dead_deliveries=old.deliveries, dead_note=note,
+                        headers=old.headers)
         return self.move(queue, item_id, target_name, meta)
 
     def redrive(self, queue: Queue, item_id: int, meta: ItemMeta) -> EnqueuedRange:
@@ -169,7 +202,7 @@ class Ledger:
         ttl_ms = source.settings.default_ttl_ms
         queue.stats.redriven_total += 1
         fresh = ItemMeta(priority=min(meta.priority, source.settings.max_priority or 0),
-                         expires_at_ms=None if ttl_ms is None else self.now_ms + ttl_ms)
+                         expires_at_ms=None if ttl_ms is None else self.now_ms + ttl_ms, headers=meta.headers)
         return self.move(queue, item_id, meta.dead_source, fresh)
 
     def clear(self, queue_name: str) -> int:
@@ -185,6 +218,7 @@ class Ledger:
         """Put back an item read from a snapshot (items come in id order within each queue)."""
         queue = self.queue(queue_name)
         queue.append(item_id, value, meta)
-        queue.stats.bytes += len(value)
+        size = len(value) + (0 if meta is None else headers_bytes(meta.headers))
+        queue.stats.bytes += size
         self.items_total += 1
-        self.bytes_total += len(value)
+        self.bytes_total += size

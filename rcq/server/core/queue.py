@@ -6,7 +6,8 @@ order is commit order), packed into chunks at a few bytes per item besides the v
 Everything else is paid for only by the items that use it:
 
 * ``meta`` holds an :class:`ItemMeta` only for items with a priority, a delay, a time to live, a
-  delivery count, or a dead-letter record; a plain item costs nothing more than before;
+  delivery count, a dead-letter record or headers; a plain item costs nothing more than before
+  (headers are one more slot of the ItemMeta of the items that have some);
 * enqueue times are a step function of the id (ids and entry times both only grow), kept as
   boundaries (first id of an entry, entry time) in two ``array('q')`` — 16 bytes per entry whose
   time differs from the previous one, pruned as the head moves on.
@@ -22,7 +23,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from rcq.server.core.commands import QueueSettings
+from rcq.server.core.commands import Headers, QueueSettings
 from rcq.server.core.item_store import ItemStore
 
 _TIMES_COMPACT_AT = 4096  # pruned boundaries are deleted from the arrays in bulk past this many
@@ -40,14 +41,18 @@ class ItemMeta:
     dead_source: str | None = None
     dead_deliveries: int = 0
     dead_note: str | None = None
+    headers: Headers | None = None  # None: none (feature level 2); kept through every move
 
     def is_plain(self) -> bool:
         return (self.priority == 0 and self.visible_at_ms == 0 and self.expires_at_ms is None
-                and self.deliveries == 0 and self.dead_reason is None)
+                and self.deliveries == 0 and self.dead_reason is None and self.headers is None)
 
-    def as_tuple(self) -> tuple[int | str | None, ...]:
-        return (self.priority, self.visible_at_ms, self.expires_at_ms, self.deliveries, self.dead_reason,
-                self.dead_source, self.dead_deliveries, self.dead_note)
+    def as_tuple(self) -> tuple[int | str | Headers | None, ...]:
+        """The snapshot's fields: eight, and a ninth only for an item with headers (snapshot format
+        4; a cluster at level 1 has none, so its format 3 snapshots stay as they were)."""
+        fields = (self.priority, self.visible_at_ms, self.expires_at_ms, self.deliveries, self.dead_reason,
+                  self.dead_source, self.dead_deliveries, self.dead_note)
+        return fields if self.headers is None else (*fields, self.headers)
 
 
 PLAIN = ItemMeta()  # what an item without metadata reads as (never mutated)

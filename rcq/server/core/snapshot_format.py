@@ -5,7 +5,8 @@ items) and the items as (queue, item id, value), sorted by queue then id; the ra
 (``rcq/server/raft/snapshots.py``) stores both in one file. Formats are versioned here, where
 they are defined: ``SNAPSHOT_FORMAT`` is what is written, ``SNAPSHOT_FORMATS_READ`` what a node
 still restores (1: no queue settings; 2: purge total and limits; 3: settings, every total,
-enqueue times, item metadata; 4: the active feature level), so a node reads the snapshots of the
+enqueue times, item metadata; 4: the active feature level, and item headers as a ninth field of
+an item's metadata, only on items that have some), so a node reads the snapshots of the
 version before it. Format 4 is written only at feature level 2 and above: a cluster at level 1
 writes format 3, byte for byte what rcq 0.1 writes, so that its nodes read each other's snapshots
 (rcq.server.core.features). A snapshot of a level above the node's stops it: UnreadableLevel.
@@ -22,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rcq.server.core.commands import QueueSettings
+from rcq.server.core.commands import QueueSettings, decode_headers
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_SNAPSHOT_FORMAT_4, UnreadableLevel
 from rcq.server.core.ledger import Ledger
 from rcq.server.core.outcomes import KeyRecord, TransactionOutcome, TransactionRecords
@@ -111,7 +112,7 @@ def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]], level_
     item_meta = {(name, item_id): fields for name, item_id, fields in meta.get("item_meta", ())}
     for name, item_id, value in items:
         fields = item_meta.get((name, item_id))
-        ledger.load(name, item_id, value, None if fields is None else ItemMeta(*fields))
+        ledger.load(name, item_id, value, None if fields is None else _item_meta(fields))
     ledger.next_item_id = meta["next_item_id"]
     ledger.now_ms = meta["now_ms"]
     return Decoded(
@@ -126,6 +127,14 @@ def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]], level_
         level=level,
         level_writer=meta.get("level_writer"),
     )
+
+
+def _item_meta(fields: Any) -> ItemMeta:
+    """Eight fields (format 3 and 4), or nine: with the item's headers (format 4)."""
+    meta = ItemMeta(*fields[:8])
+    if len(fields) > 8:
+        meta.headers = decode_headers(fields[8])
+    return meta
 
 
 def _decode_queue(enqueued_total: int, dequeued_total: int, rest: list[Any]) -> Queue:
