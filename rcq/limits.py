@@ -13,3 +13,9 @@ PRIORITY_MAX = 255  # highest priority an enqueue may carry (a queue's max_prior
 DELAY_MAX_S = 7 * 86400.0  # longest delay_s / default_delay_s
 TTL_MAX_S = 365 * 86400.0  # longest ttl_s / default_ttl_s
 MAX_DELIVERIES_MAX = 1000  # highest max_deliveries a queue may set
+# Item headers (docs/limits.md): per item, at most this many, keys and values at most this many
+# UTF-8 bytes each, and all keys and values together at most HEADERS_BYTES_MAX.
+HEADERS_PER_ITEM_MAX = 64
+HEADER_KEY_BYTES_MAX = 256
+HEADER_VALUE_BYTES_MAX = 4096
+HEADERS_BYTES_MAX = 16 * 1024

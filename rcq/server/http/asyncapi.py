@@ -75,7 +75,9 @@ LIMITS: dict[str, str] = {
 _TX = "1f.0123456789abcdef01234567"
 EXAMPLES: dict[str, dict[str, Any]] = {
     "begin": {"op": "begin", "timeout_s": 30, "label": "import"},
-    "enqueue": {"op": "enqueue", "transaction_id": _TX, "queue": "jobs", "items": ["hello"]},
+    "enqueue": {"op": "enqueue", "transaction_id": _TX, "queue": "jobs",
+                "items": ["hello", {"value": "traced", "headers": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-"
+                                                                                 "b7ad6b7169203331-01"}}]},
     "dequeue": {"op": "dequeue", "transaction_id": _TX, "queue": "jobs", "max_items": 10, "wait_ms": 5000},
     "commit": {"op": "commit", "transaction_id": _TX, "idempotency_key": "import-7"},
     "abort": {"op": "abort", "transaction_id": _TX},

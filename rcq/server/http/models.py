@@ -18,10 +18,19 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from rcq.encoding import Encoding, decode_item
 from rcq.errors import InvalidRequest, PayloadTooLarge
-from rcq.limits import DELAY_MAX_S, MAX_DELIVERIES_MAX, PRIORITY_MAX, TTL_MAX_S
+from rcq.limits import (
+    DELAY_MAX_S,
+    HEADER_KEY_BYTES_MAX,
+    HEADER_VALUE_BYTES_MAX,
+    HEADERS_BYTES_MAX,
+    HEADERS_PER_ITEM_MAX,
+    MAX_DELIVERIES_MAX,
+    PRIORITY_MAX,
+    TTL_MAX_S,
+)
 from rcq.names import DOT_SEGMENTS, QUEUE_NAME_PATTERN
 from rcq.server.config import HOST_PORT_PATTERN, NODE_ID_PATTERN
-from rcq.server.core.commands import EnqueueOptions, QueueSettings
+from rcq.server.core.commands import EnqueueOptions, Headers, QueueSettings
 
 TRANSACTION_ID_PATTERN = r"^[0-9a-f]{1,16}\.[0-9a-f]{24}$"
 LABEL_MAX_CHARS = 256
@@ -55,10 +64,39 @@ def enqueue_options(priority: int | None, delay_s: float | None, ttl_s: float | 
                           ttl_ms=None if ttl_s is None else max(1, round(ttl_s * 1000)))
 
 
-def decode_items(items: list[str], encoding: Encoding, item_bytes_max: int) -> list[bytes]:
-    """Wire strings -> item bytes; every item is checked before anything is used."""
+def _printable_header_key(key: str) -> str:
+    if not key.isprintable():
+        raise ValueError("a header key must be printable (no control characters or line breaks)")
+    return key
+
+
+HeaderKey = Annotated[str, Field(min_length=1), AfterValidator(_printable_header_key)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ItemIn(_Model):
+    """An item given as an object: its value (in the request's ``encoding``) and its headers."""
+
+    value: str
+    headers: dict[HeaderKey, str] | None = Field(
+        None, description=f"string keys (non-empty, printable) to string values, kept with the item and returned "
+                          f"with it; at most {HEADERS_PER_ITEM_MAX} headers, keys of at most "
+                          f"{HEADER_KEY_BYTES_MAX} and values of at most {HEADER_VALUE_BYTES_MAX} UTF-8 bytes, "
+                          f"{HEADERS_BYTES_MAX} in all (413 past them); needs feature level 2")
+
+
+# An item on the wire: its value as a string, or an object with its value and headers.
+ItemInput = str | ItemIn
+
+
+def decode_items(items: list[ItemInput], encoding: Encoding, item_bytes_max: int) -> list[bytes]:
+    """Wire items -> item bytes; every item is checked before anything is used."""
     out: list[bytes] = []
-    for position, text in enumerate(items):
+    for position, item in enumerate(items):
+        text = item if isinstance(item, str) else item.value
         try:
             value = decode_item(text, encoding)
         except ValueError as exc:
@@ -70,8 +108,37 @@ def decode_items(items: list[str], encoding: Encoding, item_bytes_max: int) -> l
     return out
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def items_headers(items: list[ItemInput]) -> list[Headers | None] | None:
+    """Each item's headers, parallel to ``items`` (None: no item has any), checked against the
+    limits (413 past one, naming it); keys and values keep the order given."""
+    found: list[Headers | None] = []
+    for position, item in enumerate(items):
+        headers = None if isinstance(item, str) else item.headers
+        if not headers:
+            found.append(None)
+            continue
+        if len(headers) > HEADERS_PER_ITEM_MAX:
+            raise PayloadTooLarge(f"items[{position}] has {len(headers)} headers; the limit is {HEADERS_PER_ITEM_MAX}",
+                                  details={"item": position, "headers": len(headers),
+                                           "limit": HEADERS_PER_ITEM_MAX})
+        total = 0
+        for key, value in headers.items():
+            key_bytes, value_bytes = len(key.encode()), len(value.encode())
+            if key_bytes > HEADER_KEY_BYTES_MAX:
+                raise PayloadTooLarge(f"items[{position}] has a header key of {key_bytes} bytes; the limit is "
+                                      f"{HEADER_KEY_BYTES_MAX}", details={"item": position, "key_bytes": key_bytes,
+                                                                          "limit": HEADER_KEY_BYTES_MAX})
+            if value_bytes > HEADER_VALUE_BYTES_MAX:
+                raise PayloadTooLarge(f"items[{position}]'s header {key!r} is {value_bytes} bytes; the limit is "
+                                      f"{HEADER_VALUE_BYTES_MAX}", details={"item": position, "header": key,
+                                                                            "value_bytes": value_bytes,
+                                                                            "limit": HEADER_VALUE_BYTES_MAX})
+            total += key_bytes + value_bytes
+        if total > HEADERS_BYTES_MAX:
+            raise PayloadTooLarge(f"items[{position}]'s headers are {total} bytes; the limit is {HEADERS_BYTES_MAX}",
+                                  details={"item": position, "headers_bytes": total, "limit": HEADERS_BYTES_MAX})
+        found.append(tuple(headers.items()))
+    return found if any(h is not None for h in found) else None
 
 
 class BeginRequest(_Model):
@@ -81,7 +148,7 @@ class BeginRequest(_Model):
 
 class EnqueueRequest(_Model):
     queue: QueueName
-    items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
+    items: list[ItemInput] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
     encoding: Encoding = "utf-8"
     key: OptionalKey = None  # repeating an enqueue with the same key in a transaction buffers nothing more
     priority: Priority = None
@@ -132,7 +199,7 @@ class CommitManyRequest(_Model):
 class EnqueueOperation(_Model):
     op: Literal["enqueue"]
     queue: QueueName
-    items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
+    items: list[ItemInput] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
     encoding: Encoding = "utf-8"
     priority: Priority = None
     delay_s: DelayS = None
@@ -160,7 +227,7 @@ class ExecuteBatchRequest(_Model):
 
 
 class QueueEnqueueRequest(_Model):
-    items: list[str] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
+    items: list[ItemInput] = Field(min_length=1, max_length=ITEMS_PER_REQUEST_MAX)
     encoding: Encoding = "utf-8"
     idempotency_key: OptionalKey = None
     priority: Priority = None

@@ -30,12 +30,14 @@ from rcq.server.http.models import (
     EnqueueRequest,
     ExecuteRequest,
     ExtendRequest,
+    ItemInput,
     QueueSettingsRequest,
     ReceiveRequest,
     RedriveRequest,
     RejectRequest,
     decode_items,
     enqueue_options,
+    items_headers,
 )
 from rcq.server.leader.session import AnswerBudget, CommitResult, DequeuedItem, DequeueStep, EnqueueStep
 from rcq.server.leader.transactions import TransactionManager
@@ -65,6 +67,8 @@ def items_body(items: list[DequeuedItem], encoding: Encoding) -> list[dict[str, 
         entry: dict[str, Any] = {"item_id": item.item_id, "queue": item.queue, "value": value, "encoding": used,
                                  "delivery_count": item.delivery_count, "priority": item.priority,
                                  "enqueued_at_ms": item.enqueued_at_ms, "expires_at_ms": item.expires_at_ms}
+        if item.headers is not None:  # only items with headers have the field: plain answers are unchanged
+            entry["headers"] = dict(item.headers)
         dead = item.dead_letter
         if dead is not None:
             entry["dead_letter"] = {"reason": dead.reason, "source_queue": dead.source_queue,
@@ -83,7 +87,7 @@ def _now() -> float:
     return asyncio.get_running_loop().time()
 
 
-def check_items_count(items: list[str], config: NodeConfig) -> None:
+def check_items_count(items: list[ItemInput], config: NodeConfig) -> None:
     if len(items) > config.request_items_max:
         raise PayloadTooLarge(f"{len(items)} items in one request; the limit is {config.request_items_max}")
 
@@ -105,7 +109,7 @@ async def enqueue(manager: TransactionManager, config: NodeConfig, transaction_i
     check_items_count(body.items, config)
     values = decode_items(body.items, body.encoding, config.item_bytes_max)
     buffered = manager.enqueue(transaction_id, body.queue, values, body.key,
-                               enqueue_options(body.priority, body.delay_s, body.ttl_s))
+                               enqueue_options(body.priority, body.delay_s, body.ttl_s), items_headers(body.items))
     return 200, {"transaction_id": transaction_id, "queue": body.queue, "enqueued": len(values),
                  "buffered": buffered}
 
@@ -193,7 +197,7 @@ async def execute(manager: TransactionManager, config: NodeConfig, body: Execute
         if isinstance(op, EnqueueOperation):
             check_items_count(op.items, config)
     steps = [EnqueueStep(op.queue, decode_items(op.items, op.encoding, config.item_bytes_max),
-                         enqueue_options(op.priority, op.delay_s, op.ttl_s))
+                         enqueue_options(op.priority, op.delay_s, op.ttl_s), items_headers(op.items))
              if isinstance(op, EnqueueOperation) else DequeueStep(op.queue, op.max_items, op.wait_ms)
              for op in body.operations]
     executed = await manager.execute(steps, body.idempotency_key, caller.client, caller.owner, budget)

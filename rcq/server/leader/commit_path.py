@@ -251,11 +251,16 @@ def _fail(future: asyncio.Future[CommitResult], error: BaseException) -> None:
 def write_of(transaction: Session) -> TransactionWrite:
     """What a transaction's commit writes: its buffered enqueues and the ids it dequeued."""
     groups = [(queue, options, tuple(v)) for (queue, options), v in transaction.enqueues.items() if v]
+    headers = transaction.enqueue_headers
     return TransactionWrite(
         transaction_id=transaction.transaction_id,
         enqueues=tuple((queue, values) for queue, _, values in groups),
         dequeues=tuple((q, tuple(ids)) for q, ids in transaction.dequeued.items() if ids),
         enqueue_options=tuple(options for _, options, _ in groups) if any(o for _, o, _ in groups) else (),
+        # Only when some item has headers: a commit without any is written as level 1 writes it.
+        enqueue_headers=tuple(
+            tuple(headers[(queue, options)]) if (queue, options) in headers else None
+            for queue, options, _ in groups) if headers else (),
     )
 
 

@@ -142,7 +142,7 @@ class Dequeuer:
             dead = None if meta.dead_reason is None else DeadLetter(
                 meta.dead_reason, meta.dead_source or "", meta.dead_deliveries, meta.dead_note)
             items.append(DequeuedItem(item_id, queue, value, deliveries, meta.priority, enqueued_at_ms, dead,
-                                      meta.expires_at_ms))
+                                      meta.expires_at_ms, meta.headers))
         return items
 
     def _fit_answer(self, transaction: Session, queue: str, items: list[DequeuedItem],

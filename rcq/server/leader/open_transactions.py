@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from rcq.errors import (
+    FeatureLevelRequired,
     InvalidRequest,
     OutcomeExpired,
     PayloadTooLarge,
@@ -26,7 +27,9 @@ from rcq.errors import (
 )
 from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
-from rcq.server.core.commands import EnqueueOptions
+from rcq.server.core.commands import EnqueueOptions, Headers
+from rcq.server.core.features import LEVEL_OF_ITEM_HEADERS, LEVELS
+from rcq.server.core.ledger import headers_bytes
 from rcq.server.leader.admission import Admission, merge_growth
 from rcq.server.leader.deadlines import DeadlineReaper
 from rcq.server.leader.leader_state import LeaderState
@@ -127,10 +130,19 @@ class OpenTransactions:
                 if t.owner == owner and (label_prefix is None or (t.label or "").startswith(label_prefix))]
 
     def enqueue(self, transaction_id: str, queue: str, values: list[bytes], key: str | None = None,
-                options: EnqueueOptions | None = None) -> int:
-        """Buffer items; returns how many the transaction holds. A repeated ``key`` buffers nothing."""
+                options: EnqueueOptions | None = None, headers: list[Headers | None] | None = None) -> int:
+        """Buffer items; returns how many the transaction holds. A repeated ``key`` buffers nothing.
+        ``headers``: each item's, parallel to ``values`` (None, or only Nones: plain items)."""
         transaction = self._leader.get_open(transaction_id)
         check_queue_name(queue)
+        if headers is not None:
+            headers = [h or None for h in headers]  # empty headers are none
+            if not any(headers):
+                headers = None  # nothing to write: a plain enqueue, whatever the level
+        if headers is not None:
+            if len(headers) != len(values):
+                raise InvalidRequest(f"{len(headers)} items' headers for {len(values)} items")
+            self._require_item_headers()
         if options is not None and options.priority:
             features = self._replicator.read(lambda sm: sm.queue_features(queue))
             allowed = (features.max_priority if features is not None else None) or 0
@@ -143,6 +155,8 @@ class OpenTransactions:
                 raise InvalidRequest(f"enqueue key {key!r} was used for other items")
             return sum(len(v) for v in transaction.enqueues.values())
         size = sum(len(v) for v in values)
+        if headers is not None:
+            size += sum(headers_bytes(h) for h in headers)  # what the state machine counts too
         if transaction.enqueued_bytes + size > self._config.commit_batch_bytes_max:
             raise PayloadTooLarge(
                 f"the transaction would hold {transaction.enqueued_bytes + size} bytes of items; "
@@ -154,13 +168,30 @@ class OpenTransactions:
         growth = merge_growth([transaction.growth(), {queue: (len(values), size)}])
         self._replicator.read(lambda sm: self._admission.check_growth(growth, sm))
         items_before, bytes_before = transaction.enqueued_sizes.get(queue, (0, 0))
-        transaction.enqueues.setdefault((queue, options), []).extend(values)
+        group = transaction.enqueues.setdefault((queue, options), [])
+        group_headers = transaction.enqueue_headers.get((queue, options))
+        if headers is not None and group_headers is None:
+            group_headers = transaction.enqueue_headers[(queue, options)] = [None] * len(group)
+        if group_headers is not None:
+            group_headers.extend(headers if headers is not None else [None] * len(values))
+        group.extend(values)
         transaction.enqueued_bytes += size
         transaction.enqueued_sizes[queue] = (items_before + len(values), bytes_before + size)
         transaction.items_count += len(values)
         if key is not None:
             transaction.enqueue_keys[key] = (queue, len(values))
         return sum(len(v) for v in transaction.enqueues.values())
+
+    def _require_item_headers(self) -> None:
+        """The one gate on item headers (every enqueue route comes through :meth:`enqueue`): they are
+        written in a format of feature level 2, refused while the cluster runs below it."""
+        active = int(self._replicator.read(lambda sm: sm.level))
+        if active < LEVEL_OF_ITEM_HEADERS:
+            raise FeatureLevelRequired(
+                f"item headers need feature level {LEVEL_OF_ITEM_HEADERS}; the cluster runs at {active}. Upgrade "
+                f"every member to rcq {LEVELS[LEVEL_OF_ITEM_HEADERS - 1].since} or later, then raise the level "
+                "(docs/upgrades.md); nothing was enqueued",
+                details={"feature": "item headers", "level_required": LEVEL_OF_ITEM_HEADERS, "level_active": active})
 
     def abort(self, transaction_id: str) -> int:
         """Close the transaction; its dequeued items go back to the head. Returns how many it held."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from rcq.server.core.commands import EnqueueOptions
+from rcq.server.core.commands import EnqueueOptions, Headers
 
 
 class State(StrEnum):
@@ -42,6 +42,9 @@ class Session:
     state: State = State.OPEN
     # (queue, options) -> items, in the order the transaction enqueued them (None: plain items)
     enqueues: dict[tuple[str, EnqueueOptions | None], list[bytes]] = field(default_factory=dict)
+    # the same key -> each item's headers, parallel to its ``enqueues`` list; only for the groups
+    # where some item has headers (plain enqueues keep nothing here)
+    enqueue_headers: dict[tuple[str, EnqueueOptions | None], list[Headers | None]] = field(default_factory=dict)
     enqueued_bytes: int = 0
     enqueued_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # queue -> (items, bytes)
     dequeued: dict[str, list[int]] = field(default_factory=dict)
@@ -127,6 +130,7 @@ class DequeuedItem:
     enqueued_at_ms: int | None = None
     dead_letter: DeadLetter | None = None
     expires_at_ms: int | None = None  # when it leaves unless a commit takes it first (None: never)
+    headers: Headers | None = None  # None: it has none
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,7 @@ class EnqueueStep:
     queue: str
     values: list[bytes]
     options: EnqueueOptions | None = None
+    headers: list[Headers | None] | None = None  # each item's, parallel to ``values`` (None: none has any)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from rcq.server.core.commands import (
     CommitBatch,
     CommitUnit,
     EnqueueOptions,
+    Headers,
     ItemsAction,
     ItemsOutcome,
     QueueChangeResult,
@@ -248,8 +249,8 @@ class TransactionManager:
         return self._open.list_open(label_prefix, owner)
 
     def enqueue(self, transaction_id: str, queue: str, values: list[bytes], key: str | None = None,
-                options: EnqueueOptions | None = None) -> int:
-        return self._open.enqueue(transaction_id, queue, values, key, options)
+                options: EnqueueOptions | None = None, headers: list[Headers | None] | None = None) -> int:
+        return self._open.enqueue(transaction_id, queue, values, key, options, headers)
 
     def answer_budget(self) -> AnswerBudget:
         return self._dequeuer.answer_budget()
@@ -297,7 +298,8 @@ class TransactionManager:
         try:
             for step in steps:
                 if isinstance(step, EnqueueStep):
-                    self._open.enqueue(transaction_id, step.queue, step.values, options=step.options)
+                    self._open.enqueue(transaction_id, step.queue, step.values, options=step.options,
+                                       headers=step.headers)
                     done.append(len(step.values))
                 else:
                     done.append(await self._dequeuer.dequeue(transaction_id, step.queue, step.max_items,
