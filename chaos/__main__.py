@@ -15,6 +15,10 @@ cannot probe from its container), --node-override and --nodes other than 3.
 itself sometimes, and re-adds it when the fault stops, its data kept or wiped (chaos.membership);
 the run ends with every node a voting member, which the ``membership`` checker holds it to.
 
+``--nemesis upgrade`` (local target) restarts nodes into the previous release of rcq, taken from the
+repository's history at the start (a shallow clone has none: the run refuses, exit status 2), and
+back; the nodes hold the cluster at feature level 1 meanwhile.
+
 ``--power-fs`` (implied by ``--nemesis power``; local target only) puts each node's data
 directory on its own powerfs mount (chaos.powerfs, FUSE): a disk that keeps writes not
 made durable in memory, so the ``power`` nemesis can drop them. With it, ``all`` includes
@@ -43,6 +47,7 @@ from chaos.docker_cluster import COMPOSE_NODES, DockerError, docker_compose_erro
 from chaos.nemesis import DOCKER_KINDS, KINDS, check_target, parse_kinds
 from chaos.powerfs import fuse_unavailable_reason
 from chaos.runner import RunConfig, run
+from rcq.testing.releases import ReleaseUnavailable
 
 DOCKER_INFO_TIMEOUT_S = 20.0
 
@@ -130,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         document = run(config, Progress(quiet=args.quiet))
     except DockerError as exc:  # the compose project could not be run or driven as needed
         print(f"error: docker: {exc}", file=sys.stderr)
+        return 2
+    except ReleaseUnavailable as exc:  # --nemesis upgrade without the previous release in the history
+        print(f"error: the upgrade nemesis needs the previous release of rcq: {exc}", file=sys.stderr)
         return 2
     print(f"results: {out / 'results.json'}\nsummary: {out / 'summary.txt'}\ntimeline: {out / 'timeline.png'}")
     return 0 if document["valid"] else 1

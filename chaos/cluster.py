@@ -24,6 +24,12 @@ itself: same node id, same real Raft address, its advertised URL (:meth:`ChaosCl
 so the proxy links made at start stay right. New nodes (``add_node``) are refused: the links are
 made for the first nodes only.
 
+**Two releases** (the ``upgrade`` nemesis): given ``previous_release`` (a release of rcq from the
+repository's history, :mod:`rcq.testing.releases`), the nodes start as the code under test and the
+nemesis restarts one at a time into that release and back (:meth:`LocalCluster.restart_node_as`,
+which writes an old node only the config fields its release knows; ``raft_dial_addresses``, the
+proxy's wiring, is one of them). A killed or power-cut node restarts into the release it ran.
+
 **Tokens.** The nodes require API tokens, as a production cluster does (LocalCluster's
 default): the workload's clients, the drain and the harness's own polls all send the cluster's
 admin token (:attr:`ChaosTarget.token <chaos.target.ChaosTarget.token>`).
@@ -53,6 +59,7 @@ from chaos.target import TARGET_START_TIMEOUT_S, client_link, raft_link
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.nodes import STOP_TIMEOUT_S, LocalNode, free_ports
 from rcq.testing.polls import POLL_TIMEOUT_S, poll_until
+from rcq.testing.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,14 @@ CHAOS_NODE_OVERRIDES: dict[str, Any] = {
     "log_compaction_interval_s": 5.0,
     "commit_timeout_s": 5.0,
 }
+
+
+def previous_release(directory: Path) -> Release:
+    """The previous release of rcq (rcq.testing.releases.PREVIOUS_RELEASE) made runnable in
+    ``directory`` from this repository's history, for the ``upgrade`` nemesis. Raises
+    rcq.testing.releases.ReleaseUnavailable, naming the commit, when the history does not hold it
+    (a shallow clone, an exported tree)."""
+    return materialise(PREVIOUS_RELEASE, directory, PREVIOUS_RELEASE_NAME)
 
 
 def address(port: int) -> str:
@@ -94,7 +109,8 @@ def groups_running(pgids: set[int]) -> set[int]:
 class ChaosCluster(LocalCluster):
     """``nodes`` rcq processes on 127.0.0.1, wired through a proxy of their own (seeded with
     ``seed``, closed with the cluster); see the module docstring. ``base_dir`` None: a
-    temporary directory, kept on close (a chaos run's logs are evidence)."""
+    temporary directory, kept on close (a chaos run's logs are evidence). ``previous_release``:
+    the release the ``upgrade`` nemesis restarts nodes into (None: that nemesis cannot run)."""
 
     target = "local"
     start_timeout_s = TARGET_START_TIMEOUT_S
@@ -102,7 +118,8 @@ class ChaosCluster(LocalCluster):
 
     def __init__(self, nodes: int, seed: int = 0, base_dir: Path | None = None,
                  node_overrides: dict[str, Any] | None = None, log_level: str = "INFO", *,
-                 power_fs: bool = False) -> None:
+                 power_fs: bool = False, previous_release: Release | None = None) -> None:
+        self.previous_release = previous_release
         self.proxy = ProxyThread(seed)
         self.raft_proxy_ports: dict[tuple[int, int], int] = {}  # (dialler, acceptor) -> link port
         self.client_ports: list[int] = []  # the link port in front of each node's HTTP port

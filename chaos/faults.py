@@ -19,6 +19,17 @@ cluster refuses (``would_lose_quorum``, no leader within the deadline...) is
 :class:`FaultRefused`: the nemesis records it as an outcome, with no fault window. Such a fault
 stops after every other (``stop_last``): the node is re-added once the others have healed.
 
+Restarting nodes into another release of rcq (``upgrade``) is one more
+(:func:`release_switch`): the local target given the previous release (chaos.cluster). One node at
+a time is restarted, gracefully or after a kill -9, into the previous release when it runs the
+code under test and back when it runs the previous release, and only while the others running are
+a majority. Nothing undoes it: the node stays on its new version until the next such fault picks
+it (a node killed meanwhile restarts into the release it runs), so a run ends with a mixed cluster
+as often as not. The cluster must stay at feature level 1 throughout (every new node holds the
+level: ``feature_level_auto`` false, set by the runner), as an old node may return at any time;
+the fault's stop records every node's version and level, and fails (its stop line's ``error``)
+when a level above 1 is seen.
+
 Must not import: any rcq module but rcq.testing's cluster harness (for its bounded polls); nor a
 target's module (targets are seen through chaos.target).
 """
@@ -29,7 +40,7 @@ import contextlib
 import dataclasses
 import random
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from chaos.membership import READD_TIMEOUT_S, REMOVE_TIMEOUT_S, MembershipChanger
 from chaos.netproxy import HEALTHY, LinkFault
@@ -56,6 +67,29 @@ def power_failure(cluster: object) -> PowerFailure | None:
     target without powerfs mounts)."""
     capability = getattr(cluster, "power_failure", None)
     return capability() if callable(capability) else None
+
+
+class ReleaseSwitch(Protocol):
+    """Nodes restarted into another release of rcq (chaos.cluster.ChaosCluster given one)."""
+
+    previous_release: Any  # an rcq.testing.releases.Release
+
+    def restart_node_as(self, i: int, release: Any, wait: bool = True, timeout_s: float | None = None) -> int:
+        """Stop node ``i`` (if it runs) and start it on its data as ``release`` (None: the code
+        under test); waits for its HTTP unless ``wait`` is false."""
+        ...
+
+
+def release_switch(cluster: object) -> ReleaseSwitch | None:
+    """The target as a :class:`ReleaseSwitch`, or None when it has no other release to run."""
+    if getattr(cluster, "previous_release", None) is None or not callable(getattr(cluster, "restart_node_as", None)):
+        return None
+    return cast(ReleaseSwitch, cluster)
+
+
+def release_name(release: Any) -> str:
+    """What a node runs, for the history: the release's name, or ``current`` (the code under test)."""
+    return "current" if release is None else str(release.name)
 
 
 def combine_link_faults(faults: Any) -> LinkFault:
@@ -96,6 +130,7 @@ class FaultMaker:
         self.cluster = cluster
         self.links: LinkFaults | None = cluster.link_faults()
         self.power: PowerFailure | None = power_failure(cluster)
+        self.releases: ReleaseSwitch | None = release_switch(cluster)
         control = membership_control(cluster)
         self.membership: MembershipChanger | None = None if control is None else MembershipChanger(cluster, control)
         self._others_active = others_active
@@ -238,6 +273,51 @@ class FaultMaker:
         names = [cluster.nodes[i].node_id for i in targets]
         return Fault(variant, targets, stop,
                      {"lost_power": names, "dropped": {cluster.nodes[i].node_id: dropped.get(i, {}) for i in targets}})
+
+    def _begin_upgrade(self, rng: random.Random) -> Fault | None:
+        """One node restarted into the other version (the previous release, or back to the code
+        under test), the leader or a follower, gracefully (SIGTERM) or after a kill -9; only while
+        the other running nodes are a majority. The fault's stop checks the feature level."""
+        switch = self.releases
+        assert switch is not None, "checked when the nemesis was made"
+        cluster = self.cluster
+        n = len(cluster.nodes)
+        live = cluster.live_indices()
+        if len(live) - 1 < n // 2 + 1:
+            return None  # restarting one of them would leave no majority running
+        leader = cluster.leader()
+        variant = rng.choice(["leader", "follower"])
+        followers = [i for i in live if i != leader]
+        if variant == "leader" and leader is not None and leader in live:
+            target = leader
+        elif followers:
+            variant, target = "follower", rng.choice(followers)
+        else:
+            return None
+        how = rng.choice(["graceful", "crash"])
+        was = getattr(cluster.nodes[target], "release", None)
+        to = switch.previous_release if was is None else None
+        if how == "crash":
+            cluster.kill_node(target)
+        switch.restart_node_as(target, to, wait=True)
+        details = {"node": cluster.nodes[target].node_id, "variant": variant, "how": how,
+                   "from": release_name(was), "to": release_name(to)}
+
+        def stop() -> None:
+            fault.outcome["versions"] = self.versions()
+            levels = {cluster.nodes[i].node_id: view.get("feature_level") for i, view in cluster.statuses().items()}
+            fault.outcome["feature_levels"] = levels
+            raised = {node: level for node, level in levels.items() if level not in (None, 1)}
+            if raised:  # an old node returning would meet a level it cannot read
+                raise RuntimeError(f"the feature level rose above 1 while nodes may return to the previous "
+                                   f"release: {raised}")
+
+        fault = Fault("upgrade" if to is None else "downgrade", [target], stop, details)
+        return fault
+
+    def versions(self) -> dict[str, str]:
+        """What each node runs now: ``current`` or the previous release's name."""
+        return {node.node_id: release_name(getattr(node, "release", None)) for node in self.cluster.nodes}
 
     def _begin_pause(self, rng: random.Random) -> Fault | None:
         cluster = self.cluster

@@ -50,6 +50,15 @@ includes ``power`` only with ``--power-fs``):
   (``would_lose_quorum``, no leader...) is a ``refused`` line, not a fault window. The final heal
   re-adds every node the leader does not count as a member (``membership-heal`` ``readd``
   lines), so a run ends with every node voting. Local target only (chaos.target.membership_control).
+* ``upgrade``: a node (the leader or a follower) restarted, gracefully or after a kill -9, into
+  the previous release of rcq when it runs the code under test, and back when it runs the
+  previous release; only while the other running nodes are a majority, and never undone: the
+  node stays on that version until picked again. Its start line is ``upgrade`` or ``downgrade``
+  with ``from`` and ``to``; its stop line has every node's version and feature level, and an
+  ``error`` if the level rose above 1 (the runner holds it there: ``feature_level_auto`` false,
+  since an old node may return at any time). The runner takes the previous release from the
+  repository's history at the start (chaos.runner; no history: the run refuses to start). Local
+  target only (chaos.faults.release_switch).
 
 The order and kind of faults, their durations and random targets come from
 ``random.Random(f"{seed}/nemesis")``; "the leader" is whoever leads then.
@@ -78,19 +87,20 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from chaos.faults import Fault, FaultMaker, FaultRefused, power_failure
+from chaos.faults import Fault, FaultMaker, FaultRefused, power_failure, release_switch
 from chaos.target import ChaosTarget, membership_control
 
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "wipe",
-         "snapshot", "deposed-leader", "power", "membership")
+         "snapshot", "deposed-leader", "power", "membership", "upgrade")
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "power",
-           "membership")
+           "membership", "upgrade")
 NEEDS_LINK_FAULTS = ("one-way", "client-partition", "client-drop", "delay", "loss", "deposed-leader")
 NEEDS_POWER_FS = ("power",)  # each node's data directory on its own powerfs mount (local target, --power-fs)
 NEEDS_MEMBERSHIP = ("membership",)  # nodes re-added as themselves (chaos.target.membership_control)
-# Whole-node isolation, no per-link faults, no powerfs, no membership changes.
+NEEDS_RELEASES = ("upgrade",)  # nodes restarted into the previous release (chaos.faults.release_switch)
+# Whole-node isolation, no per-link faults, no powerfs, no membership changes, one release.
 DOCKER_KINDS = tuple(k for k in KINDS if k not in NEEDS_LINK_FAULTS and k not in NEEDS_POWER_FS
-                     and k not in NEEDS_MEMBERSHIP)
+                     and k not in NEEDS_MEMBERSHIP and k not in NEEDS_RELEASES)
 QUIET_S = (1.0, 4.0)
 FAULT_S = (2.0, 8.0)
 MIX_PROBABILITY = 0.3
@@ -113,27 +123,31 @@ def parse_kinds(text: str, *, power_fs: bool = False) -> list[str]:
 
 
 def unsupported_kinds(kinds: list[str], *, link_faults: bool, node_isolation: bool,
-                      power_fs: bool = False, membership: bool = False) -> list[str]:
+                      power_fs: bool = False, membership: bool = False, releases: bool = False) -> list[str]:
     """The kinds a target with these capabilities cannot make (``power_fs``: power failures;
-    ``membership``: nodes removed and re-added as themselves)."""
+    ``membership``: nodes removed and re-added as themselves; ``releases``: nodes restarted into
+    the previous release)."""
     return [k for k in kinds
             if (k in NEEDS_POWER_FS and not power_fs)
             or (k in NEEDS_MEMBERSHIP and not membership)
+            or (k in NEEDS_RELEASES and not releases)
             or (not link_faults and (k in NEEDS_LINK_FAULTS or (k == "partition" and not node_isolation)))]
 
 
 def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node_isolation: bool,
-                       power_fs: bool = False, membership: bool = False) -> None:
+                       power_fs: bool = False, membership: bool = False, releases: bool = False) -> None:
     """ValueError naming the kinds of ``kinds`` that ``target`` cannot make, and why."""
     capabilities = {"link_faults": link_faults, "node_isolation": node_isolation, "power_fs": power_fs,
-                    "membership": membership}
+                    "membership": membership, "releases": releases}
     unsupported = unsupported_kinds(kinds, **capabilities)
     if not unsupported:
         return
     supported = [k for k in KINDS if not unsupported_kinds([k], **capabilities)]
-    linked = [k for k in unsupported if k not in NEEDS_POWER_FS and k not in NEEDS_MEMBERSHIP]
+    linked = [k for k in unsupported if k not in NEEDS_POWER_FS and k not in NEEDS_MEMBERSHIP
+              and k not in NEEDS_RELEASES]
     powered = [k for k in unsupported if k in NEEDS_POWER_FS]
     membered = [k for k in unsupported if k in NEEDS_MEMBERSHIP]
+    released = [k for k in unsupported if k in NEEDS_RELEASES]
     reasons = []
     if linked:
         partitions = ("its partitions are whole-node (a node is on the network or off it)" if node_isolation
@@ -154,6 +168,11 @@ def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node
                else "the target cannot re-add a removed node as itself (no member_identity)")
         reasons.append(f"nemesis {', '.join(membered)} not supported with --target {target}: {why}; membership "
                        "changes need the local target")
+    if released:
+        why = ("its nodes run the image built from this checkout only" if target == "docker"
+               else "the target was given no previous release to run")
+        reasons.append(f"nemesis {', '.join(released)} not supported with --target {target}: {why}; nodes restarted "
+                       "into the previous release need the local target (chaos.runner makes it from the history)")
     raise ValueError("; ".join(reasons) + f"; {target} supports {', '.join(supported)}"
                      + ("" if target == "local" else " (use --target local for the rest)"))
 
@@ -164,7 +183,7 @@ def check_target(kinds: list[str], target: str) -> None:
     local target mounts powerfs when ``power`` is chosen)."""
     docker = target == "docker"
     refuse_unsupported(kinds, target, link_faults=not docker, node_isolation=docker, power_fs=not docker,
-                       membership=not docker)
+                       membership=not docker, releases=not docker)
 
 
 class Nemesis:
@@ -315,7 +334,8 @@ class Nemesis:
         refuse_unsupported(kinds, cluster.target, link_faults=cluster.link_faults() is not None,
                            node_isolation=cluster.node_isolation() is not None,
                            power_fs=power_failure(cluster) is not None,
-                           membership=membership_control(cluster) is not None)
+                           membership=membership_control(cluster) is not None,
+                           releases=release_switch(cluster) is not None)
 
     def _begin(self, kind: str, rng: random.Random) -> Fault | None:
         self._check([kind], self.cluster)

@@ -3,7 +3,10 @@
 1. start the cluster under test, a :class:`chaos.target.ChaosTarget`: real
    processes with every link through the proxy (chaos.cluster), or, with
    ``target="docker"``, docker-compose.yml's project (chaos.docker_cluster);
-   and wait for a leader;
+   and wait for a leader. With the ``upgrade`` nemesis, the previous release of rcq is first
+   taken from the repository's history (into ``previous-release/`` of the output; no history:
+   the run stops at once, saying so) and every node holds the feature level
+   (``feature_level_auto`` false), as a node of the previous release may return at any time;
 2. configure the queues (chaos.workload.Topology: q0 plain with its own
    max_items, the others with dead-letter queues, delivery limits and
    priorities), then run the workload and the nemesis together for the time limit, sampling who
@@ -31,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.checkers import check
-from chaos.cluster import ChaosCluster
+from chaos.cluster import ChaosCluster, previous_release
 from chaos.docker_cluster import DockerCluster
 from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
 from chaos.intruder import (
@@ -150,8 +154,15 @@ def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosT
         return docker
     if config.target != "local":
         raise ValueError(f"unknown target {config.target!r}: local or docker")
-    local = ChaosCluster(config.nodes, config.seed, base_dir, config.node_overrides, config.log_level,
-                         power_fs=power_fs)
+    overrides, release = dict(config.node_overrides), None
+    if "upgrade" in config.nemesis:
+        release_dir = base_dir.parent / "previous-release"
+        shutil.rmtree(release_dir, ignore_errors=True)  # one of an earlier run into the same directory
+        release = previous_release(release_dir)
+        progress(f"previous release {release.name} ({release.commit[:12]}) made runnable for the upgrade nemesis")
+        overrides.setdefault("feature_level_auto", False)  # level 1 while an old node may return
+    local = ChaosCluster(config.nodes, config.seed, base_dir, overrides, config.log_level,
+                         power_fs=power_fs, previous_release=release)
     progress(f"starting {config.nodes} nodes in {local.base_dir}"
              + (", each data directory on its own powerfs mount" if power_fs else ""))
     return local
