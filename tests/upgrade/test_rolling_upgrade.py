@@ -4,9 +4,10 @@ Upgrade: a 3-node cluster of the previous release under load is upgraded one nod
 followers first and the leader last, after it handed leadership to an upgraded node; nothing
 acknowledged is lost or duplicated and every replica ends with the same digest. The cluster stays
 at feature level 1 (what rcq 0.1 reads) while any old node is a member: a raise is refused naming
-it, and a level-1 cluster writes rcq 0.1's snapshot format (3). Once every node is upgraded the
-level is raised (by hand, or by the leader itself within a round of its 5 s check), and the
-snapshots are format 4, which a restarted node reads back. A node of the new code joins an old
+it, the new feature of level 2 (item headers) is refused with 409 feature_level_required, and a
+level-1 cluster writes rcq 0.1's snapshot format (3). Once every node is upgraded the level is
+raised (by hand, or by the leader itself within a round of its 5 s check); then headers work and
+the snapshots are format 4, which a restarted node reads back. A node of the new code joins an old
 cluster, which stays at level 1.
 
 Downgrade: below the level the cluster runs at, the new code refuses (a raise that a member held
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rcq.client import FeatureLevelUnsupported
+from rcq.client import FeatureLevelRequired, FeatureLevelUnsupported, InvalidRequest, RcqClient
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
 from rcq.server.raft.unreadable import UNREADABLE_EXIT_CODE
 from rcq.testing import wait_until
@@ -70,6 +71,19 @@ async def round_trip(cluster: LocalCluster) -> None:
         assert await client.dequeue(queue, max_items=2) == [b"x"]
 
 
+HEADERS = {"trace-id": "rolling-1", "origin": "upgrade-test"}
+
+
+async def headers_refused(client: RcqClient) -> None:
+    """An enqueue with headers (level 2's feature) is refused, clearly, and nothing is enqueued."""
+    queue = fresh_queue("headers-refused")
+    refusal = r"item headers need feature level 2; the cluster runs at 1\. Upgrade every member"
+    with pytest.raises(FeatureLevelRequired, match=refusal) as refused:
+        await client.enqueue(queue, "h", headers=HEADERS)
+    assert refused.value.code == "feature_level_required"
+    assert await client.count(queue) == 0
+
+
 def wait_exit(cluster: LocalCluster, i: int) -> int:
     """The exit code of node ``i``, which is to stop on its own."""
     code = poll_until(lambda: cluster.unexpected_exits().get(i), CLUSTER_WAIT_S, f"node-{i} to exit")
@@ -86,6 +100,11 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_new_formats_wait_f
     load = Load(cluster)
     try:
         await load.commits_more(what="on the previous release")
+        async with client_of(cluster) as client:  # rcq 0.1 refuses an item with headers: never dropped
+            queue = fresh_queue("headers-old")
+            with pytest.raises(InvalidRequest, match="Input should be a valid string"):
+                await client.enqueue(queue, "h", headers=HEADERS)
+            assert await client.count(queue) == 0
         for i in followers:  # the followers first, one at a time, the load committing throughout
             await upgrade(cluster, i)
             await load.commits_more(what=f"after node-{i}'s upgrade")
@@ -101,6 +120,7 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_new_formats_wait_f
             # The raise is refused while the old node is a member, naming it.
             with pytest.raises(FeatureLevelUnsupported, match=rf"not read by node-{old_leader} \(rcq 0\.1, up to level 1\)"):
                 await client.raise_feature_level(LEVEL_MAX)
+            await headers_refused(client)
             # A level-1 cluster writes what rcq 0.1 writes: snapshot format 3.
             assert await snapshot_now(cluster, followers[1]) == 3
         assert levels(cluster, followers) == [LEVEL_BASE, LEVEL_BASE]
@@ -109,10 +129,17 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_new_formats_wait_f
         await load.commits_more(what="with every node upgraded")
         assert levels(cluster) == [LEVEL_BASE] * 3  # held: nothing raised it
 
+        headed = fresh_queue("headers")
         async with client_of(cluster) as client:
+            await headers_refused(client)  # every node reads level 2, but the level is still 1
             assert await client.raise_feature_level(LEVEL_MAX) == \
                 {"level": LEVEL_MAX, "previous": LEVEL_BASE, "changed": True}
-        await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S, message="level 2 everywhere")
+            await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S,
+                             message="level 2 everywhere")
+            await client.enqueue(headed, "h1", headers=HEADERS)  # the feature works now
+            await client.enqueue(headed, "h2", headers=HEADERS)
+            (item,) = await client.dequeue_items(headed)
+            assert (item.value, item.headers) == (b"h1", HEADERS)
         await load.commits_more(what="at level 2")
         # Level 2 writes snapshot format 4, and a node restarted from it reads it back.
         follower = next(i for i in range(3) if i != cluster.wait_for_leader(LEADER_TIMEOUT_S))
@@ -123,6 +150,11 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_new_formats_wait_f
         await wait_until(lambda: levels(cluster, [follower]) == [LEVEL_MAX], CLUSTER_WAIT_S,
                          message="the restarted node at level 2")
         await load.commits_more(what="after a restart from a format-4 snapshot")
+        # The item with headers went through the snapshot too: the restarted node leads, and gives it.
+        await asyncio.to_thread(hand_over, cluster, follower)
+        async with client_of(cluster, [follower]) as client:
+            (item,) = await client.dequeue_items(headed)
+            assert (item.value, item.headers) == (b"h2", HEADERS)
         history = await load.finish()
     except BaseException:
         await load.cancel()
