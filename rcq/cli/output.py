@@ -13,15 +13,17 @@ from typing import Any
 from rcq.encoding import encode_item
 
 
-def wire(value: bytes) -> dict[str, str]:
+def wire(value: bytes, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """An item's value and encoding, and its headers when it has some."""
     text, used = encode_item(value)
-    return {"value": text, "encoding": used}
+    return {"value": text, "encoding": used, **({"headers": headers} if headers else {})}
 
 
 def item_wire(item: Any) -> dict[str, Any]:
-    """A dequeued Item for --json: its value, then how it was delivered (dead_letter only on a dead item,
-    expires_at_ms only on an item that expires)."""
-    wired: dict[str, Any] = {**wire(item.value), "delivery_count": item.delivery_count, "priority": item.priority}
+    """A dequeued Item for --json: its value (and headers, on an item that has some), then how it was
+    delivered (dead_letter only on a dead item, expires_at_ms only on an item that expires)."""
+    wired: dict[str, Any] = {**wire(item.value, item.headers), "delivery_count": item.delivery_count,
+                             "priority": item.priority}
     if item.expires_at_ms is not None:
         wired["expires_at_ms"] = item.expires_at_ms
     if item.dead_letter is not None:
@@ -32,12 +34,16 @@ def item_wire(item: Any) -> dict[str, Any]:
 
 
 def print_items(args: argparse.Namespace, items: list[dict[str, Any]]) -> None:
-    """``items``: wire dicts. For people, one value per line and nothing else, so scripts can read it."""
+    """``items``: wire dicts. For people, one value per line, so scripts can read it; an item with
+    headers is followed by one indented ``  key: value`` line per header (scripts that meet headers
+    want ``--json``)."""
     if args.json:
         print(json.dumps({"queue": args.queue, "items": items}))
         return
     for wired in items:
         print(wired["value"] if wired["encoding"] == "utf-8" else f"base64:{wired['value']}")
+        for key, value in (wired.get("headers") or {}).items():
+            print(f"  {key}: {value}")
     if not items:
         print(f"(queue {args.queue} is empty)", file=sys.stderr)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from rcq.cli.connection import seconds, with_client
 from rcq.cli.output import item_wire, print_items, print_table, wire
+from rcq.client import PEEK_TIMEOUT_S
 from rcq.encoding import decode_item
 from rcq.errors import InvalidRequest
 
@@ -21,6 +22,14 @@ from rcq.errors import InvalidRequest
 QUEUE_SETTINGS = ("max_items", "max_bytes", "max_deliveries", "dead_letter_queue", "default_ttl_s",
                   "default_delay_s", "max_priority")
 QUEUE_FLAGS = {"configure": QUEUE_SETTINGS, "set": QUEUE_SETTINGS, "redrive": ("max_items", "source_queue")}
+
+
+def header(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (an argument type): split at the first ``=``; the key must not be empty."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
 
 
 def add_queue_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -35,6 +44,8 @@ def add_queue_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     enqueue.add_argument("--ttl-s", type=seconds, default=None,
                          help="leaves the queue (expired) if not consumed this long after the commit "
                               "(default: the queue's default_ttl_s)")
+    enqueue.add_argument("--header", action="append", type=header, default=[], dest="headers", metavar="KEY=VALUE",
+                         help="a header every ITEM carries (repeatable; needs feature level 2)")
     enqueue.set_defaults(func=cmd_enqueue)
     dequeue = commands.add_parser("dequeue", parents=[common],
                                   help="dequeue and commit (at most once: items are gone once printed); --json adds "
@@ -91,7 +102,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             raise InvalidRequest(f"an ITEM is not valid base64: {exc}") from exc
 
     async def verb(client: Any) -> int:
-        info = await client.enqueue(args.queue, *items, priority=args.priority, delay_s=args.delay_s, ttl_s=args.ttl_s)
+        info = await client.enqueue(args.queue, *items, priority=args.priority, delay_s=args.delay_s, ttl_s=args.ttl_s,
+                                    headers=dict(args.headers) or None)
         if args.json:
             print(json.dumps({"queue": args.queue, "enqueued": len(items), "index": info.index,
                               "duplicate": info.duplicate, "transaction_ids": list(info.transaction_ids)}))
@@ -114,8 +126,13 @@ def cmd_dequeue(args: argparse.Namespace) -> int:
 
 def cmd_peek(args: argparse.Namespace) -> int:
     async def verb(client: Any) -> int:
-        value = await client.peek(args.queue)
-        print_items(args, [] if value is None else [wire(value)])
+        # What client.peek does (dequeue and abort), keeping the item's headers to show them.
+        transaction = await client.begin(PEEK_TIMEOUT_S, "rcq.peek")
+        try:
+            items = await transaction.dequeue_items(args.queue)
+        finally:
+            await transaction.abort_quietly()
+        print_items(args, [wire(item.value, item.headers) for item in items])
         return 0
 
     return with_client(args, verb)

@@ -187,10 +187,11 @@ class RcqClient:
     # ------------------------------------------------- one-request transactions
     async def enqueue(self, queue: str, *items: ItemValue, idempotency_key: str | None = None,
                       priority: int | None = None, delay_s: float | None = None,
-                      ttl_s: float | None = None) -> CommitInfo:
+                      ttl_s: float | None = None, headers: Mapping[str, str] | None = None) -> CommitInfo:
         """Enqueue and commit in one request. Exactly once under retries (idempotency key).
-        ``priority``, ``delay_s``, ``ttl_s``: as :meth:`Transaction.enqueue_batch`."""
-        operation = {"op": "enqueue", **enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s)}
+        ``priority``, ``delay_s``, ``ttl_s``, ``headers``: as :meth:`Transaction.enqueue_batch`."""
+        operation = {"op": "enqueue", **enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s,
+                                                     headers=headers)}
         key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
         # the path names the queue; everything else of the operation is the REST body
         rest_body = {**{name: value for name, value in operation.items() if name not in ("op", "queue")},

@@ -86,14 +86,17 @@ class SyncTransaction:
         return self._transaction.receive_error
 
     def enqueue(self, queue: str, item: ItemValue, *, priority: int | None = None,
-                delay_s: float | None = None, ttl_s: float | None = None) -> int:
-        return self._runner.run(self._transaction.enqueue(queue, item, priority=priority, delay_s=delay_s, ttl_s=ttl_s))
+                delay_s: float | None = None, ttl_s: float | None = None,
+                headers: Mapping[str, str] | None = None) -> int:
+        return self._runner.run(self._transaction.enqueue(queue, item, priority=priority, delay_s=delay_s, ttl_s=ttl_s,
+                                                          headers=headers))
 
     def enqueue_batch(self, queue: str, items: Iterable[ItemValue], *, priority: int | None = None,
-                      delay_s: float | None = None, ttl_s: float | None = None) -> int:
+                      delay_s: float | None = None, ttl_s: float | None = None,
+                      headers: Mapping[str, str] | None = None) -> int:
         items = list(items)  # a generator is read here, in the caller's thread
-        return self._runner.run(
-            self._transaction.enqueue_batch(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s))
+        return self._runner.run(self._transaction.enqueue_batch(queue, items, priority=priority, delay_s=delay_s,
+                                                                ttl_s=ttl_s, headers=headers))
 
     def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0, key: str | None = None) -> list[Item]:
         return self._runner.run(self._transaction.dequeue_items(queue, max_items, wait_ms, key))
@@ -234,9 +237,10 @@ class SyncClient:
 
     # ------------------------------------------------- one-request transactions
     def enqueue(self, queue: str, *items: ItemValue, idempotency_key: str | None = None,
-                priority: int | None = None, delay_s: float | None = None, ttl_s: float | None = None) -> CommitInfo:
+                priority: int | None = None, delay_s: float | None = None, ttl_s: float | None = None,
+                headers: Mapping[str, str] | None = None) -> CommitInfo:
         return self._runner.run(self._client.enqueue(queue, *items, idempotency_key=idempotency_key, priority=priority,
-                                                   delay_s=delay_s, ttl_s=ttl_s))
+                                                   delay_s=delay_s, ttl_s=ttl_s, headers=headers))
 
     def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[bytes]:
         return self._runner.run(self._client.dequeue(queue, max_items, wait_ms))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import warnings
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -70,18 +70,23 @@ class Transaction:
                        batch_operation=operation, wait_ms=wait_ms)
 
     async def enqueue(self, queue: str, item: ItemValue, *, priority: int | None = None,
-                      delay_s: float | None = None, ttl_s: float | None = None) -> int:
+                      delay_s: float | None = None, ttl_s: float | None = None,
+                      headers: Mapping[str, str] | None = None) -> int:
         """Buffer one item; returns the transaction's buffered item count (retry-safe: keyed).
-        ``priority``, ``delay_s``, ``ttl_s``: as :meth:`enqueue_batch`."""
-        return await self.enqueue_batch(queue, [item], priority=priority, delay_s=delay_s, ttl_s=ttl_s)
+        ``priority``, ``delay_s``, ``ttl_s``, ``headers``: as :meth:`enqueue_batch`."""
+        return await self.enqueue_batch(queue, [item], priority=priority, delay_s=delay_s, ttl_s=ttl_s,
+                                        headers=headers)
 
     async def enqueue_batch(self, queue: str, items: Iterable[ItemValue], *, priority: int | None = None,
-                            delay_s: float | None = None, ttl_s: float | None = None) -> int:
+                            delay_s: float | None = None, ttl_s: float | None = None,
+                            headers: Mapping[str, str] | None = None) -> int:
         """Buffer items; returns the buffered item count. The options apply to every item (None: the
         queue's default): ``priority`` 0..255 (at most the queue's ``max_priority``), ``delay_s``
-        invisible this long after the commit, ``ttl_s`` gone this long after the commit unless consumed."""
+        invisible this long after the commit, ``ttl_s`` gone this long after the commit unless consumed;
+        ``headers`` (str to str) travel with each item and come back with it (``Item.headers``); a
+        cluster below feature level 2 refuses them (FeatureLevelRequired, not retried)."""
         # The key makes a re-sent enqueue buffer nothing twice, so it is safe to retry.
-        body = {**enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s),
+        body = {**enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=headers),
                 "key": secrets.token_hex(12)}
         answer = await self._transport.request(self._request("enqueue", body))
         return int(answer["buffered"])

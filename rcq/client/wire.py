@@ -17,7 +17,9 @@ queue names are checked by :mod:`rcq.names`: neither rule is repeated here.
 ``ttl_s``) enter a body only when given, so a server that predates them (and refuses
 fields it does not know) still takes every request that does not use them; an item's
 ``delivery_count``, ``priority``, ``enqueued_at_ms``, ``expires_at_ms`` and ``dead_letter``
-default when an answer lacks them. See docs/queue-features.md.
+default when an answer lacks them. See docs/queue-features.md. Items with ``headers`` travel as
+objects ``{"value", "headers"}``, only when headers are given: a cluster below feature level 2
+refuses them (FeatureLevelRequired), every other request is as before.
 
 Must not import: aiohttp, the other client modules (this is the bottom layer: no I/O,
 no retries), rcq.server, pysyncobj, lmdb.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -62,7 +64,8 @@ class Item:
     """A dequeued item. ``delivery_count``: how many earlier deliveries ended without a commit;
     ``enqueued_at_ms``: when its enqueue committed (None from a server that does not say);
     ``expires_at_ms``: when it leaves (expires) unless a commit takes it first (None: never, or a
-    server that does not say); ``dead_letter``: only on an item of a dead-letter queue."""
+    server that does not say); ``dead_letter``: only on an item of a dead-letter queue;
+    ``headers``: what its producer attached (empty when none)."""
 
     item_id: int
     queue: str
@@ -73,6 +76,7 @@ class Item:
     enqueued_at_ms: int | None = None
     dead_letter: DeadLetter | None = None
     expires_at_ms: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,7 @@ class Enqueue:
     priority: int | None = None
     delay_s: float | None = None
     ttl_s: float | None = None
+    headers: Mapping[str, str] | None = None  # given to each item (None or empty: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +167,8 @@ def item_from_wire(entry: Mapping[str, Any]) -> Item:
                 delivery_count=int(entry.get("delivery_count") or 0), priority=int(entry.get("priority") or 0),
                 enqueued_at_ms=None if enqueued_at_ms is None else int(enqueued_at_ms),
                 dead_letter=dead_letter_from_wire(entry.get("dead_letter")),
-                expires_at_ms=None if expires_at_ms is None else int(expires_at_ms))
+                expires_at_ms=None if expires_at_ms is None else int(expires_at_ms),
+                headers={str(k): str(v) for k, v in (entry.get("headers") or {}).items()})
 
 
 def dead_letter_from_wire(entry: Mapping[str, Any] | None) -> DeadLetter | None:
@@ -197,11 +203,31 @@ def begin_body(timeout_s: float | None, label: str | None) -> dict[str, Any]:
 
 
 def enqueue_body(queue: str, items: Iterable[ItemValue], *, priority: int | None = None,
-                 delay_s: float | None = None, ttl_s: float | None = None) -> dict[str, Any]:
-    """``queue`` (checked before any request leaves), ``items``, their ``encoding`` and the options given."""
+                 delay_s: float | None = None, ttl_s: float | None = None,
+                 headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``queue`` (checked before any request leaves), ``items``, their ``encoding`` and the options
+    given; with ``headers``, each item is an object carrying them."""
     check_queue_name(queue)
     texts, item_encoding = encode_items(items)
-    return {"queue": queue, "items": texts, "encoding": item_encoding, **enqueue_options(priority, delay_s, ttl_s)}
+    wire_items: list[Any] = texts
+    if headers:
+        checked = check_headers(headers)
+        wire_items = [{"value": text, "headers": checked} for text in texts]
+    return {"queue": queue, "items": wire_items, "encoding": item_encoding,
+            **enqueue_options(priority, delay_s, ttl_s)}
+
+
+def check_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Headers as they travel: string keys (non-empty, printable) to string values. Their sizes are
+    the server's to bound (docs/limits.md)."""
+    if not isinstance(headers, Mapping):
+        raise InvalidRequest(f"headers are a mapping of str to str, not {type(headers).__name__}")
+    for key, value in headers.items():
+        if not isinstance(key, str) or not key or not key.isprintable():
+            raise InvalidRequest(f"a header key is a non-empty printable str, not {key!r}")
+        if not isinstance(value, str):
+            raise InvalidRequest(f"header {key!r}'s value is a str, not {type(value).__name__}")
+    return dict(headers)
 
 
 def enqueue_options(priority: int | None, delay_s: float | None, ttl_s: float | None) -> dict[str, Any]:
@@ -237,7 +263,8 @@ def operation_body(operation: Enqueue | Dequeue | Mapping[str, Any]) -> dict[str
     """One operation of ``/v1/execute``; a dict is passed on, its queue checked and its items encoded."""
     if isinstance(operation, Enqueue):
         return {"op": "enqueue", **enqueue_body(operation.queue, operation.items, priority=operation.priority,
-                                                delay_s=operation.delay_s, ttl_s=operation.ttl_s)}
+                                                delay_s=operation.delay_s, ttl_s=operation.ttl_s,
+                                                headers=operation.headers)}
     if isinstance(operation, Dequeue):
         return {"op": "dequeue", "queue": check_queue_name(operation.queue), "max_items": operation.max_items,
                 "wait_ms": operation.wait_ms}
@@ -260,7 +287,14 @@ def estimated_item_bytes(body: Mapping[str, Any]) -> int:
     operations = body.get("operations")
     if isinstance(operations, list):
         return sum(estimated_item_bytes(operation) for operation in operations)
-    return sum(len(text) for text in body.get("items") or ()) + OPERATION_OVERHEAD_BYTES
+    return sum(_item_text_bytes(item) for item in body.get("items") or ()) + OPERATION_OVERHEAD_BYTES
+
+
+def _item_text_bytes(item: Any) -> int:
+    if isinstance(item, Mapping):  # an item with headers
+        headers = item.get("headers") or {}
+        return len(item.get("value") or "") + sum(len(k) + len(v) + 8 for k, v in headers.items())
+    return len(item)
 
 
 # ------------------------------------------------------------------------- paths
