@@ -9,6 +9,8 @@ against ``--ca-file`` or ``RCQ_CA_FILE`` (default: the system's CAs). Errors pri
 ``rcq: <code>: <message>`` on stderr (then, for some, ``rcq: <what to do>``) and exit 2; ``status``
 exits 1 when a node does not answer.
 
+``rcq backup`` and ``rcq restore`` (:mod:`.backup`) save a backup of the cluster and restore one.
+
 ``rcq token create|list|revoke|hash`` are file operations on a node's tokens file: no node is
 asked, and nodes re-read the file on their own.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rcq.cli.backup import add_backup_parsers
 from rcq.cli.cluster import add_cluster_parsers, add_status_parser
 from rcq.cli.connection import client_flags, client_security
 from rcq.cli.queues import add_queue_parsers
@@ -47,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(commands, common)
     add_cluster_parsers(commands, common)
     add_token_parsers(commands)
+    add_backup_parsers(commands, common)
     return parser
 
 

@@ -425,6 +425,25 @@ class LocalCluster(PolledCluster[LocalNode]):
             self._remove_owned_dir()
 
     # ---------------------------------------------------------- tokens
+    # ------------------------------------------------------------- backups
+    def restore_from(self, backup: Path, timeout_s: float = 600.0) -> None:
+        """Seed every node's data directory from ``backup`` before the cluster first starts, as
+        ``rcq restore PATH --node-config ...`` does (a subprocess: this module does not import the
+        server). RuntimeError with its output when the restore fails."""
+        import subprocess
+        import sys
+
+        command = [sys.executable, "-m", "rcq", "restore", str(backup)]
+        for node in self.nodes:
+            command += ["--node-config", str(node.config_path)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"rcq restore failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+
+    def data_digest(self, i: int, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Node ``i``'s data digest and applied index (GET /v1/cluster/data-digest)."""
+        return self.poll_json(self.poll_url(i) + "/v1/cluster/data-digest", timeout_s=timeout_s)
+
     def add_token(self, name: str, grants: Iterable[Grant | Mapping[str, Any]] = (), admin: bool = False,
                   expires_at: datetime | None = None, *, wait: bool = True) -> str:
         """A new token of principal ``name`` in every node's tokens file; returns it (the files keep

@@ -1,6 +1,6 @@
 """The cluster routes: its status (``/v1/cluster``, ``/readyz``, ``/healthz``), the status page and
 its overview, storage figures, the state digest, a snapshot on request, the OpenAPI document and
-the AsyncAPI one (the session channel).
+the AsyncAPI one (the session channel); the backup routes (rcq.server.http.backup_routes).
 
 Everything but the public part of ``/v1/cluster``, the health checks and the two API documents
 needs an admin principal.
@@ -17,6 +17,7 @@ from aiohttp import web
 from rcq.server.core.features import level_max_read
 from rcq.server.http.asyncapi import asyncapi_spec
 from rcq.server.http.auth import principal_of
+from rcq.server.http.backup_routes import BACKUPS, add_backup_routes
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, admin_only, json_response
 from rcq.server.http.membership_routes import MEMBERSHIP
 from rcq.server.http.openapi import openapi_spec
@@ -61,6 +62,8 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         "version": rcq_version(),
         "feature_level": replicator.read(lambda sm: sm.level),
         "feature_level_max": level_max_read(config.test_feature_level_max),
+        # The last backup this node served (docs/backup.md); None until one was.
+        "last_backup": app[BACKUPS].last if BACKUPS in app else None,
     }
 
 
@@ -140,3 +143,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/cluster/digest", admin_only("read the state digest", state_digest))
     app.router.add_post("/v1/admin/snapshot", admin_only("request a snapshot", request_snapshot))
     app.router.add_get("/v1/cluster/storage", admin_only("read storage figures", storage))
+    add_backup_routes(app)

@@ -33,7 +33,7 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +87,14 @@ def write_snapshot(path: str | os.PathLike[str], state_machine: QueueStateMachin
     ``path`` is replaced if it exists. Not atomic by itself: write to a temporary
     name and rename (see :func:`replace_durably`).
     """
+    return write_snapshot_parts(path, state_machine.snapshot_items(), state_machine.snapshot_meta, raft_data)
+
+
+def write_snapshot_parts(path: str | os.PathLike[str], items: Iterable[tuple[str, int, bytes]],
+                         meta: Callable[[], dict[str, Any]], raft_data: Any) -> SnapshotInfo:
+    """:func:`write_snapshot` from its parts: ``items`` (queue, id, value) sorted by queue then id,
+    streamed into the file, then ``meta()``, called once every item is written (a restore from a
+    backup checks the items' digest there). Raises what ``items`` or ``meta`` raise."""
     path = os.fspath(path)
     for leftover in (path, path + "-lock"):
         with contextlib.suppress(FileNotFoundError):
@@ -95,10 +103,10 @@ def write_snapshot(path: str | os.PathLike[str], state_machine: QueueStateMachin
                     max_dbs=0, readahead=False)
     try:
         with env.begin(write=True) as txn:
-            consumed, added = txn.cursor().putmulti(_item_records(state_machine), append=True)
+            consumed, added = txn.cursor().putmulti(_item_records(items), append=True)
             if consumed != added:  # append=True refuses out-of-order keys instead of raising
                 raise SnapshotError(f"wrote {added} of {consumed} items: keys out of order")
-            txn.put(META_KEY, pickle.dumps(state_machine.snapshot_meta(), protocol=PICKLE_PROTOCOL))
+            txn.put(META_KEY, pickle.dumps(meta(), protocol=PICKLE_PROTOCOL))
             txn.put(RAFT_KEY, pickle.dumps(raft_data, protocol=PICKLE_PROTOCOL))
         env.sync(True)
     finally:
@@ -107,13 +115,27 @@ def write_snapshot(path: str | os.PathLike[str], state_machine: QueueStateMachin
     return SnapshotInfo(path=path, item_count=added, file_bytes=os.path.getsize(path))
 
 
-def _item_records(state_machine: QueueStateMachine) -> Iterator[tuple[bytes, bytes]]:
+def replace_raft_data(path: str | os.PathLike[str], raft_data: Any) -> None:
+    """Put another ``raft_data`` into the snapshot at ``path`` (a restore gives each node its own
+    view of the members) and fsync it."""
+    path = os.fspath(path)
+    env = lmdb.open(path, subdir=False, lock=False, map_size=MAP_SIZE_BYTES, max_dbs=0, readahead=False)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(RAFT_KEY, pickle.dumps(raft_data, protocol=PICKLE_PROTOCOL))
+        env.sync(True)
+    finally:
+        env.close()
+    fsync_path(path)
+
+
+def _item_records(items: Iterable[tuple[str, int, bytes]]) -> Iterator[tuple[bytes, bytes]]:
     """Item keys and values in strictly increasing key order, or SnapshotError."""
     pack = _ITEM_ID.pack
     previous_name = None
     prefix = b""
     previous_key = b""
-    for queue_name, item_id, value in state_machine.snapshot_items():
+    for queue_name, item_id, value in items:
         if queue_name != previous_name:
             prefix = ITEM_PREFIX + queue_name.encode() + QUEUE_NAME_END
             previous_name = queue_name

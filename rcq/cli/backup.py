@@ -1,0 +1,352 @@
+"""``rcq backup PATH`` and ``rcq restore PATH``: take a backup of a cluster, restore one (docs/backup.md).
+
+``backup`` asks the cluster's nodes who they are, takes the backup from a follower (the leader
+only with ``--from-leader``) and writes the stream as it arrives to ``PATH.part``, checking the
+length and the SHA-256 trailer; only a complete, checked file is fsynced and renamed to ``PATH``.
+A node that dies or a connection that breaks mid-stream: the partial file is removed and the
+backup starts again from the next node; a local error (a full disk) removes it and fails.
+
+``restore`` has four forms, each refusing a file that fails its checksum or is newer than this
+rcq before it changes anything:
+
+* ``--check``: verify the file and print its header;
+* ``--data-dir DIR --nodes N``: a new local cluster in DIR (the layout ``python -m cluster up
+  --data-dir DIR`` runs), each node's data directory seeded from the backup, with a new cluster
+  secret and admin token;
+* ``--node-config FILE`` (repeat) or ``--node-data-dir DIR --raft-address A --peer ...``: seed the
+  data directory of nodes you configure yourself (docker-compose, your own deployment);
+* ``--queue Q --into-queue Q2`` (with the client flags): one queue's items and settings into a
+  running cluster as a new queue, through ordinary replicated commits.
+
+Must not import: pysyncobj, lmdb; rcq.server at module level (restoring a data directory imports
+it when it runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rcq.backup.fileformat import TRAILER_BYTES, TRAILER_MAGIC, Header, read_header, verify
+from rcq.cli.connection import _urls, client_security, with_client
+from rcq.cli.serve import _peer
+from rcq.errors import InvalidRequest, RcqError, Unavailable
+
+BACKUP_PATH = "/v1/admin/backup"
+RECEIVE_CHUNK_BYTES = 1 << 20
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 600.0  # between two chunks: a node's child writes the whole body before the first byte
+RESTORE_BATCH_ITEMS = 500
+RESTORE_BATCH_BYTES = 4 << 20
+
+
+class BackupFailed(RcqError):
+    """No node could serve a complete backup."""
+
+    code = "backup_failed"
+    http_status = 503
+
+
+def add_backup_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    backup = commands.add_parser(
+        "backup", parents=[common], help="save a consistent backup of the cluster's state to PATH (admin token)",
+        description="Stream a backup of the replicated state at one Raft index from a follower (the leader "
+                    "keeps serving) into PATH, checked and fsynced; prints what it saved (docs/backup.md).")
+    backup.add_argument("path", type=Path, metavar="PATH")
+    backup.add_argument("--from-leader", action="store_true",
+                        help="allow the leader to serve it (default: followers only)")
+    backup.add_argument("--force", action="store_true", help="replace PATH if it exists")
+    backup.set_defaults(func=cmd_backup)
+
+    restore = commands.add_parser(
+        "restore", parents=[common], help="check a backup, restore it into a new cluster, or one queue of it",
+        description="Restore a backup made by rcq backup (docs/backup.md). A file that fails its checksum, or "
+                    "of a newer format, is refused before anything changes.")
+    restore.add_argument("path", type=Path, metavar="PATH")
+    restore.add_argument("--check", action="store_true", help="only verify the file and print its header")
+    restore.add_argument("--data-dir", type=Path, metavar="DIR",
+                         help="make a new local cluster in DIR (run it with python -m cluster up --data-dir DIR)")
+    restore.add_argument("--nodes", type=int, default=3, help="with --data-dir: the number of nodes (default 3)")
+    restore.add_argument("--base-port", type=int, default=None, help="with --data-dir: fixed ports, as cluster up")
+    restore.add_argument("--node-config", type=Path, action="append", default=None, metavar="FILE",
+                         help="seed the data directory of the node this NodeConfig file describes (repeat)")
+    restore.add_argument("--node-data-dir", type=Path, metavar="DIR", help="seed this one node's data directory")
+    restore.add_argument("--raft-address", help="with --node-data-dir: the node's Raft address")
+    restore.add_argument("--peer", action="append", type=_peer, default=None,
+                         help="with --node-data-dir: another node as node_id=raft_host:port=http_url (repeat)")
+    restore.add_argument("--queue", help="restore only this queue, into a running cluster (with --into-queue)")
+    restore.add_argument("--into-queue", help="the new queue that receives it (must not exist)")
+    restore.set_defaults(func=cmd_restore)
+
+
+# ------------------------------------------------------------------- backup
+def cmd_backup(args: argparse.Namespace) -> int:
+    urls, security = _urls(args), client_security(args)
+    token = security["token"] or os.environ.get("RCQ_TOKEN") or None
+    header = asyncio.run(save_backup(urls, args.path, token=token, ca_file=security["ca_file"],
+                                     client_cert=security.get("client_cert"), from_leader=args.from_leader,
+                                     force=args.force))
+    size = args.path.stat().st_size
+    if args.json:
+        print(json.dumps({"path": str(args.path), "bytes": size, **header.fields}))
+    else:
+        print(describe(header, args.path, size))
+    return 0
+
+
+def describe(header: Header, path: Path, size: int) -> str:
+    fields = header.fields
+    return (f"saved {path} ({size} bytes): {fields['items']} items ({fields['item_bytes']} bytes) in "
+            f"{fields['queues']} queues at Raft index {fields['index']} (term {fields['term']}), taken "
+            f"{fields['taken_at']} from {fields['node_id']}\n"
+            f"  data digest {fields['data_digest']}\n"
+            f"  rcq {fields['rcq_version']}, feature level {fields['feature_level']}, backup format "
+            f"{fields['backup_format']}, cluster {fields['cluster_id'] or '(no identity: feature level 1)'}")
+
+
+async def save_backup(urls: list[str], path: Path, *, token: str | None, ca_file: Any = None,
+                      client_cert: Any = None, from_leader: bool = False, force: bool = False,
+                      on_chunk: Callable[[str, int], None] | None = None) -> Header:
+    """Save a backup from the first node that serves a complete one; its header.
+
+    ``on_chunk(node_url, bytes_so_far)`` is called after each chunk written (tests kill a node there)."""
+
+    from rcq.client.exchange import new_session, normalize_url, tls_context
+
+    path = Path(path)
+    if path.exists() and not force:
+        raise InvalidRequest(f"{path} exists; pass --force to replace it")
+    part = path.with_name(path.name + ".part")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with new_session(tls_context(ca_file, client_cert)) as session:
+        candidates = await _candidates(session, [normalize_url(u) for u in urls], headers, from_leader)
+        failures: list[str] = []
+        for url in candidates:
+            try:
+                await _receive(session, url, part, headers, from_leader, on_chunk)
+            except _NodeFailed as exc:
+                failures.append(f"{url}: {exc}")
+                continue
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    part.unlink()
+                raise
+            header = _check_saved(part)
+            os.replace(part, path)
+            _fsync_dir(path.parent)
+            return header
+        with contextlib.suppress(FileNotFoundError):
+            part.unlink()
+        hint = "" if from_leader else " (followers only; --from-leader allows the leader)"
+        raise BackupFailed(f"no node served a complete backup{hint}: " + ("; ".join(failures) or "no node answered"))
+
+
+class _NodeFailed(Exception):
+    """This node could not serve the backup; another may."""
+
+
+async def _candidates(session: Any, urls: list[str], headers: dict[str, str], from_leader: bool) -> list[str]:
+    """The nodes to ask, best first: followers that know a leader (most applied first), then the leader."""
+    import aiohttp
+
+    from rcq.errors import error_from_body
+
+    known = dict.fromkeys(urls)
+    views: dict[str, dict[str, Any]] = {}
+    pending = list(urls)
+    while pending:
+        url = pending.pop(0)
+        try:
+            async with session.get(url + "/v1/cluster", headers=headers,
+                                   timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)) as answer:
+                view = await answer.json()
+                if answer.status in (401, 403):
+                    raise error_from_body(answer.status, view)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            continue
+        if not isinstance(view, dict):
+            continue
+        views[url] = view
+        for peer in view.get("peers", []):
+            peer_url = peer.get("url")
+            if isinstance(peer_url, str) and peer_url.rstrip("/") not in known:
+                known[peer_url.rstrip("/")] = None
+                pending.append(peer_url.rstrip("/"))
+    followers = [url for url, view in views.items() if view.get("role") != "leader" and view.get("leader_id")]
+    followers.sort(key=lambda url: -int(views[url].get("last_applied") or 0))
+    leaders = [url for url, view in views.items() if view.get("role") == "leader"]
+    if not views:
+        raise Unavailable(f"no node answered among {', '.join(urls)}")
+    return followers + (leaders if from_leader else [])
+
+
+async def _receive(session: Any, url: str, part: Path, headers: dict[str, str], from_leader: bool,
+                   on_chunk: Callable[[str, int], None] | None) -> None:
+    import aiohttp
+
+    from rcq.errors import error_from_body
+
+    query = {"from_leader": "true"} if from_leader else {}
+    timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S)
+    received = 0
+    try:
+        async with session.get(url + BACKUP_PATH, headers=headers, params=query, timeout=timeout) as answer:
+            if answer.status != 200:
+                try:
+                    error = error_from_body(answer.status, await answer.json())
+                except (ValueError, aiohttp.ContentTypeError):
+                    error = Unavailable(f"HTTP {answer.status}")
+                if answer.status in (401, 403):
+                    raise error
+                raise _NodeFailed(f"{error.code}: {error.message}")
+            expected = answer.content_length
+            digest = hashlib.sha256()
+            tail = b""
+            with open(part, "wb") as file:
+                async for chunk in answer.content.iter_chunked(RECEIVE_CHUNK_BYTES):
+                    file.write(chunk)  # an OSError (a full disk) is not the node's failure: it propagates
+                    received += len(chunk)
+                    # Everything but the trailer goes into the checksum: keep the last bytes aside.
+                    tail += chunk
+                    if len(tail) > TRAILER_BYTES:
+                        digest.update(tail[:-TRAILER_BYTES])
+                        tail = tail[-TRAILER_BYTES:]
+                    if on_chunk is not None:
+                        on_chunk(url, received)
+                file.flush()
+                os.fsync(file.fileno())
+    except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+        raise _NodeFailed(f"the stream broke off after {received} bytes ({type(exc).__name__}: {exc})") from exc
+    if expected is not None and received != expected:
+        raise _NodeFailed(f"the stream ended after {received} of {expected} bytes")
+    if tail[:len(TRAILER_MAGIC)] != TRAILER_MAGIC or tail[len(TRAILER_MAGIC):] != digest.digest():
+        raise _NodeFailed(f"the {received} bytes received do not match their checksum")
+
+
+def _check_saved(part: Path) -> Header:
+    with open(part, "rb") as file:
+        return read_header(file, str(part))
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ restore
+def cmd_restore(args: argparse.Namespace) -> int:
+    forms = [args.check, args.data_dir is not None, bool(args.node_config), args.node_data_dir is not None,
+             args.queue is not None]
+    if sum(bool(form) for form in forms) != 1:
+        raise InvalidRequest("give exactly one of --check, --data-dir, --node-config, --node-data-dir, --queue")
+    header = verify(args.path)  # a damaged or newer file is refused before anything else
+    if args.check:
+        print(json.dumps({"path": str(args.path), **header.fields}) if args.json
+              else describe(header, args.path, args.path.stat().st_size))
+        return 0
+    if args.queue is not None:
+        return restore_queue(args)
+    from rcq.server.raft.restore_seed import check_readable
+
+    check_readable(header)
+    if args.data_dir is not None:
+        return restore_local_cluster(args)
+    if args.node_config:
+        from rcq.server.config import load_config
+
+        configs = [load_config(path) for path in args.node_config]
+        nodes = [(c.data_dir, c.raft_address, [p.raft_address for p in c.peers]) for c in configs]
+    else:
+        if args.raft_address is None or not args.peer:
+            raise InvalidRequest("--node-data-dir needs --raft-address and --peer for every other node")
+        nodes = [(args.node_data_dir, args.raft_address, [p["raft_address"] for p in args.peer])]
+    seed_nodes(args.path, nodes)
+    for data_dir, _, _ in nodes:
+        print(f"restored {data_dir}: index {header.index}, data digest {header.data_digest}")
+    print("start the nodes with a NEW cluster secret (docs/backup.md): the restored cluster must never meet the old one")
+    return 0
+
+
+def seed_nodes(backup: Path, nodes: list[tuple[Path, str, list[str]]]) -> Header:
+    """Seed each (data dir, Raft address, peers' Raft addresses) from ``backup``; nothing is left
+    behind when one fails. Builds the snapshot once, then gives each node its own copy."""
+    from rcq.server.raft.restore_seed import build_snapshot, refuse_non_empty, seed_data_dir
+
+    for data_dir, _, _ in nodes:
+        refuse_non_empty(Path(data_dir))
+    seeded: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="rcq-restore-", dir=Path(nodes[0][0]).parent) as scratch:
+        snapshot = Path(scratch) / "snapshot.lmdb"
+        header = build_snapshot(backup, snapshot)
+        try:
+            for data_dir, self_address, peers in nodes:
+                seed_data_dir(snapshot, data_dir, header, self_address, peers)
+                seeded.append(Path(data_dir))
+        except BaseException:
+            import shutil
+
+            for data_dir in seeded:
+                shutil.rmtree(data_dir, ignore_errors=True)
+            raise
+    return header
+
+
+def restore_local_cluster(args: argparse.Namespace) -> int:
+    from rcq.testing.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
+
+    directory: Path = args.data_dir
+    if (directory / MANIFEST_NAME).exists() or (directory.exists() and any(directory.iterdir())):
+        raise InvalidRequest(f"{directory} is not empty (it may hold a cluster): a restore makes a new cluster "
+                             "in an empty or new directory")
+    cluster = LocalCluster(args.nodes, base_dir=directory, base_port=args.base_port, keep=True)
+    try:
+        header = seed_nodes(args.path, [(node.data_dir, node.raft_address,
+                                         [cluster.peer_raft_address(node.index, other.index)
+                                          for other in cluster.nodes if other is not node])
+                                        for node in cluster.nodes])
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    print(f"restored a new {args.nodes}-node cluster in {directory} from {args.path}: index {header.index}, "
+          f"{header['items']} items, data digest {header.data_digest}")
+    print(f"run it with: python -m cluster up --data-dir {directory}")
+    print(f"its admin token is in {directory / ADMIN_TOKEN_NAME} (a new one; so is the cluster secret)")
+    return 0
+
+
+# ------------------------------------------------------------ one queue back
+def restore_queue(args: argparse.Namespace) -> int:
+    if not args.into_queue:
+        raise InvalidRequest("--queue needs --into-queue (the new queue that receives the items)")
+    from rcq.backup.queue_restore import restore_one_queue
+
+    async def verb(client: Any) -> int:
+        report = await restore_one_queue(client, args.path, args.queue, args.into_queue,
+                                         progress=None if args.json else _progress)
+        print(json.dumps(report) if args.json else
+              f"restored {report['items']} items of {args.queue!r} (backup index {report['index']}) into "
+              f"{args.into_queue!r} in {report['commits']} commits" +
+              "".join(f"\n  note: {note}" for note in report["notes"]))
+        return 0
+
+    return with_client(args, verb)
+
+
+def _progress(done: int, total: int) -> None:
+    print(f"\r  {done}/{total} items", end="", file=sys.stderr, flush=True)
+    if done == total:
+        print(file=sys.stderr)
