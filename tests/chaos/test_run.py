@@ -21,13 +21,15 @@ def describe(document) -> str:
 
 
 @pytest.mark.timeout(420)
-def test_a_short_seeded_run_with_kill_pause_partition_and_client_drops_is_valid(tmp_path):
-    config = RunConfig(nodes=3, time_limit_s=60, nemesis=["kill", "pause", "partition", "client-drop"], seed=CI_SEED,
-                       out=tmp_path, workers=5)
+def test_a_short_seeded_run_with_kill_pause_partition_client_drops_and_upgrades_is_valid(tmp_path):
+    """Upgrades: nodes restarted into the previous release of rcq and back during the other faults."""
+    config = RunConfig(nodes=3, time_limit_s=60, nemesis=["kill", "pause", "partition", "client-drop", "upgrade"],
+                       seed=CI_SEED, out=tmp_path, workers=5)
     document = run(config, Progress(quiet=True))
     results = document["results"]
     assert {"history.jsonl", "results.json", "summary.txt", "timeline.png"} <= {p.name for p in tmp_path.iterdir()}
     assert results["liveness"]["faults_count"] >= 3, describe(document)
+    assert nemesis_lines(tmp_path, "downgrade", "start"), "no node was restarted into the previous release"
     assert results["stats"]["client_ops"] > 100, describe(document)
     assert results["runtime"]["drain"]["complete"], describe(document)
     for name in SAFETY_CHECKERS:
