@@ -11,6 +11,7 @@ Read schema (one row per item; the first three columns are the original ones, in
     dead_letter_reason  STRING               in a dead-letter queue: max_deliveries, expired or rejected
     dead_letter_source  STRING               in a dead-letter queue: the queue it died in
     expires_at          TIMESTAMP            when it expires unless a commit takes it first (null: never)
+    headers             MAP<STRING, STRING>  the item's headers (an empty map when it has none)
 
 The columns are the fields of the client's :class:`~rcq.client.Item` (docs/queue-features.md).
 A server older than those fields sends none of them: the row then says delivery count 0,
@@ -19,8 +20,9 @@ priority 0, no enqueue time, not dead and no expiry.
 Writers take a DataFrame with a ``value`` column of type STRING or BINARY; a null value fails
 the task. An integer ``priority`` column (TINYINT to BIGINT), if there is one, is each row's
 priority (null: 0; 0 to 255, and at most the queue's ``max_priority``, else the write fails);
-other columns are ignored. So a DataFrame read from one rcq queue keeps its priorities when
-written to another.
+a ``headers`` column of type MAP<STRING, STRING>, if there is one, is each row's item headers
+(null or empty: none; :mod:`rcq.spark.headers`); other columns are ignored. So a DataFrame read
+from one rcq queue keeps its priorities and headers when written to another.
 
 Must not import: pyspark at module level (executors import this cheaply), pysyncobj, lmdb.
 """
@@ -35,6 +37,15 @@ import pyarrow.compute as pc
 
 from rcq.client import Item
 from rcq.limits import PRIORITY_MAX
+from rcq.spark.headers import (
+    HEADERS_ARROW,
+    HEADERS_COLUMN,
+    HEADERS_DDL,
+    Headers,
+    batch_headers,
+    check_headers_type,
+    headers_array,
+)
 from rcq.spark.options import RcqOptionError
 
 VALUE_COLUMN = "value"
@@ -49,6 +60,9 @@ _NEW_COLUMNS: tuple[tuple[str, str, pa.DataType, bool], ...] = (
     ("dead_letter_reason", "STRING", pa.string(), True),
     ("dead_letter_source", "STRING", pa.string(), True),
     ("expires_at", "TIMESTAMP", TIMESTAMP, True),
+    # declared nullable, but this source always sends a map (empty when an item has none), so
+    # consumers never test for null
+    (HEADERS_COLUMN, HEADERS_DDL, HEADERS_ARROW, True),
 )
 
 
@@ -85,7 +99,8 @@ def items_to_batch(items: Sequence[Item], schema: pa.Schema) -> pa.RecordBatch:
          pa.array([None if item.dead_letter is None else item.dead_letter.reason for item in items], pa.string()),
          pa.array([None if item.dead_letter is None else item.dead_letter.source_queue for item in items],
                   pa.string()),
-         pa.array(expires_at_us, TIMESTAMP)], schema=schema)
+         pa.array(expires_at_us, TIMESTAMP),
+         headers_array([item.headers for item in items])], schema=schema)
 
 
 def check_writer_schema(schema: Any) -> None:
@@ -107,6 +122,9 @@ def check_writer_schema(schema: Any) -> None:
         raise RcqOptionError(f"the rcq sink's 'priority' column is each row's priority and must be an integer "
                              f"(TINYINT, SMALLINT, INT or BIGINT), not {priority.dataType.simpleString()}: cast it, "
                              "e.g. col('priority').cast('int'), or drop or rename it to enqueue at priority 0")
+    headers = fields.get(HEADERS_COLUMN)
+    if headers is not None:
+        check_headers_type(headers)
 
 
 def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
@@ -141,3 +159,9 @@ def batch_priorities(batch: pa.RecordBatch) -> list[int] | None:
             raise ValueError(f"the rcq sink's 'priority' column holds {wrong}: priorities are 0 to {PRIORITY_MAX} "
                              "(and at most the queue's max_priority)")
     return column.to_pylist()
+
+
+def batch_item_headers(batch: pa.RecordBatch) -> list[Headers | None] | None:
+    """The ``headers`` column of an Arrow batch, one dict (or None: no headers) per row, or None when
+    there is no such column or no row of the batch has headers."""
+    return batch_headers(_column(batch, HEADERS_COLUMN))

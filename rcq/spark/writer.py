@@ -17,7 +17,10 @@ them to expire): its enqueues vanish. A failed job commits nothing.
 row its priority; the rows of different priorities go in separate enqueue operations, but into
 the same transactions, so the commit and its exactly once are unchanged. Options ``delayS``
 and ``ttlS`` apply to every enqueue of the write. A priority over the queue's ``max_priority``
-fails the task with the server's ``invalid_request``.
+fails the task with the server's ``invalid_request``. A ``headers`` map column gives each row's
+item its headers (:mod:`rcq.spark.headers`): a chunk in which some row has headers goes as one
+enqueue of per-item objects; a cluster below feature level 2 fails the task with
+``feature_level_required``.
 
 Must not import: pysyncobj, lmdb.
 """
@@ -25,9 +28,11 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Coroutine, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 from uuid import uuid4
 
 import pyarrow as pa
@@ -40,9 +45,10 @@ from pyspark.sql.datasource import (
 
 from rcq.client import RcqClient, Transaction
 from rcq.errors import RcqError
+from rcq.spark.headers import Headers, enqueue_with_headers, headers_bytes
 from rcq.spark.options import RcqOptions
 from rcq.spark.remote import call
-from rcq.spark.schema import batch_priorities, batch_values
+from rcq.spark.schema import batch_item_headers, batch_priorities, batch_values
 
 log = logging.getLogger(__name__)
 REQUEST_BYTES_MAX = 4 << 20  # item bytes per enqueue request (the server takes 32 MiB bodies)
@@ -58,69 +64,95 @@ class TransactionsMessage(WriterCommitMessage):
     attempt: int
 
 
-def _rows(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str | bytes, int]]:
-    """(value, priority) of every row; priority 0 without a ``priority`` column."""
+Row = tuple[str | bytes, int, Headers | None]
+
+
+def _rows(batches: Iterable[pa.RecordBatch]) -> Iterator[Row]:
+    """(value, priority, headers) of every row; priority 0 without a ``priority`` column, headers None
+    without a ``headers`` column or for a row that has none."""
     for batch in batches:
         values = batch_values(batch)
-        priorities = batch_priorities(batch)
-        if priorities is None:
-            for value in values:
-                yield value, 0
-        else:
-            yield from zip(values, priorities, strict=True)
+        priorities = batch_priorities(batch) or itertools.repeat(0)
+        headers = batch_item_headers(batch) or itertools.repeat(None)
+        # values is the one list of the batch's length; the others are lists as long or endless repeats
+        yield from zip(values, priorities, headers, strict=False)
 
 
-def _chunks(batches: Iterable[pa.RecordBatch], items_max: int, bytes_max: int) -> Iterator[tuple[int, list, int]]:
-    """(priority, values, bytes): the rows in chunks of one priority each, of at most ``items_max`` items
-    and ``bytes_max`` bytes (one item may exceed it). The chunks being filled hold at most that much
-    *together* (when the next row would not fit, the fullest one goes out), so a task's memory stays
-    bounded however priorities interleave. Within a priority, rows keep their order."""
-    chunks: dict[int, list[str | bytes]] = {}  # the chunks being filled, by priority
-    sizes: dict[int, int] = {}
+@dataclass
+class Chunk:
+    """Rows of one priority for one enqueue request. ``headers``: parallel to ``values``, only once
+    some row of the chunk has headers (None until then: a plain chunk is the request it always was)."""
+
+    priority: int
+    values: list[str | bytes] = field(default_factory=list)
+    headers: list[Headers | None] | None = None
+    size: int = 0  # UTF-8 bytes of the values and of the header keys and values
+
+    def add(self, value: str | bytes, headers: Headers | None, length: int) -> None:
+        if headers and self.headers is None:
+            self.headers = [None] * len(self.values)
+        if self.headers is not None:
+            self.headers.append(headers)
+        self.values.append(value)
+        self.size += length
+
+
+def _chunks(batches: Iterable[pa.RecordBatch], items_max: int, bytes_max: int) -> Iterator[Chunk]:
+    """The rows in chunks of one priority each, of at most ``items_max`` items and ``bytes_max`` bytes
+    (one item may exceed it). The chunks being filled hold at most that much *together* (when the
+    next row would not fit, the fullest one goes out), so a task's memory stays bounded however
+    priorities interleave. Within a priority, rows keep their order."""
+    chunks: dict[int, Chunk] = {}  # the chunks being filled, by priority
     items = size = 0
-    for value, priority in _rows(batches):
-        length = len(value.encode("utf-8")) if isinstance(value, str) else len(value)
+    for value, priority, headers in _rows(batches):
+        length = (len(value.encode("utf-8")) if isinstance(value, str) else len(value)) + headers_bytes(headers)
         while chunks and (items >= items_max or size + length > bytes_max):
-            fullest = max(chunks, key=lambda p: (sizes[p], len(chunks[p])))
-            chunk, chunk_size = chunks.pop(fullest), sizes.pop(fullest)
-            items, size = items - len(chunk), size - chunk_size
-            yield fullest, chunk, chunk_size
+            fullest = max(chunks, key=lambda p: (chunks[p].size, len(chunks[p].values)))
+            chunk = chunks.pop(fullest)
+            items, size = items - len(chunk.values), size - chunk.size
+            yield chunk
         filling = chunks.get(priority)
         if filling is None:
-            filling = chunks[priority] = []
-            sizes[priority] = 0
-        filling.append(value)
-        sizes[priority] += length
+            filling = chunks[priority] = Chunk(priority)
+        filling.add(value, headers, length)
         items += 1
         size += length
-    for priority, chunk in chunks.items():
-        yield priority, chunk, sizes[priority]
+    yield from chunks.values()
+
+
+def _enqueue(transaction: Transaction, options: RcqOptions, chunk: Chunk) -> Coroutine[Any, Any, int]:
+    """One enqueue request for ``chunk``, with the options' delay and TTL. Priority 0 is the default and
+    not sent, and a chunk without headers goes as ``enqueue_batch`` does: a write without priorities
+    or headers is what older servers take."""
+    priority = chunk.priority or None
+    if chunk.headers is None:
+        return transaction.enqueue_batch(options.queue, chunk.values, priority=priority, delay_s=options.delay_s,
+                                         ttl_s=options.ttl_s)
+    return enqueue_with_headers(transaction, options.queue, chunk.values, chunk.headers, priority=priority,
+                                delay_s=options.delay_s, ttl_s=options.ttl_s)
 
 
 async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable[pa.RecordBatch],
                        label: str) -> tuple[list[str], int]:
     """Enqueue every row into fresh transactions, uncommitted, with up to ``requestsInFlight`` requests
     at a time, one enqueue operation per chunk of one priority (:func:`_chunks`), each with the
-    options' delay and TTL; on any error abort them and re-raise."""
+    options' delay and TTL and each item with its row's headers; on any error abort them and re-raise."""
     transactions: list[Transaction] = []
     in_flight: set[asyncio.Task[int]] = set()
     transaction_bytes = 0
     rows = 0
     try:
-        for priority, chunk, size in _chunks(batches, options.batch_size,
-                                             min(options.transaction_bytes_max, REQUEST_BYTES_MAX)):
-            if not transactions or transaction_bytes + size > options.transaction_bytes_max:
+        for chunk in _chunks(batches, options.batch_size, min(options.transaction_bytes_max, REQUEST_BYTES_MAX)):
+            if not transactions or transaction_bytes + chunk.size > options.transaction_bytes_max:
                 transactions.append(await client.begin(options.transaction_timeout_s, label))
                 transaction_bytes = 0
             if len(in_flight) >= options.requests_in_flight:
                 done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     task.result()  # raises the first failure
-            # priority 0 is the default and not sent: a write without priorities is what older servers take
-            in_flight.add(asyncio.create_task(transactions[-1].enqueue_batch(
-                options.queue, chunk, priority=priority or None, delay_s=options.delay_s, ttl_s=options.ttl_s)))
-            transaction_bytes += size
-            rows += len(chunk)
+            in_flight.add(asyncio.create_task(_enqueue(transactions[-1], options, chunk)))
+            transaction_bytes += chunk.size
+            rows += len(chunk.values)
         for finished in asyncio.as_completed(in_flight):
             await finished
     except BaseException:

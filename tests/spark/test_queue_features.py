@@ -46,14 +46,15 @@ OLD_ITEM = {"item_id": 18, "queue": "jobs", "value": base64.b64encode(b"\x00\xff
 
 # ------------------------------------------------------------------------------ the read schema
 def _expected_struct(value_type: Any) -> Any:
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+    from pyspark.sql.types import IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType
 
     return StructType([
         StructField("queue", StringType(), False), StructField("item_id", LongType(), False),
         StructField("value", value_type, True), StructField("delivery_count", IntegerType(), False),
         StructField("priority", IntegerType(), False), StructField("enqueued_at", TimestampType(), True),
         StructField("dead_letter_reason", StringType(), True), StructField("dead_letter_source", StringType(), True),
-        StructField("expires_at", TimestampType(), True)])
+        StructField("expires_at", TimestampType(), True),
+        StructField("headers", MapType(StringType(), StringType(), True), True)])
 
 
 def test_the_read_schema_keeps_its_columns_first_and_appends_the_new_ones() -> None:
@@ -63,7 +64,7 @@ def test_the_read_schema_keeps_its_columns_first_and_appends_the_new_ones() -> N
     assert read_schema_ddl("string") == (
         "queue STRING NOT NULL, item_id BIGINT NOT NULL, value STRING, delivery_count INT NOT NULL, "
         "priority INT NOT NULL, enqueued_at TIMESTAMP, dead_letter_reason STRING, dead_letter_source STRING, "
-        "expires_at TIMESTAMP")
+        "expires_at TIMESTAMP, headers MAP<STRING, STRING>")
     assert read_schema_ddl("binary").startswith("queue STRING NOT NULL, item_id BIGINT NOT NULL, value BINARY, ")
     # Spark refuses a reader's Arrow batch whose schema differs from this, nullability included
     for value_type, spark_type in (("binary", BinaryType()), ("string", StringType())):
@@ -80,9 +81,11 @@ def test_an_item_entry_becomes_a_row_with_or_without_the_new_fields() -> None:
     assert rows[0] == {"queue": "jobs.dlq", "item_id": 17, "value": b"hello", "delivery_count": 2, "priority": 5,
                        "enqueued_at": datetime.datetime(2026, 11, 18, 11, 6, 40, 123000, tzinfo=datetime.UTC),
                        "dead_letter_reason": "max_deliveries", "dead_letter_source": "jobs",
-                       "expires_at": datetime.datetime(2026, 11, 18, 11, 7, 40, 123000, tzinfo=datetime.UTC)}
+                       "expires_at": datetime.datetime(2026, 11, 18, 11, 7, 40, 123000, tzinfo=datetime.UTC),
+                       "headers": []}
     assert rows[1] == {"queue": "jobs", "item_id": 18, "value": b"\x00\xff", "delivery_count": 0, "priority": 0,
-                       "enqueued_at": None, "dead_letter_reason": None, "dead_letter_source": None, "expires_at": None}
+                       "enqueued_at": None, "dead_letter_reason": None, "dead_letter_source": None, "expires_at": None,
+                       "headers": []}
     # null is as absent; a live item has no dead_letter
     live = item_from_wire({**OLD_ITEM, "delivery_count": None, "priority": 3, "enqueued_at_ms": None, "dead_letter": None})
     assert items_to_batch([live], arrow_schema("binary")).to_pylist()[0] == {**rows[1], "priority": 3}
@@ -174,20 +177,27 @@ def test_the_priority_column_is_read_with_nulls_as_zero_and_checked() -> None:
         batch_priorities(_batch(["a"], [-1], pa.int32()))
 
 
+def _chunk_tuples(batches: list[Any], items_max: int, bytes_max: int) -> list[tuple[int, list[Any], int]]:
+    """The writer's chunks as (priority, values, size); none of these batches has headers."""
+    chunks = list(_chunks(batches, items_max, bytes_max))
+    assert all(chunk.headers is None for chunk in chunks)
+    return [(chunk.priority, chunk.values, chunk.size) for chunk in chunks]
+
+
 def test_rows_are_grouped_into_chunks_of_one_priority_in_their_order() -> None:
     batches = [_batch([f"v{i}" for i in range(10)], [i % 3 for i in range(10)]),
                _batch(["w0", "w1"], [None, 2])]
-    chunks = list(_chunks(batches, items_max=100, bytes_max=1 << 20))
+    chunks = _chunk_tuples(batches, items_max=100, bytes_max=1 << 20)
     assert chunks == [(0, ["v0", "v3", "v6", "v9", "w0"], 10), (1, ["v1", "v4", "v7"], 6), (2, ["v2", "v5", "v8", "w1"], 8)]
     # without a priority column: the chunks of before, in order, all priority 0
-    plain = list(_chunks([_batch([f"{i}" for i in range(7)])], items_max=3, bytes_max=1 << 20))
+    plain = _chunk_tuples([_batch([f"{i}" for i in range(7)])], items_max=3, bytes_max=1 << 20)
     assert plain == [(0, ["0", "1", "2"], 3), (0, ["3", "4", "5"], 3), (0, ["6"], 1)]
 
 
 def test_the_chunks_being_filled_stay_within_the_bounds_together() -> None:
     values = [f"{i:04d}" for i in range(1000)]  # 4 bytes each
     for items_max, bytes_max in ((10, 1 << 20), (1000, 40)):  # at most 10 items in memory either way
-        chunks = list(_chunks([_batch(values, [i % 7 for i in range(1000)])], items_max, bytes_max))
+        chunks = _chunk_tuples([_batch(values, [i % 7 for i in range(1000)])], items_max, bytes_max)
         assert all(len(chunk) <= 10 and size == 4 * len(chunk) for _, chunk, size in chunks)
         assert sorted(v for _, chunk, _ in chunks for v in chunk) == values  # every row once
         for priority in range(7):
@@ -301,7 +311,7 @@ def test_rows_written_with_priorities_are_read_back_highest_first_with_their_pri
               .option("maxItemsPerPartition", "40").load())
     assert stream.schema.simpleString() == (
         "struct<queue:string,item_id:bigint,value:string,delivery_count:int,priority:int,enqueued_at:timestamp,"
-        "dead_letter_reason:string,dead_letter_source:string,expires_at:timestamp>")
+        "dead_letter_reason:string,dead_letter_source:string,expires_at:timestamp,headers:map<string,string>>")
     query = (stream.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "checkpoint"))
              .trigger(availableNow=True).start())
     try:

@@ -60,7 +60,7 @@ def test_available_now_reads_every_item_exactly_once(spark: Any, urls: str, toke
     stream = _stream(spark, urls, token, queue, consumer, valueType="string", maxItemsPerPartition="200", batchSize="70")
     assert stream.schema.simpleString() == ("struct<queue:string,item_id:bigint,value:string,delivery_count:int,priority:int,"
                                             "enqueued_at:timestamp,dead_letter_reason:string,dead_letter_source:string,"
-                                            "expires_at:timestamp>")
+                                            "expires_at:timestamp,headers:map<string,string>>")
     _finish(_to_parquet(stream, tmp_path / "out", tmp_path / "checkpoint"))
     values = _read_values(spark, tmp_path / "out")
     assert duplicates(values) == {}
