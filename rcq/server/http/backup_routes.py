@@ -28,6 +28,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -145,11 +146,13 @@ class BackupService:
                     await response.write(chunk)
             await response.write(encode_trailer(digest.digest()))
             await response.write_eof()
-        except (ConnectionError, asyncio.CancelledError):
+        except (ConnectionError, aiohttp.ClientError, asyncio.CancelledError) as exc:
             self._count("cut")
-            log.info("node %s: a backup at index %s broke off after it started (the client went away)",
-                     self._config.node_id, facts["index"])
-            raise
+            log.info("node %s: a backup at index %s broke off after it started (the client went away: %s)",
+                     self._config.node_id, facts["index"], type(exc).__name__)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return response  # the connection is gone: nobody reads an answer
         seconds = time.monotonic() - started
         self.last = {"at": now.timestamp(), "index": facts["index"], "bytes": total, "seconds": round(seconds, 3),
                      "items": facts["items"]}

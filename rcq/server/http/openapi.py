@@ -72,6 +72,7 @@ class Operation:
     errors: tuple[int, ...] = ()
     query: tuple[str, ...] = ()
     text: bool = False  # answers text (the metrics), not JSON
+    binary: str | None = None  # answers bytes of this media type (a backup), not JSON
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -87,6 +88,11 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=(503,)),
     Operation("GET", "/v1/cluster/storage", "The memory budget and table sizes"),
     Operation("POST", "/v1/admin/snapshot", "Snapshot and compact the log now", ok=202),
+    Operation("GET", "/v1/admin/backup", "Stream a backup of this node's state at one applied index (docs/backup.md); "
+              "a leader serves one only with from_leader=true", errors=(409, 503), query=("from_leader",),
+              binary="application/vnd.rcq.backup"),
+    Operation("GET", "/v1/cluster/data-digest", "A hash of the node's data (what a backup restores) and its "
+              "applied index", errors=(503,)),
     Operation("GET", "/v1/cluster/members", "The voting members as this node sees them"),
     Operation("POST", "/v1/cluster/members", "Add a running node as a voting member", AddMemberRequest,
               errors=(*LEADER, 409, 422, 504)),
@@ -172,6 +178,7 @@ def _operation(op: Operation, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]
     operation_id = (op.method.lower() + op.path.replace("/", "_").replace("{", "").replace("}", "")
                     .replace("-", "_").replace(".", "_"))
     ok_content = ({("text/html" if op.path == "/" else "text/plain"): {"schema": {"type": "string"}}} if op.text
+                  else {op.binary: {"schema": {"type": "string", "format": "binary"}}} if op.binary
                   else {"application/json": {"schema": {"type": "object"}}})
     responses: dict[str, Any] = {str(op.ok): {"description": STATUS_TEXT.get(op.ok, "OK"), "content": ok_content}}
     error_schema = refs[(ErrorBody, "validation")]
