@@ -10,6 +10,7 @@ Must not import: rcq.server, pysyncobj, lmdb (``pip install rcq`` has no server)
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
@@ -44,7 +45,15 @@ from rcq.client.wire import (
     queue_path,
     receive_body,
 )
-from rcq.errors import CommitOutcomeUnknown, InvalidRequest, TransactionAborted, TransactionCommitted
+from rcq.errors import (
+    CommitOutcomeUnknown,
+    FeatureLevelUnsupported,
+    InvalidRequest,
+    RouteNotFound,
+    TransactionAborted,
+    TransactionCommitted,
+    Unavailable,
+)
 from rcq.names import check_queue_name
 
 PEEK_TIMEOUT_S = 10.0  # how long a peeked item stays locked if the peek's abort is lost
@@ -366,13 +375,27 @@ class RcqClient:
     async def feature_level(self) -> dict[str, Any]:
         """The cluster's feature level (docs/upgrades.md): ``active``, ``max`` (what the answering
         node reads), ``auto``, the known ``levels``, and each member's ``version`` and ``level_max``.
-        Needs an admin token."""
-        return dict(await self._transport.request(Request("GET", FEATURE_LEVEL_PATH)))
+        Any node answers; one of a release before feature levels (rcq 0.1, during a rolling
+        upgrade) does not have the route, and the next node is asked. Needs an admin token."""
+        try:
+            return dict(await self._transport.request(Request("GET", FEATURE_LEVEL_PATH)))
+        except RouteNotFound:
+            for url in self.urls:  # a mixed cluster: find a node that knows feature levels
+                with contextlib.suppress(RouteNotFound, Unavailable):
+                    return dict(await self._transport.ask_node(url, FEATURE_LEVEL_PATH))
+            raise FeatureLevelUnsupported(
+                "no node given knows feature levels: they run rcq 0.1 (docs/upgrades.md)") from None
 
     async def raise_feature_level(self, level: int | None = None) -> dict[str, Any]:
         """Raise the cluster's feature level to ``level`` (None: the highest every member reads);
         answers ``level``, ``previous`` and ``changed``. Raises FeatureLevelUnsupported when a member
-        cannot read it. Raising twice is harmless, so it is re-sent after an unknown outcome.
+        cannot read it, or when the leader runs rcq 0.1 (no feature levels: hand leadership to an
+        upgraded node first). Raising twice is harmless, so it is re-sent after an unknown outcome.
         Needs an admin token."""
-        return dict(await self._transport.request(
-            Request("POST", FEATURE_LEVEL_PATH, {"level": level}, WRITE, wait_ms=MEMBERSHIP_CHANGE_MS)))
+        try:
+            return dict(await self._transport.request(
+                Request("POST", FEATURE_LEVEL_PATH, {"level": level}, WRITE, wait_ms=MEMBERSHIP_CHANGE_MS)))
+        except RouteNotFound as exc:
+            raise FeatureLevelUnsupported(
+                "the leader runs a release before feature levels (rcq 0.1): upgrade it, or hand leadership to an "
+                "upgraded node, then raise the level (docs/upgrades.md)") from exc

@@ -47,6 +47,7 @@ EXCLUSIVE = {"pysyncobj": "rcq/server/raft/", "lmdb": "rcq/server/raft/"}
 CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py", "rcq/limits.py", "rcq/tokens.py",
                "rcq/spark/")
 CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.testing.cluster", "rcq.testing.nodes", "rcq.testing.polls",
+                     "rcq.testing.releases",
                      "rcq.testing.waits", "rcq.tokens")
 BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.testing.cluster", "rcq.testing.nodes",
                      "rcq.testing.polls")

@@ -196,6 +196,10 @@ async def test_a_node_of_the_new_code_joins_a_cluster_of_the_previous_release_wh
                                       catch_up_timeout_s=CLUSTER_WAIT_S)  # the old leader adds it
         assert added
         await round_trip(cluster)
+        # The client asks the first node it knows, an old one without the route: it asks the next.
+        assert (await client.feature_level())["members"]
+        with pytest.raises(FeatureLevelUnsupported, match="leader runs a release before feature levels"):
+            await client.raise_feature_level(LEVEL_MAX)  # the old leader knows no levels
         # Leading (it raises levels by itself by default), the new node still keeps level 1.
         await asyncio.to_thread(hand_over, cluster, new)
     async with client_of(cluster, [new]) as client:
