@@ -181,11 +181,18 @@ def _features_line(r: dict[str, Any]) -> str:
     return summary_line(r)
 
 
+def _headers_line(r: dict[str, Any]) -> str:
+    from chaos.checkers.headers import summary_line
+
+    return summary_line(r)
+
+
 _LINES = {
     "total_queue": _total_queue_line,
     "atomicity": _atomicity_line,
     "aborted_return": _aborted_line,
     "features": _features_line,
+    "headers": _headers_line,
     "convergence": _convergence_line,
     "membership": _membership_line,
     "liveness": _liveness_line,

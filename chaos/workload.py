@@ -28,6 +28,17 @@ dead-letter record (``items``); workers also consume the dead-letter queues and 
 ok enqueue records its acknowledgement's wall time (``ack_ms``). The features checker
 (chaos.checkers.features) holds the cluster to the rules with all of it.
 
+Item headers (feature level 2): some writes to featured queues carry values marked
+``<process>-<seq>-h`` (:func:`has_headers`); each such item is enqueued with the headers
+:func:`headers_of` derives from its value, ``{"rcq-chaos": value}``, alone in its enqueue call
+(the client gives one set of headers to a whole call), plain values of the write batched between
+them, so the write's order is kept. A mover re-enqueues what it took with the headers it came
+with. Dequeues record each item's headers (``h``, only when it has some); the headers checker
+(chaos.checkers.headers) holds every item seen to exactly its value's headers. A cluster below
+level 2 (the upgrade nemesis holds it at 1, and a new cluster is there until it raises itself)
+refuses headers before anything is buffered: such an enqueue is a definite ``fail``
+(``feature_level_required``), as any error before the commit, and the whole transaction with it.
+
 Workers reach the cluster as clients do by default, over a session channel (``GET /v1/session``),
 except every fourth, which sends one HTTP request per operation (:func:`uses_channel`); the
 ``client-drop`` nemesis cuts and stalls those connections mid-request.
@@ -82,6 +93,9 @@ MAX_DELIVERIES = 3
 MAX_PRIORITY = 2
 DEAD_LETTER_SUFFIX = "-dlq"
 POISON_SUFFIX = "-poison"  # a value ending so is poison: consumers never commit it out of a source queue
+HEADERS_SUFFIX = "-h"  # a value ending so is enqueued with headers_of(value), and must come back with exactly those
+HEADER_KEY = "rcq-chaos"
+HEADERS_SHARE = 0.2  # of the writes to a featured queue: every value but a poison one carries headers
 FEATURE_MIX: dict[str, int] = {"dlq-dequeue": 8, "redrive": 2}  # added to the mix when there are dead-letter queues
 PRIORITY_SHARE = 0.5  # of the writes to a queue with priorities: a random priority 0..max_priority
 DELAY_SHARE = 0.2  # ... a delay of DELAY_S
@@ -99,6 +113,17 @@ def queue_names(count: int) -> list[str]:
 
 def is_poison(value: object) -> bool:
     return isinstance(value, str) and value.endswith(POISON_SUFFIX)
+
+
+def has_headers(value: object) -> bool:
+    """Whether the workload enqueued ``value`` with headers (they are :func:`headers_of` it)."""
+    return isinstance(value, str) and value.endswith(HEADERS_SUFFIX)
+
+
+def headers_of(value: str) -> dict[str, str]:
+    """The headers an item of ``value`` must carry: derived from the value, so that anyone who sees
+    the item can tell, and empty for a value not marked so."""
+    return {HEADER_KEY: value} if has_headers(value) else {}
 
 
 class PoisonAbort(Exception):
@@ -203,16 +228,17 @@ class Generator:
         self._values_max = values_max
         self._seq = 0
 
-    def _value(self, poison: bool = False) -> str:
+    def _value(self, poison: bool = False, headers: bool = False) -> str:
         self._seq += 1
-        return f"{self.process}-{self._seq}" + (POISON_SUFFIX if poison else "")
+        return f"{self.process}-{self._seq}" + (POISON_SUFFIX if poison else HEADERS_SUFFIX if headers else "")
 
     def _write(self, queue: str, count: int) -> dict[str, Any]:
         rng = self._random
-        write: dict[str, Any] = {"queue": queue, "values": [self._value() for _ in range(count)]}
         plan = self.topology.plans.get(queue) if self.topology is not None else None
         if plan is None or not plan.featured:
-            return write
+            return {"queue": queue, "values": [self._value() for _ in range(count)]}
+        headers = rng.random() < HEADERS_SHARE
+        write: dict[str, Any] = {"queue": queue, "values": [self._value(headers=headers) for _ in range(count)]}
         if plan.max_priority and rng.random() < PRIORITY_SHARE:
             write["priority"] = rng.randint(0, plan.max_priority)
         if rng.random() < DELAY_SHARE:
@@ -261,8 +287,8 @@ def text_of(item: Item | bytes) -> str:
 
 def item_meta(item: Item) -> dict[str, Any]:
     """What the history keeps of a dequeued item besides its value: id, delivery count, enqueue
-    time and expiry (ms, the server's; expiry None: never), and its priority and dead-letter record
-    when it has them."""
+    time and expiry (ms, the server's; expiry None: never), and its priority, dead-letter record and
+    headers when it has them."""
     meta: dict[str, Any] = {"id": item.item_id, "dc": item.delivery_count, "at": item.enqueued_at_ms,
                             "exp": item.expires_at_ms}
     if item.priority:
@@ -270,6 +296,8 @@ def item_meta(item: Item) -> dict[str, Any]:
     if item.dead_letter is not None:
         dead = item.dead_letter
         meta["dl"] = [dead.reason, dead.source_queue, dead.delivery_count]
+    if item.headers:
+        meta["h"] = dict(item.headers)
     return meta
 
 
@@ -380,7 +408,8 @@ class Executor:
         async def body(tx: Transaction) -> None:
             for write in spec.value["writes"]:
                 options = {name: write[name] for name in ("priority", "delay_s", "ttl_s") if name in write}
-                await tx.enqueue_batch(write["queue"], write["values"], **options)
+                for values, headers in runs_by_headers(write["values"], headers_of):
+                    await enqueue_with(tx, write["queue"], values, headers, **options)
             await self._commit(tx, state)
 
         await self._in_transaction(state, TRANSACTION_TIMEOUT_S, body)
@@ -444,8 +473,9 @@ class Executor:
             if poison:  # a mover is a consumer too: it never carries poison elsewhere
                 state["extra"]["poison"] = poison
                 raise PoisonAbort(f"{len(poison)} poison item(s)")
-            if items:
-                await tx.enqueue_batch(target, [i.value for i in items])
+            # each item keeps its headers (Item.headers) where it goes
+            for values, headers in runs_by_headers(items, lambda item: item.headers):
+                await enqueue_with(tx, target, [item.value for item in values], headers)
             await self._commit(tx, state)
 
         await self._in_transaction(state, TRANSACTION_TIMEOUT_S, body)
@@ -502,6 +532,27 @@ class Executor:
         self._record_items(state, items)
         # Walk away: no commit, no abort. The server's deadline must give the items back.
         return "ok", {"queue": queue, "values": [text_of(i) for i in items]}, None
+
+
+def runs_by_headers(values: list[Any], headers: Callable[[Any], dict[str, str]]) -> list[tuple[list[Any], dict[str, str]]]:
+    """``values`` split, in order, into what one enqueue call can carry: each value with headers
+    alone, the plain ones between them together (a plain write is the one call it always was)."""
+    runs: list[tuple[list[Any], dict[str, str]]] = []
+    for value in values:
+        own = headers(value)
+        if own or not runs or runs[-1][1]:
+            runs.append(([value], dict(own)))
+        else:
+            runs[-1][0].append(value)
+    return runs
+
+
+async def enqueue_with(tx: Transaction, queue: str, values: list[Any], headers: dict[str, str], **options: Any) -> None:
+    """One enqueue call; ``headers`` sent only when there are some, so a plain call is the request of
+    a client that knows nothing of them."""
+    if headers:
+        options["headers"] = headers
+    await tx.enqueue_batch(queue, values, **options)
 
 
 async def configure_limited_queue(history: Any, urls: list[str], queue: str, process: int,

@@ -13,7 +13,9 @@ measures the workload: the intruder's ops are left out of its availability (a re
 cluster working).
 ``features`` holds poison, dead letters, delays, time to live and priorities to
 docs/queue-features.md (the queue checkers let dead items leave through dead-letter queues and
-expired or dropped ones vanish by rule; it checks those rules).
+expired or dropped ones vanish by rule; it checks those rules). ``headers``: every item seen
+carries exactly the headers its value says it was enqueued with, and only headers are refused
+for the feature level.
 ``python -m chaos.checkers history.jsonl`` re-checks a saved history.
 
 Pure Python: imports nothing from rcq.
@@ -29,6 +31,7 @@ from typing import Any
 from chaos.checkers.aborts import check_aborted_return
 from chaos.checkers.cluster import check_convergence, check_liveness, fault_windows
 from chaos.checkers.features import check_features
+from chaos.checkers.headers import check_headers
 from chaos.checkers.limits import check_limits
 from chaos.checkers.membership import check_membership
 from chaos.checkers.model import build_model
@@ -45,6 +48,7 @@ __all__ = [
     "check_convergence",
     "check_features",
     "check_file",
+    "check_headers",
     "check_limits",
     "check_liveness",
     "check_membership",
@@ -54,8 +58,8 @@ __all__ = [
     "fault_windows",
 ]
 
-CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "features", "convergence", "membership", "liveness",
-                 "limits", "security", "ordering")
+CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "features", "headers", "convergence", "membership",
+                 "liveness", "limits", "security", "ordering")
 
 
 def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -67,6 +71,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "atomicity": check_atomicity(model),
         "aborted_return": check_aborted_return(model),
         "features": check_features(model, history),
+        "headers": check_headers(model),
         "convergence": check_convergence(history),
         "membership": check_membership(history),
         "liveness": check_liveness([op for op in history if not is_security_op(str(op.get("f")))]),
