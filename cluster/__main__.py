@@ -1,7 +1,7 @@
 """The local launcher: ``python -m cluster up`` runs an rcq cluster on 127.0.0.1.
 
     python -m cluster up [--nodes N] [--base-port P] [--data-dir DIR] [--insecure] [--no-auth] [--tls]
-                         [--keep] [--demo [--stay]] [--log-level LEVEL]
+                         [--restore BACKUP] [--keep] [--demo [--stay]] [--log-level LEVEL]
 
 Starts N node processes (a :class:`rcq.testing.cluster.LocalCluster`), waits for a
 serving leader, prints every node's URL and pid and which one leads, then runs
@@ -70,6 +70,9 @@ def say(text: str = "") -> None:
 
 # ------------------------------------------------------------------ cluster set-up
 def open_cluster(args: argparse.Namespace) -> LocalCluster:
+    if args.restore is not None and args.data_dir is not None and (args.data_dir / MANIFEST_NAME).exists():
+        raise SystemExit(f"cluster: {args.data_dir} already holds a cluster; --restore makes a new one "
+                         "(give an empty or new --data-dir)")
     if args.data_dir is not None and (args.data_dir / MANIFEST_NAME).exists():
         cluster = LocalCluster.reopen(args.data_dir, log_level=args.log_level)
         if args.nodes is not None and args.nodes != len(cluster.nodes):
@@ -93,6 +96,13 @@ def open_cluster(args: argparse.Namespace) -> LocalCluster:
     cluster = LocalCluster(nodes, base_dir=args.data_dir, log_level=args.log_level, keep=args.keep,
                            insecure=args.insecure, base_port=args.base_port, auth=not args.no_auth, tls=args.tls,
                            admin_token=None if args.no_auth else admin_token)
+    if args.restore is not None:
+        try:  # a new cluster (new secret, new token) whose state is the backup's (docs/backup.md)
+            cluster.restore_from(args.restore)
+        except BaseException:
+            cluster.close()
+            raise
+        say(f"restored the backup {args.restore} into the new cluster")
     if args.data_dir is None:
         kept = "kept on exit" if args.keep else "removed on exit"
         say(f"starting a {nodes}-node cluster in {cluster.base_dir} ({kept})")
@@ -241,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="no API tokens: anyone on this machine may use the cluster (default: an admin token "
                          "in DIR/admin.token)")
     up.add_argument("--tls", action="store_true", help="HTTPS, with certificates of a CA made for the cluster")
+    up.add_argument("--restore", type=Path, metavar="BACKUP",
+                    help="start a NEW cluster whose state is this backup's (rcq backup; docs/backup.md)")
     up.add_argument("--keep", action="store_true", help="keep the temporary data dir on exit")
     up.add_argument("--demo", action="store_true", help="run a short demonstration, then stop")
     up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")
