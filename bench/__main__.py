@@ -53,7 +53,7 @@ from typing import Any
 import aiohttp
 
 from bench.cpu import CpuWatch, local_pids, print_cpu_table
-from bench.scenarios import ITEM_100_BYTES, SCENARIOS, Target, fresh_cluster, prefill, run_scenario
+from bench.scenarios import ITEM_100_BYTES, SCENARIOS, SYNC_SCENARIOS, Target, fresh_cluster, prefill, run_scenario
 from rcq.testing.cluster import LocalCluster
 
 
@@ -239,9 +239,10 @@ async def run(args: argparse.Namespace, cluster: LocalCluster | None, durability
         "security": target.security, "transport": target.transport}}
     rows = []
     rates: dict[str, float] = {}
-    for name in [s for s in SCENARIOS if s in args.scenarios]:
+    for name in [s for s in [*SCENARIOS, *SYNC_SCENARIOS] if s in args.scenarios]:
         for callers in args.callers:
-            producer = "enqueue-1" if name in ("dequeue-1", "session") or name.startswith("session-") else "enqueue-100"
+            single = ("dequeue-1", "session", "dequeue-1-headers", "dequeue-1-sync")
+            producer = "enqueue-1" if name in single or name.startswith("session-") else "enqueue-100"
             expected = rates.get(f"{producer}/{callers}", 2000.0)
             watch = CpuWatch(target, node_pids(args, cluster, urls)) if args.cpu else None
             figures = await run_scenario(target, name, callers, args.concurrency, args.duration_s, expected,
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--callers", nargs="+", choices=["separate", "coalesced"], default=["separate", "coalesced"])
     parser.add_argument("--scenarios", nargs="+", default=[*SCENARIOS, "failover", "memory"],
-                        choices=[*SCENARIOS, "failover", "memory"])
+                        choices=[*SCENARIOS, *SYNC_SCENARIOS, "failover", "memory"])
     parser.add_argument("--failover-trials", type=int, default=3)
     parser.add_argument("--memory-items", type=int, default=1_000_000)
     parser.add_argument("--durability", nargs="+", choices=["fsync", "os"], default=["fsync"],

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -18,10 +19,13 @@ from typing import Any
 
 import aiohttp
 
-from rcq.client import RcqClient
+from rcq.client import RcqClient, SyncClient
 from rcq.testing.cluster import LocalCluster
 
 ITEM_100_BYTES = b"x" * 100
+# What an OpenTelemetry producer puts on an item: a W3C traceparent (55 bytes) and a tracestate.
+TRACE_HEADERS = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                 "tracestate": "rcq=bench"}
 PREFILL_BATCH_ITEMS = 1000
 
 
@@ -109,6 +113,25 @@ async def _dequeue_one(client: RcqClient, queue: str) -> int:
     return len(await client.dequeue(queue))
 
 
+async def _enqueue_one_with_headers(client: RcqClient, queue: str) -> int:
+    await client.enqueue(queue, ITEM_100_BYTES, headers=TRACE_HEADERS)
+    return 1
+
+
+async def _dequeue_one_items(client: RcqClient, queue: str) -> int:
+    """A dequeue that decodes whole items (their headers too), as a traced consumer does."""
+    return len(await client.dequeue_items(queue))
+
+
+def _enqueue_one_sync(client: SyncClient, queue: str) -> int:
+    client.enqueue(queue, ITEM_100_BYTES)
+    return 1
+
+
+def _dequeue_one_sync(client: SyncClient, queue: str) -> int:
+    return len(client.dequeue(queue))
+
+
 async def _session(client: RcqClient, queue: str) -> int:
     async with client.transaction() as transaction:
         return 1 if await transaction.dequeue(queue) is not None else 0
@@ -152,7 +175,17 @@ SCENARIOS: dict[str, tuple[Operation, int]] = {  # name -> (operation, items it 
     "session-limited": (_session, 1),
     "session-poison": (_session_poison, 1),
     "session-priority": (_session, 1),
+    # Item headers (feature level 2): a traceparent and a tracestate on every item.
+    "enqueue-1-headers": (_enqueue_one_with_headers, 0),
+    "dequeue-1-headers": (_dequeue_one_items, 1),
 }
+# The synchronous client (rcq.client.SyncClient): caller threads instead of tasks, each with a
+# client of its own ("separate") or all sharing one ("coalesced"), as WSGI worker threads would.
+SYNC_SCENARIOS: dict[str, tuple[Callable[[SyncClient, str], int], int]] = {
+    "enqueue-1-sync": (_enqueue_one_sync, 0),
+    "dequeue-1-sync": (_dequeue_one_sync, 1),
+}
+HEADER_SCENARIOS = frozenset({"enqueue-1-headers", "dequeue-1-headers"})
 # Scenarios whose queue has settings: name -> configure_queue arguments
 QUEUE_SETTINGS: dict[str, dict[str, Any]] = {
     "session-limited": {"max_deliveries": POISON_MAX_DELIVERIES},
@@ -163,6 +196,8 @@ QUEUE_SETTINGS: dict[str, dict[str, Any]] = {
 
 async def prefill(target: Target, queue: str, items: int, scenario: str = "") -> None:
     async with target.client(coalesce=True) as client:
+        if scenario in HEADER_SCENARIOS:
+            await client.raise_feature_level()  # headers need level 2 (a new cluster raises it within seconds)
         if scenario in QUEUE_SETTINGS:
             await client.configure_queue(queue, **QUEUE_SETTINGS[scenario])
         batches = [min(PREFILL_BATCH_ITEMS, items - start) for start in range(0, items, PREFILL_BATCH_ITEMS)]
@@ -176,6 +211,8 @@ async def _prefill_batch(client: RcqClient, queue: str, count: int, scenario: st
         await client.enqueue(queue, *[POISON if i % POISON_EVERY == 0 else ITEM_100_BYTES for i in range(count)])
     elif scenario == "session-priority":
         await client.enqueue(queue, *[ITEM_100_BYTES] * count, priority=position % PRIORITIES)
+    elif scenario in HEADER_SCENARIOS:
+        await client.enqueue(queue, *[ITEM_100_BYTES] * count, headers=TRACE_HEADERS)
     else:
         await client.enqueue(queue, *[ITEM_100_BYTES] * count)
 
@@ -185,10 +222,13 @@ async def run_scenario(target: Target, name: str, callers: str, concurrency: int
                        window: Callable[[], AbstractAsyncContextManager[None]] | None = None) -> Figures:
     """One scenario; ``window`` (``bench.cpu``'s, say) wraps the callers' run alone: neither the
     prefill nor the clients' set-up and closing."""
+    if name in SYNC_SCENARIOS:
+        return await _run_sync_scenario(target, name, callers, concurrency, duration_s, expected_tx_per_s, window)
     operation, items_per_tx = SCENARIOS[name]
     queue = f"bench-{name}-{callers}-{int(time.time() * 1000)}"
-    if items_per_tx:  # enough for the whole run, from the rate seen so far, with a margin
-        await prefill(target, queue, int(expected_tx_per_s * duration_s * 1.5 * items_per_tx) + 1000, name)
+    if items_per_tx or name in HEADER_SCENARIOS:  # enough for the whole run, from the rate so far, with a margin
+        await prefill(target, queue, int(expected_tx_per_s * duration_s * 1.5 * items_per_tx) + 1000 * items_per_tx,
+                      name)
     shared = target.client(coalesce=True) if callers == "coalesced" else None
     clients = [shared] * concurrency if shared else [target.client() for _ in range(concurrency)]
     figures = Figures(name, callers, concurrency, duration_s, 0, 0, 0)
@@ -219,6 +259,55 @@ async def run_scenario(target: Target, name: str, callers: str, concurrency: int
     finally:
         for client in {id(c): c for c in clients}.values():
             await client.close()
+    return figures
+
+
+async def _run_sync_scenario(target: Target, name: str, callers: str, concurrency: int, duration_s: float,
+                             expected_tx_per_s: float,
+                             window: Callable[[], AbstractAsyncContextManager[None]] | None) -> Figures:
+    """A SYNC_SCENARIOS scenario: ``concurrency`` caller threads, each looping on the sync client."""
+    operation, items_per_tx = SYNC_SCENARIOS[name]
+    queue = f"bench-{name}-{callers}-{int(time.time() * 1000)}"
+    if items_per_tx:
+        await prefill(target, queue, int(expected_tx_per_s * duration_s * 1.5 * items_per_tx) + 1000)
+
+    def sync_client(coalesce: bool = False) -> SyncClient:
+        return SyncClient(target.urls, coalesce=coalesce, token=target.token, ca_file=target.ca_file,
+                          channel=target.channel)
+
+    shared = sync_client(coalesce=True) if callers == "coalesced" else None
+    clients = [shared] * concurrency if shared else [sync_client() for _ in range(concurrency)]
+    figures = Figures(name, callers, concurrency, duration_s, 0, 0, 0)
+    lock = threading.Lock()
+    stop_at = time.monotonic()
+
+    def caller(client: SyncClient) -> None:
+        while time.monotonic() < stop_at:
+            began = time.perf_counter()
+            try:
+                moved = operation(client, queue)
+            except Exception as exc:
+                with lock:
+                    figures.errors += 1
+                    code = getattr(exc, "code", type(exc).__name__)
+                    figures.error_codes[code] = figures.error_codes.get(code, 0) + 1
+                continue
+            with lock:
+                figures.latencies_ms.append((time.perf_counter() - began) * 1000)
+                figures.transactions += 1
+                figures.items += moved
+
+    try:
+        async with window() if window is not None else contextlib.nullcontext():
+            started = time.monotonic()
+            stop_at = started + duration_s
+            try:
+                await asyncio.gather(*(asyncio.to_thread(caller, c) for c in clients))
+            finally:
+                figures.duration_s = time.monotonic() - started
+    finally:
+        for client in {id(c): c for c in clients}.values():
+            await asyncio.to_thread(client.close)
     return figures
 
 
