@@ -20,8 +20,9 @@ from typing import Any
 
 import aiohttp
 
+from rcq.client import hooks
 from rcq.client.exchange import tls_context
-from rcq.client.transaction import Transaction, TransactionContext, received, timeout_s_of
+from rcq.client.transaction import Transaction, TransactionContext, items_received, received, timeout_s_of
 from rcq.client.transport import COMMIT, MEMBERSHIP, SAFE, WRITE, Attempts, Request, Transport
 from rcq.client.wire import (
     FEATURE_LEVEL_PATH,
@@ -141,6 +142,10 @@ class RcqClient:
         Re-sent like ``begin``: an attempt whose answer was lost holds its items until its
         transaction's deadline, then they return to the head."""
         body = receive_body(check_queue_name(queue), max_items, wait_ms, timeout_s, label)
+        return await hooks.active().receive(self._transport, queue, lambda: self._receive(queue, body, wait_ms, label),
+                                            items_received)
+
+    async def _receive(self, queue: str, body: dict[str, Any], wait_ms: int, label: str | None) -> Transaction | None:
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "receive"), body, SAFE,
                     batch_operation={"op": "receive", "queue": queue, **body}, wait_ms=wait_ms))
@@ -158,8 +163,10 @@ class RcqClient:
         body: dict[str, Any] = {"transaction_ids": ids}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
+        settled = [item for handle in handles if isinstance(handle, Transaction) for item in handle.items]
         try:
-            info = await self._commit_many(body, ids)
+            info = await hooks.active().settle(self._transport, settled, lambda: self._commit_many(body, ids),
+                                               transaction_ids=ids)
         except (TransactionAborted, CommitOutcomeUnknown) as exc:
             state = "aborted" if isinstance(exc, TransactionAborted) else "unknown"
             for handle in handles:
@@ -199,9 +206,14 @@ class RcqClient:
                       ttl_s: float | None = None, headers: Mapping[str, str] | None = None) -> CommitInfo:
         """Enqueue and commit in one request. Exactly once under retries (idempotency key).
         ``priority``, ``delay_s``, ``ttl_s``, ``headers``: as :meth:`Transaction.enqueue_batch`."""
+        key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
+        return await hooks.active().send(self._transport, queue, len(items), headers, lambda sent: self._enqueue(
+            queue, items, key, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=sent))
+
+    async def _enqueue(self, queue: str, items: Sequence[ItemValue], key: str, *, priority: int | None,
+                       delay_s: float | None, ttl_s: float | None, headers: Mapping[str, str] | None) -> CommitInfo:
         operation = {"op": "enqueue", **enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s,
                                                      headers=headers)}
-        key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
         # the path names the queue; everything else of the operation is the REST body
         rest_body = {**{name: value for name, value in operation.items() if name not in ("op", "queue")},
                      "idempotency_key": key}
@@ -219,6 +231,10 @@ class RcqClient:
         """:meth:`dequeue` (at most once), as :class:`Item` objects: ids, delivery counts, priorities,
         dead-letter details."""
         check_queue_name(queue)
+        return await hooks.active().receive(self._transport, queue, lambda: self._dequeue_items(queue, max_items, wait_ms),
+                                            list)
+
+    async def _dequeue_items(self, queue: str, max_items: int, wait_ms: int) -> list[Item]:
         dequeue: dict[str, Any] = {"op": "dequeue", "queue": queue, "max_items": max_items}
         if wait_ms:  # the session channel carries waiting requests too
             dequeue["wait_ms"] = wait_ms
@@ -233,9 +249,13 @@ class RcqClient:
         """Run the operations in one transaction and commit it, in one request. Enqueues are
         exactly once under retries (an idempotency key is generated if None); dequeues are at
         most once, and a ``duplicate`` answer carries no items."""
+        key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
+        return await hooks.active().execute(self._transport, list(operations), lambda sent: self._execute(sent, key),
+                                            lambda result: [item for done in result.results for item in done.items])
+
+    async def _execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]], key: str) -> ExecuteResult:
         bodies = [operation_body(operation) for operation in operations]
-        body = {"operations": bodies,
-                "idempotency_key": idempotency_key if idempotency_key is not None else secrets.token_hex(16)}
+        body = {"operations": bodies, "idempotency_key": key}
         answer = await self._transport.request(
             Request("POST", "/v1/execute", body, WRITE, batch_operation={"op": "execute", **body},
                     wait_ms=operations_wait_ms(bodies)))

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from rcq.client import hooks
 from rcq.client.transport import COMMIT, ONCE, SAFE, Request, RetryPolicy, Transport
 from rcq.client.wire import (
     CommitInfo,
@@ -85,6 +86,13 @@ class Transaction:
         invisible this long after the commit, ``ttl_s`` gone this long after the commit unless consumed;
         ``headers`` (str to str) travel with each item and come back with it (``Item.headers``); a
         cluster below feature level 2 refuses them (FeatureLevelRequired, not retried)."""
+        values = list(items)
+        return await hooks.active().send(self._transport, queue, len(values), headers, lambda sent: self._enqueue(
+            queue, values, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=sent),
+            transaction_id=self.transaction_id)
+
+    async def _enqueue(self, queue: str, items: list[ItemValue], *, priority: int | None, delay_s: float | None,
+                       ttl_s: float | None, headers: Mapping[str, str] | None) -> int:
         # The key makes a re-sent enqueue buffer nothing twice, so it is safe to retry.
         body = {**enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=headers),
                 "key": secrets.token_hex(12)}
@@ -97,6 +105,10 @@ class Transaction:
         return the same items (one is generated when None)."""
         body = {"queue": check_queue_name(queue), "max_items": max_items, "wait_ms": wait_ms,
                 "key": key if key is not None else secrets.token_hex(12)}
+        return await hooks.active().receive(self._transport, queue, lambda: self._dequeue_items(body, wait_ms), list,
+                                            transaction_id=self.transaction_id)
+
+    async def _dequeue_items(self, body: dict[str, Any], wait_ms: int) -> list[Item]:
         answer = await self._transport.request(self._request("dequeue", body, wait_ms=wait_ms))
         return [item_from_wire(entry) for entry in answer["items"]]
 
@@ -132,7 +144,10 @@ class Transaction:
     async def _commit(self, body: dict[str, Any], wait_ms: int) -> dict[str, Any]:
         """Send the commit (retried as COMMIT says) and record how it ended; returns the answer."""
         try:
-            answer = await self._transport.request(self._request("commit", body, COMMIT, wait_ms=wait_ms))
+            answer = await hooks.active().settle(
+                self._transport, self.items,
+                lambda: self._transport.request(self._request("commit", body, COMMIT, wait_ms=wait_ms)),
+                transaction_ids=(self.transaction_id,))
         except TransactionAborted:
             self.state = "aborted"
             raise
@@ -158,6 +173,11 @@ class Transaction:
         body: dict[str, Any] = {"receive": {"queue": target, **receive}}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
+        # for the hooks, a receive whose request is also this transaction's commit
+        return await hooks.active().receive(self._transport, target, lambda: self._commit_and_receive(body, wait_ms),
+                                            items_received)
+
+    async def _commit_and_receive(self, body: dict[str, Any], wait_ms: int) -> Transaction | None:
         answer = await self._commit(body, wait_ms)
         following = answer.get("next") or {}
         if following.get("error"):
@@ -254,3 +274,8 @@ def received(transport: Transport, answer: dict[str, Any], label: str | None) ->
     items = [item_from_wire(entry) for entry in answer.get("items") or ()]
     return Transaction(transport, answer["transaction_id"], label=answer.get("label", label), items=items,
                        queue=answer.get("queue"))
+
+
+def items_received(transaction: Transaction | None) -> list[Item]:
+    """What a receive took (for the hooks): the items of the transaction it began, if any."""
+    return [] if transaction is None else transaction.items
