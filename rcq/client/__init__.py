@@ -18,7 +18,10 @@ other threads run coroutines on),
 :mod:`~rcq.client.coalescer` (the transport's batching helper),
 :mod:`~rcq.client.channel` (the session channel: one WebSocket to a node, requests pipelined on
 it; the transport's default for the hot verbs), :mod:`~rcq.client.exchange` (one HTTP exchange) and
-:mod:`~rcq.client.wire` (result types, item encodings, request bodies). The errors are
+:mod:`~rcq.client.wire` (result types, item encodings, request bodies),
+:mod:`~rcq.client.hooks` (what sending, receiving and settling go through: nothing by default) and
+:mod:`~rcq.client.tracing` (OpenTelemetry spans and trace context in item headers, with the
+``rcq[otel]`` extra, once ``tracing.instrument()`` is called; docs/tracing.md). The errors are
 those of :mod:`rcq.errors`, re-exported here.
 
 Must not import: rcq.server, pysyncobj, lmdb (``pip install rcq`` has no server).
