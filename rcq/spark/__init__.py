@@ -10,9 +10,10 @@
     with rcq.spark.drain(spark, urls, "in", max_items=1000) as df: ...
 
 The queue features of docs/queue-features.md: rows read carry ``delivery_count``, ``priority``,
-``enqueued_at``, ``expires_at`` and, from a dead-letter queue, ``dead_letter_reason``/``dead_letter_source``; a
-sink enqueues each row with its integer ``priority`` column (if any) and every item with options
-``delayS``/``ttlS`` (see :mod:`rcq.spark.schema` and :mod:`rcq.spark.options`).
+``enqueued_at``, ``expires_at``, ``headers`` (a string map, empty when none) and, from a dead-letter
+queue, ``dead_letter_reason``/``dead_letter_source``; a sink enqueues each row with its integer
+``priority`` column and its ``headers`` map column (if any) and every item with options
+``delayS``/``ttlS`` (see :mod:`rcq.spark.schema`, :mod:`rcq.spark.headers` and :mod:`rcq.spark.options`).
 
 Nodes that require tokens take the token from option ``tokenFile`` (a private file on the
 driver), option ``token``, or else the driver's ``$RCQ_TOKEN``; option ``caFile`` verifies HTTPS
