@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -281,7 +282,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 def seed_nodes(backup: Path, nodes: list[tuple[Path, str, list[str]]]) -> Header:
     """Seed each (data dir, Raft address, peers' Raft addresses) from ``backup``; nothing is left
-    behind when one fails. Builds the snapshot once, then gives each node its own copy."""
+    behind when one fails. Builds the snapshot once, then gives each node its own copy.
+
+    The restored cluster gets a NEW identity (at feature level 2): one uuid in the one snapshot
+    every node given here starts from. A node seeded alone (``--node-data-dir``, run once per node)
+    gets none, so that its peers, seeded by other runs, agree: the cluster's first leader gives it one."""
     from rcq.server.raft.restore_seed import build_snapshot, refuse_non_empty, seed_data_dir
 
     for data_dir, _, _ in nodes:
@@ -289,7 +294,7 @@ def seed_nodes(backup: Path, nodes: list[tuple[Path, str, list[str]]]) -> Header
     seeded: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="rcq-restore-", dir=Path(nodes[0][0]).parent) as scratch:
         snapshot = Path(scratch) / "snapshot.lmdb"
-        header = build_snapshot(backup, snapshot)
+        header = build_snapshot(backup, snapshot, cluster_id=str(uuid.uuid4()) if len(nodes) > 1 else None)
         try:
             for data_dir, self_address, peers in nodes:
                 seed_data_dir(snapshot, data_dir, header, self_address, peers)

@@ -23,6 +23,7 @@ from rcq.server.core.commands import (
     MemberRecord,
     QueueChange,
     QueueSettings,
+    SetIdentity,
     SetLevel,
     SetLevelResult,
     TransactionWrite,
@@ -145,6 +146,8 @@ def sample_commands(level: int) -> list[Any]:
     ]
     if level >= 2:
         commands.insert(1, SetLevel(1, 1_000, 2, "0.2.0"))
+        # The cluster's identity (level 2), kept in the snapshot's meta.
+        commands.insert(2, SetIdentity(1, 1_000, "5f0c1e2a-9b7d-4c3e-8a61-2d4f7b9e0c13"))
         # Item headers (level 2): an enqueue where some items carry them, one with options too; the
         # queue is not purged, so the snapshot holds items with headers (with and without options).
         commands.append(CommitBatch(1, 1_007, (CommitUnit((TransactionWrite(

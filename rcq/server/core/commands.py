@@ -26,6 +26,8 @@ KIND_QUEUE = "queue"
 KIND_ITEMS = "items"  # an ItemsAction inside a commit entry's units
 KIND_MEMBER = "member"
 KIND_LEVEL = "level"  # feature level 2 (rcq.server.core.features)
+KIND_IDENTITY = "identity"  # feature level 2: the cluster's identity, set once
+CLUSTER_ID_CHARS_MAX = 64
 MEMBER_ACTIONS = ("record", "forget")
 QUEUE_ACTIONS = ("configure", "purge", "delete")
 # What an ItemsAction does to the items it names (docs/queue-features.md):
@@ -210,7 +212,18 @@ class SetLevel:
     writer_version: str
 
 
-Command = CommitBatch | Barrier | QueueChange | MemberRecord | SetLevel
+@dataclass(frozen=True, slots=True)
+class SetIdentity:
+    """Give the cluster its identity (docs/backup.md), once: a leader proposes it at feature level 2
+    when the state has none, with an id it generated (the state machine stays deterministic); a
+    second identity is ignored, so two leaders racing to propose one leave the first."""
+
+    term: int
+    now_ms: int
+    cluster_id: str
+
+
+Command = CommitBatch | Barrier | QueueChange | MemberRecord | SetLevel | SetIdentity
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +310,13 @@ class SetLevelResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SetIdentityResult:
+    status: Literal["done", "ignored", "rejected"]  # ignored: the cluster already had an identity
+    cluster_id: str | None  # the cluster's identity after the entry
+    reason: str | None = None  # level_too_low
+
+
+@dataclass(frozen=True, slots=True)
 class ApplyFailed:
     """The entry could not be applied.
 
@@ -309,7 +329,8 @@ class ApplyFailed:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-ApplyResult = BatchResult | BarrierResult | QueueChangeResult | MemberRecordResult | SetLevelResult | ApplyFailed
+ApplyResult = (BatchResult | BarrierResult | QueueChangeResult | MemberRecordResult | SetLevelResult
+               | SetIdentityResult | ApplyFailed)
 
 
 def encode(command: Command) -> tuple[Any, ...]:
@@ -324,6 +345,8 @@ def encode(command: Command) -> tuple[Any, ...]:
                 command.raft_address, command.http_url)
     if isinstance(command, SetLevel):
         return (COMMAND_VERSION, KIND_LEVEL, command.term, command.now_ms, command.level, command.writer_version)
+    if isinstance(command, SetIdentity):
+        return (COMMAND_VERSION, KIND_IDENTITY, command.term, command.now_ms, command.cluster_id)
     units = tuple(_encode_unit(unit) for unit in command.units)
     if command.limits is None:
         return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units)
@@ -394,6 +417,11 @@ def decode(raw: Any) -> Command:
             _, _, term, now_ms, level, writer_version = raw
             return SetLevel(term=_int(term), now_ms=_int(now_ms), level=_positive(level),
                             writer_version=_str(writer_version))
+        if kind == KIND_IDENTITY:
+            _, _, term, now_ms, cluster_id = raw
+            if not _str(cluster_id) or len(cluster_id) > CLUSTER_ID_CHARS_MAX:
+                raise ValueError(f"bad cluster id {cluster_id!r}")
+            return SetIdentity(term=_int(term), now_ms=_int(now_ms), cluster_id=cluster_id)
     except (TypeError, ValueError) as exc:
         raise MalformedCommand(f"bad {kind} command: {exc}") from exc
     if isinstance(kind, str):  # a kind a newer version writes

@@ -35,18 +35,20 @@ LEVELS: tuple[Level, ...] = (
     Level(1, "base", "the formats of rcq 0.1: commands version 1, snapshot format 3", "0.1.0"),
     Level(2, "levels-and-headers", "the active level is replicated ('level' entries) and kept in snapshots "
           "(snapshot format 4); items may carry headers (a fifth field of a commit's transaction, a ninth "
-          "of an item's snapshot metadata)", "0.2.0"),
+          "of an item's snapshot metadata); the cluster has an identity ('identity' entries, set once, "
+          "kept in the snapshot's meta as cluster_id)", "0.2.0"),
 )
 # What each level writes, hashed (tests/unit/test_feature_levels.py: a sample entry of every kind,
 # and the snapshot of their state). A released level's fingerprint never changes; level 1's is
 # rcq 0.1's own (computed with that release's code).
 FORMAT_FINGERPRINTS: dict[int, str] = {
     1: "da4356bbe87287b9781b42f6d2081063a530a2a41072a1857249e2b2318909c3",
-    2: "79b6843a460ba56b90a10e38e5cb284d16f99ebb814368edac98b96c52ca867b",
+    2: "0f7151842fd2beabf1123cf79e89d03f7d476cbd9b1420d30fae5e218e544357",
 }
 LEVEL_BASE = 1  # a cluster that never raised its level (every rcq 0.1 cluster) runs at this one
 LEVEL_MAX = LEVELS[-1].number  # the highest level this code reads and writes
 LEVEL_OF_SNAPSHOT_FORMAT_4 = 2
+LEVEL_OF_CLUSTER_IDENTITY = 2  # a leader gives the cluster its identity once the cluster runs at it
 LEVEL_OF_ITEM_HEADERS = 2  # an enqueue with headers is refused below it (rcq.server.leader.open_transactions)
 
 

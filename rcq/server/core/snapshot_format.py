@@ -5,7 +5,7 @@ items) and the items as (queue, item id, value), sorted by queue then id; the ra
 (``rcq/server/raft/snapshots.py``) stores both in one file. Formats are versioned here, where
 they are defined: ``SNAPSHOT_FORMAT`` is what is written, ``SNAPSHOT_FORMATS_READ`` what a node
 still restores (1: no queue settings; 2: purge total and limits; 3: settings, every total,
-enqueue times, item metadata; 4: the active feature level, and item headers as a ninth field of
+enqueue times, item metadata; 4: the active feature level, the cluster's identity, and item headers as a ninth field of
 an item's metadata, only on items that have some), so a node reads the snapshots of the
 version before it. Format 4 is written only at feature level 2 and above: a cluster at level 1
 writes format 3, byte for byte what rcq 0.1 writes, so that its nodes read each other's snapshots
@@ -36,7 +36,8 @@ Members = dict[str, tuple[str, str]]  # node id -> (Raft address, HTTP URL)
 
 
 def encode_meta(ledger: Ledger, records: TransactionRecords, last_index: int, barrier_term: int,
-                members: Members, level: int = LEVEL_BASE, level_writer: str | None = None) -> dict[str, Any]:
+                members: Members, level: int = LEVEL_BASE, level_writer: str | None = None,
+                cluster_id: str | None = None) -> dict[str, Any]:
     """Everything but the items, as plain values."""
     leveled = level >= LEVEL_OF_SNAPSHOT_FORMAT_4
     return {
@@ -62,6 +63,8 @@ def encode_meta(ledger: Ledger, records: TransactionRecords, last_index: int, ba
         # Only once a membership change recorded one: older states keep their digest.
         **({"members": sorted((node_id, *where) for node_id, where in members.items())} if members else {}),
         **({"level": level, "level_writer": level_writer} if leveled else {}),
+        # The cluster's identity (format 4 only: it exists from level 2 on), once a leader gave one.
+        **({"cluster_id": cluster_id} if leveled and cluster_id is not None else {}),
     }
 
 
@@ -96,6 +99,7 @@ class Decoded:
     members: Members
     level: int
     level_writer: str | None
+    cluster_id: str | None
 
 
 def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]], level_max: int = LEVEL_MAX) -> Decoded:
@@ -126,6 +130,7 @@ def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]], level_
         members={node_id: (raft_address, url) for node_id, raft_address, url in meta.get("members", ())},
         level=level,
         level_writer=meta.get("level_writer"),
+        cluster_id=meta.get("cluster_id"),
     )
 
 

@@ -50,13 +50,15 @@ from rcq.server.core.commands import (
     MemberRecordResult,
     QueueChange,
     QueueSettings,
+    SetIdentity,
+    SetIdentityResult,
     SetLevel,
     SetLevelResult,
     UnreadableCommand,
     decode,
 )
 from rcq.server.core.commits import apply_batch
-from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
+from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_CLUSTER_IDENTITY
 from rcq.server.core.ledger import ITEM_OVERHEAD_BYTES, Ledger, item_cost
 from rcq.server.core.outcomes import KeyRecord, Retention, TransactionOutcome, TransactionRecords, id_term
 from rcq.server.core.queue import ItemMeta, Queue
@@ -106,6 +108,9 @@ class QueueStateMachine:
         # The active feature level and the rcq version of the node that raised it (docs/upgrades.md).
         self._level = LEVEL_BASE
         self._level_writer: str | None = None
+        # The cluster's identity (feature level 2; docs/backup.md): set once by an 'identity' entry,
+        # renewed only by a restore (a new cluster). None: a level-1 cluster, or not given yet.
+        self._cluster_id: str | None = None
 
     @property
     def _queues(self) -> dict[str, Queue]:
@@ -149,6 +154,8 @@ class QueueStateMachine:
                 result = self._apply_member_record(command)
             elif isinstance(command, SetLevel):
                 result = self._apply_set_level(command)
+            elif isinstance(command, SetIdentity):
+                result = self._apply_set_identity(command)
             else:
                 result = apply_batch(ledger, self._records, command, index, self._barrier_term,
                                      QUEUES_MAX, ITEM_ACTION_IDS_MAX)
@@ -178,6 +185,21 @@ class QueueStateMachine:
         if command.level > self._level:
             self._level, self._level_writer = command.level, command.writer_version
         return SetLevelResult("done", self._level)
+
+    def _apply_set_identity(self, command: SetIdentity) -> SetIdentityResult:
+        # No stale-leader check: whichever identity commits first is the cluster's, from any term;
+        # every later one is ignored, so racing leaders cannot make replicas disagree.
+        if self._level < LEVEL_OF_CLUSTER_IDENTITY:
+            return SetIdentityResult("rejected", self._cluster_id, reason="level_too_low")
+        if self._cluster_id is not None:
+            return SetIdentityResult("ignored", self._cluster_id)
+        self._cluster_id = command.cluster_id
+        return SetIdentityResult("done", self._cluster_id)
+
+    @property
+    def cluster_id(self) -> str | None:
+        """The cluster's identity (None: feature level 1, or no leader has given it one yet)."""
+        return self._cluster_id
 
     @property
     def level(self) -> int:
@@ -328,7 +350,7 @@ class QueueStateMachine:
     def snapshot_meta(self) -> dict[str, Any]:
         """Everything but the items, as plain values (lists, tuples, ints, str)."""
         return snapshot_format.encode_meta(self._ledger, self._records, self._last_index, self._barrier_term,
-                                           self._members, self._level, self._level_writer)
+                                           self._members, self._level, self._level_writer, self._cluster_id)
 
     def snapshot_items(self) -> Iterator[tuple[str, int, bytes]]:
         """Every item as (queue, item id, value), sorted by queue then id."""
@@ -343,3 +365,4 @@ class QueueStateMachine:
         self._records.replace_all(decoded.outcomes, decoded.outcomes_forgotten_term, decoded.keys)
         self._members = decoded.members
         self._level, self._level_writer = decoded.level, decoded.level_writer
+        self._cluster_id = decoded.cluster_id

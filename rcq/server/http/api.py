@@ -112,7 +112,8 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[METRICS] = metrics
     app[TOKENS] = tokens
     app[MEMBERSHIP] = Membership(config, manager, replicator,
-                                 make_probe(peer_tls, lambda: replicator.read(lambda sm: sm.level)))
+                                 make_probe(peer_tls, lambda: replicator.read(lambda sm: sm.level),
+                                            lambda: replicator.read(lambda sm: sm.cluster_id)))
     app[FEATURE_LEVELS] = FeatureLevels(config, manager, replicator, app[MEMBERSHIP], make_survey(app, peer_tls))
     cluster_routes.add_routes(app)
     membership_routes.add_routes(app)

@@ -61,6 +61,8 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         "member": config.raft_address in voting,
         "version": rcq_version(),
         "feature_level": replicator.read(lambda sm: sm.level),
+        # The cluster's identity (feature level 2; docs/backup.md); None at level 1 or until given.
+        "cluster_id": replicator.read(lambda sm: sm.cluster_id),
         "feature_level_max": level_max_read(config.test_feature_level_max),
         # The last backup this node served (docs/backup.md); None until one was.
         "last_backup": app[BACKUPS].last if BACKUPS in app else None,
@@ -117,9 +119,12 @@ async def asyncapi(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     # The version and the highest feature level read: what a leader asks before raising the level
-    # or adding a member (rcq.server.leader.feature_levels).
+    # or adding a member (rcq.server.leader.feature_levels), and the identity of the cluster whose
+    # state it holds (None: a fresh node, or a level-1 cluster): a leader refuses to add a node of
+    # another cluster (rcq.server.http.membership_routes).
     return json_response({"ok": True, "node_id": request.app[CONFIG].node_id, "version": rcq_version(),
-                          "feature_level_max": level_max_read(request.app[CONFIG].test_feature_level_max)})
+                          "feature_level_max": level_max_read(request.app[CONFIG].test_feature_level_max),
+                          "cluster_id": request.app[REPLICATOR].read(lambda sm: sm.cluster_id)})
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -3,7 +3,9 @@
 ``GET /v1/cluster/members`` answers on any node (its own view); the changes answer on the
 serving leader only (others redirect). What a change does and checks is
 :class:`rcq.server.leader.membership.Membership`; this module adds HTTP, and the health probe of
-a node to be added (``GET {url}/healthz`` must answer with its node id).
+a node to be added (``GET {url}/healthz`` must answer with its node id, read the active feature
+level, and state no cluster identity or this cluster's: a node of another cluster, a restored
+one's or the old one's, must never join: docs/backup.md).
 
 Must not import: pysyncobj, lmdb.
 """
@@ -24,10 +26,11 @@ from rcq.server.leader.membership import Membership
 PROBE_TIMEOUT_S = 3.0
 MEMBERSHIP = web.AppKey("membership", Membership)
 
-def make_probe(peer_tls: ssl.SSLContext | None,
-               active_level: Callable[[], int]) -> Callable[[str, str], Awaitable[str | None]]:
-    """A probe: None when ``url``'s /healthz answers as ``node_id`` and reads the cluster's active
-    feature level, else what went wrong (a node that cannot read it must not join)."""
+def make_probe(peer_tls: ssl.SSLContext | None, active_level: Callable[[], int],
+               cluster_id: Callable[[], str | None] = lambda: None) -> Callable[[str, str], Awaitable[str | None]]:
+    """A probe: None when ``url``'s /healthz answers as ``node_id``, reads the cluster's active
+    feature level and states no identity or ``cluster_id()``, else what went wrong (a node that
+    cannot read the level, or holds another cluster's state, must not join)."""
 
     async def probe(url: str, node_id: str) -> str | None:
         connector = aiohttp.TCPConnector(ssl=peer_tls if peer_tls is not None else True)
@@ -46,6 +49,11 @@ def make_probe(peer_tls: ssl.SSLContext | None,
         if not isinstance(level_max, int) or level_max < active:
             return (f"it runs rcq {body.get('version') or '0.1'}, which reads feature levels up to {level_max}; "
                     f"the cluster runs at {active} (docs/upgrades.md)")
+        theirs, ours = body.get("cluster_id"), cluster_id()  # a fresh node (or rcq 0.1) states none
+        if theirs is not None and theirs != ours:
+            return (f"it holds the state of another cluster ({theirs}; this one is {ours or 'without identity'}): "
+                    "a node of another cluster, such as one restored from a backup, never joins; give it an "
+                    "empty data directory (docs/backup.md)")
         return None
 
     return probe

@@ -80,6 +80,12 @@ class RcqCollector(Collector):
         levels.add_metric(["max"], level_max_read(self._config.test_feature_level_max))
         yield info
         yield levels
+        cluster_id = self._replicator.read(lambda sm: sm.cluster_id)
+        if cluster_id is not None:  # feature level 2 (docs/backup.md)
+            identity = GaugeMetricFamily("rcq_cluster_info", "The cluster's identity (the value is 1)",
+                                         labels=["cluster_id"])
+            identity.add_metric([cluster_id], 1)
+            yield identity
 
     def _queues(self) -> Iterator[Metric]:
         rows = self._replicator.read(lambda sm: sm.deepest_queues())

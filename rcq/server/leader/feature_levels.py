@@ -11,6 +11,13 @@ than the active one: a rolling upgrade ends with its last node, and the new form
 Holding ``feature_level_auto`` off keeps the cluster at its level, so that a node can still be
 rolled back to the release before, until an admin raises it.
 
+The same loop gives the cluster its **identity** (docs/backup.md): once the active level is 2 or
+more and the state has none, the serving leader proposes an ``identity`` entry with a uuid4 it
+generates (the state machine stays deterministic: it takes the first identity and ignores any
+later one, so racing leaders are harmless). This is the one place that proposes it: after a raise
+by this loop at once, otherwise (an admin's raise, a new leader, a cluster restored without one)
+at the loop's next turn.
+
 Must not import: aiohttp, pysyncobj, lmdb (the member survey is given by the HTTP layer).
 """
 
@@ -19,14 +26,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from rcq.errors import FeatureLevelRequired, FeatureLevelUnsupported, RcqError, Unavailable
 from rcq.server.config import NodeConfig
-from rcq.server.core.commands import SetLevel, SetLevelResult
-from rcq.server.core.features import LEVELS, describe, level_max_read
+from rcq.server.core.commands import SetIdentity, SetIdentityResult, SetLevel, SetLevelResult
+from rcq.server.core.features import LEVEL_OF_CLUSTER_IDENTITY, LEVELS, describe, level_max_read
 from rcq.server.leader.membership import Membership
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
@@ -151,9 +159,9 @@ class FeatureLevels:
 
     # ---------------------------------------------------------------- automatic
     def start(self) -> None:
-        if self._config.feature_level_auto:
-            self._auto_task = asyncio.get_running_loop().create_task(self._raise_when_all_read(),
-                                                                     name="rcq-feature-level")
+        # Always running: the identity is given whether or not the level is raised automatically.
+        self._auto_task = asyncio.get_running_loop().create_task(self._raise_when_all_read(),
+                                                                 name="rcq-feature-level")
 
     async def stop(self) -> None:
         if self._auto_task is not None:
@@ -165,11 +173,34 @@ class FeatureLevels:
     async def _raise_when_all_read(self) -> None:
         while True:
             await asyncio.sleep(AUTO_RAISE_INTERVAL_S)
-            if not self._manager.serving or self.active() >= self._level_max:
+            if not self._manager.serving:
                 continue
+            if self._config.feature_level_auto and self.active() < self._level_max:
+                try:
+                    await self.raise_to(None)
+                except RcqError as exc:  # a member behind or unreachable: asked again later
+                    log.debug("feature level not raised: %s", exc)
+                except Exception:
+                    log.exception("raising the feature level failed")
             try:
-                await self.raise_to(None)
-            except RcqError as exc:  # a member behind or unreachable: asked again later
-                log.debug("feature level not raised: %s", exc)
+                await self.give_identity()
+            except RcqError as exc:  # not leading any more, or the entry's outcome unknown: next turn
+                log.debug("cluster identity not given: %s", exc)
             except Exception:
-                log.exception("raising the feature level failed")
+                log.exception("giving the cluster its identity failed")
+
+    # ---------------------------------------------------------------- identity
+    async def give_identity(self) -> str | None:
+        """Propose the cluster's identity when it runs at level 2 or more and has none; the
+        identity after (None at level 1). Idempotent: the state keeps the first one."""
+        active, cluster_id = self._replicator.read(lambda sm: (sm.level, sm.cluster_id))
+        if cluster_id is not None or active < LEVEL_OF_CLUSTER_IDENTITY:
+            return cluster_id
+        self._manager.require_serving()
+        result = await self._replicator.submit(
+            SetIdentity(*self._manager.entry_stamp(), cluster_id=str(uuid.uuid4())), self._config.commit_timeout_s)
+        if not isinstance(result, SetIdentityResult) or result.status == "rejected":
+            raise Unavailable(f"the identity entry was not applied ({result!r}); retry")
+        if result.status == "done":
+            log.info("the cluster's identity is %s", result.cluster_id)
+        return result.cluster_id

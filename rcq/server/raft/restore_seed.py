@@ -5,10 +5,12 @@ A restore writes exactly that, for every node of the new cluster, before any of 
 
 * **the snapshot** (:func:`build_snapshot`): the backup's items streamed into an LMDB file, then
   its meta with what belongs to a cluster and not to its data replaced: no directory of members
-  (the old cluster's nodes are not this one's), and a new cluster identity when the feature level
-  keeps one. Its Raft part names the backup's index and term as the last applied entries and the
-  new cluster's Raft addresses as the members. The data digest of the items and meta is computed
-  on the way and must equal the header's, or nothing is written. One file, copied to each node.
+  (the old cluster's nodes are not this one's), and never the old cluster's identity: a new one
+  when the caller seeds every node from this snapshot and the feature level keeps one, else none
+  (the restored cluster's first leader gives it one). Its Raft part names the backup's index and
+  term as the last applied entries and the new cluster's Raft addresses as the members. The data
+  digest of the items and meta is computed on the way and must equal the header's, or nothing is
+  written. One file, copied to each node.
 * **the Raft log and term** (:func:`seed_data_dir`): a journal holding the two entries the
   snapshot names (no-ops, never applied: they are at or below the last applied index), and a
   current term of the backup's. The first election of the restored cluster is then at a term
@@ -35,7 +37,7 @@ from typing import Any
 from pysyncobj.node import TCPNode
 
 from rcq.backup.fileformat import BackupCorrupt, BackupUnsupported, Header, read_body, verify
-from rcq.server.core.features import LEVEL_MAX
+from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_CLUSTER_IDENTITY
 from rcq.server.raft.backup_child import DataDigest, digested
 from rcq.server.raft.files import fsync_path, replace_durably
 from rcq.server.raft.snapshots import replace_raft_data, write_snapshot_parts
@@ -79,9 +81,11 @@ def build_snapshot(backup_path: str | os.PathLike[str], out_path: str | os.PathL
         if computed != header.data_digest:
             raise BackupCorrupt(f"the backup's data digest is {header.data_digest}, its content hashes to "
                                 f"{computed}: refusing to restore it")
-        new = {key: value for key, value in meta.items() if key != "members"}
+        # Never the old cluster's identity: the given new one where the level keeps one, else none
+        # (the restored cluster's first leader then gives it one: rcq.server.leader.feature_levels).
+        new = {key: value for key, value in meta.items() if key not in ("members", "cluster_id")}
         new["last_index"], new["barrier_term"] = index, term
-        if cluster_id is not None and "cluster_id" in meta:
+        if cluster_id is not None and int(meta.get("level", LEVEL_BASE)) >= LEVEL_OF_CLUSTER_IDENTITY:
             new["cluster_id"] = cluster_id
         return new
 
