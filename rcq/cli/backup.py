@@ -273,20 +273,21 @@ def cmd_restore(args: argparse.Namespace) -> int:
         if args.raft_address is None or not args.peer:
             raise InvalidRequest("--node-data-dir needs --raft-address and --peer for every other node")
         nodes = [(args.node_data_dir, args.raft_address, [p["raft_address"] for p in args.peer])]
-    seed_nodes(args.path, nodes)
+    # --node-config names every node of the new cluster at once; --node-data-dir one of them per run.
+    seed_nodes(args.path, nodes, new_identity=bool(args.node_config))
     for data_dir, _, _ in nodes:
         print(f"restored {data_dir}: index {header.index}, data digest {header.data_digest}")
     print("start the nodes with a NEW cluster secret (docs/backup.md): the restored cluster must never meet the old one")
     return 0
 
 
-def seed_nodes(backup: Path, nodes: list[tuple[Path, str, list[str]]]) -> Header:
+def seed_nodes(backup: Path, nodes: list[tuple[Path, str, list[str]]], new_identity: bool = True) -> Header:
     """Seed each (data dir, Raft address, peers' Raft addresses) from ``backup``; nothing is left
     behind when one fails. Builds the snapshot once, then gives each node its own copy.
 
-    The restored cluster gets a NEW identity (at feature level 2): one uuid in the one snapshot
-    every node given here starts from. A node seeded alone (``--node-data-dir``, run once per node)
-    gets none, so that its peers, seeded by other runs, agree: the cluster's first leader gives it one."""
+    ``new_identity`` (``nodes`` are the whole new cluster): it gets a NEW identity at feature level
+    2, one uuid in the one snapshot every node starts from. Otherwise (``--node-data-dir``, run once
+    per node) none, so that nodes seeded by separate runs agree: the first leader gives it one."""
     from rcq.server.raft.restore_seed import build_snapshot, refuse_non_empty, seed_data_dir
 
     for data_dir, _, _ in nodes:
@@ -294,7 +295,7 @@ def seed_nodes(backup: Path, nodes: list[tuple[Path, str, list[str]]]) -> Header
     seeded: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="rcq-restore-", dir=Path(nodes[0][0]).parent) as scratch:
         snapshot = Path(scratch) / "snapshot.lmdb"
-        header = build_snapshot(backup, snapshot, cluster_id=str(uuid.uuid4()) if len(nodes) > 1 else None)
+        header = build_snapshot(backup, snapshot, cluster_id=str(uuid.uuid4()) if new_identity else None)
         try:
             for data_dir, self_address, peers in nodes:
                 seed_data_dir(snapshot, data_dir, header, self_address, peers)
