@@ -59,6 +59,11 @@ includes ``power`` only with ``--power-fs``):
   since an old node may return at any time). The runner takes the previous release from the
   repository's history at the start (chaos.runner; no history: the run refuses to start). Local
   target only (chaos.faults.release_switch).
+* ``backup``: in the background, like ``snapshot``: backups taken every few seconds (``rcq
+  backup``'s code, from a follower) while the other faults run, beside a small probe load whose
+  commits are recorded with their index; at most three are restored, each into a 1-node scratch
+  cluster, and checked against that record (chaos.backups). Lines ``backup`` and
+  ``backup-restore``, no fault windows. Not in ``all`` (each restore starts a scratch cluster).
 
 The order and kind of faults, their durations and random targets come from
 ``random.Random(f"{seed}/nemesis")``; "the leader" is whoever leads then.
@@ -76,7 +81,8 @@ and ``deposed-leader`` need per-link control and are refused, as are ``power``
 and ``membership`` (:func:`unsupported_kinds`, :func:`check_target` for the CLI).
 
 Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness
-(for its bounded polls); nor a target's module (it sees targets through chaos.target).
+(for its bounded polls; chaos.backups, which runs the ``backup`` kind, also uses rcq's backup
+code); nor a target's module (it sees targets through chaos.target).
 """
 
 from __future__ import annotations
@@ -87,11 +93,14 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from chaos.backups import BackupNemesis
 from chaos.faults import Fault, FaultMaker, FaultRefused, power_failure, release_switch
 from chaos.target import ChaosTarget, membership_control
 
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "wipe",
-         "snapshot", "deposed-leader", "power", "membership", "upgrade")
+         "snapshot", "deposed-leader", "power", "membership", "upgrade", "backup")
+BACKGROUND = ("snapshot", "backup")  # activities beside the faults, not fault windows
+NOT_IN_ALL = ("backup",)  # named only: each restore starts a scratch cluster (chaos.backups)
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "power",
            "membership", "upgrade")
 NEEDS_LINK_FAULTS = ("one-way", "client-partition", "client-drop", "delay", "loss", "deposed-leader")
@@ -113,7 +122,7 @@ def parse_kinds(text: str, *, power_fs: bool = False) -> list[str]:
     failure needs the powerfs mounts, and naming ``power`` alone turns them on)."""
     names = [k.strip() for k in text.split(",") if k.strip()]
     if names == ["all"]:
-        return [k for k in KINDS if power_fs or k not in NEEDS_POWER_FS]
+        return [k for k in KINDS if (power_fs or k not in NEEDS_POWER_FS) and k not in NOT_IN_ALL]
     if names == ["none"]:
         return []
     unknown = sorted(set(names) - set(KINDS))
@@ -195,10 +204,12 @@ class Nemesis:
         self.cluster = cluster
         self.history = history
         self.random = random.Random(f"{seed}/nemesis")
-        self.kinds = [k for k in kinds if k != "snapshot"]
+        self.kinds = [k for k in kinds if k not in BACKGROUND]
         if len(cluster.nodes) < 3:
             self.kinds = [k for k in self.kinds if k != "wipe"]
         self.snapshots = "snapshot" in kinds
+        self.backups = BackupNemesis(cluster, history, random.Random(f"{seed}/backup"), progress) \
+            if "backup" in kinds else None
         self.progress = progress
         self.active: list[tuple[int, Fault]] = []
         self.windows: list[dict[str, Any]] = []
@@ -211,6 +222,8 @@ class Nemesis:
         tasks = [asyncio.create_task(self._faults(stop))]
         if self.snapshots:
             tasks.append(asyncio.create_task(self._snapshots(stop)))
+        if self.backups is not None:
+            tasks.append(asyncio.create_task(self.backups.run(stop)))
         try:
             await asyncio.gather(*tasks)
         finally:

@@ -15,7 +15,8 @@ cluster working).
 docs/queue-features.md (the queue checkers let dead items leave through dead-letter queues and
 expired or dropped ones vanish by rule; it checks those rules). ``headers``: every item seen
 carries exactly the headers its value says it was enqueued with, and only headers are refused
-for the feature level.
+for the feature level. ``backups``: every backup the ``backup`` nemesis restored held what its
+own probe history says (chaos.backups).
 ``python -m chaos.checkers history.jsonl`` re-checks a saved history.
 
 Pure Python: imports nothing from rcq.
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.checkers.aborts import check_aborted_return
+from chaos.checkers.backups import check_backups
 from chaos.checkers.cluster import check_convergence, check_liveness, fault_windows
 from chaos.checkers.features import check_features
 from chaos.checkers.headers import check_headers
@@ -45,6 +47,7 @@ __all__ = [
     "check",
     "check_aborted_return",
     "check_atomicity",
+    "check_backups",
     "check_convergence",
     "check_features",
     "check_file",
@@ -59,7 +62,7 @@ __all__ = [
 ]
 
 CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "features", "headers", "convergence", "membership",
-                 "liveness", "limits", "security", "ordering")
+                 "liveness", "limits", "security", "ordering", "backups")
 
 
 def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -78,6 +81,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "limits": check_limits(model),
         "security": check_security(model, history),
         "ordering": check_ordering(model),
+        "backups": check_backups(history),
     }
     op_counts = Counter(f"{op.f}:{op.type}" for op in model.ops)
     return {
