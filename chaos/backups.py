@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -207,16 +206,13 @@ class BackupNemesis:
         from rcq.testing.cluster import LocalCluster
 
         duplicated_values = _values_in_two_places(path)
-        scratch_dir = self.directory / f"scratch-{path.stem}"
-        shutil.rmtree(scratch_dir, ignore_errors=True)
-        with LocalCluster(1, base_dir=scratch_dir) as scratch:
+        with LocalCluster(1, log_level="WARNING") as scratch:  # its own temporary directory, removed after
             scratch.restore_from(path)
             scratch.start()
             scratch.wait_for_leader(60.0)
             digest = scratch.data_digest(0)["data_digest"]
             cluster_id = scratch.status(0).get("cluster_id")
             probe = asyncio.run(_drain(scratch.urls, scratch.client_options()))
-        shutil.rmtree(scratch_dir, ignore_errors=True)
         identity_new = header["cluster_id"] is None or (cluster_id is not None and cluster_id != header["cluster_id"])
         return {"probe": probe, "digest_matches": digest == header.data_digest, "identity_new": identity_new,
                 "restored_cluster_id": cluster_id,

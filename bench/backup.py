@@ -1,0 +1,268 @@
+"""``python -m bench.backup``: backup and restore figures of a cluster holding N 100-byte items.
+
+    python -m bench.backup --items 1000000          # the figures docs/backup.md quotes
+    python -m bench.backup --items 20000 --json     # a quick run
+
+On a fresh local 3-node cluster (``durability: fsync``) it enqueues ``--items`` 100-byte items,
+waits until every node applied them, then:
+
+1. **commit latency without a backup**: ``--committers`` clients each commit one-item enqueues
+   (a queue of their own) for ``--latency-window-s``; p50/p99 of the commit, as the clients see it;
+2. **backup**: ``rcq backup PATH`` as a separate process (the CLI as an operator runs it), from a
+   follower, while the same committers run: seconds, file MiB and MiB/s; the CLI's peak RSS (its
+   rusage); the serving node's peak RSS (``VmHWM`` of /proc/<pid>/status before and after) and
+   the peak RSS of the child it forks to write the body (sampled); and the leader's commit p50/p99
+   during the backup, beside step 1's;
+3. **restore**: ``rcq restore PATH --node-config ...`` into the empty data directories of a new
+   3-node cluster (a separate process: seconds, MiB/s of the file, its peak RSS), then the time
+   until the new cluster serves and every node's data digest equals the backup's.
+
+Each node's memory counts the state of N items in the Python heap (docs/performance.md: about
+107 bytes of bookkeeping per item beside the value); the backup's own cost is the increase of the
+serving node's VmHWM and its child's RSS. The machine is shared with whatever else runs: run the
+1M figure on a quiet machine.
+
+Must not import: pysyncobj, lmdb, rcq.server (the bench talks to rcq as a user does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.scenarios import Target, fresh_cluster, prefill
+from rcq.testing.cluster import LocalCluster
+
+QUEUE = "backup-bench"
+LOAD_QUEUE = "backup-bench-load"
+SAMPLE_S = 0.1
+MIB = 1 << 20
+
+
+# ------------------------------------------------------------------ memory
+def status_kib(pid: int, field: str) -> int | None:
+    """A ``kB`` field of /proc/<pid>/status (VmHWM, VmRSS); None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as file:
+            for line in file:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def children_of(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid`` (the node's forked backup child among them)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+class ChildPeak:
+    """Samples the largest RSS of ``pid``'s children until stopped (a thread)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ChildPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            for child in children_of(self.pid):
+                self.peak_kib = max(self.peak_kib, status_kib(child, "VmRSS") or 0)
+
+
+def run_measured(command: list[str]) -> tuple[float, int, str]:
+    """Run ``command``; (seconds, peak RSS in KiB from its rusage, output). RuntimeError on failure."""
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = process.stdout.read().decode() if process.stdout is not None else ""
+    _pid, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.monotonic() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:4])} failed ({process.returncode}): {output.strip()[-2000:]}")
+    return seconds, int(usage.ru_maxrss), output
+
+
+# ------------------------------------------------------------------ commit latency
+async def committers(target: Target, count: int, stop: asyncio.Event) -> list[float]:
+    """``count`` clients committing one-item enqueues until ``stop``; every commit's seconds."""
+    latencies: list[float] = []
+
+    async def one(n: int) -> None:
+        async with target.client() as client:
+            i = 0
+            while not stop.is_set():
+                started = time.perf_counter()
+                await client.enqueue(LOAD_QUEUE, f"c{n}-{i}".encode())
+                latencies.append(time.perf_counter() - started)
+                i += 1
+
+    await asyncio.gather(*(one(n) for n in range(count)))
+    return latencies
+
+
+def percentiles(latencies: list[float]) -> dict[str, float | int]:
+    if len(latencies) < 2:
+        return {"commits": len(latencies)}
+    cuts = statistics.quantiles(latencies, n=100)
+    return {"commits": len(latencies), "p50_ms": round(cuts[49] * 1000, 2), "p99_ms": round(cuts[98] * 1000, 2)}
+
+
+async def latency_while(target: Target, count: int, action: Any) -> tuple[Any, dict[str, float | int]]:
+    """``await action()`` while ``count`` committers run; its result and their latencies."""
+    stop = asyncio.Event()
+    load = asyncio.create_task(committers(target, count, stop))
+    try:
+        result = await action()
+    finally:
+        stop.set()
+    return result, percentiles(await load)
+
+
+# ------------------------------------------------------------------ the run
+def node_of(cluster: LocalCluster, node_id: str) -> int:
+    return next(node.index for node in cluster.nodes if node.node_id == node_id)
+
+
+async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    figures: dict[str, Any] = {"items": args.items, "item_bytes": 100, "nodes": 3,
+                               "committers": args.committers}
+    cluster = fresh_cluster(3)
+    try:
+        target = Target.of(cluster)
+        started = time.monotonic()
+        await prefill(target, QUEUE, args.items)
+        await asyncio.to_thread(cluster.wait_for_applied, 600.0)
+        figures["prefill_s"] = round(time.monotonic() - started, 2)
+        leader = cluster.wait_for_leader(60.0)
+        pids = cluster.pids()
+        figures["node_vmhwm_before_mib"] = {cluster.nodes[i].node_id: round((status_kib(pid, "VmHWM") or 0) / 1024, 1)
+                                            for i, pid in pids.items()}
+
+        async def pause() -> None:
+            await asyncio.sleep(args.latency_window_s)
+
+        _, figures["commit_without_backup"] = await latency_while(target, args.committers, pause)
+
+        path = work / "bench.rcqbackup"
+        env_command = [sys.executable, "-m", "rcq", "backup", str(path)]
+        os.environ["RCQ_URLS"] = ",".join(cluster.urls)
+        os.environ["RCQ_TOKEN"] = cluster.token or ""
+        followers = [i for i in pids if i != leader]
+        peaks = {i: ChildPeak(pids[i]) for i in followers}
+        for peak in peaks.values():
+            peak.__enter__()
+        try:
+            (seconds, cli_kib, output), figures["commit_during_backup"] = await latency_while(
+                target, args.committers, lambda: asyncio.to_thread(run_measured, env_command))
+        finally:
+            for peak in peaks.values():
+                peak.__exit__()
+        header = json.loads(subprocess.run([sys.executable, "-m", "rcq", "restore", str(path), "--check", "--json"],
+                                           capture_output=True, text=True, check=True).stdout)
+        served_by = node_of(cluster, header["node_id"])
+        size = path.stat().st_size
+        figures["backup"] = {
+            "seconds": round(seconds, 2), "file_mib": round(size / MIB, 1), "mib_per_s": round(size / MIB / seconds, 1),
+            "index": header["index"], "items_in_file": header["items"], "served_by": header["node_id"],
+            "cli_peak_rss_mib": round(cli_kib / 1024, 1),
+            "node_vmhwm_after_mib": round((status_kib(pids[served_by], "VmHWM") or 0) / 1024, 1),
+            "node_vmhwm_before_mib": figures["node_vmhwm_before_mib"][header["node_id"]],
+            "forked_child_peak_rss_mib": round(peaks[served_by].peak_kib / 1024, 1) if served_by in peaks else None,
+            "output": output.strip().splitlines()[0] if output.strip() else "",
+        }
+    finally:
+        cluster.close()
+
+    restored = LocalCluster(3, log_level="WARNING")
+    try:
+        command = [sys.executable, "-m", "rcq", "restore", str(path)]
+        for node in restored.nodes:
+            command += ["--node-config", str(node.config_path)]
+        seconds, restore_kib, _ = await asyncio.to_thread(run_measured, command)
+        started = time.monotonic()
+        restored.start()
+        restored.wait_for_leader(600.0)
+        await asyncio.to_thread(restored.wait_for_applied, 600.0)
+        digests = [restored.data_digest(i, timeout_s=600.0)["data_digest"] for i in range(3)]
+        figures["restore"] = {
+            "seed_seconds": round(seconds, 2), "mib_per_s": round(size / MIB / seconds, 1),
+            "cli_peak_rss_mib": round(restore_kib / 1024, 1),
+            "start_to_serving_s": round(time.monotonic() - started, 2),
+            "digests_match": all(d == header["data_digest"] for d in digests),
+            "total_s": round(seconds + time.monotonic() - started, 2),
+        }
+    finally:
+        restored.close()
+    return figures
+
+
+def print_figures(figures: dict[str, Any]) -> None:
+    backup, restore = figures["backup"], figures["restore"]
+    without, during = figures["commit_without_backup"], figures["commit_during_backup"]
+    print(f"backup and restore of {figures['items']} items of 100 bytes, 3 nodes, fsync "
+          f"(prefill {figures['prefill_s']} s)")
+    print(f"  backup   {backup['seconds']:>8} s  {backup['file_mib']} MiB at {backup['mib_per_s']} MiB/s from "
+          f"{backup['served_by']} (index {backup['index']}, {backup['items_in_file']} items)")
+    print(f"           serving node VmHWM {backup['node_vmhwm_before_mib']} -> {backup['node_vmhwm_after_mib']} MiB, "
+          f"its forked child's peak RSS {backup['forked_child_peak_rss_mib']} MiB; CLI peak RSS "
+          f"{backup['cli_peak_rss_mib']} MiB")
+    print(f"  leader commit latency ({figures['committers']} committers): without a backup p50 "
+          f"{without.get('p50_ms')} ms p99 {without.get('p99_ms')} ms ({without['commits']} commits); during it p50 "
+          f"{during.get('p50_ms')} ms p99 {during.get('p99_ms')} ms ({during['commits']} commits)")
+    print(f"  restore  {restore['seed_seconds']:>8} s  seeding 3 data directories at {restore['mib_per_s']} MiB/s of "
+          f"backup, CLI peak RSS {restore['cli_peak_rss_mib']} MiB; serving with equal data digests after "
+          f"{restore['start_to_serving_s']} s more (digests match: {restore['digests_match']}); total "
+          f"{restore['total_s']} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.backup", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, default=1_000_000, help="100-byte items in the cluster (default 1M)")
+    parser.add_argument("--committers", type=int, default=4, help="clients committing during the measures (4)")
+    parser.add_argument("--latency-window-s", type=float, default=10.0,
+                        help="how long the committers run without a backup, for comparison (10)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="rcq-bench-backup-") as work:
+        figures = asyncio.run(measure(args, Path(work)))
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print_figures(figures)
+    return 0 if figures["restore"]["digests_match"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
