@@ -206,13 +206,18 @@ class BackupNemesis:
         from rcq.testing.cluster import LocalCluster
 
         duplicated_values = _values_in_two_places(path)
-        with LocalCluster(1, log_level="WARNING") as scratch:  # its own temporary directory, removed after
+        # Its own temporary directory, removed on close; not a `with` block, which would start it
+        # before its data directory is seeded.
+        scratch = LocalCluster(1, log_level="WARNING")
+        try:
             scratch.restore_from(path)
             scratch.start()
             scratch.wait_for_leader(60.0)
             digest = scratch.data_digest(0)["data_digest"]
             cluster_id = scratch.status(0).get("cluster_id")
             probe = asyncio.run(_drain(scratch.urls, scratch.client_options()))
+        finally:
+            scratch.close()
         identity_new = header["cluster_id"] is None or (cluster_id is not None and cluster_id != header["cluster_id"])
         return {"probe": probe, "digest_matches": digest == header.data_digest, "identity_new": identity_new,
                 "restored_cluster_id": cluster_id,

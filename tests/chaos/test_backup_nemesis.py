@@ -1,0 +1,54 @@
+"""The ``backup`` nemesis's check (chaos.backups.ProbeHistory.verdict) and the backups checker:
+what a restored backup must hold at its index, what it must not, and what may go either way;
+and that the kind is named only (not in ``all``). The short chaos run with ``--nemesis backup``
+is in docs/chaos.md."""
+
+from __future__ import annotations
+
+from chaos.backups import ProbeHistory
+from chaos.checkers import CHECKER_NAMES, check
+from chaos.checkers.backups import check_backups
+from chaos.nemesis import DOCKER_KINDS, KINDS, MIXABLE, parse_kinds
+
+
+def history() -> ProbeHistory:
+    probe = ProbeHistory()
+    probe.enqueued.update({"a": 5, "b": 5, "c": 9, "d": 12, "e": 3})
+    probe.dequeued.update({"e": 8, "c": 15})
+    probe.unknown.add("u")
+    probe.maybe_dequeued.add("b")
+    probe.in_flight.add("f")
+    return probe
+
+
+def test_a_backup_at_its_index_is_valid_and_undecided_items_go_either_way():
+    # at index 10: a, c there (c dequeued later); e dequeued at 8: gone; d enqueued at 12: not yet
+    assert history().verdict(10, ["a", "c"]) == {"probe_checked": 2, "probe_restored": 2, "valid": True}
+    assert history().verdict(10, ["a", "c", "b", "u", "f"])["valid"]  # outcomes unknown or in flight
+
+
+def test_missing_duplicated_late_reappeared_and_unknown_items_are_named():
+    verdict = history().verdict(10, ["c", "c", "d", "e", "zzz"])
+    assert not verdict["valid"]
+    assert verdict["missing"] == ["a"] and verdict["duplicated"] == ["c"] and verdict["from_after"] == ["d"]
+    assert verdict["reappeared"] == ["e"] and verdict["unknown_items"] == ["zzz"]
+
+
+def line(f: str, value: dict) -> dict:
+    return {"index": 0, "time_s": 1.0, "process": "nemesis", "type": "info", "f": f, "value": value, "error": None}
+
+
+def test_the_checker_fails_a_run_only_for_a_restore_that_was_not_valid():
+    lines = [line("backup", {"phase": "taken", "index": 7}), line("backup", {"phase": "failed", "error": "x"}),
+             line("backup-restore", {"phase": "checked", "index": 7, "valid": True, "probe_checked": 4})]
+    result = check_backups(lines)
+    assert result["valid"] and (result["backups_taken"], result["backups_failed"], result["restores_checked"]) == (1, 1, 1)
+    assert result["probe_items_checked"] == 4
+    bad = check_backups([*lines, line("backup-restore", {"phase": "checked", "index": 9, "valid": False})])
+    assert not bad["valid"] and bad["invalid_restores"][0]["index"] == 9
+    assert "backups" in CHECKER_NAMES and check([])["backups"]["valid"]
+
+
+def test_backup_is_a_background_kind_named_only():
+    assert "backup" in KINDS and "backup" not in MIXABLE and "backup" not in DOCKER_KINDS
+    assert "backup" not in parse_kinds("all") and parse_kinds("backup,kill") == ["backup", "kill"]
