@@ -144,6 +144,14 @@ def _ordering_line(r: dict[str, Any]) -> str:
     )
 
 
+def _backups_line(r: dict[str, Any]) -> str:
+    if not r.get("backups_taken") and not r.get("backups_failed"):
+        return "no backup taken (the backup nemesis was not asked for)"
+    return (f"{r['backups_taken']} backups taken ({r['backups_failed']} failed under faults), "
+            f"{r['restores_checked']} restored and checked ({r['probe_items_checked']} probe items), "
+            f"{len(r['invalid_restores'])} not as the history says")
+
+
 def _limits_line(r: dict[str, Any]) -> str:
     line = (f"{r['limited_reads']} reads of a limited queue, {r['over_limit_count']} over its max_items; "
             f"{r['queue_full_refusals']} enqueues/moves refused queue_full")
@@ -199,6 +207,7 @@ _LINES = {
     "limits": _limits_line,
     "security": _security_line,
     "ordering": _ordering_line,
+    "backups": _backups_line,
 }
 
 
