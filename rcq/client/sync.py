@@ -98,6 +98,12 @@ class SyncTransaction:
         return self._runner.run(self._transaction.enqueue_batch(queue, items, priority=priority, delay_s=delay_s,
                                                                 ttl_s=ttl_s, headers=headers))
 
+    def enqueue_items(self, queue: str, items: Iterable[tuple[ItemValue, Mapping[str, str] | None]], *,
+                      priority: int | None = None, delay_s: float | None = None, ttl_s: float | None = None) -> int:
+        pairs = list(items)  # a generator is read here, in the caller's thread
+        return self._runner.run(self._transaction.enqueue_items(queue, pairs, priority=priority, delay_s=delay_s,
+                                                                ttl_s=ttl_s))
+
     def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0, key: str | None = None) -> list[Item]:
         return self._runner.run(self._transaction.dequeue_items(queue, max_items, wait_ms, key))
 

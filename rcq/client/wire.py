@@ -217,6 +217,22 @@ def enqueue_body(queue: str, items: Iterable[ItemValue], *, priority: int | None
             **enqueue_options(priority, delay_s, ttl_s)}
 
 
+def enqueue_items_body(queue: str, items: Iterable[tuple[ItemValue, Mapping[str, str] | None]],
+                       added: Mapping[str, str] | None = None, *, priority: int | None = None,
+                       delay_s: float | None = None, ttl_s: float | None = None) -> dict[str, Any]:
+    """:func:`enqueue_body` where each item has headers of its own (None or empty: none), plus
+    ``added`` ones (a trace context) under each item's own, which win on a clash."""
+    check_queue_name(queue)
+    pairs = list(items)
+    texts, item_encoding = encode_items(value for value, _ in pairs)
+    wire_items: list[Any] = []
+    for text, (_, own) in zip(texts, pairs, strict=True):
+        merged = {**(added or {}), **(own or {})}
+        wire_items.append({"value": text, "headers": check_headers(merged)} if merged else text)
+    return {"queue": queue, "items": wire_items, "encoding": item_encoding,
+            **enqueue_options(priority, delay_s, ttl_s)}
+
+
 def check_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """Headers as they travel: string keys (non-empty, printable) to string values. Their sizes are
     the server's to bound (docs/limits.md)."""

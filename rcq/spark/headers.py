@@ -18,15 +18,13 @@ Must not import: pyspark (executors import this cheaply), pysyncobj, lmdb.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from rcq.client import Transaction
-from rcq.client.wire import ItemValue, check_headers, encode_items, enqueue_options
-from rcq.names import check_queue_name
+from rcq.client.wire import ItemValue
 from rcq.spark.options import RcqOptionError
 
 HEADERS_COLUMN = "headers"
@@ -107,17 +105,8 @@ async def enqueue_with_headers(transaction: Transaction, queue: str, values: Seq
                                headers: Sequence[Headers | None], *, priority: int | None,
                                delay_s: float | None, ttl_s: float | None) -> int:
     """Buffer ``values`` in ``transaction``, each with its own headers (None: none), in one enqueue
-    request (retry-safe: keyed, like :meth:`~rcq.client.Transaction.enqueue_batch`); returns the
-    buffered item count. A cluster below feature level 2 refuses it (FeatureLevelRequired).
-
-    The request is built with the client's public wire helpers (the same checks and encoding as
-    ``enqueue_batch``) and sent through the transaction's own request path, so it is retried,
-    redirected and coalesced as every other enqueue. The client has no public per-item form yet;
-    when it has, this becomes a call to it."""
-    texts, item_encoding = encode_items(values)
-    items: list[Any] = [text if not item_headers else {"value": text, "headers": check_headers(item_headers)}
-                        for text, item_headers in zip(texts, headers, strict=True)]
-    body = {"queue": check_queue_name(queue), "items": items, "encoding": item_encoding,
-            **enqueue_options(priority, delay_s, ttl_s), "key": secrets.token_hex(12)}
-    answer = await transaction._transport.request(transaction._request("enqueue", body))
-    return int(answer["buffered"])
+    request (:meth:`~rcq.client.Transaction.enqueue_items`: keyed, retried, traced as every
+    enqueue); returns the buffered item count. A cluster below feature level 2 refuses it
+    (FeatureLevelRequired)."""
+    return await transaction.enqueue_items(queue, zip(values, headers, strict=True), priority=priority,
+                                           delay_s=delay_s, ttl_s=ttl_s)

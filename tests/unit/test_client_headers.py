@@ -74,9 +74,10 @@ def test_the_sync_client_sends_and_returns_headers(tmp_path: Path):
                     with sync.transaction() as tx:
                         tx.enqueue("q", "b", headers={"k": "v"})
                         tx.enqueue_batch("q", ["c"], headers={"k": "c"})
+                        tx.enqueue_items("q", (pair for pair in [("d", {"k": "d"}), ("e", None)]))
                     return [item.headers for item in sync.dequeue_items("q", 10)]
 
-            assert await asyncio.to_thread(produce_and_consume) == [TRACE, {"k": "v"}, {"k": "c"}]
+            assert await asyncio.to_thread(produce_and_consume) == [TRACE, {"k": "v"}, {"k": "c"}, {"k": "d"}, {}]
 
     asyncio.run(main())
 
@@ -94,3 +95,22 @@ def test_items_travel_as_strings_without_headers_and_as_objects_with_them():
     body = enqueue_body("q", ["a", "b"], headers={"k": "v"})
     assert body["items"] == [{"value": "a", "headers": {"k": "v"}}, {"value": "b", "headers": {"k": "v"}}]
     assert estimated_item_bytes(body) > estimated_item_bytes(enqueue_body("q", ["a", "b"]))
+
+
+async def test_enqueue_items_gives_each_item_its_own_headers_in_one_request(tmp_path: Path):
+    async with running_node(tmp_path, at_level_2()) as node, RcqClient(url_of(node)) as client:
+        async with client.transaction() as tx:
+            assert await tx.enqueue_items("q", [(b"a", TRACE), ("b", None), ("c", {}), ("d", {"k": "d"})],
+                                          ttl_s=60) == 4
+        items = await client.dequeue_items("q", 10)
+        assert [(i.value, i.headers) for i in items] == [(b"a", TRACE), (b"b", {}), (b"c", {}), (b"d", {"k": "d"})]
+        async with client.transaction() as tx:
+            with pytest.raises(InvalidRequest):  # checked before anything is sent
+                await tx.enqueue_items("q", [("x", {"": "empty key"})])
+            await tx.abort()
+    async with running_node(tmp_path / "held", feature_level_auto=False) as node, RcqClient(url_of(node)) as client:
+        async with client.transaction() as tx:
+            assert await tx.enqueue_items("q", [("plain", None)]) == 1  # no headers: fine at level 1
+            with pytest.raises(FeatureLevelRequired):
+                await tx.enqueue_items("q", [("x", {"k": "v"})])
+
