@@ -177,6 +177,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         self = cls.__new__(cls)
         self.log_level = log_level
         self.node_overrides = dict(manifest.get("node_overrides", {}))
+        self.node_settings = {int(i): dict(fields) for i, fields in manifest.get("node_settings", {}).items()}
         self.insecure = bool(manifest.get("insecure", False))
         self.auth = bool(manifest.get("auth", False))
         self.tls = bool(manifest.get("tls", False))
@@ -285,6 +286,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         manifest = {
             "version": MANIFEST_VERSION, "insecure": self.insecure, "auth": self.auth, "tls": self.tls,
             "tls_client_certificates": self.tls_client_certificates, "node_overrides": self.node_overrides,
+            "node_settings": {str(i): fields for i, fields in self.node_settings.items()},
             "nodes": [{"index": n.index, "node_id": n.node_id, "http_port": n.http_port,
                        "raft_port": n.raft_port, "directory": n.directory.name} for n in self.nodes],
         }
@@ -367,6 +369,7 @@ class LocalCluster(PolledCluster[LocalNode]):
             else:
                 own[name] = value
         self._write_node_config(self.nodes[i])
+        self._write_manifest()  # a reopened cluster keeps them
 
     def restart_node_with(self, i: int, wait: bool = True, **fields: Any) -> int:
         """Stop node ``i``, give it ``fields`` (:meth:`set_node_override`), start it again."""

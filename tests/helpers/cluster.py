@@ -17,19 +17,34 @@ from typing import Any
 from rcq.client import RcqClient
 from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
+from rcq.testing.polls import poll_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 
 
 @contextlib.contextmanager
 def running_cluster(nodes: int = 3, overrides: dict[str, Any] | None = None) -> Iterator[LocalCluster]:
-    """A started cluster with a serving leader (its logs printed if none comes), closed after."""
+    """A started cluster with a serving leader (its logs printed if none comes), closed after.
+    Unless its level is held (``feature_level_auto: false``), also settled: the leader has raised
+    the feature level and given the cluster its identity, entries of its own that would otherwise
+    land in the middle of a test comparing digests."""
     with LocalCluster(nodes=nodes, node_overrides=overrides or {}) as local_cluster:
         try:
-            local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+            leader = local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+            if (overrides or {}).get("feature_level_auto", True):
+                wait_settled(local_cluster, leader)
         except TimeoutError:
             print(local_cluster.dump_logs())
             raise
         yield local_cluster
+
+
+def wait_settled(cluster: LocalCluster, leader: int) -> None:
+    """Until node ``leader`` applied the highest feature level it reads and the cluster's identity."""
+    def settled() -> bool | None:
+        status = cluster.poll_json(cluster.url(leader) + "/v1/cluster")
+        return (status.get("feature_level") == status.get("feature_level_max") and bool(status.get("cluster_id"))) or None
+
+    poll_until(settled, LEADER_TIMEOUT_S, "the cluster's feature level and identity")
 
 
 def fresh_queue(name: str = "q") -> str:

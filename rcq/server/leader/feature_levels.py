@@ -43,6 +43,7 @@ from rcq.version import rcq_version
 log = logging.getLogger(__name__)
 
 AUTO_RAISE_INTERVAL_S = 5.0  # how often a leader below its LEVEL_MAX asks its members what they read
+SERVING_POLL_S = 0.2  # how soon after it starts serving a leader takes its first turn (a local look)
 
 
 @dataclass(frozen=True)
@@ -171,23 +172,34 @@ class FeatureLevels:
             self._auto_task = None
 
     async def _raise_when_all_read(self) -> None:
+        # A turn as soon as this node starts serving as leader (a new cluster settles at once:
+        # its level raised, its identity given), then every AUTO_RAISE_INTERVAL_S while it leads.
+        loop = asyncio.get_running_loop()
+        next_turn: float | None = None  # None: not serving at the last look
         while True:
-            await asyncio.sleep(AUTO_RAISE_INTERVAL_S)
+            await asyncio.sleep(SERVING_POLL_S)
             if not self._manager.serving:
+                next_turn = None
                 continue
-            if self._config.feature_level_auto and self.active() < self._level_max:
-                try:
-                    await self.raise_to(None)
-                except RcqError as exc:  # a member behind or unreachable: asked again later
-                    log.debug("feature level not raised: %s", exc)
-                except Exception:
-                    log.exception("raising the feature level failed")
+            if next_turn is not None and loop.time() < next_turn:
+                continue
+            next_turn = loop.time() + AUTO_RAISE_INTERVAL_S
+            await self._turn()
+
+    async def _turn(self) -> None:
+        if self._config.feature_level_auto and self.active() < self._level_max:
             try:
-                await self.give_identity()
-            except RcqError as exc:  # not leading any more, or the entry's outcome unknown: next turn
-                log.debug("cluster identity not given: %s", exc)
+                await self.raise_to(None)
+            except RcqError as exc:  # a member behind or unreachable: asked again later
+                log.debug("feature level not raised: %s", exc)
             except Exception:
-                log.exception("giving the cluster its identity failed")
+                log.exception("raising the feature level failed")
+        try:
+            await self.give_identity()
+        except RcqError as exc:  # not leading any more, or the entry's outcome unknown: next turn
+            log.debug("cluster identity not given: %s", exc)
+        except Exception:
+            log.exception("giving the cluster its identity failed")
 
     # ---------------------------------------------------------------- identity
     async def give_identity(self) -> str | None:
