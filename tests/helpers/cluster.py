@@ -64,3 +64,13 @@ async def drain_until_empty(client: RcqClient, queue: str, timeout_s: float = CL
 
     await wait_until(empty, timeout_s, interval_s=0.05, message=f"{queue} to drain")
     return drained
+
+
+def add_node_logs(item: Any, report: Any) -> None:
+    """For a failed test's report: the tail of every node log of each LocalCluster the test used
+    (the ``pytest_runtest_makereport`` hooks of the cluster folders' conftests call it)."""
+    if not report.failed:
+        return
+    clusters = {id(v): v for v in getattr(item, "funcargs", {}).values() if isinstance(v, LocalCluster)}
+    for value in clusters.values():
+        report.sections.append((f"rcq node logs ({value.base_dir}, {report.when})", value.dump_logs()))

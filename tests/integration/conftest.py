@@ -21,21 +21,13 @@ import pytest
 
 from rcq.testing.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S
-from tests.helpers.cluster import running_cluster
+from tests.helpers.cluster import add_node_logs, running_cluster
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     outcome = yield
-    report = outcome.get_result()
-    if not report.failed:
-        return
-    funcargs = getattr(item, "funcargs", {})
-    seen: set[int] = set()
-    for value in funcargs.values():
-        if isinstance(value, LocalCluster) and id(value) not in seen:
-            seen.add(id(value))
-            report.sections.append((f"rcq node logs ({value.base_dir}, {report.when})", value.dump_logs()))
+    add_node_logs(item, outcome.get_result())
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,14 @@
   and standard modules without I/O, clock, randomness or concurrency;
 * only ``rcq/server/raft`` imports pysyncobj and lmdb;
 * the client side (``rcq/client``, ``rcq/errors.py``, ``rcq/names.py``, ``rcq/encoding.py``,
-  ``rcq/limits.py``, ``rcq/tokens.py``, and the Spark connector, which runs where only the
-  client is installed) never reaches ``rcq.server``, directly or through any chain of project
-  modules (``rcq.testing`` included): ``pip install rcq`` has no server;
-* the chaos harness talks to rcq as any user would: ``rcq.client``, ``rcq.errors``, ``rcq.tokens`` and the
-  cluster harness of ``rcq.testing`` only; the benchmarks likewise (plus the Spark connector),
-  but for ``bench/stall.py``, which measures the state machine's digest in process;
+  ``rcq/limits.py``, ``rcq/tokens.py``, the backup file format (``rcq/backup``), and the Spark
+  connector, which runs where only the client is installed) never reaches ``rcq.server``,
+  directly or through any chain of project modules (``rcq.testing`` included): ``pip install
+  rcq`` has no server;
+* the chaos harness talks to rcq as any user or operator would: ``rcq.client``, ``rcq.errors``,
+  ``rcq.tokens``, the backup file format and command, and the cluster harness of ``rcq.testing``
+  only; the benchmarks likewise (plus the Spark connector), but for ``bench/stall.py``, which
+  measures the state machine's digest in process;
 * ``rcq/server/config.py`` imports nothing of ``rcq.server``: every server folder imports the
   config, so an import back would be a cycle (it once imported the token model from
   ``rcq.server.security``, which imports the config);
@@ -45,10 +47,11 @@ PURE_FORBIDDEN = frozenset({"asyncio", "aiohttp", "pysyncobj", "lmdb", "time", "
                             "threading", "socket", "pydantic"})
 EXCLUSIVE = {"pysyncobj": "rcq/server/raft/", "lmdb": "rcq/server/raft/"}
 CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py", "rcq/limits.py", "rcq/tokens.py",
-               "rcq/spark/")
+               "rcq/spark/", "rcq/backup/")
+# The chaos harness as a user and an operator: the client, the harness, the previous release (the
+# upgrade nemesis) and the backup file format and command (the backup nemesis).
 CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.testing.cluster", "rcq.testing.nodes", "rcq.testing.polls",
-                     "rcq.testing.releases",
-                     "rcq.testing.waits", "rcq.tokens")
+                     "rcq.testing.releases", "rcq.testing.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup")
 BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.testing.cluster", "rcq.testing.nodes",
                      "rcq.testing.polls")
 # The one bench that runs server code in process: what it measures.

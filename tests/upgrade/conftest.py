@@ -28,6 +28,7 @@ import pytest
 
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
+from tests.helpers.cluster import add_node_logs
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,7 @@ log = logging.getLogger(__name__)
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     outcome = yield
-    report = outcome.get_result()
-    if not report.failed:
-        return
-    clusters = {id(v): v for v in getattr(item, "funcargs", {}).values() if isinstance(v, LocalCluster)}
-    for value in clusters.values():
-        report.sections.append((f"rcq node logs ({value.base_dir}, {report.when})", value.dump_logs()))
+    add_node_logs(item, outcome.get_result())
 
 
 @pytest.fixture(scope="session")

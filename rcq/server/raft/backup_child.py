@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import json
 import os
-import select
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -36,12 +35,10 @@ from typing import Any
 from rcq.backup.fileformat import BodyWriter
 from rcq.errors import Unavailable
 from rcq.server.core.state_machine import QueueStateMachine
-from rcq.server.raft.digest import describe_status, fork_child, reap
+from rcq.server.raft.digest import ChildCancelled, ChildTimeout, describe_status, fork_child, read_answer_line, reap
 
 NON_DATA_KEYS = frozenset({"format", "last_index", "barrier_term", "members", "level", "level_writer",
                            "cluster_id", "now_ms"})
-ANSWER_BYTES_MAX = 4096
-POLL_S = 0.05
 WRITE_BUFFER_BYTES = 1 << 20
 
 # Runs ``reader(state machine)`` with the state lock held (the replicator's ``read``).
@@ -138,9 +135,13 @@ def run_forked(read: StateReader, body: Callable[[QueueStateMachine], dict[str, 
         raise
     os.close(write_fd)
     try:
-        answer = _read_line(read_fd, time.monotonic() + timeout_s, cancel)
-    except BaseException:
+        answer = read_answer_line(read_fd, time.monotonic() + timeout_s, cancel)
+    except BaseException as exc:
         reap(pid, 0.0, kill_first=True)
+        if isinstance(exc, ChildTimeout):
+            raise Unavailable("the backup child gave no answer in time; it was killed") from None
+        if isinstance(exc, ChildCancelled):
+            raise Unavailable("the backup was cancelled: the node is stopping") from None
         raise
     finally:
         os.close(read_fd)
@@ -161,25 +162,6 @@ def _answer(write_fd: int, answer: dict[str, Any]) -> None:  # pragma: no cover 
     line = (json.dumps(answer, separators=(",", ":")) + "\n").encode()
     while line:
         line = line[os.write(write_fd, line):]
-
-
-def _read_line(read_fd: int, deadline: float, cancel: threading.Event | None) -> bytes | None:
-    poller = select.poll()
-    poller.register(read_fd, select.POLLIN)
-    data = b""
-    while not data.endswith(b"\n"):
-        if cancel is not None and cancel.is_set():
-            raise Unavailable("the backup was cancelled: the node is stopping")
-        remaining_s = deadline - time.monotonic()
-        if remaining_s <= 0:
-            raise Unavailable("the backup child gave no answer in time; it was killed")
-        if not poller.poll(max(1, int(min(remaining_s, POLL_S) * 1000))):
-            continue
-        chunk = os.read(read_fd, ANSWER_BYTES_MAX)
-        if not chunk or len(data) + len(chunk) > ANSWER_BYTES_MAX:
-            return None
-        data += chunk
-    return data
 
 
 def remove_quietly(path: str) -> None:

@@ -119,12 +119,12 @@ def describe_status(status: int) -> str:
 
 
 # ------------------------------------------------------------- one digest
-class _Timeout(Exception):
-    pass
+class ChildTimeout(Exception):
+    """A forked child gave no answer line before the deadline."""
 
 
-class _Cancelled(Exception):
-    pass
+class ChildCancelled(Exception):
+    """Waiting for a forked child's answer was cancelled (the node is stopping)."""
 
 
 def forked_digest(compute: DigestCompute, lock: threading.Lock, timeout_s: float = DIGEST_TIMEOUT_S, *,
@@ -157,13 +157,13 @@ def forked_digest(compute: DigestCompute, lock: threading.Lock, timeout_s: float
     try:
         if on_fork is not None:
             on_fork(pid)
-        answer = _read_answer(read_fd, deadline, cancel)
+        answer = read_answer_line(read_fd, deadline, cancel)
     except BaseException as exc:
         reap(pid, 0.0, kill_first=True)
-        if isinstance(exc, _Timeout):
+        if isinstance(exc, ChildTimeout):
             raise Unavailable(f"the digest child {pid} gave no answer within {timeout_s} s; it was killed",
                               details={"pid": pid}) from None
-        if isinstance(exc, _Cancelled):
+        if isinstance(exc, ChildCancelled):
             raise Unavailable("the state digest was cancelled: the node is stopping",
                               details={"pid": pid}) from None
         raise
@@ -183,17 +183,18 @@ def _answer(write_fd: int, compute: DigestCompute) -> None:  # pragma: no cover 
         line = line[os.write(write_fd, line):]
 
 
-def _read_answer(read_fd: int, deadline: float, cancel: threading.Event | None) -> bytes | None:
-    """The child's answer line; None when the pipe closes before a whole line."""
+def read_answer_line(read_fd: int, deadline: float, cancel: threading.Event | None) -> bytes | None:
+    """A forked child's answer line; None when the pipe closes before a whole line (or the line
+    is too long). Raises ChildTimeout past ``deadline``, ChildCancelled once ``cancel`` is set."""
     poller = select.poll()  # not select.select: descriptors past 1024 are common in a server
     poller.register(read_fd, select.POLLIN)
     data = b""
     while not data.endswith(b"\n"):
         if cancel is not None and cancel.is_set():
-            raise _Cancelled()
+            raise ChildCancelled()
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
-            raise _Timeout()
+            raise ChildTimeout()
         if not poller.poll(max(1, int(min(remaining_s, CANCEL_CHECK_S) * 1000))):
             continue
         chunk = os.read(read_fd, ANSWER_BYTES_MAX)
