@@ -31,6 +31,7 @@ from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.polls import deadline_loop, http_json, poll_until
+from tests.helpers.cluster import wait_settled
 
 StartNode = Callable[..., Awaitable[Node]]
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: rcq\r\n\r\n"
@@ -370,6 +371,7 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
     flood = Flood()
     with cluster, contextlib.closing(flood), logs_on_failure(cluster):
         leader = cluster.wait_for_leader(60)
+        wait_settled(cluster, leader)  # its own entries (level, identity) before the flood, not during it
         before = cluster.statuses()
         term = before[leader]["term"]
         client = KeepAliveClient(cluster, cluster.nodes[leader].http_port)
@@ -437,7 +439,10 @@ def test_when_accept_fails_with_emfile_open_connections_are_served_and_accepting
     cluster.nodes[0].nofile_limit = 64
     flood = Flood()
     with cluster, contextlib.closing(flood), logs_on_failure(cluster):
-        cluster.wait_for_leader(60)
+        # Settled first (its level raised, its identity given): an entry committed while the node is
+        # out of descriptors would fail the tick thread's store of the log's metadata, as the comment
+        # below says of commits.
+        wait_settled(cluster, cluster.wait_for_leader(60))
         port = cluster.nodes[0].http_port
         client = KeepAliveClient(cluster, port)
         with contextlib.closing(client):
