@@ -94,6 +94,17 @@ class Figures:
         ordered = sorted(self.latencies_ms)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
+    def record(self, began: float, moved: int) -> None:
+        """One transaction done: it began at ``began`` (perf_counter) and moved ``moved`` items."""
+        self.latencies_ms.append((time.perf_counter() - began) * 1000)
+        self.transactions += 1
+        self.items += moved
+
+    def record_error(self, exc: BaseException) -> None:
+        self.errors += 1
+        code = getattr(exc, "code", type(exc).__name__)
+        self.error_codes[code] = self.error_codes.get(code, 0) + 1
+
     def row(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "callers": self.callers, "concurrency": self.concurrency,
                 "tx_per_s": round(self.transactions_per_s), "items_per_s": round(self.items_per_s),
@@ -232,30 +243,19 @@ async def run_scenario(target: Target, name: str, callers: str, concurrency: int
     shared = target.client(coalesce=True) if callers == "coalesced" else None
     clients = [shared] * concurrency if shared else [target.client() for _ in range(concurrency)]
     figures = Figures(name, callers, concurrency, duration_s, 0, 0, 0)
-    stop_at = time.monotonic()  # set when the window opens
 
-    async def caller(client: RcqClient) -> None:
+    async def caller(client: RcqClient, stop_at: float) -> None:
         while time.monotonic() < stop_at:
             began = time.perf_counter()
             try:
                 moved = await operation(client, queue)
             except Exception as exc:
-                figures.errors += 1
-                code = getattr(exc, "code", type(exc).__name__)
-                figures.error_codes[code] = figures.error_codes.get(code, 0) + 1
+                figures.record_error(exc)
                 continue
-            figures.latencies_ms.append((time.perf_counter() - began) * 1000)
-            figures.transactions += 1
-            figures.items += moved
+            figures.record(began, moved)
 
     try:
-        async with window() if window is not None else contextlib.nullcontext():
-            started = time.monotonic()
-            stop_at = started + duration_s
-            try:
-                await asyncio.gather(*(caller(c) for c in clients))
-            finally:
-                figures.duration_s = time.monotonic() - started
+        await _measured(figures, duration_s, window, lambda stop_at: [caller(c, stop_at) for c in clients])
     finally:
         for client in {id(c): c for c in clients}.values():
             await client.close()
@@ -279,36 +279,38 @@ async def _run_sync_scenario(target: Target, name: str, callers: str, concurrenc
     clients = [shared] * concurrency if shared else [sync_client() for _ in range(concurrency)]
     figures = Figures(name, callers, concurrency, duration_s, 0, 0, 0)
     lock = threading.Lock()
-    stop_at = time.monotonic()
 
-    def caller(client: SyncClient) -> None:
+    def caller(client: SyncClient, stop_at: float) -> None:
         while time.monotonic() < stop_at:
             began = time.perf_counter()
             try:
                 moved = operation(client, queue)
             except Exception as exc:
                 with lock:
-                    figures.errors += 1
-                    code = getattr(exc, "code", type(exc).__name__)
-                    figures.error_codes[code] = figures.error_codes.get(code, 0) + 1
+                    figures.record_error(exc)
                 continue
             with lock:
-                figures.latencies_ms.append((time.perf_counter() - began) * 1000)
-                figures.transactions += 1
-                figures.items += moved
+                figures.record(began, moved)
 
     try:
-        async with window() if window is not None else contextlib.nullcontext():
-            started = time.monotonic()
-            stop_at = started + duration_s
-            try:
-                await asyncio.gather(*(asyncio.to_thread(caller, c) for c in clients))
-            finally:
-                figures.duration_s = time.monotonic() - started
+        await _measured(figures, duration_s, window,
+                        lambda stop_at: [asyncio.to_thread(caller, c, stop_at) for c in clients])
     finally:
         for client in {id(c): c for c in clients}.values():
             await asyncio.to_thread(client.close)
     return figures
+
+
+async def _measured(figures: Figures, duration_s: float, window: Callable[[], AbstractAsyncContextManager[None]] | None,
+                    callers: Callable[[float], list[Awaitable[None]]]) -> None:
+    """Run the callers (given when to stop) for ``duration_s`` inside ``window``; the duration
+    they really ran goes into ``figures``."""
+    async with window() if window is not None else contextlib.nullcontext():
+        started = time.monotonic()
+        try:
+            await asyncio.gather(*callers(started + duration_s))
+        finally:
+            figures.duration_s = time.monotonic() - started
 
 
 def fresh_cluster(nodes: int, durability: str = "fsync", *, auth: bool = True, tls: bool = False) -> LocalCluster:
