@@ -103,6 +103,9 @@ async def test_the_http_digest_comes_from_the_replicator(tmp_path: Path) -> None
         assert isinstance(node.replicator, RaftReplicator)
         replicator = node.replicator
         await wait_until(replicator.is_leader, LOCAL_WAIT_S, message="the single node to lead")
+        # Its own entries first (the level raised, the identity given): none may land between the two digests.
+        await wait_until(lambda: replicator.read(lambda sm: sm.cluster_id is not None), LOCAL_WAIT_S,
+                         message="the node's level and identity")
         await commit(replicator, "t", b"a", b"b")
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{node.port}/v1/cluster/digest") as got:
             body = await got.json()
