@@ -443,6 +443,11 @@ def test_when_accept_fails_with_emfile_open_connections_are_served_and_accepting
         # out of descriptors would fail the tick thread's store of the log's metadata, as the comment
         # below says of commits.
         wait_settled(cluster, cluster.wait_for_leader(60))
+        # ... and the log's metadata stored (its commit index is written once a second after it moves).
+        committed = cluster.status(0)["commit_index"]
+        meta_path = cluster.nodes[0].data_dir / "raft.wal.meta"
+        poll_until(lambda: True if json.loads(meta_path.read_text()).get("commit_index", 0) >= committed else None,
+                   20, "the log's metadata stored")
         port = cluster.nodes[0].http_port
         client = KeepAliveClient(cluster, port)
         with contextlib.closing(client):
