@@ -74,3 +74,18 @@ def add_node_logs(item: Any, report: Any) -> None:
     clusters = {id(v): v for v in getattr(item, "funcargs", {}).values() if isinstance(v, LocalCluster)}
     for value in clusters.values():
         report.sections.append((f"rcq node logs ({value.base_dir}, {report.when})", value.dump_logs()))
+
+
+def restored_cluster(backup: Any) -> LocalCluster:
+    """A new started 3-node cluster restored from the backup file ``backup``, with a leader (its
+    logs printed, and it closed, if it does not come up); the caller closes it."""
+    restored = LocalCluster(3)
+    try:
+        restored.restore_from(backup)
+        restored.start()
+        restored.wait_for_leader(LEADER_TIMEOUT_S)
+    except BaseException:
+        print(restored.dump_logs())
+        restored.close()
+        raise
+    return restored

@@ -28,8 +28,8 @@ from rcq.cli.backup import BackupFailed, save_backup
 from rcq.client import RcqClient
 from rcq.errors import RcqError
 from rcq.testing.cluster import LocalCluster
-from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
-from tests.helpers.cluster import running_cluster
+from tests.helpers import CLUSTER_WAIT_S
+from tests.helpers.cluster import restored_cluster, running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -96,19 +96,6 @@ async def _drain(urls: list[str], options: dict[str, Any], queue: str) -> list[b
             got.extend(batch)
 
 
-def _restored(backup: Path) -> LocalCluster:
-    restored = LocalCluster(3)
-    try:
-        restored.restore_from(backup)
-        restored.start()
-        restored.wait_for_leader(LEADER_TIMEOUT_S)
-    except BaseException:
-        print(restored.dump_logs())
-        restored.close()
-        raise
-    return restored
-
-
 def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(tmp_path: Path) -> None:
     queue, dead = "jobs", "jobs.dead"
     backup = tmp_path / "cluster.rcqbackup"
@@ -143,7 +130,7 @@ def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(tmp
         assert verify(backup).fields == header.fields
         assert header["node_id"] != cluster.nodes[cluster.wait_for_leader(CLUSTER_WAIT_S)].node_id  # a follower
     index = header.index
-    restored = _restored(backup)
+    restored = restored_cluster(backup)
     try:
         restored.wait_for_applied(CLUSTER_WAIT_S)
         for i in range(3):

@@ -19,7 +19,7 @@ from rcq.testing import wait_until
 from rcq.testing.cluster import LocalCluster
 from rcq.testing.polls import http_json
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
-from tests.helpers.cluster import running_cluster
+from tests.helpers.cluster import restored_cluster, running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -41,19 +41,6 @@ async def the_identity(cluster: LocalCluster) -> str:
                      interval_s=0.2, message="one identity on every node")
     (cluster_id,) = set(identities(cluster))
     return str(cluster_id)
-
-
-def restored_from(backup: Path) -> LocalCluster:
-    restored = LocalCluster(3)
-    try:
-        restored.restore_from(backup)
-        restored.start()
-        restored.wait_for_leader(LEADER_TIMEOUT_S)
-    except BaseException:
-        print(restored.dump_logs())
-        restored.close()
-        raise
-    return restored
 
 
 async def test_a_cluster_held_at_level_1_has_no_identity_and_gets_one_when_the_level_rises() -> None:
@@ -90,7 +77,7 @@ async def test_a_backup_carries_the_identity_a_restore_makes_a_new_one_and_never
         header = await save_backup(old.urls, backup, token=old.token)
         assert header["cluster_id"] == old_id
         assert f"cluster {old_id}" in describe(header, backup, backup.stat().st_size)
-        restored = await asyncio.to_thread(restored_from, backup)
+        restored = await asyncio.to_thread(restored_cluster, backup)
         try:
             new_id = await the_identity(restored)
             assert new_id != old_id
