@@ -74,3 +74,16 @@ async def drain(manager: TransactionManager, queue: str) -> list[bytes]:
     items = await manager.dequeue(tx.transaction_id, queue, max_items=10_000)
     await manager.commit(tx.transaction_id)
     return [i.value for i in items]
+
+
+async def call(session: Any, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+    """(status, decoded JSON body) of one request of an aiohttp session, redirects not followed."""
+    async with session.request(method, path, allow_redirects=False, **kwargs) as response:
+        return response.status, await response.json()
+
+
+async def begin(session: Any) -> str:
+    """A transaction begun over HTTP; its id."""
+    status, body = await call(session, "POST", "/v1/transactions", json={})
+    assert status == 201, body
+    return str(body["transaction_id"])

@@ -11,6 +11,7 @@ import pytest
 from rcq.server.config import NodeConfig
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator
+from tests.helpers.nodes import begin, call
 
 
 @pytest.fixture
@@ -24,17 +25,6 @@ async def api(tmp_path: Path):
     async with aiohttp.ClientSession(f"http://127.0.0.1:{node.port}") as session:
         yield session, replicator
     await node.stop()
-
-
-async def call(session: aiohttp.ClientSession, method: str, path: str, **kwargs):
-    async with session.request(method, path, allow_redirects=False, **kwargs) as response:
-        return response.status, await response.json()
-
-
-async def begin(session) -> str:
-    status, body = await call(session, "POST", "/v1/transactions", json={})
-    assert status == 201, body
-    return body["transaction_id"]
 
 
 async def test_a_transaction_round_trip_over_http(api):

@@ -14,6 +14,7 @@ from rcq.server.core.commands import SetLevel, encode
 from rcq.server.core.ledger import headers_bytes
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator
+from tests.helpers.nodes import begin, call
 
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "acme"}
 
@@ -33,17 +34,6 @@ async def api(tmp_path: Path):
 def raise_level(replicator: InMemoryReplicator) -> None:
     replicator.apply_raw(encode(SetLevel(replicator.term, 1, 2, "0.2.0")))
     assert replicator.state_machine.level == 2
-
-
-async def call(session: aiohttp.ClientSession, method: str, path: str, **kwargs):
-    async with session.request(method, path, allow_redirects=False, **kwargs) as response:
-        return response.status, await response.json()
-
-
-async def begin(session) -> str:
-    status, body = await call(session, "POST", "/v1/transactions", json={})
-    assert status == 201, body
-    return body["transaction_id"]
 
 
 async def dequeue_all(session, queue: str) -> list[dict]:
