@@ -4,7 +4,9 @@
 * H6: bound the commit index to what the message verified, and answer "unknown" to proposals a
   received snapshot skipped;
 * H8: with durability=fsync, sync the journal before a follower acknowledges and right after a
-  leader appends.
+  leader appends;
+* and one economy: a leader's new commit index travels with its next append_entries message (the
+  next entry's, or the next heartbeat) instead of a message of its own.
 
 Both are explained in docs/raft-hazards.md, and tested in tests/integration
 (test_matching_entries_fix.py, test_deposed_leader_commit.py), each with a test showing what
@@ -202,6 +204,23 @@ def _syncing_after_append(original: Callable[..., Any]) -> Callable[..., Any]:
     return append_then_sync
 
 
+# Economy, not a fix: with appendEntriesUseBatch off, pysyncobj's leader sends every follower an
+# append_entries message after each batch it applies, only to tell it the new commit index; the
+# follower decodes it, and acknowledges it with a message the leader decodes in turn. That doubled
+# the Raft messages per entry (each: pickle, zlib, Fernet, a syscall on both sides) for nothing a
+# client waits for: a leader answers a commit once it applied the entry itself, and a follower's
+# applied index only serves reads that are best-effort. Here the commit index travels with the
+# next message the leader sends anyway: the next entry's (under load, within milliseconds) or the
+# next heartbeat (append_entries_period_s, 0.1 s). A new leader applies everything committed
+# before it serves, so nothing depends on a follower having applied it sooner.
+def _without_commit_notice(original: Callable[..., Any]) -> Callable[..., Any]:
+    def apply_log_entries(self: SyncObj) -> bool:
+        original(self)
+        return False
+
+    return apply_log_entries
+
+
 # Class-level patches: pysyncobj binds __onMessageReceived as a transport callback at
 # construction, so they must be in place before any SyncObj is built (import time, once).
 def install() -> None:
@@ -212,6 +231,7 @@ def install() -> None:
     replace_syncobj_method("onMessageReceived", _on_message_received_with_fixes(syncobj_method("onMessageReceived")))
     replace_syncobj_method("sendNextNodeIdx", _syncing_before_acknowledgement(syncobj_method("sendNextNodeIdx")))
     replace_syncobj_method("onBecomeLeader", _syncing_after_append(syncobj_method("onBecomeLeader")))
+    replace_syncobj_method("applyLogEntries", _without_commit_notice(syncobj_method("applyLogEntries")))
     SyncObj._checkCommandsToApply = _syncing_after_append(SyncObj._checkCommandsToApply)
     SyncObj._rcq_fixes_installed = True
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
