@@ -15,8 +15,10 @@ Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
+
+from rcq.immutable import immutable
 
 COMMAND_VERSION = 1
 
@@ -53,7 +55,7 @@ class UnreadableCommand(MalformedCommand):
 UNREADABLE_ENTRY = "unreadable_entry"  # ApplyFailed.reason of an entry this node cannot read: it stops
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EnqueueOptions:
     """How the items of one enqueue are stored: priority, delay and time to live.
 
@@ -71,7 +73,7 @@ class EnqueueOptions:
 Headers = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TransactionWrite:
     """Everything one transaction asks for at commit time."""
 
@@ -93,7 +95,7 @@ class TransactionWrite:
         return self.enqueue_headers[position] if self.enqueue_headers else None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ItemsAction:
     """A leader's action on named items of one queue, a unit of a CommitBatch of its own.
 
@@ -108,7 +110,7 @@ class ItemsAction:
     note: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CommitUnit:
     """Transactions applied all together or not at all, optionally under an idempotency key."""
 
@@ -116,7 +118,7 @@ class CommitUnit:
     idempotency_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Limits:
     """The storage limits an entry is applied under, as the proposing leader's configuration says.
 
@@ -131,7 +133,7 @@ class Limits:
     queue_bytes_max: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CommitBatch:
     """Many independent commit units (and item actions) grouped into one Raft entry (group commit)."""
 
@@ -141,7 +143,7 @@ class CommitBatch:
     limits: Limits | None = None  # None (entries of older versions): no storage limit is checked
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class QueueChange:
     """Configure, purge or delete one queue: an administrative entry of its own.
 
@@ -159,7 +161,7 @@ class QueueChange:
     settings: QueueSettings | None = None  # the settings beyond the limits (None: all default)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class QueueSettings:
     """A queue's delivery, dead-letter, time and priority settings (docs/queue-features.md)."""
 
@@ -174,7 +176,7 @@ class QueueSettings:
                 self.max_priority)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Barrier:
     """Proposed by a new leader; once applied, every entry of earlier terms is applied."""
 
@@ -182,7 +184,7 @@ class Barrier:
     now_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class MemberRecord:
     """Record (or forget) how to reach one node: its Raft address and the URL it serves clients on.
 
@@ -200,7 +202,7 @@ class MemberRecord:
     http_url: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class SetLevel:
     """Raise the cluster's active feature level (docs/upgrades.md). Proposed by a leader only once
     every member reads ``level``; ``writer_version`` is the proposing node's rcq version, named in
@@ -212,7 +214,7 @@ class SetLevel:
     writer_version: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class SetIdentity:
     """Give the cluster its identity (docs/backup.md), once: a leader proposes it at feature level 2
     when the state has none, with an id it generated (the state machine stays deterministic); a
@@ -226,7 +228,7 @@ class SetIdentity:
 Command = CommitBatch | Barrier | QueueChange | MemberRecord | SetLevel | SetIdentity
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EnqueuedRange:
     """Ids ``first_item_id .. first_item_id + count - 1`` were given to items appended to ``queue``,
     all with this priority, visible from ``visible_at_ms`` (0: at once), expiring at
@@ -240,7 +242,7 @@ class EnqueuedRange:
     expires_at_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class UnitOutcome:
     """The domain outcome of one commit unit, identical on every replica."""
 
@@ -252,7 +254,7 @@ class UnitOutcome:
     queue: str | None = None  # the queue a rejection is about (queue_full, too_many_queues)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ItemsOutcome:
     """What an ItemsAction did, identical on every replica.
 
@@ -274,12 +276,12 @@ class ItemsOutcome:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BatchResult:
     outcomes: tuple[UnitOutcome | ItemsOutcome, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class QueueChangeResult:
     status: Literal["done", "rejected"]
     queue: str
@@ -290,33 +292,33 @@ class QueueChangeResult:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class MemberRecordResult:
     status: Literal["done", "rejected"]
     node_id: str
     reason: str | None = None  # stale_leader
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BarrierResult:
     term: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class SetLevelResult:
     status: Literal["done", "rejected"]
     level: int  # the active level after the entry
     reason: str | None = None  # stale_leader, level_lowered
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class SetIdentityResult:
     status: Literal["done", "ignored", "rejected"]  # ignored: the cluster already had an identity
     cluster_id: str | None  # the cluster's identity after the entry
     reason: str | None = None  # level_too_low
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ApplyFailed:
     """The entry could not be applied.
 
@@ -466,8 +468,8 @@ def _decode_transaction(raw: Any) -> TransactionWrite:
         raise ValueError(f"{len(raw)} transaction fields")
     write = TransactionWrite(
         transaction_id=transaction_id,
-        enqueues=tuple((_str(q), tuple(_bytes(i) for i in _seq(items))) for q, items in _seq(enqueues)),
-        dequeues=tuple((_str(q), tuple(_int(i) for i in _seq(ids))) for q, ids in _seq(dequeues)),
+        enqueues=_decode_named(enqueues, bytes),
+        dequeues=_decode_named(dequeues, int),
         enqueue_options=tuple(_decode_options(o) for o in _seq(rest[0])) if rest else (),
         enqueue_headers=tuple(_decode_enqueue_headers(h) for h in _seq(rest[1])) if len(rest) > 1 else (),
     )
@@ -480,6 +482,22 @@ def _decode_transaction(raw: Any) -> TransactionWrite:
             if headers is not None and len(headers) != len(values):
                 raise ValueError("item headers do not match the items")
     return write
+
+
+def _decode_named(raw: Any, kind: type) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """Pairs (queue, values) whose values are all exactly of ``kind`` (bytes: items; int: ids).
+    Loops rather than nested generators: this runs for every transaction on every replica."""
+    pairs = []
+    for pair in _seq(raw):
+        queue, values = pair
+        if not isinstance(queue, str):
+            raise ValueError(f"expected str, got {type(queue).__name__}")
+        values = tuple(_seq(values))
+        for v in values:
+            if type(v) is not kind:
+                raise ValueError(f"expected {kind.__name__}, got {type(v).__name__}")
+        pairs.append((queue, values))
+    return tuple(pairs)
 
 
 def _decode_enqueue_headers(raw: Any) -> tuple[Headers | None, ...] | None:
@@ -539,10 +557,4 @@ def _optional_natural(value: Any) -> int | None:
 def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected str, got {type(value).__name__}")
-    return value
-
-
-def _bytes(value: Any) -> bytes:
-    if not isinstance(value, bytes):
-        raise ValueError(f"expected bytes, got {type(value).__name__}")
     return value

@@ -81,12 +81,13 @@ def _check_unit(ledger: Ledger, unit: CommitUnit, limits: Limits | None, queues_
     missing: list[int] = []
     new_queues: list[str] = []
     growth: dict[str, list[int]] = {}  # queue -> [items added - removed, bytes added - removed]
-    transaction_ids = [t.transaction_id for t in unit.transactions]
-    if len(set(transaction_ids)) != len(transaction_ids):
+    transactions = unit.transactions
+    if len(transactions) > 1 and len({t.transaction_id for t in transactions}) != len(transactions):
         return "duplicate_transaction", (), None
-    for transaction in unit.transactions:
+    queues = ledger.queues
+    for transaction in transactions:
         for queue_name, ids in transaction.dequeues:
-            queue = ledger.queues.get(queue_name)
+            queue = queues.get(queue_name)
             delta = growth.setdefault(queue_name, [0, 0])
             for item_id in ids:
                 value = queue.items.get(item_id) if queue is not None else None
@@ -97,19 +98,21 @@ def _check_unit(ledger: Ledger, unit: CommitUnit, limits: Limits | None, queues_
                     return "item_dequeued_twice", (item_id,), None
                 taken.add(item_id)
                 delta[0] -= 1
-                delta[1] -= len(value) + headers_bytes(queue.meta_of(item_id).headers)
+                delta[1] -= len(value)
+                if queue.meta:  # only items with a priority, delay, expiry, deliveries or headers have any
+                    delta[1] -= headers_bytes(queue.meta_of(item_id).headers)
         for position, (queue_name, values) in enumerate(transaction.enqueues):
-            if values and queue_name not in ledger.queues and queue_name not in new_queues:
+            if values and queue_name not in queues and queue_name not in new_queues:
                 new_queues.append(queue_name)
             delta = growth.setdefault(queue_name, [0, 0])
             delta[0] += len(values)
-            delta[1] += sum(len(v) for v in values)
+            delta[1] += len(values[0]) if len(values) == 1 else sum(map(len, values))
             headers = transaction.headers_of(position)
             if headers is not None:
                 delta[1] += sum(headers_bytes(h) for h in headers)
     if missing:
         return "items_missing", tuple(missing), None
-    if len(ledger.queues) + len(new_queues) > queues_max:
+    if len(queues) + len(new_queues) > queues_max:
         return "too_many_queues", (), new_queues[0]
     if limits is not None:
         return _check_limits(ledger, growth, limits)

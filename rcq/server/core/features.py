@@ -20,10 +20,10 @@ Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from rcq.immutable import immutable
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Level:
     number: int
     name: str

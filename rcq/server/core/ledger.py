@@ -106,7 +106,7 @@ class Ledger:
                 queue.append(item_id, value, ItemMeta(
                     priority=meta.priority, visible_at_ms=meta.visible_at_ms, expires_at_ms=meta.expires_at_ms,
                     headers=item_headers))
-            added_bytes += len(value) + headers_bytes(item_headers)
+            added_bytes += len(value) if item_headers is None else len(value) + headers_bytes(item_headers)
             item_id += 1
         self.next_item_id = item_id
         queue.note_enqueue_time(first, self.now_ms)

@@ -15,13 +15,13 @@ Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from rcq.immutable import immutable
 from rcq.server.core.commands import CommitUnit, UnitOutcome
 from rcq.server.core.retention import TimedTable
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TransactionOutcome:
     status: str  # "committed" or "rejected"
     index: int
@@ -29,7 +29,7 @@ class TransactionOutcome:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class KeyRecord:
     """An idempotency key: the index of the entry that committed under it."""
 
@@ -46,7 +46,7 @@ def id_term(transaction_id: str) -> int:
         return 0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Retention:
     """How long a table keeps its entries, and how many it may hold (see TimedTable)."""
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
+from rcq.immutable import immutable
 from rcq.server.core.commands import QueueSettings, decode_headers
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_SNAPSHOT_FORMAT_4, UnreadableLevel
 from rcq.server.core.ledger import Ledger
@@ -86,7 +86,7 @@ def digest(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]]) -> str
     return h.hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Decoded:
     """A snapshot read back: the parts the state machine replaces its own with."""
 
