@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
@@ -68,62 +69,88 @@ class ChannelUnusable(Exception):
 
 
 class _Connection:
-    """One open WebSocket: its requests in flight (id -> future) and the one task that reads answers."""
+    """One open WebSocket: its requests in flight (id -> request), the one task that reads answers,
+    and two timers: the requests' (:meth:`_sweep`) and the heartbeat's (:meth:`_heartbeat`)."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, node_url: str) -> None:
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self.ws = ws
         self.node_url = node_url
-        self.pending: dict[int, asyncio.Future[Answer]] = {}
+        self.pending: dict[int, _Request] = {}
         self.ended: RcqError | None = None  # why no more frames go out on it
-        self.last_frame_at = loop.time()
+        self.last_frame_at = loop.time()  # the last frame but pings and pongs
+        self._last_pong_at = -math.inf
         self._last_id = 0
         self._closing: asyncio.Task[Any] | None = None
+        # One timer for every request in flight, at the earliest time one of them is due, not one
+        # per request: a TimerHandle per request (scheduled, cancelled, heap-sorted) is a good
+        # part of a single-item transaction's CPU.
+        self._sweep_at = math.inf
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._ping_sent_at: float | None = None
+        self._heartbeat_handle: asyncio.TimerHandle | None = loop.call_at(self.last_frame_at + HEARTBEAT_S,
+                                                                         self._heartbeat)
         self.reader = loop.create_task(self._read())
 
     def new_id(self) -> int:
         self._last_id = self._last_id + 1 if self._last_id < FRAME_ID_MAX else 1
         return self._last_id
 
-    async def send(self, frame_id: int, frame: bytes) -> asyncio.Future[Answer]:
-        """Write one frame; the future of its answer. Not written: ExchangeFailed(maybe_sent=False)."""
+    def send(self, frame_id: int, frame: bytes, request: _Request) -> asyncio.Future[None] | None:
+        """Write one frame, ``request`` in flight from now on. Not written: ExchangeFailed(maybe_sent=False).
+        None: written; else the wait for the socket's buffer to drain, for :meth:`drained`."""
         if self.ended is not None or self.ws.closed:
             raise ExchangeFailed(self.ended or Unavailable(f"the session channel to {self.node_url} closed"),
                                  maybe_sent=False)
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self.pending[frame_id] = future
-        # Shielded: the frame is written at once, only the wait for the socket's buffer to drain can
-        # be cut short, and a cancelled drain wait would cancel every other sender's wait with it.
-        sending = asyncio.ensure_future(self.ws.send_frame(frame, aiohttp.WSMsgType.TEXT))
-        sending.add_done_callback(_consume)
+        self.pending[frame_id] = request
+        if request.due < self._sweep_at:
+            self._sweep_from(request.due)
         try:
-            await asyncio.shield(sending)
+            # Without compression aiohttp writes the frame at once and only waits when the socket's
+            # buffer is full: no task for the common case.
+            return _start(self.ws.send_frame(frame, aiohttp.WSMsgType.TEXT))
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
-            # the connection broke while the frame was written or after: it may have left
-            self.forget(frame_id)
-            self.end(Unavailable(f"the session channel to {self.node_url} broke: {exc!r}"))
-            raise ExchangeFailed(Unavailable(f"the session channel to {self.node_url} broke while sending: "
-                                             f"{exc!r}"), maybe_sent=True) from exc
+            raise self._broke(frame_id, exc) from exc
         except BaseException:
             self.forget(frame_id)
             raise
-        return future
+
+    async def drained(self, frame_id: int, draining: asyncio.Future[None]) -> None:
+        """Wait for the socket's buffer to drain after the frame ``frame_id`` was written."""
+        try:
+            # Shielded: only the wait can be cut short, and a cancelled drain wait would cancel
+            # every other sender's wait with it.
+            await asyncio.shield(draining)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            raise self._broke(frame_id, exc) from exc
+
+    def _broke(self, frame_id: int, exc: BaseException) -> ExchangeFailed:
+        # the connection broke while the frame was written or after: it may have left
+        self.forget(frame_id)
+        self.end(Unavailable(f"the session channel to {self.node_url} broke: {exc!r}"))
+        return ExchangeFailed(Unavailable(f"the session channel to {self.node_url} broke while sending: {exc!r}"),
+                              maybe_sent=True)
 
     def forget(self, frame_id: int) -> None:
-        future = self.pending.pop(frame_id, None)
-        if future is not None and not future.done():
-            future.cancel()
+        request = self.pending.pop(frame_id, None)
+        if request is not None and not request.future.done():
+            request.future.cancel()
 
     def end(self, error: RcqError) -> None:
         """No more frames: every request in flight fails as one that may have executed; the socket closes."""
         if self.ended is not None:
             return
         self.ended = error
+        for handle in (self._sweep_handle, self._heartbeat_handle):
+            if handle is not None:
+                handle.cancel()
+        self._sweep_handle = self._heartbeat_handle = None
+        self._sweep_at = math.inf
         pending, self.pending = self.pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(ExchangeFailed(error, maybe_sent=True))
-                future.exception()  # retrieved: its waiter may be gone already
+        for request in pending.values():
+            if not request.future.done():
+                request.future.set_exception(ExchangeFailed(error, maybe_sent=True))
+                request.future.exception()  # retrieved: its waiter may be gone already
         if self.reader is not asyncio.current_task():
             self.reader.cancel()
         if not self.ws.closed:
@@ -138,25 +165,91 @@ class _Connection:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._closing
 
+    # ------------------------------------------------------------------ timers
+    def _sweep_from(self, when: float) -> None:
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        self._sweep_at = when
+        self._sweep_handle = self.loop.call_at(when, self._sweep)
+
+    def _sweep(self) -> None:
+        """Every request whose time has come becomes overdue (its watch starts) or fails
+        (:class:`_Expired`, past its deadline), at the time it would with a timer of its own."""
+        now = max(self.loop.time(), self._sweep_at)  # a timer may run a hair before its time
+        self._sweep_handle, self._sweep_at = None, math.inf
+        next_at = math.inf
+        for request in list(self.pending.values()):
+            if request.future.done():
+                continue
+            if request.due <= now:
+                request.fire()
+            if not request.future.done() and request.due < next_at:
+                next_at = request.due
+        if next_at < math.inf and self.ended is None:
+            self._sweep_from(next_at)
+
+    def _heartbeat(self) -> None:
+        """A ping once nothing came for HEARTBEAT_S; no frame at all within half of that after it (its
+        pong or any other) ends the channel. It finds a connection that died silently within
+        1.5 * HEARTBEAT_S of its last frame, as aiohttp's own heartbeat would, without re-arming a
+        timer on every frame received."""
+        now = self.loop.time()
+        heard_at = max(self.last_frame_at, self._last_pong_at)
+        if self._ping_sent_at is not None:
+            if heard_at < self._ping_sent_at:
+                self.end(Unavailable(f"the session channel to {self.node_url} fell silent: no answer to a ping "
+                                     f"within {HEARTBEAT_S / 2:g} s"))
+                return
+            self._ping_sent_at = None
+        if now < heard_at + HEARTBEAT_S:
+            self._heartbeat_handle = self.loop.call_at(heard_at + HEARTBEAT_S, self._heartbeat)
+            return
+        self._ping_sent_at = now
+        self._heartbeat_handle = self.loop.call_at(now + HEARTBEAT_S / 2, self._heartbeat)
+        self._control(self.ws.ping())
+
+    def _control(self, sending: Coroutine[Any, Any, None]) -> None:
+        """Send a ping or a pong; a failure ends the channel."""
+        try:
+            waiting = _start(sending)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            self.end(Unavailable(f"the session channel to {self.node_url} broke: {exc!r}"))
+            return
+        if waiting is not None:
+            waiting.add_done_callback(self._control_done)
+
+    def _control_done(self, waiting: asyncio.Future[None]) -> None:
+        if not waiting.cancelled() and waiting.exception() is not None:
+            self.end(Unavailable(f"the session channel to {self.node_url} broke: {waiting.exception()!r}"))
+
     # ------------------------------------------------------------------ reading
     async def _read(self) -> None:
         why = "the node closed it"
         try:
             while True:
                 message = await self.ws.receive()
-                self.last_frame_at = asyncio.get_running_loop().time()
-                if message.type is aiohttp.WSMsgType.TEXT:
+                kind = message.type
+                if kind is aiohttp.WSMsgType.TEXT:
+                    self.last_frame_at = self.loop.time()
                     if not self._answer(message.data):
                         why = "the node refused the token"
                         break
-                elif message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                    continue
+                if kind is aiohttp.WSMsgType.PONG:
+                    self._last_pong_at = self.loop.time()
+                    continue
+                if kind is aiohttp.WSMsgType.PING:  # answered here: aiohttp's autoping is off (see _heartbeat)
+                    self._last_pong_at = self.loop.time()
+                    self._control(self.ws.pong(message.data))
+                    continue
+                self.last_frame_at = self.loop.time()
+                if kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
                     why = f"the node closed it (code {self.ws.close_code})"
                     break
-                elif message.type is aiohttp.WSMsgType.ERROR:
+                if kind is aiohttp.WSMsgType.ERROR:
                     why = f"it failed: {message.data!r}"
                     break
-                else:  # binary: not of this protocol
-                    log.warning("session channel to %s: ignored a %s frame", self.node_url, message.type.name)
+                log.warning("session channel to %s: ignored a %s frame", self.node_url, kind.name)  # binary
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             why = f"it failed: {exc!r}"
         self.end(Unavailable(f"the session channel to {self.node_url} closed: {why}"))
@@ -176,16 +269,16 @@ class _Connection:
             message = error.get("message") if isinstance(error, dict) else body
             log.warning("session channel to %s: error frame, HTTP %s: %s", self.node_url, status, message)
             return status != 401
-        future = self.pending.pop(frame_id, None) if isinstance(frame_id, int) else None
-        if future is None or future.done():
+        request = self.pending.pop(frame_id, None) if isinstance(frame_id, int) else None
+        if request is None or request.future.done():
             return True  # a late answer of a request that timed out or was cancelled
         if not isinstance(status, int) or isinstance(status, bool):
             # the node broke the protocol after executing who knows what
-            future.set_exception(ExchangeFailed(
+            request.future.set_exception(ExchangeFailed(
                 Unavailable(f"the session channel to {self.node_url} answered a frame without a status"),
                 maybe_sent=True))
             return True
-        future.set_result(Answer(status, body, None, _leader_url(status, body)))
+        request.future.set_result(Answer(status, body, None, _leader_url(status, body)))
         return True
 
 
@@ -238,11 +331,13 @@ class Channel:
                                                  f"within {timeout_s:g} s"), maybe_sent=False) from exc
         frame_id = connection.new_id()
         sent_at = loop.time()
-        future = await connection.send(frame_id, b'{"id":%d,' % frame_id + body[1:])
-        # One timer per request, not a task and a timeout context: the hot path of every verb.
-        timer = _RequestTimer(future, deadline, None if overdue_s is None else sent_at + overdue_s, on_overdue)
+        request = _Request(loop.create_future(), deadline,
+                           None if overdue_s is None else sent_at + overdue_s, on_overdue)
+        draining = connection.send(frame_id, b'{"id":%d,' % frame_id + body[1:], request)
         try:
-            return await future
+            if draining is not None:
+                await connection.drained(frame_id, draining)
+            return await request.future
         except _Expired as exc:
             connection.forget(frame_id)
             if connection.last_frame_at < sent_at:  # not a frame since: the connection looks dead
@@ -253,7 +348,8 @@ class Channel:
             connection.forget(frame_id)
             raise
         finally:
-            timer.cancel()
+            if request.watch is not None:
+                request.watch.cancel()
 
     async def _connected(self) -> _Connection:
         connection = self._connection
@@ -291,7 +387,7 @@ class Channel:
             async with asyncio.timeout(self._connect_timeout_s):
                 # no ssl argument: the session's connector holds the TLS settings, as for every HTTP request
                 ws = await self._session().ws_connect(
-                    url, protocols=(SUBPROTOCOL,), headers=headers, autoping=True, heartbeat=HEARTBEAT_S,
+                    url, protocols=(SUBPROTOCOL,), headers=headers, autoping=False,  # pings: _Connection._heartbeat
                     compress=0, max_msg_size=0,  # answers are unbounded, as over HTTP
                     timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=CLOSE_TIMEOUT_S))
         except aiohttp.WSServerHandshakeError as exc:
@@ -338,42 +434,69 @@ Abandon = Callable[[BaseException], bool]
 OverdueWatch = Callable[[Abandon], Coroutine[Any, Any, None]]
 
 
-class _RequestTimer:
-    """The one timer of a request in flight: first when it becomes overdue (its watch starts), then
-    at its deadline (its answer future fails with :class:`_Expired`)."""
+class _Request:
+    """A request in flight: its answer's future and its times (loop time). ``due``: when the
+    connection's sweep acts on it next: first when it becomes overdue (its watch starts), then at
+    its deadline (its future fails with :class:`_Expired`)."""
+
+    __slots__ = ("deadline", "due", "future", "on_overdue", "watch")
 
     def __init__(self, future: asyncio.Future[Answer], deadline: float, overdue_at: float | None,
                  on_overdue: OverdueWatch | None) -> None:
-        self._future = future
-        self._deadline = deadline
-        self._on_overdue = on_overdue if overdue_at is not None and overdue_at < deadline else None
-        self._watch: asyncio.Task[None] | None = None
-        loop = future.get_loop()
-        first = overdue_at if overdue_at is not None and self._on_overdue is not None else deadline
-        self._handle = loop.call_at(first, self._fire)
+        self.future = future
+        self.deadline = deadline
+        watched = on_overdue is not None and overdue_at is not None and overdue_at < deadline
+        self.on_overdue = on_overdue if watched else None
+        self.due = overdue_at if watched and overdue_at is not None else deadline
+        self.watch: asyncio.Task[None] | None = None
 
-    def _fire(self) -> None:
-        if self._future.done():
+    def fire(self) -> None:
+        if self.on_overdue is None:
+            self.future.set_exception(_Expired())
             return
-        if self._on_overdue is None:
-            self._future.set_exception(_Expired())
-            return
-        watch, self._on_overdue = self._on_overdue, None
-        loop = self._future.get_loop()
-        self._handle = loop.call_at(self._deadline, self._fire)
-        self._watch = loop.create_task(watch(self._abandon))
-        self._watch.add_done_callback(_consume)
+        watch, self.on_overdue = self.on_overdue, None
+        self.due = self.deadline
+        self.watch = self.future.get_loop().create_task(watch(self._abandon))
+        self.watch.add_done_callback(_consume)
 
     def _abandon(self, error: BaseException) -> bool:
-        if self._future.done():
+        if self.future.done():
             return False
-        self._future.set_exception(error)
+        self.future.set_exception(error)
         return True
 
-    def cancel(self) -> None:
-        self._handle.cancel()
-        if self._watch is not None and not self._watch.done():
-            self._watch.cancel()
+
+def _start(coroutine: Coroutine[Any, Any, None]) -> asyncio.Future[None] | None:
+    """Run ``coroutine`` up to its first wait, as an eagerly started task would: None if it ended
+    there (what it raised is raised), else a task that runs the rest."""
+    try:
+        waiting = coroutine.send(None)
+    except StopIteration:
+        return None
+    rest = asyncio.ensure_future(_resume(coroutine, waiting))
+    rest.add_done_callback(_consume)
+    return rest
+
+
+async def _resume(coroutine: Coroutine[Any, Any, None], waiting: Any) -> None:
+    """The rest of a coroutine :func:`_start` began: what it waits for is awaited here, and its
+    outcome sent (or thrown) into it, as a task does."""
+    while True:
+        try:
+            if waiting is None:  # a bare yield: one turn of the loop
+                await asyncio.sleep(0)
+            else:
+                await waiting
+        except BaseException as exc:  # the coroutine's to handle, as under a task
+            try:
+                waiting = coroutine.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                waiting = coroutine.send(None)
+            except StopIteration:
+                return
 
 
 def _leader_url(status: int, body: Any) -> str | None:

@@ -21,10 +21,12 @@ import pytest
 from aiohttp import web
 
 from rcq.client import RcqClient, Unauthorized
+from rcq.client import channel as channel_module
 from rcq.client.channel import PATH, SUBPROTOCOL, Channel, ChannelUnusable
 from rcq.client.exchange import ExchangeFailed
 from rcq.errors import NotLeader, RouteNotFound
 from rcq.server.node import Node
+from rcq.testing.waits import wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.fakes import FakeNode, Wire
 from tests.helpers.nodes import running_node, url_of
@@ -35,7 +37,8 @@ BEGUN = {"transaction_id": "1.000000000000000000000001", "label": None}
 # ------------------------------------------------------------------ the fake node
 class SessionNode:
     """A node with a session channel that the test drives: ``refusal`` (status, body) refuses
-    upgrades; otherwise each frame goes to ``frames`` with its socket, unanswered."""
+    upgrades; otherwise each frame goes to ``frames`` with its socket, unanswered. Pings are
+    counted, and answered while ``answer_pings``; the pongs that come are kept in ``pongs``."""
 
     def __init__(self) -> None:
         self.url = ""
@@ -45,17 +48,27 @@ class SessionNode:
         self.frames: asyncio.Queue[tuple[web.WebSocketResponse, dict[str, Any]]] = asyncio.Queue()
         self.sockets: list[web.WebSocketResponse] = []
         self.closed_by_client = 0
+        self.answer_pings = True
+        self.pings = 0
+        self.pongs: list[bytes] = []
 
     async def session(self, request: web.Request) -> web.StreamResponse:
         self.upgrades.append(dict(request.headers))
         if self.refusal is not None:
             status, body = self.refusal
             return web.json_response(body, status=status)
-        ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,))
+        ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,), autoping=False)
         await ws.prepare(request)
         self.sockets.append(ws)
         async for message in ws:
-            self.frames.put_nowait((ws, json.loads(message.data)))
+            if message.type is aiohttp.WSMsgType.PING:
+                self.pings += 1
+                if self.answer_pings:
+                    await ws.pong(message.data)
+            elif message.type is aiohttp.WSMsgType.PONG:
+                self.pongs.append(message.data)
+            else:
+                self.frames.put_nowait((ws, json.loads(message.data)))
         if ws.close_code == aiohttp.WSCloseCode.OK:
             self.closed_by_client += 1
         return ws
@@ -203,6 +216,160 @@ async def test_a_timeout_with_no_frame_at_all_since_the_request_closes_the_chann
     await node.answer(ws, frame, {"label": "b"})
     assert (await exchanging).payload == {"label": "b"}
     assert len(node.upgrades) == 2
+
+
+async def test_each_request_times_out_at_its_own_deadline_whatever_the_order_they_left_in(
+        node: SessionNode, channel: Channel):
+    patient = asyncio.ensure_future(channel.exchange(begin("patient"), LOCAL_WAIT_S))
+    patient_ws, patient_frame = await node.next_frame()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    hasty = asyncio.ensure_future(channel.exchange(begin("hasty"), 0.3))  # left later, due sooner
+    await node.next_frame()
+    quick = asyncio.ensure_future(channel.exchange(begin("quick"), LOCAL_WAIT_S))
+    ws, frame = await node.next_frame()
+    await node.answer(ws, frame, {"label": "quick"})  # the channel is alive: the hasty one is merely unanswered
+    assert (await quick).payload == {"label": "quick"}
+    with pytest.raises(ExchangeFailed) as failed:
+        await hasty
+    assert 0.3 <= loop.time() - began < LOCAL_WAIT_S / 2
+    assert failed.value.maybe_sent is True
+    await node.answer(patient_ws, patient_frame, {"label": "patient"})
+    assert (await patient).payload == {"label": "patient"}
+    assert len(node.upgrades) == 1
+
+
+async def test_an_overdue_request_starts_its_watch_which_may_abandon_it(node: SessionNode, channel: Channel):
+    loop = asyncio.get_running_loop()
+    watched_at: list[float] = []
+
+    async def watch(abandon: channel_module.Abandon) -> None:
+        watched_at.append(loop.time())
+        assert abandon(RuntimeError("another leader"))
+
+    began = loop.time()
+    exchanging = asyncio.ensure_future(channel.exchange(begin("a"), LOCAL_WAIT_S, 0.2, watch))
+    ws, frame = await node.next_frame()
+    with pytest.raises(RuntimeError, match="another leader"):
+        await exchanging
+    assert len(watched_at) == 1 and 0.2 <= watched_at[0] - began < LOCAL_WAIT_S / 2
+    await node.answer(ws, frame, {"label": "a"})  # late: nobody waits for it
+    assert channel.in_flight == 0
+
+
+async def test_a_watch_that_does_not_abandon_ends_with_the_answer_and_an_answer_in_time_starts_none(
+        node: SessionNode, channel: Channel):
+    watches: list[str] = []
+
+    async def watch(abandon: channel_module.Abandon) -> None:
+        watches.append("started")
+        try:
+            await asyncio.sleep(LOCAL_WAIT_S)
+        except asyncio.CancelledError:
+            watches.append("cancelled")
+            raise
+
+    quick = asyncio.ensure_future(channel.exchange(begin("quick"), LOCAL_WAIT_S, 0.2, watch))
+    ws, frame = await node.next_frame()
+    await node.answer(ws, frame, {"label": "quick"})
+    assert (await quick).payload == {"label": "quick"}
+    slow = asyncio.ensure_future(channel.exchange(begin("slow"), LOCAL_WAIT_S, 0.2, watch))
+    ws, frame = await node.next_frame()
+    await wait_until(lambda: watches == ["started"], LOCAL_WAIT_S)
+    await node.answer(ws, frame, {"label": "slow"})
+    assert (await slow).payload == {"label": "slow"}
+    await wait_until(lambda: watches == ["started", "cancelled"], LOCAL_WAIT_S)
+
+
+async def test_an_overdue_request_still_times_out_at_its_deadline(node: SessionNode, channel: Channel):
+    watches: list[str] = []
+
+    async def watch(abandon: channel_module.Abandon) -> None:
+        watches.append("started")
+        await asyncio.sleep(LOCAL_WAIT_S)
+
+    with pytest.raises(ExchangeFailed) as failed:
+        await asyncio.gather(channel.exchange(begin("a"), 0.3, 0.1, watch), node.next_frame())
+    assert failed.value.maybe_sent is True
+    assert watches == ["started"]
+
+
+async def test_an_idle_channel_pings_the_node_and_stays_open_while_it_answers(
+        node: SessionNode, channel: Channel, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(channel_module, "HEARTBEAT_S", 0.1)
+    exchanging = asyncio.ensure_future(channel.exchange(begin("a"), LOCAL_WAIT_S))
+    ws, frame = await node.next_frame()
+    await node.answer(ws, frame, {"label": "a"})
+    await exchanging
+    await wait_until(lambda: node.pings >= 4, LOCAL_WAIT_S)  # well past a pong's deadline
+    exchanging = asyncio.ensure_future(channel.exchange(begin("b"), LOCAL_WAIT_S))
+    ws, frame = await node.next_frame()
+    await node.answer(ws, frame, {"label": "b"})
+    assert (await exchanging).payload == {"label": "b"}
+    assert len(node.upgrades) == 1
+
+
+async def test_a_busy_channel_sends_no_ping(node: SessionNode, channel: Channel,
+                                            monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(channel_module, "HEARTBEAT_S", 0.2)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 0.6
+    while loop.time() < until:  # an answer every 50 ms: never idle for a heartbeat
+        exchanging = asyncio.ensure_future(channel.exchange(begin("a"), LOCAL_WAIT_S))
+        ws, frame = await node.next_frame()
+        await asyncio.sleep(0.05)
+        await node.answer(ws, frame, {"label": "a"})
+        await exchanging
+    assert node.pings == 0
+
+
+async def test_a_node_that_falls_silent_is_found_dead_within_one_and_a_half_heartbeats(
+        node: SessionNode, channel: Channel, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(channel_module, "HEARTBEAT_S", 0.2)
+    node.answer_pings = False
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    exchanging = asyncio.ensure_future(channel.exchange(begin("a"), LOCAL_WAIT_S))
+    await node.next_frame()  # never answered, nor is the ping
+    with pytest.raises(ExchangeFailed, match="(?i)ping|pong") as failed:
+        await exchanging
+    assert failed.value.maybe_sent is True
+    assert 0.3 <= loop.time() - began < 0.3 + LOCAL_WAIT_S / 4
+    assert node.pings == 1
+
+
+async def test_the_channel_answers_the_nodes_pings(node: SessionNode, channel: Channel):
+    exchanging = asyncio.ensure_future(channel.exchange(begin("a"), LOCAL_WAIT_S))
+    ws, frame = await node.next_frame()
+    await node.answer(ws, frame, {"label": "a"})
+    await exchanging
+    await ws.ping(b"are you there")
+    await wait_until(lambda: node.pongs == [b"are you there"], LOCAL_WAIT_S)
+
+
+async def test_a_send_that_must_wait_finishes_in_the_background_with_its_outcome():
+    loop = asyncio.get_running_loop()
+    go: asyncio.Future[None] = loop.create_future()
+    steps: list[str] = []
+
+    async def sending(fail: bool) -> None:
+        steps.append("written")
+        await go  # the socket's buffer drains
+        await asyncio.sleep(0)
+        steps.append("drained")
+        if fail:
+            raise ConnectionResetError("gone")
+
+    async def at_once() -> None:
+        steps.append("at once")
+
+    assert channel_module._start(at_once()) is None
+    rest = channel_module._start(sending(fail=True))
+    assert rest is not None and steps == ["at once", "written"]
+    go.set_result(None)
+    with pytest.raises(ConnectionResetError):
+        await rest
+    assert steps == ["at once", "written", "drained"]
 
 
 async def test_a_cancelled_request_forgets_its_id(node: SessionNode, channel: Channel):
