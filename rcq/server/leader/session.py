@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rcq.immutable import immutable
 from rcq.server.core.commands import EnqueueOptions, Headers
 
 
@@ -101,7 +102,7 @@ class AnswerBudget:
         return self.answered and self.remaining <= 0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CommitResult:
     transaction_ids: tuple[str, ...]
     index: int
@@ -110,7 +111,7 @@ class CommitResult:
     dequeued: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class DeadLetter:
     """Why an item in a dead-letter queue died, and where it came from."""
 
@@ -120,7 +121,7 @@ class DeadLetter:
     note: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class DequeuedItem:
     item_id: int
     queue: str
@@ -133,7 +134,7 @@ class DequeuedItem:
     headers: Headers | None = None  # None: it has none
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EnqueueStep:
     """One enqueue of a one-request transaction (:meth:`TransactionManager.execute`)."""
 
@@ -143,7 +144,7 @@ class EnqueueStep:
     headers: list[Headers | None] | None = None  # each item's, parallel to ``values`` (None: none has any)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class DequeueStep:
     """One dequeue of a one-request transaction (:meth:`TransactionManager.execute`)."""
 
@@ -152,7 +153,7 @@ class DequeueStep:
     wait_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Executed:
     """What a one-request transaction did: per step, how many items it enqueued, or the items it
     dequeued (none when the commit was a duplicate: this run's dequeues did not apply)."""
