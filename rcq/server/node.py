@@ -19,6 +19,7 @@ from aiohttp import web
 from rcq.server.config import NodeConfig, is_loopback
 from rcq.server.core.features import level_max_read
 from rcq.server.core.state_machine import QueueStateMachine
+from rcq.server.heap import keep_heap_top
 from rcq.server.http.api import create_app
 from rcq.server.http.connections import HttpListener, runner_options
 from rcq.server.leader.transactions import TransactionManager
@@ -87,6 +88,7 @@ class Node:
 
 
 async def run_node(config: NodeConfig) -> None:
+    keep_heap_top()  # every Raft message compresses: see rcq.server.heap
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
