@@ -306,50 +306,49 @@ class Channel:
         Raises ExchangeFailed (no answer) or ChannelUnusable (not sent: use HTTP). With no answer
         ``overdue_s`` after it left, ``on_overdue(abandon)`` runs (a task) until the answer comes; it
         may give up on the request with ``abandon(exception)``, which this then raises."""
-        self.in_flight += 1
+        self.in_flight += 1  # in this one coroutine, not around another: it runs on every answer
         try:
-            return await self._exchange(operation, timeout_s, overdue_s, on_overdue)
+            body = dumps(operation)  # encoded once: the id is spliced in front
+            if len(body) > FRAME_BYTES_MAX:
+                raise ChannelUnusable(f"a request of {len(body)} bytes goes over HTTP", None)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            connection = self._connection
+            if connection is None or connection.ended is not None:
+                connection = await self._connected_by(deadline, timeout_s)
+            frame_id = connection.new_id()
+            sent_at = loop.time()
+            request = _Request(loop.create_future(), deadline,
+                               None if overdue_s is None else sent_at + overdue_s, on_overdue)
+            draining = connection.send(frame_id, b'{"id":%d,' % frame_id + body[1:], request)
+            try:
+                if draining is not None:
+                    await connection.drained(frame_id, draining)
+                return await request.future
+            except _Expired as exc:
+                connection.forget(frame_id)
+                if connection.last_frame_at < sent_at:  # not a frame since: the connection looks dead
+                    connection.end(Unavailable(f"the session channel to {self.node_url} fell silent"))
+                raise ExchangeFailed(Unavailable(f"no answer from {self.node_url} within {timeout_s:g} s "
+                                                 "on the session channel"), maybe_sent=True) from exc
+            except BaseException:  # abandoned, cancelled, or the channel dropped: a late answer is dropped
+                connection.forget(frame_id)
+                raise
+            finally:
+                if request.watch is not None:
+                    request.watch.cancel()
         finally:
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
 
-    async def _exchange(self, operation: Mapping[str, Any], timeout_s: float, overdue_s: float | None,
-                        on_overdue: OverdueWatch | None) -> Answer:
-        body = dumps(operation)  # encoded once: the id is spliced in front
-        if len(body) > FRAME_BYTES_MAX:
-            raise ChannelUnusable(f"a request of {len(body)} bytes goes over HTTP", None)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        connection = self._connection
-        if connection is None or connection.ended is not None:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    connection = await self._connected()
-            except TimeoutError as exc:
-                raise ExchangeFailed(Unavailable(f"cannot open the session channel to {self.node_url} "
-                                                 f"within {timeout_s:g} s"), maybe_sent=False) from exc
-        frame_id = connection.new_id()
-        sent_at = loop.time()
-        request = _Request(loop.create_future(), deadline,
-                           None if overdue_s is None else sent_at + overdue_s, on_overdue)
-        draining = connection.send(frame_id, b'{"id":%d,' % frame_id + body[1:], request)
+    async def _connected_by(self, deadline: float, timeout_s: float) -> _Connection:
         try:
-            if draining is not None:
-                await connection.drained(frame_id, draining)
-            return await request.future
-        except _Expired as exc:
-            connection.forget(frame_id)
-            if connection.last_frame_at < sent_at:  # not a frame since: the connection looks dead
-                connection.end(Unavailable(f"the session channel to {self.node_url} fell silent"))
-            raise ExchangeFailed(Unavailable(f"no answer from {self.node_url} within {timeout_s:g} s "
-                                             "on the session channel"), maybe_sent=True) from exc
-        except BaseException:  # abandoned, cancelled, or the channel dropped: a late answer is dropped
-            connection.forget(frame_id)
-            raise
-        finally:
-            if request.watch is not None:
-                request.watch.cancel()
+            async with asyncio.timeout_at(deadline):
+                return await self._connected()
+        except TimeoutError as exc:
+            raise ExchangeFailed(Unavailable(f"cannot open the session channel to {self.node_url} "
+                                             f"within {timeout_s:g} s"), maybe_sent=False) from exc
 
     async def _connected(self) -> _Connection:
         connection = self._connection

@@ -207,6 +207,9 @@ class RcqClient:
         """Enqueue and commit in one request. Exactly once under retries (idempotency key).
         ``priority``, ``delay_s``, ``ttl_s``, ``headers``: as :meth:`Transaction.enqueue_batch`."""
         key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
+        if not hooks.instrumented():  # the hot path: no wrapper coroutine, no closure
+            return await self._enqueue(queue, items, key, priority=priority, delay_s=delay_s, ttl_s=ttl_s,
+                                       headers=headers)
         return await hooks.active().send(self._transport, queue, len(items), headers, lambda sent: self._enqueue(
             queue, items, key, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=sent))
 
@@ -231,6 +234,8 @@ class RcqClient:
         """:meth:`dequeue` (at most once), as :class:`Item` objects: ids, delivery counts, priorities,
         dead-letter details."""
         check_queue_name(queue)
+        if not hooks.instrumented():
+            return await self._dequeue_items(queue, max_items, wait_ms)
         return await hooks.active().receive(self._transport, queue, lambda: self._dequeue_items(queue, max_items, wait_ms),
                                             list)
 
@@ -250,6 +255,8 @@ class RcqClient:
         exactly once under retries (an idempotency key is generated if None); dequeues are at
         most once, and a ``duplicate`` answer carries no items."""
         key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
+        if not hooks.instrumented():
+            return await self._execute(list(operations), key)
         return await hooks.active().execute(self._transport, list(operations), lambda sent: self._execute(sent, key),
                                             lambda result: [item for done in result.results for item in done.items])
 

@@ -274,7 +274,7 @@ class Transport:
         # (a waiting one would hold the whole batch up).
         batch_operation = request.batch_operation if request.wait_ms == 0 else None
         coalescer = self._coalescer if batch_operation is not None else None
-        size_bytes = estimated_item_bytes(batch_operation) if batch_operation is not None else 0
+        size_bytes = estimated_item_bytes(batch_operation) if coalescer is not None and batch_operation is not None else 0
         delay_s, failures, redirects, sent = BACKOFF_FIRST_S, 0, 0, 0
         while True:
             sent += 1

@@ -38,6 +38,7 @@ from rcq.client import (
     TransactionNotFound,
     Unavailable,
     encode_items,
+    hooks,
 )
 from rcq.client.coalescer import COALESCE_PARTS_MAX
 from rcq.server.core.state_machine import QueueStateMachine
@@ -653,3 +654,37 @@ def test_every_name_importable_before_the_split_still_is():
     }
     assert before_the_split <= set(rcq.client.__all__)
     assert all(hasattr(rcq.client, name) for name in rcq.client.__all__)
+
+
+async def test_installed_hooks_wrap_the_one_request_verbs_and_the_no_op_ones_are_skipped(client: RcqClient):
+    calls: list[str] = []
+
+    class Recording(hooks.Hooks):
+        async def send(self, target: Any, queue: str, count: int, headers: Any, call: Any, *,
+                       transaction_id: str | None = None) -> Any:
+            calls.append(f"send {queue} {count}")
+            return await call(headers)
+
+        async def receive(self, target: Any, queue: str, call: Any, items_of: Any, *,
+                          transaction_id: str | None = None) -> Any:
+            calls.append(f"receive {queue}")
+            return await call()
+
+        async def execute(self, target: Any, operations: Any, call: Any, items_of: Any) -> Any:
+            calls.append(f"execute {len(operations)}")
+            return await call(operations)
+
+    assert not hooks.instrumented()
+    previous = hooks.install(hooks.Hooks())  # a plain one does nothing either
+    assert not hooks.instrumented()
+    hooks.install(Recording())
+    try:
+        assert hooks.instrumented()
+        await client.enqueue("hooked", b"a", b"b")
+        assert await client.dequeue("hooked") == [b"a"]
+        await client.execute([Enqueue("hooked", [b"c"])])
+    finally:
+        hooks.install(previous)
+    assert calls == ["send hooked 2", "receive hooked", "execute 1"]
+    assert not hooks.instrumented()
+    assert await client.dequeue("hooked", 2) == [b"b", b"c"]
