@@ -83,3 +83,42 @@ def test_a_closed_loop_raises_as_call_soon_threadsafe_does() -> None:
         calls.call(print, "never")
     with pytest.raises(RuntimeError):  # and the next call tries again rather than waiting for a drain
         calls.call(print, "never")
+
+
+async def test_unhurried_calls_wake_nothing_and_run_in_order_at_the_next_drain_or_run_queued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    loop = asyncio.get_running_loop()
+    calls = LoopCalls()
+    calls.bind(loop)
+    wakes: list[object] = []
+    schedule = loop.call_soon_threadsafe
+
+    def counting(callback: object, *args: object) -> asyncio.Handle:
+        wakes.append(callback)
+        return schedule(callback, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    seen: list[str] = []
+    calls.call_unhurried(seen.append, "applied 1")
+    calls.call_unhurried(seen.append, "applied 2")
+    await asyncio.sleep(0)
+    assert wakes == [] and seen == []  # queued, the loop not woken
+    calls.call(seen.append, "urgent")  # an ordinary call: one wake-up runs everything, in order
+    assert len(wakes) == 1
+    await asyncio.sleep(0)
+    assert seen == ["applied 1", "applied 2", "urgent"]
+    calls.call_unhurried(seen.append, "applied 3")
+    calls.run_queued()  # the loop's periodic pass
+    assert seen[-1] == "applied 3" and len(wakes) == 1
+
+
+async def test_run_queued_leaves_a_scheduled_drain_its_calls() -> None:
+    loop = asyncio.get_running_loop()
+    calls = LoopCalls()
+    calls.bind(loop)
+    seen: list[int] = []
+    calls.call(seen.append, 1)  # a drain is scheduled
+    calls.run_queued()  # runs it now
+    calls.call(seen.append, 2)  # the scheduled drain is still pending: no second one
+    await asyncio.sleep(0)
+    assert seen == [1, 2]

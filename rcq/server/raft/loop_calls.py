@@ -7,6 +7,11 @@ Here the calls queue up and one scheduled drain runs them all: a burst of entrie
 wake-up, and the order of the calls is the order they were made (an entry is delivered before
 the answer to its proposal, as with call_soon_threadsafe alone).
 
+A call that may wait (:meth:`LoopCalls.call_unhurried`: an entry a follower applied, which its
+loop only notes) is queued in the same order without waking the loop: the next ordinary call's
+drain runs it first, or the loop's own periodic :meth:`LoopCalls.run_queued`. A follower under
+load applies an entry every few milliseconds; it now wakes its loop for them a few times a second.
+
 Must not import: anything of rcq's, pysyncobj.
 """
 
@@ -50,12 +55,27 @@ class LoopCalls:
                 self._drain_scheduled = False
                 raise
 
+    def call_unhurried(self, callback: Callable[..., None], *args: Any) -> None:
+        """Queue ``callback(*args)`` in order like :meth:`call`, without waking the loop: it runs
+        at the next drain or :meth:`run_queued`. Any thread; nothing when unbound."""
+        if self._loop is None:
+            return
+        self._calls.append((callback, args))
+
+    def run_queued(self) -> None:
+        """On the loop: run what is queued now (the loop calls it periodically, so that unhurried
+        calls never wait longer than that period). A drain already scheduled still runs."""
+        self._run(len(self._calls))
+
     def _drain(self) -> None:
         self._drain_scheduled = False
-        calls = self._calls
         # Only what is queued now: calls queued meanwhile have scheduled their own drain, and
         # other callbacks of the loop run in between.
-        for _ in range(len(calls)):
+        self._run(len(self._calls))
+
+    def _run(self, count: int) -> None:
+        calls = self._calls
+        for _ in range(min(count, len(calls))):
             callback, args = calls.popleft()
             try:
                 callback(*args)

@@ -41,7 +41,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjException
 
 from rcq.errors import CommitOutcomeUnknown, MembershipConflict, Unavailable
 from rcq.server.config import NodeConfig
-from rcq.server.core.commands import ApplyResult, Command, encode
+from rcq.server.core.commands import ApplyResult, BarrierResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import membership, patches
 from rcq.server.raft.consumer import QueueConsumer
@@ -368,6 +368,7 @@ class RaftReplicator:
 
     async def _poll_role(self) -> None:
         while True:
+            self._to_loop.run_queued()  # a follower's applied entries, every poll at the latest
             self._check_role()
             await asyncio.sleep(ROLE_POLL_INTERVAL_S)
 
@@ -397,8 +398,14 @@ class RaftReplicator:
         listener = self._apply_listener
         if listener is None:
             return
+        sync_obj = self._sync_obj
         with contextlib.suppress(RuntimeError):  # loop closed
-            self._to_loop.call(self._deliver_applied, listener, index, command, result)
+            if isinstance(result, BarrierResult) or (sync_obj is not None and sync_obj._isLeader()):
+                self._to_loop.call(self._deliver_applied, listener, index, command, result)
+            else:
+                # A follower's loop only notes what it applied (the clock): no wake-up for each
+                # entry; the role poll runs what is queued, and the next leader's barrier first.
+                self._to_loop.call_unhurried(self._deliver_applied, listener, index, command, result)
 
     @staticmethod
     def _deliver_applied(listener: ApplyListener, index: int, command: Command | None, result: ApplyResult) -> None:
