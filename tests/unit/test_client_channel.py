@@ -331,7 +331,7 @@ async def test_a_node_that_falls_silent_is_found_dead_within_one_and_a_half_hear
     began = loop.time()
     exchanging = asyncio.ensure_future(channel.exchange(begin("a"), LOCAL_WAIT_S))
     await node.next_frame()  # never answered, nor is the ping
-    with pytest.raises(ExchangeFailed, match="(?i)ping|pong") as failed:
+    with pytest.raises(ExchangeFailed, match=r"(?i)ping|pong") as failed:
         await exchanging
     assert failed.value.maybe_sent is True
     assert 0.3 <= loop.time() - began < 0.3 + LOCAL_WAIT_S / 4
