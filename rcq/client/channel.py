@@ -278,7 +278,7 @@ class _Connection:
                 Unavailable(f"the session channel to {self.node_url} answered a frame without a status"),
                 maybe_sent=True))
             return True
-        request.future.set_result(Answer(status, body, None, _leader_url(status, body)))
+        request.future.set_result(Answer(status, body, None, _leader_url(body) if status == 307 else None))
         return True
 
 
@@ -498,9 +498,9 @@ async def _resume(coroutine: Coroutine[Any, Any, None], waiting: Any) -> None:
                 return
 
 
-def _leader_url(status: int, body: Any) -> str | None:
+def _leader_url(body: Any) -> str | None:
     """A 307 answer frame's ``error.leader_url``, where HTTP has its ``Location`` header."""
-    error = body.get("error") if status == 307 and isinstance(body, dict) else None
+    error = body.get("error") if isinstance(body, dict) else None
     leader_url = error.get("leader_url") if isinstance(error, dict) else None
     return leader_url if isinstance(leader_url, str) else None
 

@@ -215,11 +215,11 @@ class RcqClient:
 
     async def _enqueue(self, queue: str, items: Sequence[ItemValue], key: str, *, priority: int | None,
                        delay_s: float | None, ttl_s: float | None, headers: Mapping[str, str] | None) -> CommitInfo:
-        operation = {"op": "enqueue", **enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s,
-                                                     headers=headers)}
+        body = enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=headers)
+        operation = {"op": "enqueue", **body}
         # the path names the queue; everything else of the operation is the REST body
-        rest_body = {**{name: value for name, value in operation.items() if name not in ("op", "queue")},
-                     "idempotency_key": key}
+        rest_body = {name: value for name, value in body.items() if name != "queue"}
+        rest_body["idempotency_key"] = key
         batch_operation = {"op": "execute", "idempotency_key": key, "operations": [operation]}
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE, batch_operation=batch_operation))

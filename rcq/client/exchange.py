@@ -16,13 +16,13 @@ import json
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import yarl
 
 from rcq.errors import CertificateError, InvalidRequest, RcqError, Unavailable
+from rcq.immutable import immutable
 
 CONNECTIONS_MAX = 256
 RETRY_AFTER_MIN_S = 0.1  # a server's Retry-After is bounded: 0 would spin, a large one would stall a failover
@@ -30,7 +30,7 @@ RETRY_AFTER_MAX_S = 5.0
 STREAMED_BODY_MIN_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@immutable  # built for every answer: no frozen __init__ (see rcq.immutable)
 class Answer:
     status: int
     payload: Any  # the JSON body; None when there is none or it is not JSON

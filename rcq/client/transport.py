@@ -110,6 +110,7 @@ from rcq.errors import (
     Unavailable,
     error_from_body,
 )
+from rcq.immutable import immutable
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ MEMBERSHIP = RetryPolicy(maybe_committed=True, resend_ambiguous=False,
                          retry_only=(NotLeader, Unavailable, MembershipConflict))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable  # built for every request: no frozen __init__ (see rcq.immutable)
 class Request:
     """One request. ``batch_operation``: the same request as a sub-request of ``POST /v1/batch``
     (None: it is never coalesced). ``wait_ms``: how long the server may hold it before answering."""

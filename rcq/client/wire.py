@@ -213,8 +213,10 @@ def enqueue_body(queue: str, items: Iterable[ItemValue], *, priority: int | None
     if headers:
         checked = check_headers(headers)
         wire_items = [{"value": text, "headers": checked} for text in texts]
-    return {"queue": queue, "items": wire_items, "encoding": item_encoding,
-            **enqueue_options(priority, delay_s, ttl_s)}
+    body = {"queue": queue, "items": wire_items, "encoding": item_encoding}
+    if priority is not None or delay_s is not None or ttl_s is not None:
+        body.update(enqueue_options(priority, delay_s, ttl_s))
+    return body
 
 
 def enqueue_items_body(queue: str, items: Iterable[tuple[ItemValue, Mapping[str, str] | None]],
