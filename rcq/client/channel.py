@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 from collections.abc import Callable, Coroutine, Mapping
@@ -39,7 +38,7 @@ import aiohttp
 import yarl
 
 from rcq.client.exchange import Answer, ExchangeFailed
-from rcq.client.wire import dumps
+from rcq.client.wire import dumps, loads
 from rcq.errors import CertificateError, RcqError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -257,7 +256,7 @@ class _Connection:
     def _answer(self, data: str) -> bool:
         """Resolve the request ``data`` answers; False: the channel must close (a 401 error frame)."""
         try:
-            frame = json.loads(data)
+            frame = loads(data)
         except ValueError:
             frame = None
         if not isinstance(frame, dict):

