@@ -225,6 +225,9 @@ class NodeConfig(BaseModel):
     # An election timeout holds 8 heartbeats (etcd's 100 ms / 1 s ratio); more only cost every node
     # CPU while idle. Entries do not wait for a heartbeat unless append_entries_batched.
     append_entries_period_s: float = Field(0.1, gt=0, description="heartbeat period; with batching, how often entries go out")
+    raft_ticks_on_loop: bool = Field(
+        True, description="run pysyncobj's ticks on the event loop's thread (rcq.server.raft.loop_ticker); false: "
+                          "on a tick thread of its own, as pysyncobj does")
     auto_tick_period_s: float = Field(
         0.05, gt=0, description="longest wait of the Raft tick thread with nothing to do: messages, proposals, "
                                 "heartbeats and election deadlines end it sooner; bounds how late the leader's "

@@ -22,6 +22,7 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj import journal as journal_module
 from pysyncobj import pickle as pickle_module
+from pysyncobj import poller as poller_module
 from pysyncobj import syncobj as syncobj_module
 from pysyncobj import transport as transport_module
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
@@ -84,6 +85,11 @@ def replace_syncobj_method(name: str, method: Callable[..., Any]) -> None:
 def use_journal_factory(factory: Callable[[str | None], Any]) -> None:
     """Make SyncObj build its journal with ``factory(journalFile)`` (pysyncobj's createJournal seam)."""
     syncobj_module.createJournal = factory
+
+
+def use_poller_factory(factory: Callable[[str], Any] | None) -> None:
+    """Make SyncObj build its poller with ``factory(pollerType)``; None: pysyncobj's own choice."""
+    syncobj_module.createPoller = factory if factory is not None else poller_module.createPoller
 
 
 def default_journal(journal_file: str | None) -> Any:

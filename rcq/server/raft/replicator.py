@@ -10,13 +10,13 @@ meanwhile), ``log_upkeep`` (the Raft log on disk while running: which journal, f
 failed sync, flush, compaction by size). Its other neighbours: ``patches`` (fixes on pysyncobj's
 class), ``internals`` (every access to pysyncobj's private state), ``journal`` (start-up repair),
 ``settings`` (NodeConfig -> SyncObjConf), ``snapshots`` (LMDB), ``loop_calls`` (every call from
-the tick thread to the loop, in order), ``tick_wait`` (the tick thread
-sleeps until an event or its next timer).
+the tick to the loop's callbacks, in order), ``loop_ticker`` (ticks on the loop).
 
-Threads: pysyncobj's own tick thread (``autoTick``) applies entries, runs
-callbacks and writes snapshots; everything public here is called on the event
-loop's thread. The state machine is guarded by one lock shared by apply,
-snapshot restore and :meth:`RaftReplicator.read`.
+Threads: pysyncobj's ticks (receive, apply, send, propose) run on the event loop's thread
+(``loop_ticker``, the default), or on pysyncobj's own tick thread (``raft_ticks_on_loop``
+false: ``tick_wait`` then makes it sleep until an event or its next timer); everything public
+here is called on the event loop's thread. The state machine is guarded by one lock shared by
+apply, snapshot restore and :meth:`RaftReplicator.read`.
 
 Every workaround below names its hazard in docs/raft-hazards.md (H1..H19),
 which says what pysyncobj does, why it matters and what rcq does about it.
@@ -47,17 +47,18 @@ from rcq.server.raft import membership, patches
 from rcq.server.raft.consumer import QueueConsumer
 from rcq.server.raft.digest import ForkedDigest
 from rcq.server.raft.hand_over import HandOver
-from rcq.server.raft.internals import default_journal, use_journal_factory, wake_tick_thread
+from rcq.server.raft.internals import default_journal, use_journal_factory, use_poller_factory, wake_tick_thread
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.log_upkeep import LogUpkeep
 from rcq.server.raft.loop_calls import LoopCalls
+from rcq.server.raft.loop_ticker import LoopPoller, LoopTicker
 from rcq.server.raft.patches import ON_SYNC_FAILURE
 from rcq.server.raft.protocol import ApplyListener, RaftStatus, RoleListener
 from rcq.server.raft.requests import RaftRequests
 from rcq.server.raft.secret_rotation import accepting_previous_secrets
 from rcq.server.raft.settings import build_conf
 from rcq.server.raft.snapshots import ForkingSnapshotWriter
-from rcq.server.raft.tick_wait import wait_until_next_timer
+from rcq.server.raft.tick_wait import DEADLINE_SLACK_S, wait_until_next_timer
 from rcq.server.raft.wal import JournalCorrupt
 
 # pysyncobj binds its message handler as a transport callback when a SyncObj is built: the
@@ -111,6 +112,10 @@ class RaftReplicator:
         self._config = config
         self._state_machine = state_machine
         self._auto_tick = auto_tick
+        # Who runs pysyncobj's ticks: the loop (rcq.server.raft.loop_ticker), pysyncobj's own tick
+        # thread (raft_ticks_on_loop false), or the caller through tick() (auto_tick=False).
+        self._ticks_on_loop = auto_tick and config.raft_ticks_on_loop
+        self._ticker: LoopTicker | None = None
         self._lock = threading.Lock()
         self._consumer = QueueConsumer(state_machine, self._lock, self._on_applied, config.node_id)
         # Digests off the apply path, as snapshots (H9): the lock is held only to fork a child that hashes.
@@ -146,12 +151,14 @@ class RaftReplicator:
         _check_bindable(self._config.raft_address)
         self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock,
                                              self._config.node_id)
-        conf = build_conf(self._config, self._writer, auto_tick=self._auto_tick,
+        conf = build_conf(self._config, self._writer, auto_tick=self._auto_tick and not self._ticks_on_loop,
                           on_state_changed=self._on_state_changed)
+        poller = LoopPoller(self._loop) if self._ticks_on_loop else None
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_upkeep.refuse_the_other_durability()
         self._snapshot_loads_at_start = int(self._config.snapshot_path.is_file())
         use_journal_factory(self._log_upkeep.make_journal)
+        use_poller_factory(None if poller is None else lambda _kind: poller)
         # Constructed on the loop's thread: pysyncobj's tick thread stops when the
         # thread that built SyncObj ends, and the loop's thread lives as long as we do.
         try:
@@ -163,11 +170,20 @@ class RaftReplicator:
             raise Unavailable(f"node {self._config.node_id} cannot start: {exc}") from exc
         finally:
             use_journal_factory(default_journal)
+            use_poller_factory(None)
         setattr(self._sync_obj, ON_SYNC_FAILURE, self._log_upkeep.on_sync_failure)
-        wait_until_next_timer(self._sync_obj)
-        self._requests.set_wake(functools.partial(wake_tick_thread, self._sync_obj))
+        if poller is not None:
+            self._ticker = LoopTicker(self._sync_obj, self._loop, poller, self._config.auto_tick_period_s,
+                                      DEADLINE_SLACK_S)
+            self._requests.set_wake(self._ticker.wake)
+        else:
+            wait_until_next_timer(self._sync_obj)
+            self._requests.set_wake(functools.partial(wake_tick_thread, self._sync_obj))
         try:
-            if self._auto_tick:
+            if self._ticker is not None:
+                self._sync_obj._onTick(0.0)  # binds the Raft port (raises when it cannot)
+                self._ticker.start()
+            elif self._auto_tick:
                 await asyncio.to_thread(self._sync_obj.waitBinded)
             else:
                 self.tick()  # binds the Raft port
@@ -193,7 +209,10 @@ class RaftReplicator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._role_task
         if self._sync_obj is not None:
-            if self._auto_tick:
+            if self._ticker is not None:
+                self._ticker.stop()
+                self._sync_obj.destroy()  # without a tick thread: closes connections and the journal now
+            elif self._auto_tick:
                 await asyncio.to_thread(self._sync_obj.destroy_synchronous)
             else:
                 self._sync_obj.destroy()
