@@ -128,6 +128,14 @@ def wake_tick_thread(sync_obj: SyncObj) -> None:
         pass  # the pipe is full: a wake is already pending
 
 
+def redirect_proposal_wake(sync_obj: SyncObj, wake: Callable[[], None]) -> None:
+    """Make a proposal call ``wake`` instead of writing to pysyncobj's pipe (whose reading end only
+    ends a tick thread's wait; ticks on the loop are asked for directly)."""
+    notifier = getattr(sync_obj, "_SyncObj__pipeNotifier", None)
+    if notifier is not None:
+        notifier.notify = wake
+
+
 def transport_of(sync_obj: SyncObj) -> Any:
     """The TCP transport; its ``send`` is how every Raft message leaves."""
     return sync_obj._SyncObj__transport

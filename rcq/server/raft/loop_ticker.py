@@ -43,7 +43,7 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.poller import POLL_EVENT_TYPE
 
-from rcq.server.raft.internals import next_tick_deadline
+from rcq.server.raft.internals import next_tick_deadline, redirect_proposal_wake
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,7 @@ class LoopTicker:
         self.ticks = 0
         self.guard_ticks = 0  # ticks the guard ran because the loop was busy
         poller.on_event = self.soon
+        redirect_proposal_wake(sync_obj, self.wake)  # a proposal asks for a tick without a pipe
 
     def start(self) -> None:
         self.soon()
