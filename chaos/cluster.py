@@ -127,6 +127,10 @@ class ChaosCluster(LocalCluster):
         try:
             super().__init__(nodes, base_dir, node_overrides={**CHAOS_NODE_OVERRIDES, **(node_overrides or {})},
                              log_level=log_level, keep=True)
+            if "raft_ticks_on_loop" not in (node_overrides or {}):
+                # Both ways of ticking Raft in one cluster: node 0 on pysyncobj's own tick thread,
+                # the others on their event loop (rcq.server.raft.loop_ticker, the default).
+                self.set_node_override(0, raft_ticks_on_loop=False)
             if power_fs:
                 for node in self.nodes:
                     node.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
