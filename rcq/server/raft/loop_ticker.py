@@ -43,7 +43,7 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.poller import POLL_EVENT_TYPE
 
-from rcq.server.raft.internals import next_tick_deadline, redirect_proposal_wake
+from rcq.server.raft.internals import redirect_proposal_wake, seconds_to_next_timer
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class LoopTicker:
 
     def _schedule_timer(self) -> None:
         wait_s = self._period_s
-        remaining_s = next_tick_deadline(self._sync_obj) - time.monotonic()
+        remaining_s = seconds_to_next_timer(self._sync_obj)
         if 0 < remaining_s < wait_s:  # a deadline already past is one the tick could not act on
             wait_s = remaining_s + self._slack_s
         at = self._loop.time() + wait_s

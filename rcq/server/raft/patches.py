@@ -6,7 +6,7 @@
 * H8: with durability=fsync, sync the journal before a follower acknowledges and right after a
   leader appends;
 * and one economy: a leader's new commit index travels with its next append_entries message (the
-  next entry's, or the next heartbeat) instead of a message of its own.
+  next entry's, or a heartbeat brought forward to a few milliseconds) instead of one of its own.
 
 Both are explained in docs/raft-hazards.md, and tested in tests/integration
 (test_matching_entries_fix.py, test_deposed_leader_commit.py), each with a test showing what
@@ -28,7 +28,9 @@ from pysyncobj import FAIL_REASON, SyncObj
 
 from rcq.server.raft import membership, reassembly, transport_patches
 from rcq.server.raft.internals import (
+    heartbeat_within,
     journal_of,
+    last_applied,
     proposals_waiting,
     replace_syncobj_method,
     set_commit_index,
@@ -206,16 +208,23 @@ def _syncing_after_append(original: Callable[..., Any]) -> Callable[..., Any]:
 
 # Economy, not a fix: with appendEntriesUseBatch off, pysyncobj's leader sends every follower an
 # append_entries message after each batch it applies, only to tell it the new commit index; the
-# follower decodes it, and acknowledges it with a message the leader decodes in turn. That doubled
-# the Raft messages per entry (each: pickle, zlib, Fernet, a syscall on both sides) for nothing a
-# client waits for: a leader answers a commit once it applied the entry itself, and a follower's
-# applied index only serves reads that are best-effort. Here the commit index travels with the
-# next message the leader sends anyway: the next entry's (under load, within milliseconds) or the
-# next heartbeat (append_entries_period_s, 0.1 s). A new leader applies everything committed
-# before it serves, so nothing depends on a follower having applied it sooner.
-def _without_commit_notice(original: Callable[..., Any]) -> Callable[..., Any]:
+# follower decodes it, and acknowledges it with a message the leader decodes in turn. Under load
+# that doubled the Raft messages per entry (each: pickle, zlib, Fernet, a syscall on both sides),
+# while the next entry's message, a few milliseconds later, carries the index anyway. Here the
+# leader's next append_entries is only brought forward to COMMIT_NOTICE_DELAY_S after an apply:
+# under load the next entry's message goes first and carries the index (sending it sets the next
+# heartbeat a period later); when no entry follows, a heartbeat carries it that much later. A
+# follower thus applies what is committed within a few milliseconds either way (a backup taken
+# from it just after a commit holds that commit), without a message of its own per entry.
+COMMIT_NOTICE_DELAY_S = 0.005
+
+
+def _commit_notice_with_the_next_message(original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_log_entries(self: SyncObj) -> bool:
+        applied_before = last_applied(self)
         original(self)
+        if last_applied(self) != applied_before and self._isLeader():
+            heartbeat_within(self, COMMIT_NOTICE_DELAY_S)
         return False
 
     return apply_log_entries
@@ -231,7 +240,7 @@ def install() -> None:
     replace_syncobj_method("onMessageReceived", _on_message_received_with_fixes(syncobj_method("onMessageReceived")))
     replace_syncobj_method("sendNextNodeIdx", _syncing_before_acknowledgement(syncobj_method("sendNextNodeIdx")))
     replace_syncobj_method("onBecomeLeader", _syncing_after_append(syncobj_method("onBecomeLeader")))
-    replace_syncobj_method("applyLogEntries", _without_commit_notice(syncobj_method("applyLogEntries")))
+    replace_syncobj_method("applyLogEntries", _commit_notice_with_the_next_message(syncobj_method("applyLogEntries")))
     SyncObj._checkCommandsToApply = _syncing_after_append(SyncObj._checkCommandsToApply)
     SyncObj._rcq_fixes_installed = True
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())

@@ -17,13 +17,12 @@ Must not import: anything of rcq's but rcq.server.raft.internals.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import SyncObj
 
-from rcq.server.raft.internals import next_tick_deadline
+from rcq.server.raft.internals import seconds_to_next_timer
 
 # The poller's wait is in whole milliseconds; waking a little after the deadline saves a tick
 # that would find the heartbeat not yet due and wait again for the remaining fraction.
@@ -40,7 +39,7 @@ def wait_until_next_timer(sync_obj: SyncObj) -> None:
 
     def poll_until_next_timer(timeout_s: float) -> Any:
         if timeout_s > 0:
-            remaining_s = next_tick_deadline(sync_obj) - time.monotonic()
+            remaining_s = seconds_to_next_timer(sync_obj)
             # A deadline already past is one the tick could not act on (a follower connected
             # to no one does not start elections): wait the whole period, never spin.
             if 0 < remaining_s < timeout_s:
