@@ -54,6 +54,7 @@ async def test_a_loop_busy_past_an_election_timeout_keeps_its_leader(tmp_path: P
         time.sleep(BUSY_S)  # the loop does nothing else: no tick of its own, no socket event
         assert all(n._ticker.guard_ticks > g for n, g in zip(nodes, guarded, strict=True))  # type: ignore[union-attr]
         assert [n.term for n in nodes] == [term] * 3 and leader.is_leader()
+        assert leader.status().details["guard_ticks"] == leader._ticker.guard_ticks > 0  # type: ignore[union-attr]
         result = await leader.submit(commit_batch(term, "after-the-busy-loop", b"x"), timeout_s=5)
         assert isinstance(result, BatchResult) and result.outcomes[0].status == "committed"
     finally:

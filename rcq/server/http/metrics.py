@@ -181,6 +181,8 @@ class RcqCollector(Collector):
                                   value=status.snapshot_count)
         yield CounterMetricFamily("rcq_raft_leader_changes_seen", "Leader changes this node has seen",
                                   value=int(status.details.get("leader_changes_seen", 0)))
+        yield CounterMetricFamily("rcq_raft_guard_ticks", "Raft ticks the guard thread ran while the event loop "
+                                  "was busy for more than 0.2 s", value=int(status.details.get("guard_ticks", 0)))
         yield GaugeMetricFamily("rcq_serving", "1 when this node is the leader and serves (its barrier applied)",
                                 value=int(self._manager.serving))
 

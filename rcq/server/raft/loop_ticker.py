@@ -64,7 +64,10 @@ class LoopPoller:
         self.lock = threading.RLock()  # pysyncobj's state: one of the loop or the guard at a time
         self._callbacks: dict[int, Callback] = {}
         self._wanted: dict[int, int] = {}  # descriptor -> READ | WRITE, what pysyncobj asked for
-        self._watched: dict[int, int] = {}  # descriptor -> what the loop watches now (loop thread)
+        # A descriptor number is reused as soon as a socket closes: each unsubscribe starts a new
+        # generation of it, so the loop never takes a new socket for the closed one it still watches.
+        self._generation: dict[int, int] = {}
+        self._watched: dict[int, tuple[int, int]] = {}  # descriptor -> (events, generation) the loop watches
         self.on_event: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------ pysyncobj's interface
@@ -81,6 +84,7 @@ class LoopPoller:
     def unsubscribe(self, descr: int) -> None:
         self._callbacks.pop(descr, None)
         self._wanted.pop(descr, None)
+        self._generation[descr] = self._generation.get(descr, 0) + 1
         self._follow(descr)
 
     def poll(self, timeout: float) -> None:
@@ -96,23 +100,23 @@ class LoopPoller:
 
     def _watch(self, descr: int) -> None:
         """Make the loop watch ``descr`` for what pysyncobj wants now (loop thread)."""
-        wanted, watched = self._wanted.get(descr, 0), self._watched.get(descr, 0)
-        # pysyncobj closes a socket before it unsubscribes it: the selector then fails to change a
-        # descriptor the kernel already dropped, and forgets it (EBADF), which is all we want.
-        with contextlib.suppress(OSError):
-            if wanted & READ and not watched & READ:
+        wanted, generation = self._wanted.get(descr, 0), self._generation.get(descr, 0)
+        if self._watched.get(descr, (0, generation)) == (wanted, generation):
+            return
+        # Start over: what the loop holds for this number may be a socket closed since (pysyncobj
+        # closes before it unsubscribes; the selector then forgets it, failing with EBADF/ENOENT).
+        for remove in (self._loop.remove_reader, self._loop.remove_writer):
+            with contextlib.suppress(OSError):
+                remove(descr)
+        self._watched.pop(descr, None)
+        if not wanted:
+            return
+        with contextlib.suppress(OSError):  # closed again already: its unsubscribe comes next
+            if wanted & READ:
                 self._loop.add_reader(descr, self._ready, descr, READ)
-            elif watched & READ and not wanted & READ:
-                self._loop.remove_reader(descr)
-        with contextlib.suppress(OSError):
-            if wanted & WRITE and not watched & WRITE:
+            if wanted & WRITE:
                 self._loop.add_writer(descr, self._ready, descr, WRITE)
-            elif watched & WRITE and not wanted & WRITE:
-                self._loop.remove_writer(descr)
-        if wanted:
-            self._watched[descr] = wanted
-        else:
-            self._watched.pop(descr, None)
+            self._watched[descr] = (wanted, generation)
 
     def _ready(self, descr: int, event: int) -> None:
         with self.lock:

@@ -350,6 +350,7 @@ class RaftReplicator:
         details.update(running=True, ready=bool(self._sync_obj.isReady()), snapshots_written=written,
                        leader_changes_seen=self.leader_changes_seen,
                        leader_history=list(self.leader_history),
+                       guard_ticks=self._ticker.guard_ticks if self._ticker is not None else 0,
                        snapshots_received=received, snapshots_loaded=loaded,
                        leader_commit_index=raw.get("leader_commit_idx"), uptime_s=raw.get("uptime"))
         leader = raw.get("leader")
