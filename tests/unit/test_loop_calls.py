@@ -13,6 +13,22 @@ from rcq.server.raft.loop_calls import LoopCalls
 from tests.helpers import LOCAL_WAIT_S
 
 
+def counting_wakes(monkeypatch: pytest.MonkeyPatch) -> tuple[LoopCalls, list[object]]:
+    """LoopCalls bound to the running loop, and the list of every wake-up it asks of the loop."""
+    loop = asyncio.get_running_loop()
+    calls = LoopCalls()
+    calls.bind(loop)
+    wakes: list[object] = []
+    schedule = loop.call_soon_threadsafe
+
+    def counting(callback: object, *args: object) -> asyncio.Handle:
+        wakes.append(callback)
+        return schedule(callback, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    return calls, wakes
+
+
 async def test_calls_from_another_thread_run_in_order_on_the_loop() -> None:
     loop = asyncio.get_running_loop()
     calls = LoopCalls()
@@ -36,17 +52,7 @@ async def test_calls_from_another_thread_run_in_order_on_the_loop() -> None:
 
 
 async def test_a_burst_wakes_the_loop_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    loop = asyncio.get_running_loop()
-    calls = LoopCalls()
-    calls.bind(loop)
-    wakes: list[object] = []
-    schedule = loop.call_soon_threadsafe
-
-    def counting(callback: object, *args: object) -> asyncio.Handle:
-        wakes.append(callback)
-        return schedule(callback, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    calls, wakes = counting_wakes(monkeypatch)
     seen: list[int] = []
     for number in range(50):
         calls.call(seen.append, number)
@@ -87,17 +93,7 @@ def test_a_closed_loop_raises_as_call_soon_threadsafe_does() -> None:
 
 async def test_unhurried_calls_wake_nothing_and_run_in_order_at_the_next_drain_or_run_queued(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    loop = asyncio.get_running_loop()
-    calls = LoopCalls()
-    calls.bind(loop)
-    wakes: list[object] = []
-    schedule = loop.call_soon_threadsafe
-
-    def counting(callback: object, *args: object) -> asyncio.Handle:
-        wakes.append(callback)
-        return schedule(callback, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    calls, wakes = counting_wakes(monkeypatch)
     seen: list[str] = []
     calls.call_unhurried(seen.append, "applied 1")
     calls.call_unhurried(seen.append, "applied 2")
