@@ -82,14 +82,22 @@ class Load:
         await self._client.close()
 
 
+HAND_OVER_ATTEMPTS = 3
+
+
 def hand_over(cluster: LocalCluster, to: int) -> None:
-    """The leader hands leadership to node ``to`` (POST /v1/cluster/leadership); wait until it leads."""
-    leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
-    if leader == to:
-        return
-    handed = cluster.poll_json(cluster.url(leader) + "/v1/cluster/leadership", method="POST",
-                               body={"node_id": f"node-{to}"}, timeout_s=CLUSTER_WAIT_S)
-    assert handed.get("leader_id") == f"node-{to}", handed
+    """The leader hands leadership to node ``to`` (POST /v1/cluster/leadership); wait until it leads.
+    A refusal the API calls retryable (the election went back to the old leader, on a loaded
+    machine) is retried, as its answer says, against whichever node leads then."""
+    for attempt in range(1, HAND_OVER_ATTEMPTS + 1):
+        leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        if leader == to:
+            return
+        handed = cluster.poll_json(cluster.url(leader) + "/v1/cluster/leadership", method="POST",
+                                   body={"node_id": f"node-{to}"}, timeout_s=CLUSTER_WAIT_S)
+        if handed.get("leader_id") == f"node-{to}":
+            break
+        assert handed.get("error", {}).get("retryable") and attempt < HAND_OVER_ATTEMPTS, handed
     poll_until(lambda: True if cluster.leader() == to else None, LEADER_TIMEOUT_S, f"node-{to} leading")
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from rcq.client import RcqClient
 from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import poll_until
 from rcq.testing.releases import PREVIOUS_RELEASE, REPO_ROOT, Release, ReleaseUnavailable, materialise
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
+from tests.upgrade.rolling import hand_over
 
 
 def process_argv(pid: int) -> list[str]:
@@ -33,15 +33,6 @@ def assert_runs(cluster: LocalCluster, i: int, release: Release | None) -> None:
     wanted = sys.executable if release is None else str(release.python)
     assert argv[0] == wanted, f"node-{i} (pid {pid}) runs {argv}"
     assert argv[argv.index("-m") + 1: argv.index("-m") + 3] == ["rcq", "serve"], argv
-
-
-def hand_over(cluster: LocalCluster, to: int) -> None:
-    """The leader hands leadership to node ``to`` (POST /v1/cluster/leadership); wait until it leads."""
-    leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
-    handed = cluster.poll_json(cluster.url(leader) + "/v1/cluster/leadership", method="POST",
-                               body={"node_id": f"node-{to}"}, timeout_s=CLUSTER_WAIT_S)
-    assert handed.get("leader_id") == f"node-{to}", handed
-    poll_until(lambda: True if cluster.leader() == to else None, LEADER_TIMEOUT_S, f"node-{to} leading")
 
 
 async def enqueue_and_dequeue(cluster: LocalCluster, queue: str, values: list[str]) -> None:
