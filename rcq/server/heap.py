@@ -5,8 +5,9 @@ glibc's malloc returns the top of the heap to the kernel whenever more than ``M_
 allocation. ``zlib.compress`` allocates about 270 KiB of tables for every call and frees them at
 once, and pysyncobj compresses every Raft message: each message then paid for a trim and ~64 page
 faults. On the development machine that was 57 µs for compressing a 320-byte message, 10 µs with
-the top of the heap kept; a Raft entry costs the leader two such messages and each follower one,
-which made it the largest fixed cost of an entry (docs/performance.md, "The heap's top").
+the top of the heap kept; a Raft entry costs the leader two such messages and each follower one:
+a fixed cost of every entry, small beside the rest in a running node (docs/performance.md,
+"The leader's path and the Raft messages").
 
 :func:`keep_heap_top` raises the threshold to :data:`HEAP_TOP_KEPT_BYTES` for the node's process
 (the node calls it once, at start). The cost: up to that much freed memory stays in the process.

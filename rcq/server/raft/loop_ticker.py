@@ -13,7 +13,7 @@ interpreter's switch interval, 5 ms, while the loop was busy). Here one thread d
 * :class:`LoopTicker` runs pysyncobj's tick (``_onTick(0)``: commit, apply, send, propose; its
   poll returns at once) soon after an event or a proposal, and at the next timer otherwise (the
   leader's next heartbeat, a follower's election deadline), at the latest ``period_s`` after the
-  last tick: the same deadlines the tick thread kept (rcq.server.raft.tick_wait).
+  last tick: the same deadlines the tick thread keeps (rcq.server.raft.tick_wait, one function).
 * **The guard.** Whatever else the loop runs delays ticks; a loop busy for longer than an
   election timeout (a huge request, a long apply) would cost the cluster its leader, which the
   tick thread never did. A guard thread looks every :data:`GUARD_PERIOD_S`: when no tick ran for
@@ -26,7 +26,7 @@ log's fdatasync (a tenth of a millisecond on a quiet disk). Snapshots and digest
 children (H9), so the longest work of a tick is what it always was, and requests that arrive
 meanwhile wait in the socket's buffer and fill the next entry.
 
-Must not import: anything of rcq's but rcq.server.raft.internals.
+Must not import: anything of rcq's but rcq.server.raft.internals and rcq.server.raft.tick_wait.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.poller import POLL_EVENT_TYPE
 
-from rcq.server.raft.internals import redirect_proposal_wake, seconds_to_next_timer
+from rcq.server.raft.internals import redirect_proposal_wake
+from rcq.server.raft.tick_wait import time_to_next_tick
 
 logger = logging.getLogger(__name__)
 
@@ -153,12 +154,11 @@ class LoopTicker:
     its guard thread while the loop is too busy to."""
 
     def __init__(self, sync_obj: SyncObj, loop: asyncio.AbstractEventLoop, poller: LoopPoller,
-                 period_s: float, deadline_slack_s: float) -> None:
+                 period_s: float) -> None:
         self._sync_obj = sync_obj
         self._loop = loop
         self._poller = poller
         self._period_s = period_s
-        self._slack_s = deadline_slack_s
         self._soon: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._stopped = threading.Event()
@@ -214,11 +214,7 @@ class LoopTicker:
         self.ticks += 1
 
     def _schedule_timer(self) -> None:
-        wait_s = self._period_s
-        remaining_s = seconds_to_next_timer(self._sync_obj)
-        if 0 < remaining_s < wait_s:  # a deadline already past is one the tick could not act on
-            wait_s = remaining_s + self._slack_s
-        at = self._loop.time() + wait_s
+        at = self._loop.time() + time_to_next_tick(self._sync_obj, self._period_s)
         if self._timer is not None:
             if self._timer.when() <= at:
                 return  # an earlier tick is already due; it schedules the next

@@ -58,7 +58,7 @@ from rcq.server.raft.requests import RaftRequests
 from rcq.server.raft.secret_rotation import accepting_previous_secrets
 from rcq.server.raft.settings import build_conf
 from rcq.server.raft.snapshots import ForkingSnapshotWriter
-from rcq.server.raft.tick_wait import DEADLINE_SLACK_S, wait_until_next_timer
+from rcq.server.raft.tick_wait import wait_until_next_timer
 from rcq.server.raft.wal import JournalCorrupt
 
 # pysyncobj binds its message handler as a transport callback when a SyncObj is built: the
@@ -173,15 +173,14 @@ class RaftReplicator:
             use_poller_factory(None)
         setattr(self._sync_obj, ON_SYNC_FAILURE, self._log_upkeep.on_sync_failure)
         if poller is not None:
-            self._ticker = LoopTicker(self._sync_obj, self._loop, poller, self._config.auto_tick_period_s,
-                                      DEADLINE_SLACK_S)
+            self._ticker = LoopTicker(self._sync_obj, self._loop, poller, self._config.auto_tick_period_s)
             self._requests.set_wake(self._ticker.wake)
         else:
             wait_until_next_timer(self._sync_obj)
             self._requests.set_wake(functools.partial(wake_tick_thread, self._sync_obj))
         try:
             if self._ticker is not None:
-                self._sync_obj._onTick(0.0)  # binds the Raft port (raises when it cannot)
+                self._sync_obj._onTick(0.0)  # binds the Raft port (_check_bindable refused a taken one above)
                 self._ticker.start()
             elif self._auto_tick:
                 await asyncio.to_thread(self._sync_obj.waitBinded)

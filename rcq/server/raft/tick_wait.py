@@ -29,6 +29,16 @@ from rcq.server.raft.internals import seconds_to_next_timer
 DEADLINE_SLACK_S = 0.001
 
 
+def time_to_next_tick(sync_obj: SyncObj, longest_s: float) -> float:
+    """How long the next tick may wait: until the next heartbeat or election deadline (a little
+    after it), at most ``longest_s``. A deadline already past is one the tick could not act on (a
+    follower connected to no one does not start elections): wait the whole period, never spin."""
+    remaining_s = seconds_to_next_timer(sync_obj)
+    if 0 < remaining_s < longest_s:
+        return remaining_s + DEADLINE_SLACK_S
+    return longest_s
+
+
 def wait_until_next_timer(sync_obj: SyncObj) -> None:
     """Make ``sync_obj``'s tick wait end at its next heartbeat or election deadline when that comes
     before the tick period ends (once; tick thread not yet started, or any time: one assignment)."""
@@ -38,13 +48,7 @@ def wait_until_next_timer(sync_obj: SyncObj) -> None:
     poll: Callable[[float], Any] = poller.poll
 
     def poll_until_next_timer(timeout_s: float) -> Any:
-        if timeout_s > 0:
-            remaining_s = seconds_to_next_timer(sync_obj)
-            # A deadline already past is one the tick could not act on (a follower connected
-            # to no one does not start elections): wait the whole period, never spin.
-            if 0 < remaining_s < timeout_s:
-                timeout_s = remaining_s + DEADLINE_SLACK_S
-        return poll(timeout_s)
+        return poll(time_to_next_tick(sync_obj, timeout_s) if timeout_s > 0 else timeout_s)
 
     poller.poll = poll_until_next_timer
     poller._rcq_timely = True
