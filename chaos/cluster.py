@@ -131,6 +131,10 @@ class ChaosCluster(LocalCluster):
                 # Both ways of ticking Raft in one cluster: node 0 on pysyncobj's own tick thread,
                 # the others on their event loop (rcq.server.raft.loop_ticker, the default).
                 self.set_node_override(0, raft_ticks_on_loop=False)
+            if "raft_fast_seal" not in (node_overrides or {}) and nodes > 1:
+                # Both seals of the Raft wire: node 1's connections stay Fernet, the others' are
+                # AES-GCM (rcq.server.raft.wire_seal, the default).
+                self.set_node_override(1, raft_fast_seal=False)
             if power_fs:
                 for node in self.nodes:
                     node.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -243,6 +243,10 @@ class NodeConfig(BaseModel):
                                       "authenticated with the cluster secret; a bigger one closes the connection")
     raft_frame_bytes_max: int = Field(
         1 << 30, ge=1 << 20, description="largest Raft frame accepted from an authenticated peer")
+    raft_fast_seal: bool = Field(
+        True, description="seal Raft frames with AES-GCM, a key per connection and direction, with every peer that "
+                          "offers it too (rcq.server.raft.wire_seal); false, or while cluster_secrets_previous is set: "
+                          "pysyncobj's Fernet with every peer. Frames of either kind are always read")
     durability: Literal["fsync", "os"] = Field(
         "fsync", description="fsync: a node makes Raft entries durable (fdatasync) before it acknowledges them, "
                              "and term and vote before it votes; a power failure of every node loses no acknowledged "

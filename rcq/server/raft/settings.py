@@ -1,7 +1,7 @@
 """NodeConfig -> pysyncobj's SyncObjConf: every Raft setting rcq gives pysyncobj, and why.
 
-Must not import: anything of rcq's but config, errors, the snapshot writer and the transport's
-frame limits.
+Must not import: anything of rcq's but config, errors, the snapshot writer, the transport's
+frame limits and the wire seal's key.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pysyncobj import SERIALIZER_STATE, SyncObjConf
 from rcq.errors import InvalidRequest
 from rcq.server.config import NodeConfig
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
-from rcq.server.raft.transport_patches import FrameLimits, set_dial_addresses, set_frame_limits
+from rcq.server.raft.transport_patches import FrameLimits, set_dial_addresses, set_frame_limits, set_seal_key
+from rcq.server.raft.wire_seal import master_key
 
 # A bind that keeps failing (port taken) fails start() after about 5 s instead of
 # pysyncobj's default of retrying for ever.
@@ -77,6 +78,10 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
     set_frame_limits(conf, FrameLimits(handshake_bytes_max=config.raft_handshake_frame_bytes_max,
                                        authenticated_bytes_max=config.raft_frame_bytes_max))
     set_dial_addresses(conf, dict(config.raft_dial_addresses))
+    # AES-GCM where both ends offer it. Not while older secrets are accepted: the two ends of a
+    # connection may then seal with different secrets, and the seal's keys need one they share.
+    fast_seal = config.raft_fast_seal and config.cluster_secret is not None and not config.cluster_secrets_previous
+    set_seal_key(conf, master_key(config.cluster_secret) if fast_seal and config.cluster_secret else None)
     try:
         conf.validate()
     except AssertionError as exc:
