@@ -6,9 +6,12 @@ import re
 from pathlib import Path
 
 import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rcq.client import RcqClient
+from rcq.server.http.metrics import BATCH_BUCKETS, FSYNC_BUCKETS_S, HotHistogram
 from tests.helpers.nodes import running_node, url_of
 
 NAME_RULE = re.compile(r"^(rcq|process|python)_[a-z0-9_]+$")
@@ -91,3 +94,20 @@ async def test_queue_labels_are_capped(tmp_path: Path, monkeypatch):
         queues = {dict(labels)["queue"] for labels in samples["rcq_queue_enqueued_total"]}
         assert queues == {"q5", "q4", "q3", "_other"}  # the deepest three, the rest summed
         assert value(samples, "rcq_queue_enqueued_total", queue="_other") == 1 + 2 + 3
+
+
+@pytest.mark.parametrize("buckets", [FSYNC_BUCKETS_S, BATCH_BUCKETS], ids=["seconds", "units"])
+def test_a_hot_histogram_reads_as_prometheus_clients_own(buckets: tuple[float, ...]) -> None:
+    """Same buckets, counts and sum as prometheus-client's Histogram for the same observations,
+    values on the bounds, between, above the last and at zero included (its _created aside)."""
+    theirs_registry, ours_registry = CollectorRegistry(), CollectorRegistry()
+    theirs = Histogram("rcq_test_seconds", "doc", buckets=buckets, registry=theirs_registry)
+    ours = HotHistogram("rcq_test_seconds", "doc", buckets)
+    ours_registry.register(ours)
+    values = [0.0, *buckets, *(b * 1.01 for b in buckets), buckets[-1] * 10, *(i / 997 for i in range(200))]
+    for value in values:
+        theirs.observe(value)
+        ours.observe(value)
+    expected = [line for line in generate_latest(theirs_registry).decode().splitlines() if "_created" not in line]
+    assert generate_latest(ours_registry).decode().splitlines() == expected
+    assert f"rcq_test_seconds_count {float(len(values))}" in expected

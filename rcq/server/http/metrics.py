@@ -16,12 +16,13 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
@@ -187,6 +188,36 @@ class RcqCollector(Collector):
                                 value=int(self._manager.serving))
 
 
+class HotHistogram(Collector):
+    """A histogram observed once per commit or Raft entry, on every node: a list index and two
+    additions per observation, summed into Prometheus's cumulative buckets at scrape time.
+    prometheus-client's Histogram takes a lock per bucket and per sum on every observation, ~10 µs
+    of a follower's ~150 µs per transaction in a py-spy profile. Observed from the event loop's
+    thread, and from the Raft guard thread while the loop is busy: without a lock, an observation
+    racing another may be lost (a count, not a value that is ever wrong), which a metric can bear."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self._name, self._documentation = name, documentation
+        self._bounds = tuple(float(b) for b in buckets)
+        self._counts = [0] * (len(self._bounds) + 1)  # the last: above every bound (+Inf)
+        self._sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self._counts[bisect_left(self._bounds, value)] += 1
+        self._sum += value
+
+    def collect(self) -> Iterator[Metric]:
+        counts, cumulative, buckets = list(self._counts), 0, []
+        for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
+            cumulative += count
+            buckets.append((_le(bound), cumulative))
+        yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets, sum_value=self._sum)
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
 class _SessionCollector(Collector):
     def __init__(self, stats: ChannelStats) -> None:
         self._stats = stats
@@ -204,15 +235,14 @@ class NodeMetrics:
         self.sessions = ChannelStats()
         self.registry.register(_SessionCollector(self.sessions))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu, open fds
-        self.commit_seconds = Histogram(
-            "rcq_commit_duration_seconds", "From a commit's proposal to its outcome, on the leader",
-            buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.batch_units = Histogram(
-            "rcq_group_commit_units", "Commit units grouped into one Raft entry",
-            buckets=BATCH_BUCKETS, registry=self.registry)
-        self.fsync_seconds = Histogram(
-            "rcq_wal_fsync_duration_seconds", "fdatasync of the Raft log (durability=fsync)",
-            buckets=FSYNC_BUCKETS_S, registry=self.registry)
+        self.commit_seconds = HotHistogram(
+            "rcq_commit_duration_seconds", "From a commit's proposal to its outcome, on the leader", LATENCY_BUCKETS_S)
+        self.batch_units = HotHistogram(
+            "rcq_group_commit_units", "Commit units grouped into one Raft entry", BATCH_BUCKETS)
+        self.fsync_seconds = HotHistogram(
+            "rcq_wal_fsync_duration_seconds", "fdatasync of the Raft log (durability=fsync)", FSYNC_BUCKETS_S)
+        for hot in (self.commit_seconds, self.batch_units, self.fsync_seconds):
+            self.registry.register(hot)
         self.requests = Counter(
             "rcq_http_requests", "HTTP requests answered, by route template, method and status class",
             ["route", "method", "status"], registry=self.registry)
