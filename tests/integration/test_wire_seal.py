@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 import socket
 import struct
 import time
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj import pickle as pysyncobj_pickle
 
 from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite
 from rcq.server.raft import transport_patches
@@ -52,7 +52,7 @@ class SealingRaftClient(RaftClient):
     def frame(self, message: Any) -> bytes:
         if self.seal is None:
             return super().frame(message)
-        data = self.seal.seal(pysyncobj_pickle.dumps(message))
+        data = self.seal.seal(pickle.dumps(message, transport_patches.SEALED_PICKLE_PROTOCOL))
         return struct.pack("i", len(data)) + data
 
     def receive_frame(self) -> bytes:
@@ -63,7 +63,9 @@ class SealingRaftClient(RaftClient):
         frame = self.receive_frame()
         assert is_sealed(frame), "the node answered with a Fernet frame"
         assert self.seal is not None
-        return pysyncobj_pickle.loads(self.seal.open(frame))
+        data = self.seal.open(frame)
+        assert data[:2] == b"\x80\x05", "not pickle protocol 5"  # pysyncobj's frames: protocol 2
+        return pickle.loads(data)
 
 
 def probe(term: int) -> dict[str, Any]:
@@ -118,7 +120,7 @@ async def test_a_sealed_frame_without_the_offer_closes_the_connection(tmp_path: 
         peer.exchange_nonces()
         assert offers(peer.node_nonce)  # the node offers; the peer did not
         seal = Seal(master_key(SECRET), peer.nonce, peer.node_nonce)
-        data = seal.seal(pysyncobj_pickle.dumps(config.peers[0].raft_address))
+        data = seal.seal(pickle.dumps(config.peers[0].raft_address, transport_patches.SEALED_PICKLE_PROTOCOL))
         peer.sock.sendall(struct.pack("i", len(data)) + data)
         await wait_until(peer.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
         assert replicator.term == 0
@@ -179,7 +181,15 @@ async def test_two_nodes_replicate_with_the_seal_where_both_have_it(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
-def test_without_rcqs_handshake_pysyncobj_never_offers() -> None:
-    """What the seal's handshake replaced: pysyncobj's three methods, put back by tests that show it."""
-    assert [r.attribute for r in transport_patches.REPLACED["seal"]] == [
-        "_onOutgoingConnected", "_onIncomingMessageReceived", "_onOutgoingMessageReceived"]
+async def test_with_pysyncobjs_own_handshake_a_node_never_offers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the seal's handshake replaced (``transport_patches.REPLACED["seal"]``): pysyncobj's own
+    nonces carry no offer, so an offering peer gets Fernet frames, as from rcq 0.1."""
+    for replaced in transport_patches.REPLACED["seal"]:
+        monkeypatch.setattr(replaced.owner, replaced.attribute, replaced.original)
+    config = node_config(tmp_path)
+    async with running_node(config) as replicator, sealing_client(config.raft_address) as peer:
+        peer.handshake(as_address=config.peers[0].raft_address)
+        assert peer.seal is None and not offers(peer.node_nonce)
+        peer.send(probe(term=7))
+        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
+        assert peer.receive()["type"] == "next_node_idx"

@@ -11,6 +11,8 @@ and every frame after the nonces is::
 
     kind (1 byte: PLAIN or ZLIB) || AES-GCM(key of this direction, nonce = frame counter, aad = kind)
 
+of the message pickled with protocol 5 (pysyncobj's frames: protocol 2; rcq.server.raft.transport_patches).
+
 The counter is implicit (TCP delivers in order): a replayed, reordered, cut or altered frame does
 not open, and the connection is closed, as pysyncobj closes one whose Fernet frame does not. A
 node that does not offer (rcq 0.1, pysyncobj's own tools, a node with ``raft_fast_seal`` off or in
