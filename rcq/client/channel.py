@@ -38,8 +38,9 @@ import aiohttp
 import yarl
 
 from rcq.client.exchange import Answer, ExchangeFailed
-from rcq.client.wire import dumps, loads
+from rcq.client.wire import dumps
 from rcq.errors import CertificateError, RcqError, Unavailable
+from rcq.json_text import loads
 
 log = logging.getLogger(__name__)
 

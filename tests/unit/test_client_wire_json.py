@@ -1,5 +1,6 @@
-"""The client's JSON (``rcq.client.wire.dumps`` and ``loads``): orjson where it writes and reads what
-json does, json everywhere else, so every request body and every answer is what it was with json alone."""
+"""The client's JSON (``rcq.client.wire.dumps`` for requests, ``rcq.json_text.loads`` for answers):
+orjson where it writes and reads what json does, json everywhere else, so every request body and
+every answer is what it was with json alone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from rcq.client.wire import dumps, loads
+from rcq.client.wire import dumps
+from rcq.json_text import loads
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 

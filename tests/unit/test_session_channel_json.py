@@ -1,5 +1,6 @@
-"""The session channel's JSON (rcq.server.http.session_channel): orjson where it can, the standard
-library where it refuses, so that every frame gets the answer it got with json alone."""
+"""The session channel's JSON (frames parsed by rcq.json_text, answers written by
+rcq.server.http.session_channel): orjson where it can, the standard library where it refuses, so
+that every frame gets the answer it got with json alone."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 
 import pytest
 
-from rcq.server.http.session_channel import _parse, _render
+from rcq.json_text import loads as _parse
+from rcq.server.http.session_channel import _render
 
 
 @pytest.mark.parametrize("frame", [

@@ -33,6 +33,7 @@ import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from rcq import json_text
 from rcq.errors import InternalError, InvalidRequest, NotLeader, RcqError, TooManyConnections
 from rcq.server.http import operations
 from rcq.server.http.auth import presented_token
@@ -143,7 +144,7 @@ class _Channel:
     async def _accept(self, data: str) -> None:
         """Start one request; an unattributable or broken frame is answered here (one slot is ours)."""
         try:
-            frame = _parse(data)
+            frame = json_text.loads(data)
         except ValueError:
             await self._answer_now(None, InvalidRequest("a frame is one JSON object: this one is not JSON"))
             return
@@ -243,14 +244,6 @@ class _Channel:
     async def _drain(self, timeout_s: float) -> None:
         if self._in_flight:
             await asyncio.wait(list(self._in_flight.values()), timeout=timeout_s)
-
-
-def _parse(data: str) -> Any:
-    """A frame's JSON: orjson's parse, or json's where orjson refuses (json's errors then stand)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
 
 
 def _render(answer: dict[str, Any]) -> bytes:
