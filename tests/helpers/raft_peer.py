@@ -61,9 +61,13 @@ class RaftClient:
     def send(self, message: Any) -> None:
         self.sock.sendall(self.frame(message))
 
-    def receive(self) -> Any:
+    def receive_frame(self) -> bytes:
+        """The next frame's bytes after its length, as they came."""
         (length,) = struct.unpack("i", self._read(4))
-        data = self._read(length)
+        return self._read(length)
+
+    def receive(self) -> Any:
+        data = self.receive_frame()
         if self.encryptor is not None:
             data = self.encryptor.decrypt(data)
         nonce, message = pysyncobj_pickle.loads(zlib.decompress(data))
@@ -103,8 +107,9 @@ class RaftClient:
 
 
 @contextlib.asynccontextmanager
-async def client(address: str, secret: str | None = SECRET) -> AsyncIterator[RaftClient]:
-    raft_client = RaftClient.connect(address, secret)
+async def client(address: str, secret: str | None = SECRET, kind: type[RaftClient] = RaftClient
+                 ) -> AsyncIterator[RaftClient]:
+    raft_client = kind.connect(address, secret)
     try:
         yield raft_client
     finally:

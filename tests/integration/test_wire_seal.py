@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import pickle
-import socket
 import struct
 import time
 from pathlib import Path
@@ -55,10 +54,6 @@ class SealingRaftClient(RaftClient):
         data = self.seal.seal(pickle.dumps(message, transport_patches.SEALED_PICKLE_PROTOCOL))
         return struct.pack("i", len(data)) + data
 
-    def receive_frame(self) -> bytes:
-        (length,) = struct.unpack("i", self._read(4))
-        return self._read(length)
-
     def receive_sealed(self) -> Any:
         frame = self.receive_frame()
         assert is_sealed(frame), "the node answered with a Fernet frame"
@@ -74,14 +69,9 @@ def probe(term: int) -> dict[str, Any]:
     return {**heartbeat(term), "prevLogIdx": 10**6, "prevLogTerm": term, "entries": []}
 
 
-@contextlib.asynccontextmanager
-async def sealing_client(address: str) -> Any:
-    host, port = address.rsplit(":", 1)
-    raft_client = SealingRaftClient(socket.create_connection((host, int(port)), timeout=LOCAL_WAIT_S))
-    try:
-        yield raft_client
-    finally:
-        raft_client.close()
+def sealing_client(address: str) -> Any:
+    """A peer of this version dialling the node (raft_peer.client with the offering kind)."""
+    return client(address, kind=SealingRaftClient)
 
 
 async def test_a_peer_offering_the_seal_gets_it_both_ways(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from rcq.server.config import NodeConfig
 from rcq.server.core.features import level_max_read
@@ -210,12 +211,8 @@ class HotHistogram(Collector):
         counts, cumulative, buckets = list(self._counts), 0, []
         for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
             cumulative += count
-            buckets.append((_le(bound), cumulative))
+            buckets.append((floatToGoString(bound), cumulative))  # the le label as prometheus-client writes it
         yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets, sum_value=self._sum)
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 class _SessionCollector(Collector):

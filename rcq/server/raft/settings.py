@@ -80,8 +80,8 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
     set_dial_addresses(conf, dict(config.raft_dial_addresses))
     # AES-GCM where both ends offer it. Not while older secrets are accepted: the two ends of a
     # connection may then seal with different secrets, and the seal's keys need one they share.
-    fast_seal = config.raft_fast_seal and config.cluster_secret is not None and not config.cluster_secrets_previous
-    set_seal_key(conf, master_key(config.cluster_secret) if fast_seal and config.cluster_secret else None)
+    secret, offer_seal = config.cluster_secret, config.raft_fast_seal and not config.cluster_secrets_previous
+    set_seal_key(conf, master_key(secret) if secret is not None and offer_seal else None)
     try:
         conf.validate()
     except AssertionError as exc:

@@ -240,7 +240,10 @@ def _decode(conn: Any, frame: bytes) -> Any:
     """pysyncobj's decoding of a frame, its two checks raised rather than asserted (python -O); or
     the AES-GCM seal's, on a connection whose two nonces agreed to it."""
     if is_sealed(frame):
-        return pickle.loads(_agreed_seal(conn).open(frame))  # opened: sealed by a peer with the secret
+        seal = _agreed_seal(conn)
+        if seal is None:
+            raise ValueError("an AES-GCM frame on a connection whose handshake did not agree to it")
+        return pickle.loads(seal.open(frame))  # opened: sealed by a peer with the secret
     encryptor = conn.encryptor
     if encryptor:
         timestamp = encryptor.extract_timestamp(frame)
@@ -268,17 +271,15 @@ WIRE_COMPRESSION_LEVEL = 1
 def _send(self: Any, message: Any) -> None:
     """TcpConnection.send, compressing at :data:`WIRE_COMPRESSION_LEVEL`; or sealing with AES-GCM
     (uncompressed below wire_seal.COMPRESS_FROM_BYTES) on a connection that agreed to it."""
-    seal = getattr(self, _SEAL, None)
-    if seal is not None and seal.own_nonce is self.recvRandKey:
+    seal = _agreed_seal(self)
+    if seal is not None:
         data = seal.seal(pickle.dumps(message, SEALED_PICKLE_PROTOCOL))
-        set_connection_private(self, "writeBuffer", connection_private(self, "writeBuffer") + _HEADER.pack(len(data)) + data)
-        connection_private(self, "trySendBuffer")()
-        return
-    if self.sendRandKey:
-        message = (self.sendRandKey, message)
-    data = zlib.compress(pysyncobj_pickle.dumps(message), WIRE_COMPRESSION_LEVEL)
-    if self.encryptor:
-        data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
+    else:
+        if self.sendRandKey:
+            message = (self.sendRandKey, message)
+        data = zlib.compress(pysyncobj_pickle.dumps(message), WIRE_COMPRESSION_LEVEL)
+        if self.encryptor:
+            data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
     set_connection_private(self, "writeBuffer", connection_private(self, "writeBuffer") + _HEADER.pack(len(data)) + data)
     connection_private(self, "trySendBuffer")()
 
@@ -305,10 +306,12 @@ def set_seal_key(conf: Any, key: bytes | None) -> None:
     setattr(conf, _SEAL_KEY, key)
 
 
-def _agreed_seal(conn: Any) -> Seal:
-    seal = getattr(conn, _SEAL, None)
+def _agreed_seal(conn: Any) -> Seal | None:
+    """The seal this connection's handshake agreed to, if it did (one made for an earlier connection
+    of the same TcpConnection object belongs to another nonce)."""
+    seal: Seal | None = getattr(conn, _SEAL, None)
     if seal is None or conn.recvRandKey is None or seal.own_nonce is not conn.recvRandKey:
-        raise ValueError("an AES-GCM frame on a connection whose handshake did not agree to it")
+        return None
     return seal
 
 
