@@ -92,8 +92,11 @@ class LoopPoller:
         """Nothing to wait for in a tick: the loop (or the guard) delivers events as they come."""
 
     # ------------------------------------------------------------ the loop's side
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_thread
+
     def _follow(self, descr: int) -> None:
-        if threading.get_ident() == self._loop_thread:
+        if self.on_loop_thread():
             self._watch(descr)
         else:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to watch any more
@@ -164,7 +167,6 @@ class LoopTicker:
         self._stopped = threading.Event()
         self._guard: threading.Thread | None = None
         self._last_tick_at = time.monotonic()
-        self._loop_thread = threading.get_ident()  # built on the loop's thread
         self.ticks = 0
         self.guard_ticks = 0  # ticks the guard ran because the loop was busy
         poller.on_event = self.soon
@@ -186,7 +188,7 @@ class LoopTicker:
 
     def wake(self) -> None:
         """A tick soon, from any thread (rcq's own work for the tick: rcq.server.raft.requests)."""
-        if threading.get_ident() == self._loop_thread:
+        if self._poller.on_loop_thread():
             self.soon()
         else:
             with contextlib.suppress(RuntimeError):  # the loop is closed
