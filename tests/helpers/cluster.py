@@ -26,12 +26,15 @@ def running_cluster(nodes: int = 3, overrides: dict[str, Any] | None = None) -> 
     """A started cluster with a serving leader (its logs printed if none comes), closed after.
     Unless its level is held (``feature_level_auto: false``), also settled: the leader has raised
     the feature level and given the cluster its identity, entries of its own that would otherwise
-    land in the middle of a test comparing digests."""
+    land in the middle of a test comparing digests. Every node has applied what the leader had
+    committed by then, so each follower knows the leader (a follower that has not heard from it
+    yet answers ``503 no_leader``: a fresh cluster's third node may join a second later)."""
     with LocalCluster(nodes=nodes, node_overrides=overrides or {}) as local_cluster:
         try:
             leader = local_cluster.wait_for_leader(LEADER_TIMEOUT_S)
             if (overrides or {}).get("feature_level_auto", True):
                 wait_settled(local_cluster, leader)
+            local_cluster.wait_for_applied(LEADER_TIMEOUT_S)
         except TimeoutError:
             print(local_cluster.dump_logs())
             raise
