@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import resource
 import signal
 import socket
@@ -42,11 +43,40 @@ CONFIG_DECIDES = frozenset({"RCQ_CLUSTER_SECRET", "RCQ_ADMIN_TOKEN"})
 
 
 # ------------------------------------------------------------------ free ports
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports the OS reports free (all bound at once, so no repeats)."""
+# Ports a node will bind later are picked below the kernel's ephemeral range: a port in it that
+# nothing listens on yet may be handed to any outgoing connection (a Raft dial, a proxy's,
+# another test's) before the node binds it, and the node then fails with "address already in
+# use" (seen once in a CI run). Below the range, only a process binding that very port can take it.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOW_PORTS_MIN = 10_000  # well above the ports services usually claim (databases, brokers below 10000)
+LOW_PORTS_MIN_SPAN = 2_000  # fewer ports than this below the range: bind port 0 instead
+
+
+def ephemeral_low(range_file: Path = EPHEMERAL_RANGE_FILE) -> int | None:
+    """The first port of the kernel's ephemeral range (None: not known on this system)."""
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def free_ports(count: int, range_file: Path = EPHEMERAL_RANGE_FILE) -> list[int]:
+    """``count`` distinct loopback ports nothing listens on, all bound at once while picked (so no
+    repeats), below the ephemeral range when it leaves room (else ports the OS picks)."""
+    low = ephemeral_low(range_file)
     with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        if low is not None and low - LOW_PORTS_MIN >= LOW_PORTS_MIN_SPAN:
+            for port in random.sample(range(LOW_PORTS_MIN, low), min(low - LOW_PORTS_MIN, 50 * count + 100)):
+                sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                try:
+                    sock.bind((HOST, port))
+                except OSError:
+                    continue
+                ports.append(port)
+                if len(ports) == count:
+                    return ports
+        while len(ports) < count:
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             sock.bind((HOST, 0))
             ports.append(sock.getsockname()[1])

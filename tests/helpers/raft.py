@@ -11,7 +11,6 @@ Must not import: a test module or a conftest.
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.testing import waits
+from rcq.testing.nodes import free_ports
 from tests.helpers import LOCAL_WAIT_S
 
 QUEUE = "q"
@@ -32,10 +32,8 @@ FAST_RAFT = dict(raft_timeout_min_s=0.5, raft_timeout_max_s=1.0, leader_fallback
 
 
 def free_port() -> int:
-    """A loopback port nothing listened on a moment ago (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listened on a moment ago, below the ephemeral range (see free_ports)."""
+    return free_ports(1)[0]
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str = "condition",

@@ -25,7 +25,7 @@ import pytest
 
 from rcq.client import RcqClient
 from rcq.testing.cluster import LocalCluster
-from rcq.testing.nodes import STOP_TIMEOUT_S, free_ports
+from rcq.testing.nodes import LOW_PORTS_MIN, STOP_TIMEOUT_S, free_ports
 from rcq.testing.polls import NodeStartError, converged, deadline_loop, leader_from_views, poll_until
 from tests.helpers import LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
@@ -152,6 +152,19 @@ def test_free_ports_are_distinct_and_bindable() -> None:
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_free_ports_lie_below_the_ephemeral_range_that_outgoing_connections_draw_from(tmp_path: Path) -> None:
+    # An outgoing connection's local port comes from the ephemeral range: a port picked in it
+    # could be taken by a dial before the node binds it (a CI run's "address already in use").
+    range_file = tmp_path / "ip_local_port_range"
+    range_file.write_text("32768\t60999\n")
+    ports = free_ports(8, range_file)
+    assert len(set(ports)) == 8 and all(LOW_PORTS_MIN <= p < 32768 for p in ports), ports
+    range_file.write_text(f"{LOW_PORTS_MIN + 100}\t60999\n")  # no room below: the OS picks
+    assert all(p >= LOW_PORTS_MIN + 100 for p in free_ports(4, range_file))
+    range_file.write_text("nonsense")
+    assert len(set(free_ports(4, range_file))) == 4
 
 
 # --------------------------------------------------------- a real 3-node cluster
