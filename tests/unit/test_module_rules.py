@@ -10,8 +10,9 @@
   rcq`` has no server;
 * the chaos harness talks to rcq as any user or operator would: ``rcq.client``, ``rcq.errors``,
   ``rcq.tokens``, the backup file format and command, and the cluster harness of ``rcq.testing``
-  only; the benchmarks likewise (plus the Spark connector), but for ``bench/stall.py``, which
-  measures the state machine's digest in process;
+  only; the benchmarks likewise (plus the Spark connector), but for ``bench/stall.py`` and
+  ``bench/retention.py``, which measure the state machine's digest and its retention tables in
+  process;
 * ``rcq/server/config.py`` imports nothing of ``rcq.server``: every server folder imports the
   config, so an import back would be a cycle (it once imported the token model from
   ``rcq.server.security``, which imports the config);
@@ -54,8 +55,9 @@ CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.testing.cluster", "rcq.tes
                      "rcq.testing.releases", "rcq.testing.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup")
 BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.testing.cluster", "rcq.testing.nodes",
                      "rcq.testing.polls")
-# The one bench that runs server code in process: what it measures.
-BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest")}
+# The benches that run server code in process: what they measure.
+BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest"),
+                    "bench/retention.py": ("rcq.server.core.retention",)}
 CONFIG = "rcq/server/config.py"
 # The server's layers, lowest first: a module may import its own layer and the ones below.
 SERVER_LAYERS = ("rcq.server.config", "rcq.server.security", "rcq.server.core", "rcq.server.raft",

@@ -13,14 +13,20 @@ an entry for a *time*, with a guaranteed minimum:
   state machine refuses the new unit (``outcomes_full`` / ``idempotency_keys_full``, 429) rather
   than forget an entry younger than the minimum.
 
-Entries are kept in insertion order, which is time order (entry times never go back), so
-forgetting is popping from the front: O(1) per entry.
+Entries are forgotten in the order they were written, which is time order (entry times never go
+back), so forgetting is popping from the front of that order: O(1) per entry. The order is a
+deque of keys beside the dict, not the dict's own order: deleting a dict's first keys leaves
+holes that every later ``next(iter(dict))`` walks over until the dict happens to resize, so a
+table forgetting from its front costs more per entry the longer it runs (measured: 10 µs per
+forget at the start, 90 µs after 120,000 forgets in a table of 500,000). A key written again
+gets a new place at the back; its earlier places are skipped (``_repeats`` counts them).
 
 Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
@@ -36,7 +42,7 @@ V = TypeVar("V", bound=_Timed)
 class TimedTable(Generic[V]):
     """key -> value (with ``at_ms``), forgotten by age; see the module docstring."""
 
-    __slots__ = ("_entries", "_on_forget", "entries_max", "retention_min_ms", "retention_ms")
+    __slots__ = ("_entries", "_on_forget", "_order", "_repeats", "entries_max", "retention_min_ms", "retention_ms")
 
     def __init__(self, retention_ms: int, retention_min_ms: int, entries_max: int,
                  on_forget: Callable[[str], None] | None = None) -> None:
@@ -44,6 +50,8 @@ class TimedTable(Generic[V]):
         self.retention_min_ms = retention_min_ms
         self.entries_max = entries_max
         self._entries: dict[str, V] = {}
+        self._order: deque[str] = deque()  # every put's key, oldest first
+        self._repeats: dict[str, int] = {}  # key -> how many of its places in _order are not its last
         self._on_forget = on_forget
 
     def __len__(self) -> int:
@@ -56,12 +64,16 @@ class TimedTable(Generic[V]):
         return self._entries.get(key)
 
     def items(self) -> Iterator[tuple[str, V]]:
-        return iter(self._entries.items())
+        """The entries, oldest first."""
+        entries = self._entries
+        return ((key, entries[key]) for key in self._live_keys())
 
     def put(self, key: str, value: V) -> None:
         """Remember ``value`` (a key written again moves to the end: it is the newest)."""
-        self._entries.pop(key, None)
+        if key in self._entries:
+            self._repeats[key] = self._repeats.get(key, 0) + 1
         self._entries[key] = value
+        self._order.append(key)
 
     def expire(self, now_ms: int) -> None:
         """Forget every entry older than the retention."""
@@ -83,20 +95,44 @@ class TimedTable(Generic[V]):
         if excess > len(self._entries):
             return False
         horizon_ms = now_ms - self.retention_min_ms
-        for position, value in enumerate(self._entries.values()):
+        entries = self._entries
+        for position, key in enumerate(self._live_keys()):
             if position >= excess:
                 return True
-            if value.at_ms >= horizon_ms:
+            if entries[key].at_ms >= horizon_ms:
                 return False
         return True
 
+    def _live_keys(self) -> Iterator[str]:
+        """The keys in ``_order`` at their last place, oldest first."""
+        repeats = self._repeats
+        if not repeats:
+            yield from self._order
+            return
+        skipped: dict[str, int] = {}
+        for key in self._order:
+            earlier = repeats.get(key)
+            if earlier is not None and skipped.get(key, 0) < earlier:
+                skipped[key] = skipped.get(key, 0) + 1
+                continue
+            yield key
+
     def _forget_older_than(self, horizon_ms: int, count_max: int) -> None:
-        entries = self._entries
+        entries, order, repeats = self._entries, self._order, self._repeats
         forgotten = 0
-        while entries and forgotten < count_max:
-            key = next(iter(entries))
+        while order and forgotten < count_max:
+            key = order[0]
+            earlier = repeats.get(key)
+            if earlier is not None:  # not this key's last place: the entry lives further back
+                order.popleft()
+                if earlier == 1:
+                    del repeats[key]
+                else:
+                    repeats[key] = earlier - 1
+                continue
             if entries[key].at_ms >= horizon_ms:
                 break
+            order.popleft()
             del entries[key]
             forgotten += 1
             if self._on_forget is not None:
@@ -105,3 +141,5 @@ class TimedTable(Generic[V]):
     def replace_all(self, entries: Iterator[tuple[str, V]]) -> None:
         """Load entries (oldest first), as a snapshot restore does."""
         self._entries = dict(entries)
+        self._order = deque(self._entries)
+        self._repeats = {}
