@@ -220,6 +220,9 @@ def summary_text(results: dict[str, Any], seed: int | str | None, **parameters: 
     stats = results.get("stats")
     if stats:
         lines.append(f"  {stats['client_ops']} client ops, {stats['nemesis_lines']} nemesis events")
+        one_request = stats.get("one_request_enqueues_by_type")
+        if one_request:
+            lines.append("  one-request enqueues: " + ", ".join(f"{n} {t}" for t, n in one_request.items()))
     for name, describe in _LINES.items():
         if name in results:
             lines.append(f"  {_verdict(results[name])} {name}: {describe(results[name])}")

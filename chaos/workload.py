@@ -39,6 +39,13 @@ level 2 (the upgrade nemesis holds it at 1, and a new cluster is there until it 
 refuses headers before anything is buffered: such an enqueue is a definite ``fail``
 (``feature_level_required``), as any error before the commit, and the whole transaction with it.
 
+One-request enqueues (``RcqClient.enqueue``: begin, enqueue and commit in one request, exactly
+once under the client's own retries through the retry key it makes, docs/limits.md): a share of
+the single-queue writes that one enqueue call can carry (``"one_request": true`` in the op's
+value), drawn from a generator of their own so that the rest of a seed's sequence is what it
+was. Such a request may apply from its first attempt on: any error but a definite one is
+``info``.
+
 Workers reach the cluster as clients do by default, over a session channel (``GET /v1/session``),
 except every fourth, which sends one HTTP request per operation (:func:`uses_channel`); the
 ``client-drop`` nemesis cuts and stalls those connections mid-request.
@@ -98,6 +105,7 @@ HEADER_KEY = "rcq-chaos"
 HEADERS_SHARE = 0.2  # of the writes to a featured queue: every value but a poison one carries headers
 FEATURE_MIX: dict[str, int] = {"dlq-dequeue": 8, "redrive": 2}  # added to the mix when there are dead-letter queues
 PRIORITY_SHARE = 0.5  # of the writes to a queue with priorities: a random priority 0..max_priority
+ONE_REQUEST_SHARE = 0.4  # of the enqueues one call can carry: sent as one-request enqueues (retry keys)
 DELAY_SHARE = 0.2  # ... a delay of DELAY_S
 TTL_SHARE = 0.2  # ... a time to live of TTL_S (longer than any delay)
 POISON_SHARE = 0.15  # ... one poison value more (never with a ttl: poison must die of deliveries or rejects)
@@ -217,6 +225,7 @@ class Generator:
         """``topology``: the queues' plans; with it, writes to featured queues get priorities, delays,
         ttls and poison, and dead-letter queues are consumed and redriven. Without it, the old workload."""
         self._random = random.Random(f"{seed}/{worker}")
+        self._one_request = random.Random(f"{seed}/{worker}/one-request")  # leaves _random's draws as they were
         self.process = worker
         self.queues = queues
         self.topology = topology
@@ -258,7 +267,11 @@ class Generator:
             if len(self.queues) > 1 and rng.random() < 0.3:  # a transaction spanning two queues
                 other = rng.choice([q for q in self.queues if q != queue])
                 writes.append(self._write(other, rng.randint(1, 2)))
-            return Spec(f, {"writes": writes})
+            enqueue: dict[str, Any] = {"writes": writes}
+            if (len(writes) == 1 and len(runs_by_headers(writes[0]["values"], headers_of)) == 1
+                    and self._one_request.random() < ONE_REQUEST_SHARE):
+                enqueue["one_request"] = True
+            return Spec(f, enqueue)
         if f == "move":
             target = rng.choice([q for q in self.queues if q != queue] or self.queues)
             return Spec(f, {"from": queue, "to": target, "max": rng.randint(1, 3)})
@@ -405,6 +418,14 @@ class Executor:
         return result
 
     async def _enqueue(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
+        if spec.value.get("one_request"):
+            (write,) = spec.value["writes"]
+            ((values, headers),) = runs_by_headers(write["values"], headers_of)
+            options = {name: write[name] for name in ("priority", "delay_s", "ttl_s") if name in write}
+            state["commit_sent"] = True  # one request: it may apply from its first attempt on
+            await self.client.enqueue(write["queue"], *values, headers=headers or None, **options)
+            return "ok", {**spec.value, "ack_ms": int(time.time() * 1000)}, None
+
         async def body(tx: Transaction) -> None:
             for write in spec.value["writes"]:
                 options = {name: write[name] for name in ("priority", "delay_s", "ttl_s") if name in write}

@@ -19,3 +19,7 @@ HEADERS_PER_ITEM_MAX = 64
 HEADER_KEY_BYTES_MAX = 256
 HEADER_VALUE_BYTES_MAX = 4096
 HEADERS_BYTES_MAX = 16 * 1024
+# An idempotency key beginning with this is a retry key (docs/limits.md): the client library's
+# own keys, which only its retries use. A cluster at feature level 3 remembers them 10 minutes
+# (at least 2 when its table is full) instead of a user's key's 24 hours (at least 15 minutes).
+RETRY_KEY_PREFIX = "rcq-retry:"

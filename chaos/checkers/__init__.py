@@ -84,6 +84,10 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "backups": check_backups(history),
     }
     op_counts = Counter(f"{op.f}:{op.type}" for op in model.ops)
+    # One-request enqueues (exactly once through the client's retry keys): the total-queue checker
+    # finds one applied twice as a duplicated value; here, how many there were, by outcome.
+    one_request = Counter(op.type for op in model.ops
+                          if op.f == "enqueue" and isinstance(op.value, dict) and op.value.get("one_request"))
     return {
         "valid": all(results[name]["valid"] for name in CHECKER_NAMES),
         "invalid_checkers": [name for name in CHECKER_NAMES if not results[name]["valid"]],
@@ -93,6 +97,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "client_ops": len(model.ops),
             "nemesis_lines": sum(1 for op in history if op.get("process") == NEMESIS_PROCESS),
             "ops_by_f_and_type": dict(sorted(op_counts.items())),
+            "one_request_enqueues_by_type": dict(sorted(one_request.items())),
         },
     }
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import secrets
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -45,6 +44,7 @@ from rcq.client.wire import (
     operations_wait_ms,
     queue_path,
     receive_body,
+    retry_key,
 )
 from rcq.errors import (
     CommitOutcomeUnknown,
@@ -206,7 +206,7 @@ class RcqClient:
                       ttl_s: float | None = None, headers: Mapping[str, str] | None = None) -> CommitInfo:
         """Enqueue and commit in one request. Exactly once under retries (idempotency key).
         ``priority``, ``delay_s``, ``ttl_s``, ``headers``: as :meth:`Transaction.enqueue_batch`."""
-        key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
+        key = idempotency_key if idempotency_key is not None else retry_key()
         if not hooks.instrumented():  # the hot path: no wrapper coroutine, no closure
             return await self._enqueue(queue, items, key, priority=priority, delay_s=delay_s, ttl_s=ttl_s,
                                        headers=headers)
@@ -254,7 +254,7 @@ class RcqClient:
         """Run the operations in one transaction and commit it, in one request. Enqueues are
         exactly once under retries (an idempotency key is generated if None); dequeues are at
         most once, and a ``duplicate`` answer carries no items."""
-        key = idempotency_key if idempotency_key is not None else secrets.token_hex(16)
+        key = idempotency_key if idempotency_key is not None else retry_key()
         if not hooks.instrumented():
             return await self._execute(list(operations), key)
         return await hooks.active().execute(self._transport, list(operations), lambda sent: self._execute(sent, key),

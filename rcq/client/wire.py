@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ import orjson
 
 from rcq import encoding
 from rcq.errors import InternalError, InvalidRequest
-from rcq.limits import PRIORITY_MAX
+from rcq.limits import PRIORITY_MAX, RETRY_KEY_PREFIX
 from rcq.names import check_queue_name
 
 ItemValue = bytes | bytearray | memoryview | str
@@ -395,3 +396,10 @@ def execute_result(body: Mapping[str, Any]) -> ExecuteResult:
     info = commit_info(body)
     return ExecuteResult(str(body.get("transaction_id", "")), info.index, info.duplicate,
                          info.enqueued, info.dequeued, tuple(results))
+
+
+def retry_key() -> str:
+    """A new key for a one-request transaction whose caller gave none: only the client's own
+    retries use it, so a cluster at feature level 3 keeps it 10 minutes, not a day
+    (``RETRY_KEY_PREFIX``, docs/limits.md); 128 random bits."""
+    return RETRY_KEY_PREFIX + secrets.token_hex(16)

@@ -31,6 +31,7 @@ def test_a_short_seeded_run_with_kill_pause_partition_client_drops_and_upgrades_
     assert results["liveness"]["faults_count"] >= 3, describe(document)
     assert nemesis_lines(tmp_path, "downgrade", "start"), "no node was restarted into the previous release"
     assert results["stats"]["client_ops"] > 100, describe(document)
+    assert results["stats"]["one_request_enqueues_by_type"].get("ok", 0) > 10, describe(document)  # retry keys
     assert results["runtime"]["drain"]["complete"], describe(document)
     for name in SAFETY_CHECKERS:
         assert results[name]["valid"], describe(document)

@@ -145,7 +145,7 @@ def sample_commands(level: int) -> list[Any]:
         QueueChange(1, 1_006, "q", "purge"),
     ]
     if level >= 2:
-        commands.insert(1, SetLevel(1, 1_000, 2, "0.2.0"))
+        commands.insert(1, SetLevel(1, 1_000, level, "0.2.0"))
         # The cluster's identity (level 2), kept in the snapshot's meta.
         commands.insert(2, SetIdentity(1, 1_000, "5f0c1e2a-9b7d-4c3e-8a61-2d4f7b9e0c13"))
         # Item headers (level 2): an enqueue where some items carry them, one with options too; the
@@ -155,6 +155,11 @@ def sample_commands(level: int) -> list[Any]:
             enqueue_options=(None, EnqueueOptions(0, None, 60_000), None),
             enqueue_headers=(((("traceparent", "00-1-2-01"), ("k", "v")), None), (((("k", "w"),),)), None)),)),
         ), Limits(10**9, 10**6, 10**9)))
+    if level >= 3:
+        # Retry keys (level 3): a unit under one is remembered in the snapshot's retry_keys.
+        commands.append(CommitBatch(1, 1_008, (CommitUnit((TransactionWrite("t5", enqueues=(("q", (b"j",)),)),),
+                                                          "rcq-retry:0123456789abcdef0123456789abcdef"),),
+                                    Limits(10**9, 10**6, 10**9)))
     return commands
 
 

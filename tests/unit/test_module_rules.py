@@ -43,7 +43,8 @@ PRODUCT = ("rcq/", "cluster/")  # what the wheel carries
 HARNESSES = frozenset({"chaos", "bench", "tests"})  # run from a checkout; the product never imports them
 
 PURE_FOLDER = "rcq/server/core/"
-PURE_ALLOWED_RCQ = ("rcq.server.core", "rcq.errors", "rcq.immutable")
+# rcq.limits: constants shared with the client and importing nothing (the retry keys' prefix)
+PURE_ALLOWED_RCQ = ("rcq.server.core", "rcq.errors", "rcq.immutable", "rcq.limits")
 PURE_FORBIDDEN = frozenset({"asyncio", "aiohttp", "pysyncobj", "lmdb", "time", "random", "uuid", "os",
                             "threading", "socket", "pydantic"})
 EXCLUSIVE = {"pysyncobj": "rcq/server/raft/", "lmdb": "rcq/server/raft/"}

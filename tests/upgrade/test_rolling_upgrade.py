@@ -135,7 +135,7 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_new_formats_wait_f
             assert await client.raise_feature_level(LEVEL_MAX) == \
                 {"level": LEVEL_MAX, "previous": LEVEL_BASE, "changed": True}
             await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S,
-                             message="level 2 everywhere")
+                             message=f"level {LEVEL_MAX} everywhere")
             await client.enqueue(headed, "h1", headers=HEADERS)  # the feature works now
             await client.enqueue(headed, "h2", headers=HEADERS)
             (item,) = await client.dequeue_items(headed)
@@ -148,7 +148,7 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_new_formats_wait_f
         await asyncio.to_thread(cluster.start_node, follower)
         # (its log was compacted into the snapshot: the level it applies comes from the snapshot)
         await wait_until(lambda: levels(cluster, [follower]) == [LEVEL_MAX], CLUSTER_WAIT_S,
-                         message="the restarted node at level 2")
+                         message=f"the restarted node at level {LEVEL_MAX}")
         await load.commits_more(what="after a restart from a format-4 snapshot")
         # The item with headers went through the snapshot too: the restarted node leads, and gives it.
         await asyncio.to_thread(hand_over, cluster, follower)
@@ -219,12 +219,13 @@ async def test_a_node_of_the_new_code_joins_a_cluster_of_the_previous_release_wh
 
 
 # ------------------------------------------------------------------ downgrades
-STOP_MESSAGE = (r"CRITICAL .*node node-{i} stops: {where}: the cluster runs at feature level 2 \(raised by rcq "
+STOP_MESSAGE = (r"CRITICAL .*node node-{i} stops: {where}: the cluster runs at feature level " + str(LEVEL_MAX)
+                + r" \(raised by rcq "
                 + re.escape(rcq_version()) + r"\); this node runs rcq " + re.escape(rcq_version())
                 + r", which reads feature levels up to 1")
 
 
-@pytest.mark.expected_log_errors(r"node node-[0-2] stops: .*feature level 2")
+@pytest.mark.expected_log_errors(rf"node node-[0-2] stops: .*feature level {LEVEL_MAX}")
 async def test_the_new_code_held_at_level_1_refuses_the_raise_and_stops_on_level_2_data(
         held_cluster: LocalCluster) -> None:
     cluster = held_cluster
@@ -238,7 +239,7 @@ async def test_the_new_code_held_at_level_1_refuses_the_raise_and_stops_on_level
         await asyncio.to_thread(cluster.restart_node_with, a, test_feature_level_max=None)
         assert (await client.raise_feature_level(LEVEL_MAX))["level"] == LEVEL_MAX
         await round_trip(cluster)
-    await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S, message="level 2 everywhere")
+    await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S, message=f"level {LEVEL_MAX} everywhere")
 
     # (b) rolled back below the active level: node a meets the level entry in its journal...
     await asyncio.to_thread(cluster.restart_node_with, a, False, test_feature_level_max=LEVEL_BASE)

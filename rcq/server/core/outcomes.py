@@ -5,6 +5,16 @@ A retried commit must get the answer of the first attempt: each transaction's ou
 :class:`~rcq.server.core.retention.TimedTable` s that forget by entry time with a guaranteed
 minimum (docs/limits.md, "Remembering outcomes by time").
 
+Keys come in two kinds, one namespace: a user's idempotency key is kept a day (at least 15
+minutes), so a job replayed long after a crash commits nothing twice; a **retry key** (one
+beginning with ``RETRY_KEY_PREFIX``, what the client library makes for its own one-request
+transactions, which only its retries within seconds use) is kept 10 minutes (at least 2), in a
+table of its own, so that a client committing thousands of single items a second does not fill
+the day-long table (500,000 keys at 15 minutes' minimum: 555 keyed commits a second at most).
+Retry keys have their table only once the cluster runs at feature level 3
+(``retry_keys_on``); below it they are idempotency keys like any other, as older releases keep
+them. A retried unit is looked up in both tables, whatever its key's kind.
+
 Once an outcome is forgotten, "never committed" is no longer a safe answer for an older transaction
 without one: the highest term of a forgotten transaction is kept (``forgotten_term``), and the
 leader answers "unknown" below it.
@@ -17,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rcq.immutable import immutable
+from rcq.limits import RETRY_KEY_PREFIX
 from rcq.server.core.commands import CommitUnit, UnitOutcome
 from rcq.server.core.retention import TimedTable
 
@@ -56,26 +67,34 @@ class Retention:
 
 
 class TransactionRecords:
-    def __init__(self, outcomes: Retention, keys: Retention) -> None:
+    def __init__(self, outcomes: Retention, keys: Retention, retry_keys: Retention) -> None:
         self.outcomes: TimedTable[TransactionOutcome] = TimedTable(
             outcomes.retention_ms, outcomes.retention_min_ms, outcomes.entries_max, on_forget=self._forgotten)
         self.forgotten_term = 0
         self.keys: TimedTable[KeyRecord] = TimedTable(keys.retention_ms, keys.retention_min_ms, keys.entries_max)
+        self.retry_keys: TimedTable[KeyRecord] = TimedTable(
+            retry_keys.retention_ms, retry_keys.retention_min_ms, retry_keys.entries_max)
+        self.retry_keys_on = False  # the cluster's feature level has retry keys (the state machine sets it)
 
     def _forgotten(self, transaction_id: str) -> None:
         self.forgotten_term = max(self.forgotten_term, id_term(transaction_id))
 
+    def _table_of(self, key: str) -> TimedTable[KeyRecord]:
+        return self.retry_keys if self.retry_keys_on and key.startswith(RETRY_KEY_PREFIX) else self.keys
+
     def expire(self, now_ms: int) -> None:
         """Forget what is past its retention at an entry of time ``now_ms``."""
         self.keys.expire(now_ms)
+        self.retry_keys.expire(now_ms)
         self.outcomes.expire(now_ms)
 
     def previous(self, unit: CommitUnit, index: int) -> UnitOutcome | None:
         """A retried commit (same idempotency key or same transaction ids) answers what happened first."""
         key = unit.idempotency_key
-        record = self.keys.get(key) if key is not None else None
-        if record is not None:
-            return UnitOutcome("duplicate", record.index)
+        if key is not None:
+            index_then = self.key_index(key)
+            if index_then is not None:
+                return UnitOutcome("duplicate", index_then)
         seen = [self.outcomes.get(t.transaction_id) for t in unit.transactions]
         if not any(seen):
             return None
@@ -91,30 +110,37 @@ class TransactionRecords:
         code when there is none."""
         if not self.outcomes.make_room(len(unit.transactions), now_ms):
             return "outcomes_full"
-        if unit.idempotency_key is not None and not self.keys.make_room(1, now_ms):
+        key = unit.idempotency_key
+        if key is not None and not self._table_of(key).make_room(1, now_ms):
             return "idempotency_keys_full"
         return None
 
-    def can_remember(self, transactions: int, keyed: bool, now_ms: int) -> bool:
+    def can_remember(self, transactions: int, key: str | None, now_ms: int) -> bool:
         """What :meth:`room_problem` would allow, changing nothing."""
-        return self.outcomes.has_room(transactions, now_ms) and (not keyed or self.keys.has_room(1, now_ms))
+        return self.outcomes.has_room(transactions, now_ms) and (
+            key is None or self._table_of(key).has_room(1, now_ms))
 
     def record(self, unit: CommitUnit, outcome: TransactionOutcome) -> None:
         for transaction in unit.transactions:
             self.outcomes.put(transaction.transaction_id, outcome)
-        if unit.idempotency_key is not None and outcome.status == "committed":
-            self.keys.put(unit.idempotency_key, KeyRecord(outcome.index, outcome.at_ms))
+        key = unit.idempotency_key
+        if key is not None and outcome.status == "committed":
+            self._table_of(key).put(key, KeyRecord(outcome.index, outcome.at_ms))
 
     def outcome(self, transaction_id: str) -> TransactionOutcome | None:
         return self.outcomes.get(transaction_id)
 
     def key_index(self, key: str) -> int | None:
+        """The index of the entry that committed under ``key`` (either kind); None: none remembered."""
         record = self.keys.get(key)
+        if record is None:
+            record = self.retry_keys.get(key)
         return record.index if record is not None else None
 
     def replace_all(self, outcomes: Iterable[tuple[str, TransactionOutcome]], forgotten_term: int,
-                    keys: Iterable[tuple[str, KeyRecord]]) -> None:
+                    keys: Iterable[tuple[str, KeyRecord]], retry_keys: Iterable[tuple[str, KeyRecord]] = ()) -> None:
         """Discard every record and load these (oldest first), as a snapshot restore does."""
         self.outcomes.replace_all(iter(outcomes))
         self.forgotten_term = forgotten_term
         self.keys.replace_all(iter(keys))
+        self.retry_keys.replace_all(iter(retry_keys))

@@ -6,7 +6,8 @@ items) and the items as (queue, item id, value), sorted by queue then id; the ra
 they are defined: ``SNAPSHOT_FORMAT`` is what is written, ``SNAPSHOT_FORMATS_READ`` what a node
 still restores (1: no queue settings; 2: purge total and limits; 3: settings, every total,
 enqueue times, item metadata; 4: the active feature level, the cluster's identity, and item headers as a ninth field of
-an item's metadata, only on items that have some), so a node reads the snapshots of the
+an item's metadata, only on items that have some; at feature level 3, retry keys in
+``retry_keys`` when there are some), so a node reads the snapshots of the
 version before it. Format 4 is written only at feature level 2 and above: a cluster at level 1
 writes format 3, byte for byte what rcq 0.1 writes, so that its nodes read each other's snapshots
 (rcq.server.core.features). A snapshot of a level above the node's stops it: UnreadableLevel.
@@ -60,6 +61,10 @@ def encode_meta(ledger: Ledger, records: TransactionRecords, last_index: int, ba
         ],
         "outcomes_forgotten_term": records.forgotten_term,
         "idempotency": [(k, (), r.index, r.at_ms) for k, r in records.keys.items()],
+        # Retry keys (feature level 3; rcq.server.core.outcomes), only when there are some: a
+        # cluster below level 3 never has any, and its snapshots keep their shape and digest.
+        **({"retry_keys": [(k, r.index, r.at_ms) for k, r in records.retry_keys.items()]}
+           if len(records.retry_keys) else {}),
         # Only once a membership change recorded one: older states keep their digest.
         **({"members": sorted((node_id, *where) for node_id, where in members.items())} if members else {}),
         **({"level": level, "level_writer": level_writer} if leveled else {}),
@@ -96,6 +101,7 @@ class Decoded:
     outcomes: list[tuple[str, TransactionOutcome]]
     outcomes_forgotten_term: int
     keys: list[tuple[str, KeyRecord]]
+    retry_keys: list[tuple[str, KeyRecord]]
     members: Members
     level: int
     level_writer: str | None
@@ -127,6 +133,7 @@ def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]], level_
                   for tid, status, index, at_ms, reason in meta["outcomes"]],
         outcomes_forgotten_term=int(meta.get("outcomes_forgotten_term", 0)),
         keys=[(key, KeyRecord(index, at_ms)) for key, _ids, index, at_ms in meta["idempotency"]],
+        retry_keys=[(key, KeyRecord(index, at_ms)) for key, index, at_ms in meta.get("retry_keys", ())],
         members={node_id: (raft_address, url) for node_id, raft_address, url in meta.get("members", ())},
         level=level,
         level_writer=meta.get("level_writer"),

@@ -58,7 +58,7 @@ from rcq.server.core.commands import (
     decode,
 )
 from rcq.server.core.commits import apply_batch
-from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_CLUSTER_IDENTITY
+from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_CLUSTER_IDENTITY, LEVEL_OF_RETRY_KEYS
 from rcq.server.core.ledger import ITEM_OVERHEAD_BYTES, Ledger, item_cost
 from rcq.server.core.outcomes import KeyRecord, Retention, TransactionOutcome, TransactionRecords, id_term
 from rcq.server.core.queue import ItemMeta, Queue
@@ -88,6 +88,9 @@ OUTCOMES_MAX = 1_000_000
 IDEMPOTENCY_RETENTION_MS = 24 * 3600_000  # an idempotency key is kept this long...
 IDEMPOTENCY_RETENTION_MIN_MS = 15 * 60_000  # ...and at least this long, when the table is full
 IDEMPOTENCY_KEYS_MAX = 500_000
+RETRY_KEY_RETENTION_MS = 10 * 60_000  # a retry key (feature level 3; rcq.server.core.outcomes) is kept this long...
+RETRY_KEY_RETENTION_MIN_MS = 2 * 60_000  # ...and at least this long, when the table is full
+RETRY_KEYS_MAX = 1_000_000
 QUEUES_MAX = 10_000
 ITEM_ACTION_IDS_MAX = 10_000  # items one ItemsAction may name (redrive moves at most this many at once)
 
@@ -99,7 +102,8 @@ class QueueStateMachine:
         self._ledger = Ledger()
         self._records = TransactionRecords(
             outcomes=Retention(OUTCOME_RETENTION_MS, OUTCOME_RETENTION_MIN_MS, OUTCOMES_MAX),
-            keys=Retention(IDEMPOTENCY_RETENTION_MS, IDEMPOTENCY_RETENTION_MIN_MS, IDEMPOTENCY_KEYS_MAX))
+            keys=Retention(IDEMPOTENCY_RETENTION_MS, IDEMPOTENCY_RETENTION_MIN_MS, IDEMPOTENCY_KEYS_MAX),
+            retry_keys=Retention(RETRY_KEY_RETENTION_MS, RETRY_KEY_RETENTION_MIN_MS, RETRY_KEYS_MAX))
         self._last_index = 0
         self._barrier_term = 0
         # The cluster's directory: node id -> (Raft address, HTTP URL) of members recorded by
@@ -184,6 +188,7 @@ class QueueStateMachine:
             return SetLevelResult("rejected", self._level, reason="level_lowered")
         if command.level > self._level:
             self._level, self._level_writer = command.level, command.writer_version
+            self._records.retry_keys_on = self._level >= LEVEL_OF_RETRY_KEYS
         return SetLevelResult("done", self._level)
 
     def _apply_set_identity(self, command: SetIdentity) -> SetIdentityResult:
@@ -249,12 +254,13 @@ class QueueStateMachine:
     def table_sizes(self) -> dict[str, int]:
         ledger = self._ledger
         return {"queues": len(ledger.queues), "items": ledger.items_total, "item_bytes": ledger.bytes_total,
-                "outcomes": len(self._records.outcomes), "idempotency_keys": len(self._records.keys)}
+                "outcomes": len(self._records.outcomes), "idempotency_keys": len(self._records.keys),
+                "retry_keys": len(self._records.retry_keys)}
 
-    def can_remember(self, transactions: int, keyed: bool, now_ms: int) -> bool:
-        """Whether a unit of ``transactions`` (with a key or not) would find room in the outcome and
-        idempotency tables at ``now_ms``: the leader asks before it proposes. Changes nothing."""
-        return self._records.can_remember(transactions, keyed, now_ms)
+    def can_remember(self, transactions: int, key: str | None, now_ms: int) -> bool:
+        """Whether a unit of ``transactions`` (under ``key``, or none) would find room in the outcome
+        and key tables at ``now_ms``: the leader asks before it proposes. Changes nothing."""
+        return self._records.can_remember(transactions, key, now_ms)
 
     def usage(self, queue_name: str) -> tuple[int, int]:
         """(items, cost) of a queue; (0, 0) when it does not exist."""
@@ -362,7 +368,9 @@ class QueueStateMachine:
         self._ledger = decoded.ledger
         self._last_index = decoded.last_index
         self._barrier_term = decoded.barrier_term
-        self._records.replace_all(decoded.outcomes, decoded.outcomes_forgotten_term, decoded.keys)
+        self._records.replace_all(decoded.outcomes, decoded.outcomes_forgotten_term, decoded.keys,
+                                  decoded.retry_keys)
         self._members = decoded.members
         self._level, self._level_writer = decoded.level, decoded.level_writer
+        self._records.retry_keys_on = self._level >= LEVEL_OF_RETRY_KEYS
         self._cluster_id = decoded.cluster_id

@@ -153,6 +153,8 @@ class RcqCollector(Collector):
                                 value=sizes["outcomes"])
         yield GaugeMetricFamily("rcq_idempotency_keys_remembered", "Idempotency keys remembered",
                                 value=sizes["idempotency_keys"])
+        yield GaugeMetricFamily("rcq_retry_keys_remembered", "Retry keys (the client library's own idempotency "
+                                "keys, feature level 3) remembered", value=sizes["retry_keys"])
 
     def _transactions(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("rcq_transactions_open", "Open transactions on this node (the leader's)",

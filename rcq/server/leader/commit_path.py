@@ -161,7 +161,7 @@ class CommitPath:
     def _check_room(self, sm: QueueStateMachine, growth: Growth, transactions: int,
                     idempotency_key: str | None) -> None:
         self._admission.check_growth(growth, sm)
-        if not sm.can_remember(transactions, idempotency_key is not None, self._clock.now_ms()):
+        if not sm.can_remember(transactions, idempotency_key, self._clock.now_ms()):
             raise TooManyRequests("the cluster remembers as many recent commits (or idempotency keys) as it "
                                   "can; retry shortly")
 
