@@ -138,7 +138,7 @@ class TransactionRecords:
         return record.index if record is not None else None
 
     def replace_all(self, outcomes: Iterable[tuple[str, TransactionOutcome]], forgotten_term: int,
-                    keys: Iterable[tuple[str, KeyRecord]], retry_keys: Iterable[tuple[str, KeyRecord]] = ()) -> None:
+                    keys: Iterable[tuple[str, KeyRecord]], retry_keys: Iterable[tuple[str, KeyRecord]]) -> None:
         """Discard every record and load these (oldest first), as a snapshot restore does."""
         self.outcomes.replace_all(iter(outcomes))
         self.forgotten_term = forgotten_term

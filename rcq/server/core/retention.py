@@ -17,8 +17,9 @@ Entries are forgotten in the order they were written, which is time order (entry
 back), so forgetting is popping from the front of that order: O(1) per entry. The order is a
 deque of keys beside the dict, not the dict's own order: deleting a dict's first keys leaves
 holes that every later ``next(iter(dict))`` walks over until the dict happens to resize, so a
-table forgetting from its front costs more per entry the longer it runs (measured: 10 µs per
-forget at the start, 90 µs after 120,000 forgets in a table of 500,000). A key written again
+table forgetting from its front costs more per entry the longer it runs (``python -m
+bench.retention``: 16 µs per forget at first, 173 µs after 120,000 in a table of 500,000; with
+the deque 1.5 µs throughout). A key written again
 gets a new place at the back; its earlier places are skipped (``_repeats`` counts them).
 
 Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
