@@ -161,7 +161,8 @@ def test_the_writer_takes_a_map_of_strings_as_headers_and_refuses_anything_else(
 def _raise_level(urls: str, token: str) -> None:
     async def main() -> None:
         async with RcqClient(urls.split(","), retry_timeout_s=30.0, token=token) as client:
-            assert (await client.raise_feature_level(2))["level"] == 2
+            # headers need level 2; the cluster may have raised itself to its highest already
+            assert (await client.raise_feature_level())["level"] >= 2
 
     asyncio.run(main())
 
