@@ -204,7 +204,8 @@ class RcqClient:
     async def enqueue(self, queue: str, *items: ItemValue, idempotency_key: str | None = None,
                       priority: int | None = None, delay_s: float | None = None,
                       ttl_s: float | None = None, headers: Mapping[str, str] | None = None) -> CommitInfo:
-        """Enqueue and commit in one request. Exactly once under retries (idempotency key).
+        """Enqueue and commit in one request. Exactly once under retries (``idempotency_key``, or a
+        retry key made here: kept 10 minutes, not a day; docs/limits.md).
         ``priority``, ``delay_s``, ``ttl_s``, ``headers``: as :meth:`Transaction.enqueue_batch`."""
         key = idempotency_key if idempotency_key is not None else retry_key()
         if not hooks.instrumented():  # the hot path: no wrapper coroutine, no closure
@@ -252,7 +253,7 @@ class RcqClient:
     async def execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]],
                       idempotency_key: str | None = None) -> ExecuteResult:
         """Run the operations in one transaction and commit it, in one request. Enqueues are
-        exactly once under retries (an idempotency key is generated if None); dequeues are at
+        exactly once under retries (a retry key is made if ``idempotency_key`` is None); dequeues are at
         most once, and a ``duplicate`` answer carries no items."""
         key = idempotency_key if idempotency_key is not None else retry_key()
         if not hooks.instrumented():

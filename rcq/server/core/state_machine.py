@@ -187,9 +187,12 @@ class QueueStateMachine:
         if command.level < self._level:
             return SetLevelResult("rejected", self._level, reason="level_lowered")
         if command.level > self._level:
-            self._level, self._level_writer = command.level, command.writer_version
-            self._records.retry_keys_on = self._level >= LEVEL_OF_RETRY_KEYS
+            self._set_level(command.level, command.writer_version)
         return SetLevelResult("done", self._level)
+
+    def _set_level(self, level: int, writer: str | None) -> None:
+        self._level, self._level_writer = level, writer
+        self._records.retry_keys_on = level >= LEVEL_OF_RETRY_KEYS  # what the level changes in the apply
 
     def _apply_set_identity(self, command: SetIdentity) -> SetIdentityResult:
         # No stale-leader check: whichever identity commits first is the cluster's, from any term;
@@ -371,6 +374,5 @@ class QueueStateMachine:
         self._records.replace_all(decoded.outcomes, decoded.outcomes_forgotten_term, decoded.keys,
                                   decoded.retry_keys)
         self._members = decoded.members
-        self._level, self._level_writer = decoded.level, decoded.level_writer
-        self._records.retry_keys_on = self._level >= LEVEL_OF_RETRY_KEYS
+        self._set_level(decoded.level, decoded.level_writer)
         self._cluster_id = decoded.cluster_id
