@@ -421,14 +421,14 @@ class Executor:
         if spec.value.get("one_request"):
             (write,) = spec.value["writes"]
             ((values, headers),) = runs_by_headers(write["values"], headers_of)
-            options = {name: write[name] for name in ("priority", "delay_s", "ttl_s") if name in write}
+            options = write_options(write)
             state["commit_sent"] = True  # one request: it may apply from its first attempt on
             await self.client.enqueue(write["queue"], *values, headers=headers or None, **options)
             return "ok", {**spec.value, "ack_ms": int(time.time() * 1000)}, None
 
         async def body(tx: Transaction) -> None:
             for write in spec.value["writes"]:
-                options = {name: write[name] for name in ("priority", "delay_s", "ttl_s") if name in write}
+                options = write_options(write)
                 for values, headers in runs_by_headers(write["values"], headers_of):
                     await enqueue_with(tx, write["queue"], values, headers, **options)
             await self._commit(tx, state)
@@ -566,6 +566,11 @@ def runs_by_headers(values: list[Any], headers: Callable[[Any], dict[str, str]])
         else:
             runs[-1][0].append(value)
     return runs
+
+
+def write_options(write: dict[str, Any]) -> dict[str, Any]:
+    """The enqueue options a generated write carries (priority, delay_s, ttl_s), as keyword arguments."""
+    return {name: write[name] for name in ("priority", "delay_s", "ttl_s") if name in write}
 
 
 async def enqueue_with(tx: Transaction, queue: str, values: list[Any], headers: dict[str, str], **options: Any) -> None:
