@@ -20,6 +20,7 @@ from rcq.errors import (
     TransactionLifetimeExceeded,
 )
 from rcq.server.core import state_machine as sm_module
+from rcq.server.leader.session import EnqueueStep
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
 from tests.helpers.nodes import drain, enqueue_committed, make_config
@@ -66,6 +67,26 @@ async def test_commits_in_flight_count_against_the_limit(limited):
     await commit
     assert manager.describe(second.transaction_id)["state"] == "open"  # commit again later, or abort
     assert replicator.state_machine.count("q") == 2
+
+
+async def test_a_one_request_enqueue_is_refused_by_a_full_queue_and_leaves_nothing_behind(limited):
+    """A lone enqueue skips the enqueue-time room check and its deadline (its commit follows with
+    no await between): the commit's check refuses it with the same error, counting commits in flight."""
+    manager, replicator = limited
+    await enqueue_committed(manager, "q", b"1")
+    deadlines = len(manager._open.deadlines)
+    in_flight = asyncio.ensure_future(manager.execute([EnqueueStep("q", [b"2"])]))
+    await asyncio.sleep(0)  # proposed, not yet applied: its growth is reserved
+    with pytest.raises(QueueFull) as caught:
+        await manager.execute([EnqueueStep("q", [b"3", b"4"])])
+    assert caught.value.http_status == 429 and caught.value.details == {"queue": "q", "max_items": 3}
+    await in_flight
+    assert manager.open_count == 0 and replicator.state_machine.count("q") == 2
+    assert len(manager._open.deadlines) == deadlines  # a one-request enqueue never waits for a deadline
+    await manager.execute([EnqueueStep("q", [b"3"])])
+    with pytest.raises(QueueFull):
+        await manager.execute([EnqueueStep("q", [b"4"])])
+    assert replicator.state_machine.count("q") == 3 and manager.open_count == 0
 
 
 async def test_a_full_queue_still_drains_and_then_accepts_again(limited):

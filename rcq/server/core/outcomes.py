@@ -95,7 +95,10 @@ class TransactionRecords:
             index_then = self.key_index(key)
             if index_then is not None:
                 return UnitOutcome("duplicate", index_then)
-        seen = [self.outcomes.get(t.transaction_id) for t in unit.transactions]
+        transactions = unit.transactions
+        if len(transactions) == 1 and transactions[0].transaction_id not in self.outcomes:
+            return None  # the commonest case, on every replica for every commit: a first attempt
+        seen = [self.outcomes.get(t.transaction_id) for t in transactions]
         if not any(seen):
             return None
         first = seen[0]

@@ -49,8 +49,10 @@ class OpenTransactions:
                                         live=lambda: leader.sessions.values())
 
     def begin(self, timeout_s: float | None = None, label: str | None = None, client: str = "",
-              owner: str = "") -> Session:
-        """Open a transaction owned by ``owner`` (a principal); caps count it against ``client``."""
+              owner: str = "", reaped: bool = True) -> Session:
+        """Open a transaction owned by ``owner`` (a principal); caps count it against ``client``.
+        ``reaped`` False: its deadline is not scheduled, for a caller that commits or aborts it
+        before the loop runs anything else (it cannot be open when a deadline comes)."""
         leader = self._leader
         leader.require_serving()
         self._admission.check_begin(client, len(leader.sessions))
@@ -62,7 +64,8 @@ class OpenTransactions:
             deadline=now + timeout_s, created_ms=int(time.time() * 1000), client=client, owner=owner,
             lifetime_deadline=now + self._config.transaction_lifetime_max_s)
         leader.add(transaction)
-        self.deadlines.schedule(transaction)
+        if reaped:
+            self.deadlines.schedule(transaction)
         return transaction
 
     def _timeout(self, timeout_s: float | None) -> float:
@@ -130,9 +133,12 @@ class OpenTransactions:
                 if t.owner == owner and (label_prefix is None or (t.label or "").startswith(label_prefix))]
 
     def enqueue(self, transaction_id: str, queue: str, values: list[bytes], key: str | None = None,
-                options: EnqueueOptions | None = None, headers: list[Headers | None] | None = None) -> int:
+                options: EnqueueOptions | None = None, headers: list[Headers | None] | None = None,
+                check_room: bool = True) -> int:
         """Buffer items; returns how many the transaction holds. A repeated ``key`` buffers nothing.
-        ``headers``: each item's, parallel to ``values`` (None, or only Nones: plain items)."""
+        ``headers``: each item's, parallel to ``values`` (None, or only Nones: plain items).
+        ``check_room`` False: the queue limits and the storage budget are left to the commit, for
+        a caller that commits at once (its commit checks the same growth against the same state)."""
         transaction = self._leader.get_open(transaction_id)
         check_queue_name(queue)
         if headers is not None:
@@ -165,8 +171,9 @@ class OpenTransactions:
             raise PayloadTooLarge(
                 f"the transaction would hold {transaction.items_count + len(values)} items; the limit is "
                 f"{self._config.transaction_items_max}")
-        growth = merge_growth([transaction.growth(), {queue: (len(values), size)}])
-        self._replicator.read(lambda sm: self._admission.check_growth(growth, sm))
+        if check_room:
+            growth = merge_growth([transaction.growth(), {queue: (len(values), size)}])
+            self._replicator.read(lambda sm: self._admission.check_growth(growth, sm))
         items_before, bytes_before = transaction.enqueued_sizes.get(queue, (0, 0))
         group = transaction.enqueues.setdefault((queue, options), [])
         group_headers = transaction.enqueue_headers.get((queue, options))
