@@ -47,6 +47,7 @@ def test_a_vote_given_before_a_power_cut_is_still_there_after_it(disk):
     assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (7, "127.0.0.1:7101"), (
         "the node forgot its vote: it could vote again in term 7")
     again._destroy()
+    journal._destroy()  # a file left open keeps the mount busy: its close would wait, then detach it
 
 
 def test_synced_entries_survive_a_power_cut_and_unsynced_ones_are_never_half_there(disk):
@@ -63,6 +64,7 @@ def test_synced_entries_survive_a_power_cut_and_unsynced_ones_are_never_half_the
     assert kept[:50] == [(f"entry-{i}".encode(), i, 1) for i in range(1, 51)]
     assert len(kept) == 50, "entries that were never synced came back"
     again._destroy()
+    journal._destroy()
 
 
 # pysyncobj's journal is left open on purpose (closing it would msync it), and a journal it cannot

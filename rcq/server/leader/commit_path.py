@@ -76,7 +76,8 @@ class CommitPath:
             # Proposed, outcome not applied yet; once it applies, the stream of applied
             # entries closes the transaction and a retry answers from the outcome.
             raise CommitOutcomeUnknown()
-        transaction = self._leader.get_open(transaction_id)
+        if transaction.state is not State.OPEN:
+            transaction = self._leader.get_open(transaction_id)  # raises what a commit of it gets
         return await self._commit_unit([transaction], idempotency_key)
 
     async def commit_many(self, transaction_ids: list[str],
@@ -101,20 +102,25 @@ class CommitPath:
     # ------------------------------------------------------------ one unit
     async def _commit_unit(self, transactions: list[Session],
                            idempotency_key: str | None) -> CommitResult:
-        writes = [write_of(t) for t in transactions]
-        ids = tuple(t.transaction_id for t in transactions)
-        enqueued = sum(len(v) for t in transactions for v in t.enqueues.values())
-        dequeued = sum(len(v) for t in transactions for v in t.dequeued.values())
+        writes, ids = [], []
+        enqueued = dequeued = size = 0
+        for t in transactions:  # loops, not generators: this runs for every commit
+            writes.append(write_of(t))
+            ids.append(t.transaction_id)
+            for values in t.enqueues.values():
+                enqueued += len(values)
+            for item_ids in t.dequeued.values():
+                dequeued += len(item_ids)
+            size += t.enqueued_bytes
         if idempotency_key is None and not enqueued and not dequeued:
             for transaction in transactions:  # nothing to replicate
                 self._leader.close(transaction, State.COMMITTED, "committed")
-            return CommitResult(ids, 0, False, 0, 0)
-        size = sum(t.enqueued_bytes for t in transactions)
+            return CommitResult(tuple(ids), 0, False, 0, 0)
         if size > self._config.commit_unit_bytes_max:
             raise PayloadTooLarge(f"the commit would carry {size} bytes of items in one Raft entry; the limit "
                                   f"is {self._config.commit_unit_bytes_max}: commit fewer transactions together")
         # Refused before anything is proposed: the transactions stay open (commit again, or abort).
-        growth = merge_growth(t.growth() for t in transactions)
+        growth = transactions[0].growth() if len(transactions) == 1 else merge_growth(t.growth() for t in transactions)
         self._replicator.read(lambda sm: self._check_room(sm, growth, len(transactions), idempotency_key))
         future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
         for transaction in transactions:
@@ -154,7 +160,7 @@ class CommitPath:
             error = rejection_error(outcome)
             _fail(future, error)
             raise error
-        result = CommitResult(ids, outcome.index, outcome.status == "duplicate", enqueued, dequeued)
+        result = CommitResult(tuple(ids), outcome.index, outcome.status == "duplicate", enqueued, dequeued)
         future.set_result(result)
         return result
 

@@ -28,7 +28,7 @@ class State(StrEnum):
     UNKNOWN = "unknown"  # commit proposed, outcome not known yet
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Session:
     transaction_id: str
     term: int
