@@ -10,7 +10,7 @@ WebSocket (one text frame each way, rcq's session channel), or with ``--http`` o
 exchange on keep-alive connections. It is the floor under a node's and a client's CPU per
 transaction: rcq's figures (``python -m bench --cpu``) are this plus the queue, Raft and the apply.
 
-Must not import: rcq (the transport alone is measured).
+Must not import: pysyncobj, lmdb, rcq.server (a bare server is measured, not a node).
 """
 
 from __future__ import annotations
@@ -18,24 +18,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+from bench.cpu import cpu_seconds
+from rcq.testing.nodes import free_ports
+
 REQUEST = {"op": "execute", "operations": [{"op": "enqueue", "queue": "bench", "items": ["x" * 100]}],
            "idempotency_key": "rcq-retry:" + "0" * 32}
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
 
 
 def _answer(request: dict) -> dict:
@@ -95,21 +90,15 @@ async def measure(url: str, server_pid: int, concurrency: int, duration_s: float
     async with aiohttp.ClientSession(connector=connector) as session:
         callers = [asyncio.ensure_future(caller(session, url, until, counts)) for _ in range(concurrency)]
         await asyncio.sleep(warm_up_s)
-        done_before, server_before, client_before = counts[0], _cpu_s(server_pid), _cpu_s(os.getpid())
+        done_before, server_before, client_before = counts[0], cpu_seconds(server_pid), cpu_seconds(os.getpid())
         started = time.monotonic()
         await asyncio.sleep(duration_s)
         exchanges = counts[0] - done_before
         elapsed = time.monotonic() - started
-        server_s, client_s = _cpu_s(server_pid) - server_before, _cpu_s(os.getpid()) - client_before
+        server_s, client_s = cpu_seconds(server_pid) - server_before, cpu_seconds(os.getpid()) - client_before
         await asyncio.gather(*callers)
     return {"exchanges_per_s": exchanges / elapsed, "server_us": server_s / exchanges * 1e6,
             "client_us": client_s / exchanges * 1e6}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def _wait_listening(port: int, timeout_s: float) -> None:
@@ -136,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.serve)
         return 0
-    port = _free_port()
+    port = free_ports(1)[0]
     server = subprocess.Popen([sys.executable, "-m", "bench.transport_floor", "--serve", str(port)])
     try:
         asyncio.run(_wait_listening(port, 10.0))
