@@ -20,6 +20,7 @@ from rcq.errors import (
     TransactionLifetimeExceeded,
 )
 from rcq.server.core import state_machine as sm_module
+from rcq.server.core.commands import QueueSettings
 from rcq.server.leader.session import EnqueueStep
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
@@ -318,3 +319,26 @@ async def test_a_queue_change_that_must_fail_proposes_nothing(limited, monkeypat
         await manager.change_queue("b", "configure", max_items=3)
     await manager.change_queue("a", "configure", max_items=3)  # an existing queue is no new queue
     assert len(replicator.submitted) == submitted + 1
+
+
+@pytest.mark.parametrize("max_deliveries", [None, 3])
+async def test_a_dequeue_sent_again_while_the_first_is_still_running_gets_the_same_items(max_deliveries):
+    """A client re-sends a dequeue (same key) when its channel drops; the first attempt may still
+    be running on the leader (recording deliveries in the log, or waiting for items). The re-sent
+    one must answer what the first took, not take more: the commit removes everything the
+    transaction holds, and items the client never saw would be gone without anyone having them."""
+    manager, _ = await started()
+    try:
+        if max_deliveries is not None:
+            await manager.change_queue("q", "configure", settings=QueueSettings(max_deliveries=max_deliveries))
+        tx = manager.begin()
+        first = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1, wait_ms=2000, key="k"))
+        await asyncio.sleep(0.05)  # the first attempt waits for an item (nothing queued yet)
+        await enqueue_committed(manager, "q", b"1", b"2", b"3")
+        again = await manager.dequeue(tx.transaction_id, "q", 1, wait_ms=2000, key="k")  # the re-sent one
+        taken = await first
+        assert [i.value for i in again] == [i.value for i in taken] == [b"1"]
+        await manager.commit(tx.transaction_id)
+        assert await drain(manager, "q") == [b"2", b"3"]  # nothing the client was not given is gone
+    finally:
+        await manager.stop()

@@ -56,6 +56,14 @@ class Dequeuer:
             raise PayloadTooLarge(f"the transaction holds {transaction.items_count} items; the limit is "
                                   f"{self._config.transaction_items_max}")
         max_items = min(max_items, allowance)
+        running = transaction.dequeues_running.get(key) if key is not None else None
+        if running is not None:
+            # Sent again while the first is still running (a client re-sends what was in flight when
+            # its channel dropped; the first goes on, recording deliveries or waiting for items). It
+            # answers what the first took, never takes more: the commit removes everything the
+            # transaction holds, and items no answer carried would be gone without anyone having them.
+            await asyncio.shield(running)
+            transaction = leader.get_open(transaction_id)
         if key is not None and key in transaction.dequeue_keys:
             key_queue, replayed = transaction.dequeue_keys[key]
             if key_queue != queue:
@@ -63,6 +71,22 @@ class Dequeuer:
             return self._items(queue, replayed, delivered=True)
         if budget.exhausted:
             return []  # this request's answer is full: the items stay at the head for the next one
+        if key is None:
+            return await self._take(transaction, queue, max_items, wait_ms, key, budget)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        transaction.dequeues_running[key] = done
+        try:
+            return await self._take(transaction, queue, max_items, wait_ms, key, budget)
+        finally:
+            del transaction.dequeues_running[key]
+            done.set_result(None)
+
+    async def _take(self, transaction: Session, queue: str, max_items: int, wait_ms: int, key: str | None,
+                    budget: AnswerBudget) -> list[DequeuedItem]:
+        """Lock up to ``max_items`` into the transaction (waiting up to ``wait_ms`` for the first)
+        and return them as the answer carries them."""
+        leader = self._leader
+        transaction_id = transaction.transaction_id
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + wait_ms / 1000
         while True:

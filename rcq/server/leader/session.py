@@ -54,6 +54,8 @@ class Session:
     unknown_since: float | None = None  # loop time its commit's outcome became unknown
     reserved: dict[str, tuple[int, int]] | None = None  # growth reserved while its commit is in flight
     dequeue_keys: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    # key -> done when the dequeue sent with that key ends: one sent again meanwhile waits for it
+    dequeues_running: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     enqueue_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (queue, items)
     commit_future: asyncio.Future[CommitResult] | None = None
 
