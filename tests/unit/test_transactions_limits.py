@@ -342,3 +342,30 @@ async def test_a_dequeue_sent_again_while_the_first_is_still_running_gets_the_sa
         assert await drain(manager, "q") == [b"2", b"3"]  # nothing the client was not given is gone
     finally:
         await manager.stop()
+
+
+async def test_items_of_a_transaction_closed_while_their_delivery_fails_to_commit_are_offered_once():
+    """A dequeue on a queue with max_deliveries records the delivery in the log first. If the
+    transaction closes meanwhile (an abort, its deadline), closing gives the items back; when the
+    delivery entry then fails, they must not be given back a second time: an item offered twice
+    goes to two transactions, and the second commit fails."""
+    manager, replicator = await started(commit_timeout_s=0.2)
+    try:
+        await manager.change_queue("q", "configure", settings=QueueSettings(max_deliveries=5))
+        await enqueue_committed(manager, "q", b"1")
+        tx = manager.begin()
+        replicator.hold_submits = True  # the delivery entry never applies: its outcome is unknown
+        dequeue = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1, key="k"))
+        await asyncio.sleep(0.05)
+        assert manager.abort(tx.transaction_id) == 1  # closing gives the item back
+        with pytest.raises(CommitOutcomeUnknown):
+            await dequeue
+        replicator.hold_submits = False
+        first, second = manager.begin(), manager.begin()
+        taken = await manager.dequeue(first.transaction_id, "q", 5)
+        assert [i.value for i in taken] == [b"1"]
+        assert await manager.dequeue(second.transaction_id, "q", 5) == []  # offered once, not twice
+        await manager.commit(first.transaction_id)
+        manager.abort(second.transaction_id)
+    finally:
+        await manager.stop()

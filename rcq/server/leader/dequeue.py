@@ -143,10 +143,12 @@ class Dequeuer:
                 for item in items if item.item_id in counts]
 
     def _release_held(self, transaction: Session, queue: str, items: list[DequeuedItem]) -> None:
-        """Items whose delivery could not be recorded: not handed out, back to the head."""
+        """Items whose delivery could not be recorded: not handed out, back to the head. Only
+        while the transaction is open: closing it gave them back already (given back twice, an
+        item is offered twice), and a commit under way ends them itself (removed, or given back)."""
         transaction.drop_held(queue, items)
         view = self._leader.views.get(queue)
-        if view is not None and transaction.epoch == self._leader.epoch:
+        if view is not None and transaction.epoch == self._leader.epoch and transaction.state is State.OPEN:
             view.give_back([item.item_id for item in items])
 
     def _items(self, queue: str, ids: list[int], *, delivered: bool = False) -> list[DequeuedItem]:
