@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from aiohttp import web
 
 from bench.cpu import cpu_seconds
 from rcq.testing.nodes import free_ports
+from rcq.testing.polls import poll_until
 
 REQUEST = {"op": "execute", "operations": [{"op": "enqueue", "queue": "bench", "items": ["x" * 100]}],
            "idempotency_key": "rcq-retry:" + "0" * 32}
@@ -101,18 +103,13 @@ async def measure(url: str, server_pid: int, concurrency: int, duration_s: float
             "client_us": client_s / exchanges * 1e6}
 
 
-async def _wait_listening(port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        return
+def _accepts(port: int) -> bool | None:
+    """True once the child accepts connections (None until then: ``poll_until`` asks again)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+    except OSError:
+        return None
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     port = free_ports(1)[0]
     server = subprocess.Popen([sys.executable, "-m", "bench.transport_floor", "--serve", str(port)])
     try:
-        asyncio.run(_wait_listening(port, 10.0))
+        poll_until(lambda: _accepts(port), 10.0, "the bare server listening")
         figures = asyncio.run(measure(f"http://127.0.0.1:{port}", server.pid, args.concurrency, args.duration_s,
                                       args.http))
     finally:
