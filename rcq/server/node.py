@@ -4,6 +4,11 @@
 manager and the HTTP server, and stops them in reverse order. ``run_node``
 runs one until SIGINT/SIGTERM.
 
+A stopping leader first hands leadership to its most caught-up follower (clients wait tens of
+milliseconds for the new leader instead of an election timeout) and ends its session channels
+(what is in flight is answered first): aiohttp's shutdown waits for every open request, and a
+channel whose client keeps sending would otherwise hold the node up until it is killed.
+
 Must not import: pysyncobj, lmdb (the replicator module does).
 """
 
@@ -16,16 +21,23 @@ import signal
 
 from aiohttp import web
 
+from rcq.errors import RcqError
 from rcq.server.config import NodeConfig, is_loopback
 from rcq.server.core.features import level_max_read
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.heap import keep_heap_top
+from rcq.server.http import session_channel
 from rcq.server.http.api import create_app
 from rcq.server.http.connections import HttpListener, runner_options
+from rcq.server.http.membership_routes import MEMBERSHIP
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator, known_nodes
 
 log = logging.getLogger(__name__)
+
+# A hand-over takes tens of milliseconds; a stopping leader waits no longer than this for one (when
+# the whole cluster stops at once, the target stops too and no election would come).
+HAND_OVER_ON_STOP_S = 1.0
 
 
 class Node:
@@ -78,6 +90,8 @@ class Node:
         if self.http_listener is not None:
             self.http_listener.close()  # accept no more connections
         if self._runner is not None:
+            await self._hand_leadership_over()
+            await session_channel.close_all(self.app)
             await self._runner.cleanup()  # shuts the open connections down
             self._runner = None
         if self.http_listener is not None:
@@ -85,6 +99,23 @@ class Node:
             self.http_listener = None
         await self.manager.stop()
         await self.replicator.stop()
+
+
+    async def _hand_leadership_over(self) -> None:
+        """A leader with peers hands over before it stops; best effort (bounded by the hand-over)."""
+        if not self.manager.serving or len(self.replicator.members()) < 2:
+            return
+        try:
+            async with asyncio.timeout(HAND_OVER_ON_STOP_S):
+                answer = await self.app[MEMBERSHIP].transfer_leadership(None)
+        except RcqError as exc:
+            log.warning("stopping as the leader: leadership could not be handed over first (%s: %s)",
+                        exc.code, exc.message)
+            return
+        except TimeoutError:
+            log.warning("stopping as the leader: leadership was not handed over within %g s", HAND_OVER_ON_STOP_S)
+            return
+        log.info("handed leadership over to %s before stopping", answer["leader_id"])
 
 
 async def run_node(config: NodeConfig) -> None:

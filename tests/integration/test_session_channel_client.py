@@ -150,3 +150,39 @@ async def test_killing_the_leader_under_load_over_the_channel_loses_and_duplicat
     assert port_of(cluster.url(new_leader)) in upgrades(recorder)
     await asyncio.to_thread(cluster.start_node, old_leader)
     await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
+
+
+async def test_a_leader_stopped_with_sigterm_under_channel_load_hands_over_and_exits_by_itself_losing_nothing(
+        healthy_cluster: LocalCluster):
+    """SIGTERM, as an orchestrator's rolling update sends it to whichever node it restarts: the
+    leader hands leadership over, answers what its channels have in flight, closes them and exits
+    by itself. Before, its channels kept aiohttp's shutdown waiting until the launcher killed it."""
+    cluster = healthy_cluster
+    options = {"request_timeout_s": 10.0, "retry_timeout_s": CLUSTER_WAIT_S, **cluster.client_options()}
+    queue = fresh_queue("t")
+    history = History()
+    stop = asyncio.Event()
+    async with RcqClient(cluster.urls, **options) as producing, RcqClient(cluster.urls, **options) as consuming:
+        tasks = [asyncio.create_task(producer(producing, queue, f"p{i}", history, stop)) for i in range(4)]
+        tasks += [asyncio.create_task(consumer(consuming, queue, f"c{i}", history, stop)) for i in range(2)]
+        try:
+            await wait_until(lambda: len(history.acknowledged) >= 40 and len(history.consumed) >= 5, CLUSTER_WAIT_S,
+                             message="the workload to get going")
+            old_leader = await leader_index(cluster)
+            exit_code = await asyncio.to_thread(cluster.stop_node, old_leader)
+            assert exit_code == 0, f"the leader did not stop by itself on SIGTERM (exit {exit_code})"
+            new_leader = await leader_index(cluster)
+            assert new_leader != old_leader
+            acknowledged, consumed = len(history.acknowledged), len(history.consumed)
+            await wait_until(lambda: len(history.acknowledged) >= acknowledged + 40
+                             and len(history.consumed) > consumed, CLUSTER_WAIT_S,
+                             message="the workload to go on through the new leader")
+        finally:
+            stop.set()
+            results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), CLUSTER_WAIT_S)
+        assert not [result for result in results if isinstance(result, BaseException)], results
+        await check_nothing_lost(consuming, queue, history)
+    log = (cluster.nodes[old_leader].directory / "node.log").read_text()
+    assert "before stopping" in log and "closing" in log, log[-2000:]
+    await asyncio.to_thread(cluster.start_node, old_leader)
+    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)

@@ -45,7 +45,9 @@ ID_DESCRIPTION = f"chosen by the client: an integer 1..{FRAME_ID_MAX}, unique am
 
 CLOSE_CODES: dict[int, str] = {
     WSCloseCode.OK: "idle: nothing in flight and no frame for session_idle_timeout_s",
-    WSCloseCode.GOING_AWAY: "the node is shutting down",
+    WSCloseCode.GOING_AWAY: "the node is shutting down, after answering what was in flight (frames sent meanwhile "
+                            "are answered 503 unavailable, not run): reconnect to the leader and re-send what has no "
+                            "answer, with its keys",
     WSCloseCode.PROTOCOL_ERROR: "protocol error: a frame reused an id still in flight on the channel",
     WSCloseCode.UNSUPPORTED_DATA: "a binary frame: frames are JSON text",
     WSCloseCode.POLICY_VIOLATION: "the token was revoked or expired (after an id-null 401 error frame)",

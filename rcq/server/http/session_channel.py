@@ -16,7 +16,11 @@ channel is open, a timer looks once a second at what can end it: the token revok
 (an error frame, then close 1008), this node no longer leading (close 1012 once in-flight requests
 are answered), nothing happening for ``session_idle_timeout_s`` (close 1000). A channel holds at
 most ``session_in_flight_max`` requests: past it, the node stops reading that channel until answers
-go out (TCP back-pressure), it refuses nothing.
+go out (TCP back-pressure), it refuses nothing. When the node stops, :func:`close_all` ends every
+channel the same way: frames that arrive from then on are refused (503, not run), what is in flight
+is answered (up to ``LEADERSHIP_DRAIN_S``), then close 1001 (1012 if the node stopped leading).
+Without it the node's HTTP shutdown would wait for each channel's handler, which a busy client
+keeps busy for ever.
 
 Must not import: pysyncobj, lmdb.
 """
@@ -34,7 +38,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from rcq import json_text
-from rcq.errors import InternalError, InvalidRequest, NotLeader, RcqError, TooManyConnections
+from rcq.errors import InternalError, InvalidRequest, NotLeader, RcqError, TooManyConnections, Unavailable
 from rcq.server.http import operations
 from rcq.server.http.auth import presented_token
 from rcq.server.http.channel_stats import ChannelStats
@@ -57,6 +61,7 @@ LEADERSHIP_DRAIN_S = 5.0  # after leadership ends, in-flight requests get this l
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # the fallback: json.dumps(..., separators) makes one per call
 _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS  # as json does: keys that are numbers become strings
 CLOSE_LEADERSHIP_ENDED = 1012  # "service restart": the client reconnects, to the new leader
+SHUTTING_DOWN = "the node is shutting down"
 
 
 class ChannelBatch(BatchRequest):
@@ -67,8 +72,6 @@ class ChannelBatch(BatchRequest):
 
 FRAME = TypeAdapter(BatchOperation)
 BATCH_FRAME = TypeAdapter(ChannelBatch)
-
-
 
 
 class _Closing(Exception):
@@ -96,9 +99,12 @@ class _Channel:
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._last_activity = time.monotonic()
         self._closing: _Closing | None = None
+        self._refusing = False  # the node stops: frames are answered 503, not run
 
     async def run(self) -> None:
         timer = asyncio.ensure_future(self._housekeeping())
+        open_channels = self._request.app[OPEN_CHANNELS]
+        open_channels.add(self)
         try:
             try:
                 await self._read()
@@ -113,6 +119,7 @@ class _Channel:
             # a commit is never cut in the middle. Their answers have nowhere to go.
             await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
         finally:
+            open_channels.discard(self)
             timer.cancel()
             for task in list(self._in_flight.values()):  # only when the node itself shuts down
                 task.cancel()
@@ -158,6 +165,9 @@ class _Channel:
         if frame_id in self._in_flight:
             self._slots.release()
             self._closing = _Closing(WSCloseCode.PROTOCOL_ERROR, f"id {frame_id} is already in flight")
+            return
+        if self._refusing:  # the node stops: not run, so the client sends it elsewhere at once
+            await self._answer_now(frame_id, Unavailable(f"{SHUTTING_DOWN}; this request did not run: send it again"))
             return
         del frame["id"]
         try:
@@ -245,6 +255,31 @@ class _Channel:
         if self._in_flight:
             await asyncio.wait(list(self._in_flight.values()), timeout=timeout_s)
 
+    async def shut_down(self) -> None:
+        """The node stops: refuse new frames, answer what is in flight (bounded), close."""
+        self._refusing = True
+        await self._drain(LEADERSHIP_DRAIN_S)
+        if self._closing is None:
+            code = WSCloseCode.GOING_AWAY if self._manager.serving else CLOSE_LEADERSHIP_ENDED
+            self._closing = _Closing(code, SHUTTING_DOWN)
+        if not self._ws.closed:  # wakes the reader, as the housekeeping's close does
+            await self._ws.close(code=self._closing.code, message=self._closing.reason[:120].encode())
+
+
+OPEN_CHANNELS: web.AppKey[set[_Channel]] = web.AppKey("session_channels")
+
+
+async def close_all(app: web.Application) -> None:
+    """Every open channel of ``app`` ended as :meth:`_Channel.shut_down` says (the node stops)."""
+    open_channels: set[_Channel] = app[OPEN_CHANNELS]
+    channels = list(open_channels)
+    if channels:
+        log.info("closing %d session channel(s): %s", len(channels), SHUTTING_DOWN)
+        results = await asyncio.gather(*(channel.shut_down() for channel in channels), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):  # a bug; the node stops all the same
+                log.error("closing a session channel failed", exc_info=result)
+
 
 def _render(answer: dict[str, Any]) -> bytes:
     """An answer frame's UTF-8 JSON, as json would write it (compact)."""
@@ -285,4 +320,5 @@ async def serve(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
+    app[OPEN_CHANNELS] = set()
     app.router.add_get(PATH, serve)

@@ -1,0 +1,52 @@
+"""A node that stops ends its session channels itself: in-flight requests answered, later frames
+refused (503, not run), then close 1001. Without it aiohttp's shutdown waits for the channel's
+handler, which a client that keeps its channel open holds up until the node is killed.
+
+One node over the in-memory replicator (no peers: nothing to hand leadership to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+
+from rcq.server.http.session_channel import OPEN_CHANNELS
+from rcq.server.node import Node
+from rcq.testing import InMemoryReplicator, wait_until
+from tests.helpers import LOCAL_WAIT_S
+from tests.helpers.nodes import make_config, url_of
+from tests.helpers.raw_channel import gather_answers, open_channel
+
+WAIT_MS = 1_500  # the receive in flight while the node stops: it ends within the drain (5 s)
+
+
+async def test_a_stopping_node_answers_what_is_in_flight_refuses_later_frames_and_closes_1001(tmp_path: Path):
+    node = Node(make_config(tmp_path / "n1"), replicator=InMemoryReplicator())
+    await node.start()
+    stopping: asyncio.Task[None] | None = None
+    try:
+        await wait_until(lambda: node.manager.serving, LOCAL_WAIT_S, message="node serving")
+        async with aiohttp.ClientSession() as http, open_channel(http, url_of(node), None) as channel:
+            await channel.send({"id": 1, "op": "receive", "queue": "q", "wait_ms": WAIT_MS})
+            # frames are read in order: once 2 is answered, 1 is in flight, waiting for items
+            assert (await channel.request({"id": 2, "op": "begin"}))["status"] == 201
+            stopping = asyncio.create_task(node.stop())
+            channels = node.app[OPEN_CHANNELS]
+            await wait_until(lambda: all(c._refusing for c in channels), LOCAL_WAIT_S,
+                             message="the node to start ending its channel")
+            await channel.send({"id": 3, "op": "begin"})
+            answers = {a["id"]: a for a in await gather_answers(channel, 2, LOCAL_WAIT_S)}
+            assert answers[3]["status"] == 503 and answers[3]["body"]["error"]["code"] == "unavailable", answers
+            assert "did not run" in answers[3]["body"]["error"]["message"], answers
+            assert answers[1]["status"] == 200 and answers[1]["body"]["items"] == [], answers
+            code, reason = await channel.close_code(LOCAL_WAIT_S)
+            assert (code, reason) == (1001, "the node is shutting down")
+        await asyncio.wait_for(stopping, LOCAL_WAIT_S)
+        assert node.manager.open_count == 0  # the begin refused while stopping opened nothing
+    finally:
+        if stopping is None:
+            await node.stop()
+        elif not stopping.done():
+            stopping.cancel()
