@@ -79,6 +79,10 @@ class ReleaseSwitch(Protocol):
         under test); waits for its HTTP unless ``wait`` is false."""
         ...
 
+    def stop_node(self, i: int) -> int | None:
+        """SIGTERM node ``i``, SIGKILL it if it does not exit by itself in time; its exit code."""
+        ...
+
 
 def release_switch(cluster: object) -> ReleaseSwitch | None:
     """The target as a :class:`ReleaseSwitch`, or None when it has no other release to run."""
@@ -297,11 +301,14 @@ class FaultMaker:
         how = rng.choice(["graceful", "crash"])
         was = getattr(cluster.nodes[target], "release", None)
         to = switch.previous_release if was is None else None
+        stopped: dict[str, Any] = {}
         if how == "crash":
             cluster.kill_node(target)
+        else:  # SIGTERM: the node must exit by itself (0), a leader after handing over (the checker looks)
+            stopped["stop_exit"] = switch.stop_node(target)
         switch.restart_node_as(target, to, wait=True)
         details = {"node": cluster.nodes[target].node_id, "variant": variant, "how": how,
-                   "from": release_name(was), "to": release_name(to)}
+                   "from": release_name(was), "to": release_name(to), **stopped}
 
         def stop() -> None:
             fault.outcome["versions"] = self.versions()

@@ -138,9 +138,10 @@ def check_liveness(history: list[dict[str, Any]]) -> dict[str, Any]:
         window.update(_availability(inside))
         by_fault.setdefault(window["f"], []).append(window)
     stuck = _stuck_transactions(history)
+    stops = _graceful_stops(history)
     leader_times = [w["time_to_new_leader_s"] for w in windows if w["time_to_new_leader_s"] is not None]
     return {
-        "valid": not stuck["stuck"],
+        "valid": not stuck["stuck"] and not stops["killed"],
         "faults_count": len(windows),
         "leader_observations_count": len(observations),
         "max_time_to_new_leader_s": max(leader_times, default=None),
@@ -149,7 +150,22 @@ def check_liveness(history: list[dict[str, Any]]) -> dict[str, Any]:
         "by_fault": {fault: _fault_summary(group) for fault, group in sorted(by_fault.items())},
         "windows": windows[:WINDOWS_REPORTED_MAX],
         "stuck_transactions": stuck,
+        "graceful_stops": stops,
     }
+
+
+def _graceful_stops(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Nodes the nemesis stopped with SIGTERM (a graceful upgrade or downgrade): each running the
+    code under test must exit by itself (0), a leader after handing over. A previous release may not
+    (older nodes could wait on a busy session channel until killed): counted, not judged."""
+    stops = [value for op in history if op.get("process") == NEMESIS_PROCESS
+             and isinstance(value := op.get("value"), dict) and value.get("phase") == "start"
+             and value.get("how") == "graceful" and "stop_exit" in value]
+    current = [s for s in stops if s.get("from") == "current"]
+    killed = [{"node": s.get("node"), "variant": s.get("variant"), "exit": s.get("stop_exit")}
+              for s in current if s.get("stop_exit") != 0]
+    return {"count": len(stops), "current_code": len(current),
+            "leaders": sum(1 for s in current if s.get("variant") == "leader"), "killed": killed}
 
 
 def _fault_summary(windows: list[dict[str, Any]]) -> dict[str, Any]:

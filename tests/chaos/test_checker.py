@@ -312,6 +312,30 @@ def test_no_open_transactions_passes_liveness() -> None:
     assert result["valid"] and result["stuck_transactions"]["checked"]
 
 
+def graceful_restart(h: History, node: str, variant: str, release: str, stop_exit: int | None) -> History:
+    h.nemesis("upgrade", "start", node, node=node, variant=variant, how="graceful", to="current",
+              **{"from": release}, stop_exit=stop_exit)
+    return h.nemesis("upgrade", "stop", node)
+
+
+def test_a_node_of_the_code_under_test_killed_after_sigterm_fails_liveness() -> None:
+    h = graceful_restart(History(), "node-0", "follower", "current", 0)
+    graceful_restart(h, "node-1", "leader", "current", -9)  # waited for until the harness killed it
+    result = check_liveness(h.lines)
+    assert not result["valid"]
+    assert result["graceful_stops"] == {"count": 2, "current_code": 2, "leaders": 1,
+                                        "killed": [{"node": "node-1", "variant": "leader", "exit": -9}]}
+    assert check(h.lines)["invalid_checkers"] == ["liveness"]
+
+
+def test_graceful_stops_that_exit_by_themselves_pass_and_a_previous_release_is_not_judged() -> None:
+    h = graceful_restart(History(), "node-0", "leader", "current", 0)
+    graceful_restart(h, "node-1", "leader", "rcq-0.1.0", -9)  # an older release: counted only
+    result = check_liveness(h.lines)
+    assert result["valid"], result["graceful_stops"]
+    assert result["graceful_stops"] == {"count": 2, "current_code": 1, "leaders": 1, "killed": []}
+
+
 def test_liveness_measures_leader_changes_and_availability_per_fault_window() -> None:
     h = History()
     h.enqueue(0, "ok", "a", "v1")  # 0.1 .. 0.2, outside any fault

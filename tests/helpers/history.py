@@ -65,8 +65,8 @@ class History:
     def drain(self, queue: str, *values: str) -> History:
         return self.op(99, "ok", "drain", {"queue": queue, "values": list(values)}, invoke_value={"queue": queue})
 
-    def nemesis(self, f: str, phase: str, *nodes: str) -> History:
-        self._line("nemesis", "info", f, {"phase": phase, "nodes": list(nodes)})
+    def nemesis(self, f: str, phase: str, *nodes: str, **details: Any) -> History:
+        self._line("nemesis", "info", f, {"phase": phase, "nodes": list(nodes), **details})
         return self
 
     def checker_input(self, f: str, value: Any) -> History:
