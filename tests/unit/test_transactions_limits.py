@@ -17,10 +17,11 @@ from rcq.errors import (
     TooManyQueues,
     TooManyTransactions,
     TransactionAborted,
+    TransactionBusy,
     TransactionLifetimeExceeded,
 )
 from rcq.server.core import state_machine as sm_module
-from rcq.server.core.commands import QueueSettings
+from rcq.server.core.commands import ItemsAction, QueueSettings
 from rcq.server.leader.session import EnqueueStep
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
@@ -367,5 +368,31 @@ async def test_items_of_a_transaction_closed_while_their_delivery_fails_to_commi
         assert await manager.dequeue(second.transaction_id, "q", 5) == []  # offered once, not twice
         await manager.commit(first.transaction_id)
         manager.abort(second.transaction_id)
+    finally:
+        await manager.stop()
+
+
+async def test_a_commit_sent_while_a_dequeue_records_its_deliveries_is_refused_busy_and_loses_nothing():
+    """A client that pipelines (commit sent before the dequeue's answer; rcq's client never does)
+    must not commit items no answer has carried yet: on a max_deliveries queue the dequeue holds
+    them while its delivery entry is on its way. If that entry then failed, the commit would have
+    removed items the client never saw. The commit is refused, retryable, until the dequeue answers."""
+    manager, replicator = await started(commit_timeout_s=0.3)
+    try:
+        await manager.change_queue("q", "configure", settings=QueueSettings(max_deliveries=5))
+        await enqueue_committed(manager, "q", b"1")
+        tx = manager.begin()
+        replicator.hold_submits = True  # the delivery entry never applies: its outcome is unknown
+        dequeue = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1))
+        await wait_until(lambda: any(isinstance(u, ItemsAction) for c in replicator.submitted
+                                     for u in getattr(c, "units", ())), 2, message="the delivery entry proposed")
+        with pytest.raises(TransactionBusy) as caught:
+            await manager.commit(tx.transaction_id)
+        assert caught.value.retryable and "dequeue" in caught.value.message
+        with pytest.raises(CommitOutcomeUnknown):
+            await dequeue
+        replicator.hold_submits = False
+        await manager.commit(tx.transaction_id)  # the dequeue has answered (an error): nothing held now
+        assert await drain(manager, "q") == [b"1"]
     finally:
         await manager.stop()

@@ -34,6 +34,7 @@ from rcq.errors import (
     TooManyQueues,
     TooManyRequests,
     TransactionAborted,
+    TransactionBusy,
     TransactionCommitted,
 )
 from rcq.server.config import NodeConfig
@@ -105,6 +106,9 @@ class CommitPath:
         writes, ids = [], []
         enqueued = dequeued = size = 0
         for t in transactions:  # loops, not generators: this runs for every commit
+            if t.deliveries_running:
+                raise TransactionBusy(f"a dequeue of transaction {t.transaction_id} is recording its deliveries; "
+                                      "commit once it has answered: its items are in no answer yet")
             writes.append(write_of(t))
             ids.append(t.transaction_id)
             for values in t.enqueues.values():

@@ -115,7 +115,11 @@ class Dequeuer:
         self._drop_missing(transaction, queue, items, ids)
         items = self._fit_answer(transaction, queue, items, budget)
         if items and view is not None and view.max_deliveries is not None:
-            items = await self._deliver(transaction, queue, items)
+            transaction.deliveries_running += 1  # a commit meanwhile is refused (CommitPath)
+            try:
+                items = await self._deliver(transaction, queue, items)
+            finally:
+                transaction.deliveries_running -= 1
         if key is not None:
             transaction.dequeue_keys[key] = (queue, [item.item_id for item in items])
         return items

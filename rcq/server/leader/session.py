@@ -56,6 +56,9 @@ class Session:
     dequeue_keys: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     # key -> done when the dequeue sent with that key ends: one sent again meanwhile waits for it
     dequeues_running: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+    # Dequeues holding items whose delivery entry is on its way (max_deliveries): no answer has
+    # carried those items yet, so the transaction may not commit until they have answered.
+    deliveries_running: int = 0
     enqueue_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (queue, items)
     commit_future: asyncio.Future[CommitResult] | None = None
 
