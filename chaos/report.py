@@ -128,6 +128,12 @@ def _liveness_line(r: dict[str, Any]) -> str:
         f"availability overall {_share(r['overall']['availability'])}, outside faults "
         f"{_share(r['outside_faults']['availability'])}; stuck transactions {stuck_text}"
     )
+    stops = r.get("graceful_stops")
+    if stops and stops["count"]:
+        killed = stops["killed"]
+        line += (f"; graceful stops {stops['count']} ({stops['current_code']} of the code under test, "
+                 f"{stops['leaders']} leaders), killed after SIGTERM {len(killed)}"
+                 + _sample([f"{k['node']} exit {k['exit']}" for k in killed]))
     for fault, s in r["by_fault"].items():
         line += (
             f"\n      {fault}: {s['windows']} window(s), availability {_share(s['availability'])} of {s['ops']} ops, "
@@ -226,6 +232,12 @@ def summary_text(results: dict[str, Any], seed: int | str | None, **parameters: 
     for name, describe in _LINES.items():
         if name in results:
             lines.append(f"  {_verdict(results[name])} {name}: {describe(results[name])}")
+    releases = results.get("releases")
+    if releases and releases.get("checked"):  # a metric: which release led (the upgrade nemesis)
+        led = ", ".join(f"{release} {seconds:g} s" for release, seconds in releases["led_s"].items())
+        lines.append(f"  metric  releases: led {led}; lost after another release led "
+                     f"{releases['lost_after_another_release_led']}, lost while only the code under test led "
+                     f"{releases['lost_with_only_the_code_under_test_leading']}")
     if not results.get("valid"):
         lines.append(f"  reproduce with --seed {seed}")
     return "\n".join(lines) + "\n"

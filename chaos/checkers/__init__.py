@@ -8,7 +8,9 @@ one converged cluster at the end; ``limits``: a queue never holds more than its 
 intruder is refused everything its token does not grant; ``ordering``), each
 ``check_x(...) -> dict`` with a ``"valid"`` key, counts and at most 20 sample offenders per
 kind; ``model`` parses the history once for them. Ordering and the liveness timings are
-metrics: only stuck transactions make liveness invalid, nothing makes ordering so. Liveness
+metrics: only stuck transactions (and a node of the code under test killed after SIGTERM) make
+liveness invalid, nothing makes ordering so; ``releases`` (runs with the ``upgrade`` nemesis)
+says which release led when, and which lost values were lost after another release led. Liveness
 measures the workload: the intruder's ops are left out of its availability (a refusal is the
 cluster working).
 ``features`` holds poison, dead letters, delays, time to live and priorities to
@@ -31,14 +33,14 @@ from typing import Any
 
 from chaos.checkers.aborts import check_aborted_return
 from chaos.checkers.backups import check_backups
-from chaos.checkers.cluster import check_convergence, check_liveness, fault_windows
+from chaos.checkers.cluster import check_convergence, check_liveness, check_releases, fault_windows
 from chaos.checkers.features import check_features
 from chaos.checkers.headers import check_headers
 from chaos.checkers.limits import check_limits
 from chaos.checkers.membership import check_membership
-from chaos.checkers.model import build_model
+from chaos.checkers.model import QueueModel, build_model
 from chaos.checkers.ordering import check_ordering
-from chaos.checkers.queue import check_atomicity, check_total_queue
+from chaos.checkers.queue import check_atomicity, check_total_queue, lost_values
 from chaos.checkers.security import check_security, is_security_op
 from chaos.history import NEMESIS_PROCESS, read_history
 
@@ -83,6 +85,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "ordering": check_ordering(model),
         "backups": check_backups(history),
     }
+    results["releases"] = check_releases(history, _acknowledged_at_s(model, lost_values(model)))
     op_counts = Counter(f"{op.f}:{op.type}" for op in model.ops)
     # One-request enqueues (exactly once through the client's retry keys): the total-queue checker
     # finds one applied twice as a duplicated value; here, how many there were, by outcome.
@@ -100,6 +103,18 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "one_request_enqueues_by_type": dict(sorted(one_request.items())),
         },
     }
+
+
+def _acknowledged_at_s(model: QueueModel, values: set[Any]) -> dict[Any, float]:
+    """When each of ``values`` was enqueued for sure: its enqueue's completion (its invoke when the
+    outcome is unknown, the earliest it can have been in)."""
+    acknowledged: dict[Any, float] = {}
+    for tx in model.enqueues:
+        for value in tx.values:
+            if value in values:
+                at_s = tx.op.complete_time_s if tx.op.type == "ok" else tx.op.invoke_time_s
+                acknowledged[value] = min(acknowledged.get(value, float("inf")), at_s or tx.op.invoke_time_s)
+    return acknowledged
 
 
 def check_file(path: str | Path) -> dict[str, Any]:

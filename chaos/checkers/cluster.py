@@ -195,3 +195,50 @@ def _stuck_transactions(history: list[dict[str, Any]]) -> dict[str, Any]:
     # With a deadline given, a transaction younger than it is open, not stuck.
     stuck = count > 0 and (deadline_s is None or oldest_age_s is None or float(oldest_age_s) > float(deadline_s))
     return {"checked": True, "stuck": stuck, "count": count, "oldest_age_s": oldest_age_s, "deadline_s": deadline_s}
+
+
+def check_releases(history: list[dict[str, Any]], lost_acknowledged_at_s: dict[Any, float]) -> dict[str, Any]:
+    """Which release led, and when, in a run whose ``upgrade`` nemesis restarted nodes into another
+    release (a metric, not a verdict: the total-queue checker judges losses). Each node runs the code
+    under test (``current``) until an upgrade or downgrade names what it runs next; the leader
+    observations say who led. ``lost_acknowledged_at_s``: each lost value and when its enqueue was
+    acknowledged. A value lost after a node of another release led may have been lost by that release
+    (it runs that release's faults, fixed since or not); one lost while only the code under test led
+    cannot have been."""
+    restarts = sorted(
+        (float(op["time_s"]), str(value.get("node")), str(value.get("to")))
+        for op in history
+        if op.get("process") == NEMESIS_PROCESS and op.get("f") in ("upgrade", "downgrade")
+        and isinstance(value := op.get("value"), dict) and value.get("phase") == "start" and value.get("to"))
+    if not restarts:
+        return {"checked": False}
+    observations = _leader_observations(history)
+    end_s = max((float(op.get("time_s", 0.0)) for op in history), default=0.0)
+
+    def release_of(node: str, at_s: float) -> str:
+        release = "current"
+        for time_s, restarted, to in restarts:
+            if time_s > at_s:
+                break
+            if restarted == node:
+                release = to
+        return release
+
+    led_s: dict[str, float] = {}
+    other_led_at: list[float] = []  # observation times when a node of another release led
+    for k, sample in enumerate(observations):
+        at_s = float(sample["time_s"])
+        until_s = float(observations[k + 1]["time_s"]) if k + 1 < len(observations) else end_s
+        release = release_of(str(sample["node"]), at_s)
+        led_s[release] = led_s.get(release, 0.0) + max(0.0, until_s - at_s)
+        if release != "current":
+            other_led_at.append(at_s)
+    after_other = sorted(str(value) for value, acked_s in lost_acknowledged_at_s.items()
+                         if any(t >= acked_s for t in other_led_at))
+    return {
+        "checked": True,
+        "led_s": {release: round(seconds, 1) for release, seconds in sorted(led_s.items())},
+        "lost_after_another_release_led": len(after_other),
+        "lost_with_only_the_code_under_test_leading": len(lost_acknowledged_at_s) - len(after_other),
+        "lost_after_another_release_led_sample": after_other[:WINDOWS_REPORTED_MAX],
+    }

@@ -336,6 +336,30 @@ def test_graceful_stops_that_exit_by_themselves_pass_and_a_previous_release_is_n
     assert result["graceful_stops"] == {"count": 2, "current_code": 1, "leaders": 1, "killed": []}
 
 
+def test_releases_say_which_release_led_and_which_losses_came_after_another_release_led() -> None:
+    h = History().nemesis("downgrade", "start", "node-1", node="node-1", to="0.1.0")  # 0.1
+    h.enqueue(0, "ok", "a", "v1")  # acknowledged at 0.3: lost, and node-1 leads on 0.1.0 after
+    h.nemesis("upgrade", "start", "node-1", node="node-1", to="current")  # 0.4
+    h.enqueue(0, "ok", "a", "v2")  # acknowledged at 0.6: lost while only the code under test led
+    h.enqueue(0, "ok", "a", "v3")  # taken out below: not lost
+    h.dequeue(1, "ok", "a", "v3")
+    h.checker_input("leaders", [{"time_s": 0.0, "node": "node-1", "term": 1},
+                                {"time_s": 0.35, "node": "node-1", "term": 1},  # on 0.1.0 since 0.1
+                                {"time_s": 0.45, "node": "node-0", "term": 2}])
+    result = check(h.lines)
+    assert result["invalid_checkers"] == ["total_queue", "atomicity"]  # the losses stay losses
+    releases = result["releases"]
+    assert releases["checked"] and set(releases["led_s"]) == {"0.1.0", "current"}
+    assert releases["led_s"]["0.1.0"] == pytest.approx(0.1, abs=0.06)
+    assert releases["lost_after_another_release_led"] == 1 and releases["lost_after_another_release_led_sample"] == ["v1"]
+    assert releases["lost_with_only_the_code_under_test_leading"] == 1
+    assert "releases: led 0.1.0" in summary_text(result, 1)
+
+
+def test_releases_are_not_checked_without_restarts_into_another_release() -> None:
+    assert check(History().enqueue(0, "ok", "a", "v1").lines)["releases"] == {"checked": False}
+
+
 def test_liveness_measures_leader_changes_and_availability_per_fault_window() -> None:
     h = History()
     h.enqueue(0, "ok", "a", "v1")  # 0.1 .. 0.2, outside any fault
