@@ -100,9 +100,8 @@ class Node:
         await self.manager.stop()
         await self.replicator.stop()
 
-
     async def _hand_leadership_over(self) -> None:
-        """A leader with peers hands over before it stops; best effort (bounded by the hand-over)."""
+        """A leader with peers hands over before it stops; best effort, within HAND_OVER_ON_STOP_S."""
         if not self.manager.serving or len(self.replicator.members()) < 2:
             return
         try:

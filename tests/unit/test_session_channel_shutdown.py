@@ -12,11 +12,11 @@ from pathlib import Path
 
 import aiohttp
 
-from rcq.server.http.session_channel import OPEN_CHANNELS
+from rcq.server.http.session_channel import OPEN_CHANNELS, close_all
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
 from tests.helpers import LOCAL_WAIT_S
-from tests.helpers.nodes import make_config, url_of
+from tests.helpers.nodes import make_config, running_node, url_of
 from tests.helpers.raw_channel import gather_answers, open_channel
 
 WAIT_MS = 1_500  # the receive in flight while the node stops: it ends within the drain (5 s)
@@ -33,7 +33,7 @@ async def test_a_stopping_node_answers_what_is_in_flight_refuses_later_frames_an
             # frames are read in order: once 2 is answered, 1 is in flight, waiting for items
             assert (await channel.request({"id": 2, "op": "begin"}))["status"] == 201
             stopping = asyncio.create_task(node.stop())
-            channels = node.app[OPEN_CHANNELS]
+            channels = node.app[OPEN_CHANNELS].channels
             await wait_until(lambda: all(c._refusing for c in channels), LOCAL_WAIT_S,
                              message="the node to start ending its channel")
             await channel.send({"id": 3, "op": "begin"})
@@ -50,3 +50,15 @@ async def test_a_stopping_node_answers_what_is_in_flight_refuses_later_frames_an
             await node.stop()
         elif not stopping.done():
             stopping.cancel()
+
+
+async def test_a_channel_opened_after_the_channels_were_ended_is_closed_at_once_with_1001(tmp_path: Path):
+    """An upgrade can still arrive on a connection that was open before the node stopped accepting
+    new ones (keep-alive): that channel is closed as soon as it opens, not left holding the stop."""
+    async with running_node(tmp_path) as node, aiohttp.ClientSession() as http:
+        await close_all(node.app)  # what Node.stop does before the HTTP shutdown
+        async with open_channel(http, url_of(node), None) as channel:
+            code, reason = await channel.close_code(LOCAL_WAIT_S)
+        assert (code, reason) == (1001, "the node is shutting down")
+        channels = node.app[OPEN_CHANNELS].channels
+        await wait_until(lambda: not channels, LOCAL_WAIT_S, message="the channel's handler to end")

@@ -103,8 +103,10 @@ class _Channel:
 
     async def run(self) -> None:
         timer = asyncio.ensure_future(self._housekeeping())
-        open_channels = self._request.app[OPEN_CHANNELS]
-        open_channels.add(self)
+        registry = self._request.app[OPEN_CHANNELS]
+        registry.channels.add(self)
+        if registry.closing:  # upgraded after close_all (a keep-alive connection): closed at once
+            self._closing = _Closing(WSCloseCode.GOING_AWAY, SHUTTING_DOWN)
         try:
             try:
                 await self._read()
@@ -119,7 +121,7 @@ class _Channel:
             # a commit is never cut in the middle. Their answers have nowhere to go.
             await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
         finally:
-            open_channels.discard(self)
+            registry.channels.discard(self)
             timer.cancel()
             for task in list(self._in_flight.values()):  # only when the node itself shuts down
                 task.cancel()
@@ -266,13 +268,23 @@ class _Channel:
             await self._ws.close(code=self._closing.code, message=self._closing.reason[:120].encode())
 
 
-OPEN_CHANNELS: web.AppKey[set[_Channel]] = web.AppKey("session_channels")
+class _OpenChannels:
+    """The node's open channels; ``closing`` once :func:`close_all` ran (the node stops)."""
+
+    def __init__(self) -> None:
+        self.channels: set[_Channel] = set()
+        self.closing = False
+
+
+OPEN_CHANNELS = web.AppKey("session_channels", _OpenChannels)
 
 
 async def close_all(app: web.Application) -> None:
-    """Every open channel of ``app`` ended as :meth:`_Channel.shut_down` says (the node stops)."""
-    open_channels: set[_Channel] = app[OPEN_CHANNELS]
-    channels = list(open_channels)
+    """Every open channel of ``app`` ended as :meth:`_Channel.shut_down` says (the node stops); one
+    opened later is closed as soon as it opens."""
+    registry = app[OPEN_CHANNELS]
+    registry.closing = True
+    channels = list(registry.channels)
     if channels:
         log.info("closing %d session channel(s): %s", len(channels), SHUTTING_DOWN)
         results = await asyncio.gather(*(channel.shut_down() for channel in channels), return_exceptions=True)
@@ -320,5 +332,5 @@ async def serve(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    app[OPEN_CHANNELS] = set()
+    app[OPEN_CHANNELS] = _OpenChannels()
     app.router.add_get(PATH, serve)
