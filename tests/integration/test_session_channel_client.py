@@ -10,7 +10,7 @@ session (the upgrade is a GET of ``/v1/session``; every other request a POST or 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -113,6 +113,38 @@ async def test_without_the_channel_every_operation_is_an_http_request(healthy_cl
     assert recorder.count("/commit") == 1 and recorder.count(f"/v1/queues/{queue}/dequeue") == 1
 
 
+async def workload_through_a_leader_change(cluster: LocalCluster, producing: RcqClient, consuming: RcqClient,
+                                           end_leadership: Callable[[int], Awaitable[None]],
+                                           then: Callable[[History], Awaitable[None]] | None = None) -> tuple[int, int]:
+    """Producers and consumers on a fresh queue; once they run, ``end_leadership(leader)``; they must
+    go on through a new leader (then ``then``, if any), and lose and duplicate nothing. Returns
+    (old leader, new leader)."""
+    queue = fresh_queue("t")
+    history = History()
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(producer(producing, queue, f"p{i}", history, stop)) for i in range(4)]
+    tasks += [asyncio.create_task(consumer(consuming, queue, f"c{i}", history, stop)) for i in range(2)]
+    try:
+        await wait_until(lambda: len(history.acknowledged) >= 40 and len(history.consumed) >= 5, CLUSTER_WAIT_S,
+                         message="the workload to get going")
+        old_leader = await leader_index(cluster)
+        await end_leadership(old_leader)
+        new_leader = await leader_index(cluster)
+        assert new_leader != old_leader
+        acknowledged, consumed = len(history.acknowledged), len(history.consumed)
+        await wait_until(lambda: len(history.acknowledged) >= acknowledged + 40
+                         and len(history.consumed) > consumed, CLUSTER_WAIT_S,
+                         message="the workload to go on through the new leader")
+        if then is not None:
+            await then(history)
+    finally:
+        stop.set()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), CLUSTER_WAIT_S)
+    assert not [result for result in results if isinstance(result, BaseException)], results
+    await check_nothing_lost(consuming, queue, history)
+    return old_leader, new_leader
+
+
 async def test_killing_the_leader_under_load_over_the_channel_loses_and_duplicates_nothing(
         healthy_cluster: LocalCluster, wire):
     """Producers share a coalescing client (batch frames), consumers a plain one (one frame each)."""
@@ -120,33 +152,20 @@ async def test_killing_the_leader_under_load_over_the_channel_loses_and_duplicat
     cluster = healthy_cluster
     options = {"request_timeout_s": 10.0, "retry_timeout_s": CLUSTER_WAIT_S, "session": session,
                **cluster.client_options()}
-    queue = fresh_queue("t")
-    history = History()
-    stop = asyncio.Event()
+
+    async def kill(leader: int) -> None:
+        await asyncio.to_thread(cluster.kill_node, leader)
+
+    async def channel_only(history: History) -> None:
+        # HTTP carries a request only while an upgrade is refused (an election, a follower):
+        # then the workload goes on over the new leader's channels alone
+        await wait_until(ChannelOnly(recorder, history), CLUSTER_WAIT_S,
+                         message="40 enqueues in a row with no HTTP request")
+
     async with RcqClient(cluster.urls, coalesce=True, **options) as producing, \
             RcqClient(cluster.urls, **options) as consuming:
-        tasks = [asyncio.create_task(producer(producing, queue, f"p{i}", history, stop)) for i in range(4)]
-        tasks += [asyncio.create_task(consumer(consuming, queue, f"c{i}", history, stop)) for i in range(2)]
-        try:
-            await wait_until(lambda: len(history.acknowledged) >= 40 and len(history.consumed) >= 5, CLUSTER_WAIT_S,
-                             message="the workload to get going")
-            old_leader = await leader_index(cluster)
-            await asyncio.to_thread(cluster.kill_node, old_leader)
-            new_leader = await leader_index(cluster)
-            assert new_leader != old_leader
-            acknowledged, consumed = len(history.acknowledged), len(history.consumed)
-            await wait_until(lambda: len(history.acknowledged) >= acknowledged + 40
-                             and len(history.consumed) > consumed, CLUSTER_WAIT_S,
-                             message="the workload to go on through the new leader")
-            # HTTP carries a request only while an upgrade is refused (an election, a follower):
-            # then the workload goes on over the new leader's channels alone
-            await wait_until(ChannelOnly(recorder, history), CLUSTER_WAIT_S,
-                             message="40 enqueues in a row with no HTTP request")
-        finally:
-            stop.set()
-            results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), CLUSTER_WAIT_S)
-        assert not [result for result in results if isinstance(result, BaseException)], results
-        await check_nothing_lost(consuming, queue, history)
+        old_leader, new_leader = await workload_through_a_leader_change(cluster, producing, consuming, kill,
+                                                                        channel_only)
     assert port_of(cluster.url(new_leader)) in upgrades(recorder)
     await asyncio.to_thread(cluster.start_node, old_leader)
     await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
@@ -159,29 +178,13 @@ async def test_a_leader_stopped_with_sigterm_under_channel_load_hands_over_and_e
     by itself. Before, its channels kept aiohttp's shutdown waiting until the launcher killed it."""
     cluster = healthy_cluster
     options = {"request_timeout_s": 10.0, "retry_timeout_s": CLUSTER_WAIT_S, **cluster.client_options()}
-    queue = fresh_queue("t")
-    history = History()
-    stop = asyncio.Event()
+
+    async def sigterm(leader: int) -> None:
+        exit_code = await asyncio.to_thread(cluster.stop_node, leader)
+        assert exit_code == 0, f"the leader did not stop by itself on SIGTERM (exit {exit_code})"
+
     async with RcqClient(cluster.urls, **options) as producing, RcqClient(cluster.urls, **options) as consuming:
-        tasks = [asyncio.create_task(producer(producing, queue, f"p{i}", history, stop)) for i in range(4)]
-        tasks += [asyncio.create_task(consumer(consuming, queue, f"c{i}", history, stop)) for i in range(2)]
-        try:
-            await wait_until(lambda: len(history.acknowledged) >= 40 and len(history.consumed) >= 5, CLUSTER_WAIT_S,
-                             message="the workload to get going")
-            old_leader = await leader_index(cluster)
-            exit_code = await asyncio.to_thread(cluster.stop_node, old_leader)
-            assert exit_code == 0, f"the leader did not stop by itself on SIGTERM (exit {exit_code})"
-            new_leader = await leader_index(cluster)
-            assert new_leader != old_leader
-            acknowledged, consumed = len(history.acknowledged), len(history.consumed)
-            await wait_until(lambda: len(history.acknowledged) >= acknowledged + 40
-                             and len(history.consumed) > consumed, CLUSTER_WAIT_S,
-                             message="the workload to go on through the new leader")
-        finally:
-            stop.set()
-            results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), CLUSTER_WAIT_S)
-        assert not [result for result in results if isinstance(result, BaseException)], results
-        await check_nothing_lost(consuming, queue, history)
+        old_leader, _ = await workload_through_a_leader_change(cluster, producing, consuming, sigterm)
     log = (cluster.nodes[old_leader].directory / "node.log").read_text()
     assert "before stopping" in log and "closing" in log, log[-2000:]
     await asyncio.to_thread(cluster.start_node, old_leader)

@@ -4,6 +4,7 @@ answer sizes, queue purge and delete."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from rcq.errors import (
 )
 from rcq.server.core import state_machine as sm_module
 from rcq.server.core.commands import ItemsAction, QueueSettings
-from rcq.server.leader.session import EnqueueStep
+from rcq.server.leader.session import EnqueueStep, Session
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
 from tests.helpers.nodes import drain, enqueue_committed, make_config
@@ -345,6 +346,20 @@ async def test_a_dequeue_sent_again_while_the_first_is_still_running_gets_the_sa
         await manager.stop()
 
 
+async def a_dequeue_recording_its_delivery(manager: TransactionManager, replicator: InMemoryReplicator,
+                                           key: str | None = None) -> tuple[Session, asyncio.Future[Any]]:
+    """A transaction and its dequeue of the one item of ``q`` (max_deliveries 5), running: its
+    delivery entry is proposed and never applies (its outcome will be unknown)."""
+    await manager.change_queue("q", "configure", settings=QueueSettings(max_deliveries=5))
+    await enqueue_committed(manager, "q", b"1")
+    tx = manager.begin()
+    replicator.hold_submits = True
+    dequeue = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1, key=key))
+    await wait_until(lambda: any(isinstance(u, ItemsAction) for c in replicator.submitted
+                                 for u in getattr(c, "units", ())), 2, message="the delivery entry proposed")
+    return tx, dequeue
+
+
 async def test_items_of_a_transaction_closed_while_their_delivery_fails_to_commit_are_offered_once():
     """A dequeue on a queue with max_deliveries records the delivery in the log first. If the
     transaction closes meanwhile (an abort, its deadline), closing gives the items back; when the
@@ -352,12 +367,7 @@ async def test_items_of_a_transaction_closed_while_their_delivery_fails_to_commi
     goes to two transactions, and the second commit fails."""
     manager, replicator = await started(commit_timeout_s=0.2)
     try:
-        await manager.change_queue("q", "configure", settings=QueueSettings(max_deliveries=5))
-        await enqueue_committed(manager, "q", b"1")
-        tx = manager.begin()
-        replicator.hold_submits = True  # the delivery entry never applies: its outcome is unknown
-        dequeue = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1, key="k"))
-        await asyncio.sleep(0.05)
+        tx, dequeue = await a_dequeue_recording_its_delivery(manager, replicator, key="k")
         assert manager.abort(tx.transaction_id) == 1  # closing gives the item back
         with pytest.raises(CommitOutcomeUnknown):
             await dequeue
@@ -379,13 +389,7 @@ async def test_a_commit_sent_while_a_dequeue_records_its_deliveries_is_refused_b
     removed items the client never saw. The commit is refused, retryable, until the dequeue answers."""
     manager, replicator = await started(commit_timeout_s=0.3)
     try:
-        await manager.change_queue("q", "configure", settings=QueueSettings(max_deliveries=5))
-        await enqueue_committed(manager, "q", b"1")
-        tx = manager.begin()
-        replicator.hold_submits = True  # the delivery entry never applies: its outcome is unknown
-        dequeue = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1))
-        await wait_until(lambda: any(isinstance(u, ItemsAction) for c in replicator.submitted
-                                     for u in getattr(c, "units", ())), 2, message="the delivery entry proposed")
+        tx, dequeue = await a_dequeue_recording_its_delivery(manager, replicator)
         with pytest.raises(TransactionBusy) as caught:
             await manager.commit(tx.transaction_id)
         assert caught.value.retryable and "dequeue" in caught.value.message
