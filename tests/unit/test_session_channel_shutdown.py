@@ -19,7 +19,7 @@ from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import make_config, running_node, url_of
 from tests.helpers.raw_channel import gather_answers, open_channel
 
-WAIT_MS = 1_500  # the receive in flight while the node stops: it ends within the drain (5 s)
+LONG_POLL_MS = 1_500  # the receive in flight while the node stops: it ends within the drain (5 s)
 
 
 async def test_a_stopping_node_answers_what_is_in_flight_refuses_later_frames_and_closes_1001(tmp_path: Path):
@@ -29,7 +29,7 @@ async def test_a_stopping_node_answers_what_is_in_flight_refuses_later_frames_an
     try:
         await wait_until(lambda: node.manager.serving, LOCAL_WAIT_S, message="node serving")
         async with aiohttp.ClientSession() as http, open_channel(http, url_of(node), None) as channel:
-            await channel.send({"id": 1, "op": "receive", "queue": "q", "wait_ms": WAIT_MS})
+            await channel.send({"id": 1, "op": "receive", "queue": "q", "wait_ms": LONG_POLL_MS})
             # frames are read in order: once 2 is answered, 1 is in flight, waiting for items
             assert (await channel.request({"id": 2, "op": "begin"}))["status"] == 201
             stopping = asyncio.create_task(node.stop())
