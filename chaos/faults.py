@@ -281,7 +281,10 @@ class FaultMaker:
     def _begin_upgrade(self, rng: random.Random) -> Fault | None:
         """One node restarted into the other version (the previous release, or back to the code
         under test), the leader or a follower, gracefully (SIGTERM) or after a kill -9; only while
-        the other running nodes are a majority. The fault's stop checks the feature level."""
+        the other running nodes are a majority. At most a minority runs the previous release: past
+        it, a node of that release goes back instead, so the code under test keeps a majority (and
+        usually the lead) and the run mostly judges it, not the old release's own faults. The
+        fault's stop checks the feature level."""
         switch = self.releases
         assert switch is not None, "checked when the nemesis was made"
         cluster = self.cluster
@@ -298,6 +301,13 @@ class FaultMaker:
             variant, target = "follower", rng.choice(followers)
         else:
             return None
+        on_previous = [i for i in range(n) if getattr(cluster.nodes[i], "release", None) is not None]
+        if target not in on_previous and len(on_previous) + 1 > (n - 1) // 2:
+            running_previous = [i for i in on_previous if i in live]
+            if not running_previous:
+                return None  # none to bring back now (down, or a cluster too small for a minority)
+            target = rng.choice(running_previous)  # back to the code under test instead
+            variant = "leader" if target == leader else "follower"
         how = rng.choice(["graceful", "crash"])
         was = getattr(cluster.nodes[target], "release", None)
         to = switch.previous_release if was is None else None
