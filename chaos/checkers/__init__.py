@@ -112,8 +112,9 @@ def _acknowledged_at_s(model: QueueModel, values: set[Any]) -> dict[Any, float]:
     for tx in model.enqueues:
         for value in tx.values:
             if value in values:
-                at_s = tx.op.complete_time_s if tx.op.type == "ok" else tx.op.invoke_time_s
-                acknowledged[value] = min(acknowledged.get(value, float("inf")), at_s or tx.op.invoke_time_s)
+                done_s = tx.op.complete_time_s if tx.op.type == "ok" else None
+                at_s = tx.op.invoke_time_s if done_s is None else done_s
+                acknowledged[value] = min(acknowledged.get(value, float("inf")), at_s)
     return acknowledged
 
 

@@ -58,9 +58,20 @@ def check_convergence(history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _end_s(history: list[dict[str, Any]]) -> float:
+    return max((float(op.get("time_s", 0.0)) for op in history), default=0.0)
+
+
+def _nemesis_starts(history: list[dict[str, Any]]) -> list[tuple[float, str, dict[str, Any]]]:
+    """(time, fault, details) of every fault the nemesis started, in history order."""
+    return [(float(op["time_s"]), str(op.get("f")), value) for op in history
+            if op.get("process") == NEMESIS_PROCESS and isinstance(value := op.get("value"), dict)
+            and value.get("phase") == "start"]
+
+
 def fault_windows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Nemesis start/stop pairs, in start order; a fault never stopped runs to the history's end."""
-    end_s = max((float(op.get("time_s", 0.0)) for op in history), default=0.0)
+    end_s = _end_s(history)
     open_by_fault: dict[str, list[dict[str, Any]]] = {}
     windows: list[dict[str, Any]] = []
     for op in history:
@@ -158,9 +169,8 @@ def _graceful_stops(history: list[dict[str, Any]]) -> dict[str, Any]:
     """Nodes the nemesis stopped with SIGTERM (a graceful upgrade or downgrade): each running the
     code under test must exit by itself (0), a leader after handing over. A previous release may not
     (older nodes could wait on a busy session channel until killed): counted, not judged."""
-    stops = [value for op in history if op.get("process") == NEMESIS_PROCESS
-             and isinstance(value := op.get("value"), dict) and value.get("phase") == "start"
-             and value.get("how") == "graceful" and "stop_exit" in value]
+    stops = [value for _, _, value in _nemesis_starts(history)
+             if value.get("how") == "graceful" and "stop_exit" in value]
     current = [s for s in stops if s.get("from") == "current"]
     killed = [{"node": s.get("node"), "variant": s.get("variant"), "exit": s.get("stop_exit")}
               for s in current if s.get("stop_exit") != 0]
@@ -205,15 +215,13 @@ def check_releases(history: list[dict[str, Any]], lost_acknowledged_at_s: dict[A
     acknowledged. A value lost after a node of another release led may have been lost by that release
     (it runs that release's faults, fixed since or not); one lost while only the code under test led
     cannot have been."""
-    restarts = sorted(
-        (float(op["time_s"]), str(value.get("node")), str(value.get("to")))
-        for op in history
-        if op.get("process") == NEMESIS_PROCESS and op.get("f") in ("upgrade", "downgrade")
-        and isinstance(value := op.get("value"), dict) and value.get("phase") == "start" and value.get("to"))
+    restarts = sorted((time_s, str(value.get("node")), str(value.get("to")))
+                      for time_s, fault, value in _nemesis_starts(history)
+                      if fault in ("upgrade", "downgrade") and value.get("to"))
     if not restarts:
         return {"checked": False}
     observations = _leader_observations(history)
-    end_s = max((float(op.get("time_s", 0.0)) for op in history), default=0.0)
+    end_s = _end_s(history)
 
     def release_of(node: str, at_s: float) -> str:
         release = "current"
@@ -225,16 +233,16 @@ def check_releases(history: list[dict[str, Any]], lost_acknowledged_at_s: dict[A
         return release
 
     led_s: dict[str, float] = {}
-    other_led_at: list[float] = []  # observation times when a node of another release led
+    other_last_led_s = float("-inf")  # the last observation of a node of another release leading
     for k, sample in enumerate(observations):
         at_s = float(sample["time_s"])
         until_s = float(observations[k + 1]["time_s"]) if k + 1 < len(observations) else end_s
         release = release_of(str(sample["node"]), at_s)
         led_s[release] = led_s.get(release, 0.0) + max(0.0, until_s - at_s)
         if release != "current":
-            other_led_at.append(at_s)
+            other_last_led_s = at_s
     after_other = sorted(str(value) for value, acked_s in lost_acknowledged_at_s.items()
-                         if any(t >= acked_s for t in other_led_at))
+                         if other_last_led_s >= acked_s)
     return {
         "checked": True,
         "led_s": {release: round(seconds, 1) for release, seconds in sorted(led_s.items())},

@@ -34,35 +34,46 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from chaos.checkers.model import SAMPLE_SIZE_MAX, QueueModel, Removal, build_model
 
 
-def lost_values(model: QueueModel) -> set[Hashable]:
-    """Values acknowledged (or seen after an unknown enqueue) that nobody took out and no rule removed."""
-    return _accounting(model)[0]
+@dataclass(frozen=True, slots=True)
+class _Accounting:
+    """Where every value the history names went, as the total-queue checker counts it."""
+
+    acknowledged: set[Hashable]
+    unknown: set[Hashable]
+    failed: set[Hashable]
+    seen: set[Hashable]
+    taken_out: set[Hashable]
+    maybe_taken_out: set[Hashable]
+    vanished: set[Hashable]
+    lost: set[Hashable]
 
 
-def _accounting(model: QueueModel) -> tuple[set[Hashable], set[Hashable], set[Hashable]]:
-    """(lost, taken out, maybe taken out)."""
+def _accounting(model: QueueModel) -> _Accounting:
     acknowledged, unknown, seen = model.enqueued("ok"), model.enqueued("info"), model.seen_values()
     taken_out = {r.value for r in model.removals if r.committed and r.op.f in ("dequeue", "drain")}
     maybe_taken_out = {r.value for r in model.removals if r.committed is None and r.op.f in ("dequeue", "drain")}
     known_in = acknowledged | (unknown & seen)
     vanished = (known_in - taken_out - maybe_taken_out) & set(model.may_vanish)
-    return known_in - taken_out - maybe_taken_out - vanished, taken_out, maybe_taken_out
+    return _Accounting(acknowledged, unknown, model.enqueued("fail"), seen, taken_out, maybe_taken_out, vanished,
+                       lost=known_in - taken_out - maybe_taken_out - vanished)
+
+
+def lost_values(model: QueueModel) -> set[Hashable]:
+    """Values acknowledged (or seen after an unknown enqueue) that nobody took out and no rule removed."""
+    return _accounting(model).lost
 
 
 def check_total_queue(history: Any) -> dict[str, Any]:
     model = history if isinstance(history, QueueModel) else build_model(history)
-    acknowledged = model.enqueued("ok")
-    unknown = model.enqueued("info")
-    failed = model.enqueued("fail")
-    seen = model.seen_values()
-    lost, taken_out, maybe_taken_out = _accounting(model)
-    known_in = acknowledged | (unknown & seen)
-    vanished = (known_in - taken_out - maybe_taken_out) & set(model.may_vanish)
+    counted = _accounting(model)
+    acknowledged, unknown, failed, seen = counted.acknowledged, counted.unknown, counted.failed, counted.seen
+    lost, taken_out, maybe_taken_out, vanished = counted.lost, counted.taken_out, counted.maybe_taken_out, counted.vanished
     never_enqueued = seen - acknowledged - unknown - failed
     from_failed = (seen & failed) - acknowledged - unknown
     unexpected = never_enqueued | from_failed
