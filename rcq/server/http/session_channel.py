@@ -113,10 +113,7 @@ class _Channel:
             except Exception:  # a bug: the connection is a WebSocket now, it cannot carry an HTTP error answer
                 log.exception("unexpected error in a session channel")
                 self._closing = _Closing(WSCloseCode.INTERNAL_ERROR, "internal error")
-            closing = self._closing
-            if not self._ws.closed:
-                code, reason = (closing.code, closing.reason) if closing else (WSCloseCode.OK, "")
-                await self._ws.close(code=code, message=reason[:120].encode())
+            await self._close_ws()
             # Requests in flight run to their end, as an HTTP request whose client went away does:
             # a commit is never cut in the middle. Their answers have nowhere to go.
             await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
@@ -233,8 +230,7 @@ class _Channel:
                 closing = _Closing(WSCloseCode.INTERNAL_ERROR, "internal error")
             if closing is not None:
                 self._closing = closing
-                # wake the reader: a close frame ends its receive (the peer's close answers it)
-                await self._ws.close(code=closing.code, message=closing.reason[:120].encode())
+                await self._close_ws()  # wakes the reader
                 return
 
     async def _why_close(self, idle_s: float) -> _Closing | None:
@@ -264,8 +260,14 @@ class _Channel:
         if self._closing is None:
             code = WSCloseCode.GOING_AWAY if self._manager.serving else CLOSE_LEADERSHIP_ENDED
             self._closing = _Closing(code, SHUTTING_DOWN)
-        if not self._ws.closed:  # wakes the reader, as the housekeeping's close does
-            await self._ws.close(code=self._closing.code, message=self._closing.reason[:120].encode())
+        await self._close_ws()  # wakes the reader, as the housekeeping's close does
+
+    async def _close_ws(self) -> None:
+        """Close with ``_closing`` (1000 when none); a close frame also ends the reader's receive (the
+        peer's close answers it)."""
+        if not self._ws.closed:
+            closing = self._closing or _Closing(WSCloseCode.OK, "")
+            await self._ws.close(code=closing.code, message=closing.reason[:120].encode())
 
 
 class _OpenChannels:
