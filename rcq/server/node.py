@@ -91,6 +91,7 @@ class Node:
             self.http_listener.close()  # accept no more connections
         if self._runner is not None:
             await self._hand_leadership_over()
+            self.manager.end_waits()  # long polls answer now: the stop does not wait for them
             await session_channel.close_all(self.app)
             await self._runner.cleanup()  # shuts the open connections down
             self._runner = None

@@ -101,6 +101,11 @@ class _Channel:
         self._closing: _Closing | None = None
         self._refusing = False  # the node stops: frames are answered 503, not run
 
+    @property
+    def refusing(self) -> bool:
+        """The node stops: frames that arrive now are answered 503 without running."""
+        return self._refusing
+
     async def run(self) -> None:
         timer = asyncio.ensure_future(self._housekeeping())
         registry = self._request.app[OPEN_CHANNELS]

@@ -98,7 +98,7 @@ class Dequeuer:
             if ids:
                 break
             remaining_s = min(give_up_at, transaction.deadline) - loop.time()
-            if remaining_s <= 0:
+            if remaining_s <= 0 or leader.stopping:
                 return []
             waiter = leader.view(queue).waiter()
             try:

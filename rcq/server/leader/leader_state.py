@@ -60,6 +60,7 @@ class LeaderState:
         self.closed = ClosedTransactions(config.closed_transactions_remembered_max)
         self.epoch = 0
         self.serving_term = 0  # term whose barrier is applied; 0 = not serving
+        self.stopping = False  # the node stops: dequeues answer with what they have, not wait
         self.rules = ItemRules(replicator, committer, clock, lambda: self.views, spawn,
                                lambda: self.serving_term, config.commit_timeout_s)
         # What the metrics read (rcq.server.http.metrics): plain counters, kept here once.
@@ -100,6 +101,13 @@ class LeaderState:
         self.views = {}
         self.rules.reset()
         self._admission.clear_reservations()
+
+    def end_waits(self) -> None:
+        """The node stops: dequeues waiting for items answer now with what they have (nothing), and
+        later ones do not wait, so the stop is not held up by long polls."""
+        self.stopping = True
+        for view in self.views.values():
+            view.wake_waiters()
 
     def start_serving(self, term: int, seeds: list[tuple[str, ViewSeed, int | None]]) -> None:
         """This term's barrier applied: the views from the replicated state, (queue, seed, max_deliveries)

@@ -161,7 +161,7 @@ class QueueView:
         for item_id in item_ids:
             self.locked.discard(item_id)
             heapq.heappush(self._level(self._priority_of.get(item_id, 0)).returned, item_id)
-        self._wake()
+        self.wake_waiters()
 
     def release(self, item_ids: list[int]) -> None:
         """Unlock ids that leave the queue by a proposal under way (expiry, dead letter): they are
@@ -209,7 +209,7 @@ class QueueView:
                 heapq.heappush(self._delayed, (visible_at_ms, item_id))
             return
         self._level(priority).add_range(first, count)
-        self._wake()
+        self.wake_waiters()
 
     # --------------------------------------------------------------- time
     def next_expiry_ms(self) -> int | None:
@@ -232,7 +232,7 @@ class QueueView:
             heapq.heappush(self._level(self._priority_of.get(item_id, 0)).returned, item_id)
             moved += 1
         if moved:
-            self._wake()
+            self.wake_waiters()
         return moved
 
     def due_expiries(self, now_ms: int) -> list[int]:
@@ -258,14 +258,15 @@ class QueueView:
         waiters = self._waiters
         self.__init__(max_deliveries)  # type: ignore[misc]
         self._waiters = waiters
-        self._wake()
+        self.wake_waiters()
 
     def waiter(self) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
         return future
 
-    def _wake(self) -> None:
+    def wake_waiters(self) -> None:
+        """Every waiting dequeue looks again."""
         waiters, self._waiters = self._waiters, []
         for future in waiters:
             if not future.done():

@@ -116,6 +116,10 @@ class TransactionManager:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._committer.close()
 
+    def end_waits(self) -> None:
+        """The node stops: dequeues waiting for items answer now (empty), none waits from now on."""
+        self._leader.end_waits()
+
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
