@@ -2,8 +2,8 @@
 cluster and checked against a history (docs/chaos.md, docs/backup.md).
 
 The workload's history says when each operation was acknowledged, not at which Raft index it
-committed, and a backup is the state at one index (a follower's, possibly a little behind the
-leader): only an index tells which acknowledged operations a backup must hold. So this nemesis
+committed, and a backup is the state at one index (a follower's, once it has applied what the
+leader had when the backup was asked for): only an index tells which acknowledged operations a backup must hold. So this nemesis
 keeps a history of its own, as tests/integration/test_backup.py does: a small **probe** load on
 its own queue (``backup-probe``, outside the workload's topology, so neither the workload's drain
 nor its checkers see it) — producers, a committing consumer and an aborting one — whose every
@@ -20,6 +20,9 @@ and restores at most ``restores_max`` of them, each into a new 1-node scratch cl
   was unknown, or still in flight when the check began, may go either way;
 * in the whole backup file no value is in two places (the workload's values are unique, and a
   move takes an item out as it puts it in): ``duplicated_values``;
+* the backup holds every probe commit acknowledged before it was asked for: its index is at or
+  after the highest such commit's (``acknowledged_before`` in the ``taken`` line; checked for
+  every backup taken, restored or not, by the checker);
 * the restore accepted the file (it refuses content that is not the header's data digest), and
   the scratch cluster's identity differs from the backed-up cluster's (at feature level 2). Its
   data digest is recorded (``digest_matches``) but not held to the header's: its leader applies
@@ -72,6 +75,10 @@ class ProbeHistory:
     unknown: set[str] = field(default_factory=set)  # enqueues whose outcome is not known
     maybe_dequeued: set[str] = field(default_factory=set)  # dequeues whose commit outcome is not known
     in_flight: set[str] = field(default_factory=set)  # sent, not answered yet
+
+    def highest_index(self) -> int:
+        """The highest index of a probe commit acknowledged so far (0: none)."""
+        return max(max(self.enqueued.values(), default=0), max(self.dequeued.values(), default=0))
 
     def verdict(self, index: int, restored: list[str]) -> dict[str, Any]:
         """The restored probe items against the history at backup index ``index``."""
@@ -174,6 +181,7 @@ class BackupNemesis:
         self.taken += 1
         path = self.directory / f"backup-{number}.rcqbackup"
         started = time.monotonic()
+        acknowledged_before = self.probe.highest_index()  # a backup asked for now must hold it
         try:
             header = await asyncio.wait_for(save_backup(self.cluster.client_urls, path, token=self.cluster.token),
                                             BACKUP_TIMEOUT_S)
@@ -184,7 +192,8 @@ class BackupNemesis:
         fields = {key: header[key] for key in ("index", "term", "node_id", "data_digest", "items", "feature_level",
                                                "cluster_id")}
         self._line("backup", {"phase": "taken", "number": number, "path": str(path),
-                              "seconds": round(time.monotonic() - started, 3), **fields})
+                              "seconds": round(time.monotonic() - started, 3),
+                              "acknowledged_before": acknowledged_before, **fields})
         self.progress(f"nemesis: backup {number} at index {header.index} from {header['node_id']}")
         if self.restored >= self.restores_max or stop.is_set():
             path.unlink(missing_ok=True)  # verified by its checksum on the way; not restored

@@ -4,7 +4,10 @@ The nemesis (chaos.backups) does the restoring and the comparing while the run g
 only it knows at which Raft index each of its probe commits was acknowledged; it writes one
 ``backup-restore`` line per restored backup with ``valid`` and the offenders. This checker reads
 those lines: the run is invalid when one of them is. Backups that could not be taken under
-faults (``backup`` lines of phase ``failed``) are counted, not held against the run.
+faults (``backup`` lines of phase ``failed``) are counted, not held against the run. A backup
+taken at an index before a probe commit acknowledged before it was asked for (``taken`` lines:
+``index`` below ``acknowledged_before``) is behind what ``rcq backup`` promises: the run is
+invalid too.
 
 Pure Python: imports nothing from rcq.
 """
@@ -26,12 +29,15 @@ def check_backups(history: list[dict[str, Any]]) -> dict[str, Any]:
     failed = [v for f, v in lines if f == "backup" and v.get("phase") == "failed"]
     checked = [v for f, v in lines if f == "backup-restore" and v.get("phase") == "checked"]
     invalid = [v for v in checked if not v.get("valid")]
+    behind = [v for v in taken if int(v.get("index", 0)) < int(v.get("acknowledged_before", 0))]
     return {
-        "valid": not invalid,
+        "valid": not invalid and not behind,
         "backups_taken": len(taken),
         "backups_failed": len(failed),
         "restores_checked": len(checked),
         "probe_items_checked": sum(int(v.get("probe_checked", 0)) for v in checked),
         "indexes": [v.get("index") for v in taken],
         "invalid_restores": invalid[:SAMPLES_MAX],
+        "behind": [{key: v.get(key) for key in ("number", "index", "acknowledged_before", "node_id")}
+                   for v in behind[:SAMPLES_MAX]],
     }

@@ -1,7 +1,8 @@
 """``rcq backup PATH`` and ``rcq restore PATH``: take a backup of a cluster, restore one (docs/backup.md).
 
 ``backup`` asks the cluster's nodes who they are, takes the backup from a follower (the leader
-only with ``--from-leader``) and writes the stream as it arrives to ``PATH.part``, checking the
+only with ``--from-leader``) once it has applied what the leader had applied (so the backup holds
+every commit acknowledged before the command began), and writes the stream as it arrives to ``PATH.part``, checking the
 length and the SHA-256 trailer; only a complete, checked file is fsynced and renamed to ``PATH``.
 A node that dies or a connection that breaks mid-stream: the partial file is removed and the
 backup starts again from the next node; a local error (a full disk) removes it and fails.
@@ -45,6 +46,10 @@ from rcq.errors import InvalidRequest, RcqError, Unavailable
 BACKUP_PATH = "/v1/admin/backup"
 RECEIVE_CHUNK_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 10.0
+# A follower has this long to apply what the leader had applied when the backup was asked for; one
+# that lags longer (partitioned, overloaded) is passed over for the next node.
+CATCH_UP_S = 10.0
+CATCH_UP_POLL_S = 0.02
 READ_TIMEOUT_S = 600.0  # between two chunks: a node's child writes the whole body before the first byte
 RESTORE_BATCH_ITEMS = 500
 RESTORE_BATCH_BYTES = 4 << 20
@@ -129,10 +134,11 @@ async def save_backup(urls: list[str], path: Path, *, token: str | None, ca_file
     part = path.with_name(path.name + ".part")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with new_session(tls_context(ca_file, client_cert)) as session:
-        candidates = await _candidates(session, [normalize_url(u) for u in urls], headers, from_leader)
+        candidates, needed = await _candidates(session, [normalize_url(u) for u in urls], headers, from_leader)
         failures: list[str] = []
         for url in candidates:
             try:
+                await _caught_up(session, url, headers, needed)
                 await _receive(session, url, part, headers, from_leader, on_chunk)
             except _NodeFailed as exc:
                 failures.append(f"{url}: {exc}")
@@ -155,8 +161,11 @@ class _NodeFailed(Exception):
     """This node could not serve the backup; another may."""
 
 
-async def _candidates(session: Any, urls: list[str], headers: dict[str, str], from_leader: bool) -> list[str]:
-    """The nodes to ask, best first: followers that know a leader (most applied first), then the leader."""
+async def _candidates(session: Any, urls: list[str], headers: dict[str, str], from_leader: bool
+                      ) -> tuple[list[str], int]:
+    """The nodes to ask, best first: followers that know a leader (most applied first), then the leader;
+    and the leader's applied index (0 when no leader answered). Every commit acknowledged before this
+    call is at or below that index: the leader answers a commit once it has applied it."""
     import aiohttp
 
     from rcq.errors import error_from_body
@@ -187,7 +196,34 @@ async def _candidates(session: Any, urls: list[str], headers: dict[str, str], fr
     leaders = [url for url, view in views.items() if view.get("role") == "leader"]
     if not views:
         raise Unavailable(f"no node answered among {', '.join(urls)}")
-    return followers + (leaders if from_leader else [])
+    needed = max((int(views[url].get("last_applied") or 0) for url in leaders), default=0)
+    return followers + (leaders if from_leader else []), needed
+
+
+async def _caught_up(session: Any, url: str, headers: dict[str, str], needed: int) -> None:
+    """Wait until the node at ``url`` has applied index ``needed`` (a follower learns that an entry
+    is committed with the leader's next message): its backup then holds every commit acknowledged
+    before the backup was asked for. Within CATCH_UP_S, or :class:`_NodeFailed`."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + CATCH_UP_S
+    applied = -1
+    while True:
+        try:
+            async with session.get(url + "/v1/cluster", headers=headers,
+                                   timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)) as answer:
+                if answer.status != 200:
+                    raise _NodeFailed(f"its /v1/cluster answered HTTP {answer.status}")
+                view = await answer.json()
+            applied = int(view.get("last_applied") or 0) if isinstance(view, dict) else -1
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise _NodeFailed(f"it did not answer ({type(exc).__name__}: {exc})") from exc
+        if applied >= needed:
+            return
+        if loop.time() >= give_up_at:
+            raise _NodeFailed(f"it had applied index {applied}, behind the leader's {needed}, after {CATCH_UP_S:g} s")
+        await asyncio.sleep(CATCH_UP_POLL_S)
 
 
 async def _receive(session: Any, url: str, part: Path, headers: dict[str, str], from_leader: bool,

@@ -49,6 +49,16 @@ def test_the_checker_fails_a_run_only_for_a_restore_that_was_not_valid():
     assert "backups" in CHECKER_NAMES and check([])["backups"]["valid"]
 
 
+def test_a_backup_behind_a_commit_acknowledged_before_it_was_asked_for_fails_the_run():
+    assert history().highest_index() == 15 and ProbeHistory().highest_index() == 0
+    on_time = line("backup", {"phase": "taken", "number": 0, "index": 15, "acknowledged_before": 15})
+    assert check_backups([on_time])["valid"]
+    late = line("backup", {"phase": "taken", "number": 1, "index": 14, "acknowledged_before": 15, "node_id": "n2"})
+    result = check_backups([on_time, late])
+    assert not result["valid"]
+    assert result["behind"] == [{"number": 1, "index": 14, "acknowledged_before": 15, "node_id": "n2"}]
+
+
 def test_backup_is_a_background_kind_named_only():
     assert "backup" in KINDS and "backup" not in MIXABLE and "backup" not in DOCKER_KINDS
     assert "backup" not in parse_kinds("all") and parse_kinds("backup,kill") == ["backup", "kill"]
