@@ -214,8 +214,8 @@ def _syncing_after_append(original: Callable[..., Any]) -> Callable[..., Any]:
 # leader's next append_entries is only brought forward to COMMIT_NOTICE_DELAY_S after an apply:
 # under load the next entry's message goes first and carries the index (sending it sets the next
 # heartbeat a period later); when no entry follows, a heartbeat carries it that much later. A
-# follower thus applies what is committed within a few milliseconds either way (a backup taken
-# from it just after a commit holds that commit), without a message of its own per entry.
+# follower thus applies what is committed within a few milliseconds either way (``rcq backup``
+# waits for that before it asks a follower: rcq.cli.backup), without a message of its own per entry.
 COMMIT_NOTICE_DELAY_S = 0.005
 
 
