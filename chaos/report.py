@@ -155,7 +155,8 @@ def _backups_line(r: dict[str, Any]) -> str:
         return "no backup taken (the backup nemesis was not asked for)"
     return (f"{r['backups_taken']} backups taken ({r['backups_failed']} failed under faults), "
             f"{r['restores_checked']} restored and checked ({r['probe_items_checked']} probe items), "
-            f"{len(r['invalid_restores'])} not as the history says")
+            f"{len(r['invalid_restores'])} not as the history says, "
+            f"{len(r.get('behind', []))} behind a commit acknowledged before it was asked for")
 
 
 def _limits_line(r: dict[str, Any]) -> str:
