@@ -102,6 +102,7 @@ class TransactionManager:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self._leader.stopping = False  # a manager started again waits for items again
         self._deadlines.start()
         self._replicator.set_role_listener(self.on_role_change)
         self._replicator.set_apply_listener(self.on_applied)
