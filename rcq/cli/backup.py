@@ -2,8 +2,9 @@
 
 ``backup`` asks the cluster's nodes who they are, takes the backup from a follower (the leader
 only with ``--from-leader``) once it has applied what the leader had applied (so the backup holds
-every commit acknowledged before the command began), and writes the stream as it arrives to ``PATH.part``, checking the
-length and the SHA-256 trailer; only a complete, checked file is fsynced and renamed to ``PATH``.
+every commit acknowledged before the command began), and writes the stream as it arrives to
+``PATH.part``, checking the length and the SHA-256 trailer; only a complete, checked file is
+fsynced and renamed to ``PATH``.
 A node that dies or a connection that breaks mid-stream: the partial file is removed and the
 backup starts again from the next node; a local error (a full disk) removes it and fails.
 
