@@ -3,8 +3,8 @@ cluster and checked against a history (docs/chaos.md, docs/backup.md).
 
 The workload's history says when each operation was acknowledged, not at which Raft index it
 committed, and a backup is the state at one index (a follower's, once it has applied what the
-leader had when the backup was asked for): only an index tells which acknowledged operations a backup must hold. So this nemesis
-keeps a history of its own, as tests/integration/test_backup.py does: a small **probe** load on
+leader had when the backup was asked for): only an index tells which acknowledged operations a
+backup must hold. So this nemesis keeps a history of its own, as tests/integration/test_backup.py does: a small **probe** load on
 its own queue (``backup-probe``, outside the workload's topology, so neither the workload's drain
 nor its checkers see it) — producers, a committing consumer and an aborting one — whose every
 acknowledged commit is recorded with its index. Every few seconds it takes a backup with

@@ -177,13 +177,11 @@ async def _candidates(session: Any, urls: list[str], headers: dict[str, str], fr
     while pending:
         url = pending.pop(0)
         try:
-            async with session.get(url + "/v1/cluster", headers=headers,
-                                   timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)) as answer:
-                view = await answer.json()
-                if answer.status in (401, 403):
-                    raise error_from_body(answer.status, view)
+            status, view = await _cluster_view(session, url, headers)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             continue
+        if status in (401, 403):
+            raise error_from_body(status, view)
         if not isinstance(view, dict):
             continue
         views[url] = view
@@ -201,6 +199,15 @@ async def _candidates(session: Any, urls: list[str], headers: dict[str, str], fr
     return followers + (leaders if from_leader else []), needed
 
 
+async def _cluster_view(session: Any, url: str, headers: dict[str, str]) -> tuple[int, Any]:
+    """The node's ``GET /v1/cluster``: its HTTP status and its JSON answer."""
+    import aiohttp
+
+    async with session.get(url + "/v1/cluster", headers=headers,
+                           timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)) as answer:
+        return answer.status, await answer.json()
+
+
 async def _caught_up(session: Any, url: str, headers: dict[str, str], needed: int) -> None:
     """Wait until the node at ``url`` has applied index ``needed`` (a follower learns that an entry
     is committed with the leader's next message): its backup then holds every commit acknowledged
@@ -209,17 +216,14 @@ async def _caught_up(session: Any, url: str, headers: dict[str, str], needed: in
 
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + CATCH_UP_S
-    applied = -1
     while True:
         try:
-            async with session.get(url + "/v1/cluster", headers=headers,
-                                   timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)) as answer:
-                if answer.status != 200:
-                    raise _NodeFailed(f"its /v1/cluster answered HTTP {answer.status}")
-                view = await answer.json()
+            status, view = await _cluster_view(session, url, headers)
             applied = int(view.get("last_applied") or 0) if isinstance(view, dict) else -1
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise _NodeFailed(f"it did not answer ({type(exc).__name__}: {exc})") from exc
+        if status != 200:
+            raise _NodeFailed(f"its /v1/cluster answered HTTP {status}")
         if applied >= needed:
             return
         if loop.time() >= give_up_at:
