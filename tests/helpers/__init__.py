@@ -41,6 +41,7 @@ NODE_SERVING_TIMEOUT_S = 5.0  # a node over the in-memory replicator serves (at 
 LOCAL_WAIT_S = 10.0  # a single node leads, a peer's message arrives, a digest child answers
 HAND_OVER_SUBMIT_TIMEOUT_S = 30.0  # a proposal held while leadership is handed over
 PROXY_ANSWER_TIMEOUT_S = 5.0  # an answer through the chaos network proxy
+RAW_CASE_LISTEN_S = 0.3  # a fuzz case of raw bytes listens this long for the node's answer, then hangs up
 
 # A scratch install of the package (a venv, pip).
 INSTALL_TIMEOUT_S = 240.0  # a venv with pip, then build and install, on a loaded 2-core machine

@@ -46,9 +46,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
-from rcq.errors import RequestTimeout, TooManyConnections
+from rcq.errors import InvalidRequest, RequestTimeout, TooManyConnections
 from rcq.server.config import NodeConfig
+from rcq.server.http.peer_faults import SERVER_LOGGER, peer_fault
 from rcq.server.security.tls import server_context
 
 log = logging.getLogger(__name__)
@@ -98,19 +100,24 @@ def runner_options(config: NodeConfig) -> dict[str, Any]:
     # handler_cancellation stays off (aiohttp's default): a handler whose client went away runs to
     # its end (bounded by dequeue_wait_max_ms and commit_timeout_s) rather than being cancelled at
     # any await of the transaction manager; its descriptor is released at disconnect either way.
-    return {"keepalive_timeout": config.http_keepalive_s}
+    # logger: requests the peer broke are logged at INFO, not as ERROR tracebacks (peer_faults).
+    return {"keepalive_timeout": config.http_keepalive_s, "logger": SERVER_LOGGER}
 
 
 # ------------------------------------------------------------------ body deadline
 async def read_body(request: web.BaseRequest, timeout_s: float) -> bytes:
     """The request's whole body (``request.read()``, so ``client_max_size`` still applies).
 
-    Raises :class:`~rcq.errors.RequestTimeout` (408) if it is not all read within ``timeout_s``;
+    Raises :class:`~rcq.errors.InvalidRequest` (400) for a body aiohttp cannot decode (a broken
+    chunked or content encoding), :class:`~rcq.errors.RequestTimeout` (408) if it is not all read within ``timeout_s``;
     the connection is then closed right after that answer, without reading the rest of the body.
     """
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()
+    except RequestPayloadError as exc:  # e.g. Content-Encoding: gzip over bytes that are not gzip
+        fault = peer_fault(exc)
+        raise InvalidRequest(f"the request body cannot be read: {fault.message if fault else exc}") from None
     except TimeoutError:
         # RequestHandler.close(): no further request on this connection, which is closed once the
         # answer is written. Ending the payload spares aiohttp's lingering read of the rest of

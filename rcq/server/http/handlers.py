@@ -1,6 +1,11 @@
 """What every route handler shares: the app's typed keys, a body validated into its model, JSON
 answers, errors rendered as JSON, who is calling, and the admin guard.
 
+**One parser and one validation for every request**: an HTTP body and a session channel frame are
+parsed by :func:`parse_json` (pydantic's parser, which refuses what cannot be encoded again, such
+as a lone UTF-16 surrogate in any string) and validated by :func:`validate` (the model's Python
+validation of the parsed value), so the two front doors refuse the same inputs with the same code.
+
 The route modules (``transaction_routes``, ``queue_routes``, ``cluster_routes``,
 ``membership_routes``) import this; ``api`` puts them together into the app.
 
@@ -13,8 +18,9 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import pydantic_core
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from rcq.errors import InvalidQueueName, InvalidRequest, NotLeader, RcqError, Unauthorized
 from rcq.server.config import NodeConfig
@@ -52,15 +58,31 @@ def error_response(error: RcqError, request: web.Request | None = None) -> web.R
     return response
 
 
+def parse_json(raw: str | bytes, what: str) -> Any:
+    """``raw`` (UTF-8 JSON text) parsed; :class:`~rcq.errors.InvalidRequest` naming ``what`` if it is
+    not JSON, is nested deeper than the parser allows, or holds a string that is not Unicode text
+    (a lone surrogate): such a string could not be encoded again anywhere it would go."""
+    try:
+        return pydantic_core.from_json(raw)
+    except ValueError as exc:  # jiter's errors: "lone leading surrogate in hex escape at line 1 column 12"
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+
+
+def validate(model: type[M] | TypeAdapter[Any], value: Any, what: str) -> Any:
+    """``value`` (from :func:`parse_json`) validated into ``model``; the first problem named."""
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(value)
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise invalid_body(what, exc) from exc
+
+
 async def read_model(request: web.Request, model: type[M]) -> M:
     """The request's body validated into ``model`` (an empty body is ``{}``); the first problem named."""
     raw = await read_body(request, request.app[CONFIG].http_body_timeout_s)
-    if not raw:
-        raw = b"{}"
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise invalid_body(model.__name__, exc) from exc
+    validated: M = validate(model, parse_json(raw or b"{}", "the request body"), model.__name__)
+    return validated
 
 
 def invalid_body(what: str, exc: ValidationError) -> InvalidRequest:
