@@ -195,6 +195,13 @@ class NodeConfig(BaseModel):
         300.0, gt=0, description="a session channel with nothing in flight and no frame this long is closed")
     session_channels_per_client_max: int = Field(
         256, ge=1, description="session channels one client (principal, or peer address without tokens) may hold open")
+    session_unsent_bytes_max: int = Field(
+        1 << 20, ge=4096, description="answers of one session channel written but not yet taken by its client "
+                                      "(the connection's write buffer); past it the node stops reading that channel")
+    session_unsent_timeout_s: float = Field(
+        30.0, gt=0, description="a session channel whose unsent answers stay past session_unsent_bytes_max this long "
+                                "is closed (4000); its close frame then gets as long to be taken before the "
+                                "connection is dropped")
 
     # --- commits
     commit_timeout_s: float = Field(10.0, gt=0, description="after this, a commit's outcome is reported unknown (504)")
@@ -204,6 +211,9 @@ class NodeConfig(BaseModel):
     test_clock_offset_ms: int = Field(
         0, description="FOR TESTS ONLY: skews this node's clock (as leader) by this many ms, to test that "
                        "time in the replicated state never goes back (docs/queue-features.md)")
+    test_session_fault: bool = Field(
+        False, description="FOR TESTS ONLY: a session frame {\"op\": \"test_fault\"} fails its channel as a bug "
+                           "would (close 1011), to test that every close code is documented (docs/session-channel.md)")
     test_feature_level_max: int | None = Field(
         None, ge=1, description="FOR TESTS ONLY: this node reads feature levels only up to this one, as a node of an "
                                 "older release would, to test refusals and stops (docs/upgrades.md)")

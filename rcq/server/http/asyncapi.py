@@ -21,7 +21,6 @@ import json
 from typing import Any, get_args
 from urllib.parse import urlsplit
 
-from aiohttp import WSCloseCode
 from pydantic import BaseModel, Field, create_model
 from pydantic.json_schema import models_json_schema
 
@@ -29,7 +28,7 @@ from rcq.server.config import NodeConfig
 from rcq.server.http.models import BatchOperation, ErrorBody
 from rcq.server.http.openapi import API_VERSION
 from rcq.server.http.session_channel import (
-    CLOSE_LEADERSHIP_ENDED,
+    CLOSE_CODES,
     FRAME_ID_MAX,
     PATH,
     SUBPROTOCOL,
@@ -43,19 +42,6 @@ ANSWER = "answer"
 ERROR_FRAME = "unattributedError"
 ID_DESCRIPTION = f"chosen by the client: an integer 1..{FRAME_ID_MAX}, unique among the channel's requests in flight"
 
-CLOSE_CODES: dict[int, str] = {
-    WSCloseCode.OK: "idle: nothing in flight and no frame for session_idle_timeout_s",
-    WSCloseCode.GOING_AWAY: "the node is shutting down, after answering what was in flight (frames sent meanwhile "
-                            "are answered 503 unavailable, not run): reconnect to the leader and re-send what has no "
-                            "answer, with its keys",
-    WSCloseCode.PROTOCOL_ERROR: "protocol error: a frame reused an id still in flight on the channel",
-    WSCloseCode.UNSUPPORTED_DATA: "a binary frame: frames are JSON text",
-    WSCloseCode.POLICY_VIOLATION: "the token was revoked or expired (after an id-null 401 error frame)",
-    WSCloseCode.MESSAGE_TOO_BIG: "a frame larger than body_bytes_max",
-    WSCloseCode.INTERNAL_ERROR: "internal error (a bug: never expected)",
-    CLOSE_LEADERSHIP_ENDED: "the node stopped leading, after answering what was in flight: reconnect to the "
-                            "leader and re-send what has no answer, with its keys",
-}
 UPGRADE_REFUSALS: dict[int, str] = {
     307: "not_leader: a follower; error.leader_url in the body names the leader, and there is no Location "
          "header (a WebSocket client would follow it and drop the token)",
@@ -71,6 +57,10 @@ LIMITS: dict[str, str] = {
                              "until answers go out (back-pressure), it refuses nothing",
     "session_idle_timeout_s": "a channel with nothing in flight and no frame this long is closed (1000)",
     "session_channels_per_client_max": "channels one client may hold open; past it the upgrade gets 503",
+    "session_unsent_bytes_max": "answer bytes written to a channel and not yet taken by its client; past it the "
+                                "node stops reading the channel until they are taken",
+    "session_unsent_timeout_s": "unsent answers past session_unsent_bytes_max this long: the channel is closed "
+                                "(4000); a close not taken within as long again ends the connection",
 }
 
 # One valid request of each op (without its id): the documented messages' examples.

@@ -6,7 +6,7 @@ Must not import: pysyncobj, lmdb, aiohttp.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -20,6 +20,8 @@ class ChannelStats:
     opened_total: int = 0
     closed_total: Counter[int] = field(default_factory=Counter)  # by close code
     per_client: Counter[str] = field(default_factory=Counter)  # open channels, for the per-client cap
+    reads_paused_total: int = 0  # times a channel was not read because its client left answers unread
+    unsent_bytes: Callable[[], int] = lambda: 0  # answer bytes written but not yet taken, over open channels
 
     @property
     def open(self) -> int:
@@ -39,3 +41,7 @@ class ChannelStats:
                                   value=self.frames_out)
         yield GaugeMetricFamily("rcq_session_requests_in_flight", "Requests of session channels being served",
                                 value=self.in_flight)
+        yield GaugeMetricFamily("rcq_session_unsent_bytes", "Answer bytes of session channels written but not yet "
+                                "taken by their clients", value=self.unsent_bytes())
+        yield CounterMetricFamily("rcq_session_reads_paused", "Times a session channel was not read because its "
+                                  "unsent answers were past session_unsent_bytes_max", value=self.reads_paused_total)

@@ -14,9 +14,14 @@ The upgrade is an ordinary request: the token is checked then (the principal is 
 channel), a follower answers 307 with the leader's URL, and per-client caps apply. While the
 channel is open, a timer looks once a second at what can end it: the token revoked or expired
 (an error frame, then close 1008), this node no longer leading (close 1012 once in-flight requests
-are answered), nothing happening for ``session_idle_timeout_s`` (close 1000). A channel holds at
-most ``session_in_flight_max`` requests: past it, the node stops reading that channel until answers
-go out (TCP back-pressure), it refuses nothing. When the node stops, :func:`close_all` ends every
+are answered), nothing happening for ``session_idle_timeout_s`` (close 1000), answers left unread (below). A
+channel holds at most ``session_in_flight_max`` requests, each until its answer is written: past
+it, the node stops reading that channel until answers go out (TCP back-pressure), it refuses
+nothing. Answers the client does not take stay in the connection's write buffer, and aiohttp
+waits for it to drain only about once per 64 KiB: so the node also stops reading while more than
+``session_unsent_bytes_max`` bytes are unsent, and closes the channel (4000) when that lasts
+``session_unsent_timeout_s``; a close not taken within as long again drops the connection. What
+one client can make the node hold is bounded by configuration, whatever it does. When the node stops, :func:`close_all` ends every
 channel the same way: frames that arrive from then on are refused (503, not run), what is in flight
 is answered (up to ``LEADERSHIP_DRAIN_S``), then close 1001 (1012 if the node stopped leading).
 Without it the node's HTTP shutdown would wait for each channel's handler, which a busy client
@@ -28,6 +33,7 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -50,8 +56,10 @@ log = logging.getLogger(__name__)
 PATH = "/v1/session"
 SUBPROTOCOL = "rcq.session.v1"
 FRAME_ID_MAX = (1 << 53) - 1  # what a JSON number holds exactly in every language
-HOUSEKEEPING_INTERVAL_S = 1.0  # token, leadership and idleness are looked at this often
+HOUSEKEEPING_INTERVAL_S = 1.0  # token, leadership, idleness and unsent answers are looked at this often
 LEADERSHIP_DRAIN_S = 5.0  # after leadership ends, in-flight requests get this long to be answered
+UNSENT_POLL_S = 0.02  # while a channel's unsent answers are past the bound, the reader looks this often
+CLOSE_ANSWER_TIMEOUT_S = 10.0  # after its close frame, the node waits this long for the client's (aiohttp's default)
 
 # Frames are parsed as HTTP bodies are (handlers.parse_json: pydantic's parser, 0.55 us a request
 # frame against orjson's 0.41 and json's 3.4) and answers written with orjson: the standard
@@ -60,7 +68,33 @@ LEADERSHIP_DRAIN_S = 5.0  # after leadership ends, in-flight requests get this l
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # the fallback: json.dumps(..., separators) makes one per call
 _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS  # as json does: keys that are numbers become strings
 CLOSE_LEADERSHIP_ENDED = 1012  # "service restart": the client reconnects, to the new leader
+CLOSE_ANSWERS_UNREAD = 4000  # rcq's own (4000-4999 are for applications): the client does not read its answers
 SHUTTING_DOWN = "the node is shutting down"
+TEST_FAULT_OP = "test_fault"  # with test_session_fault: a frame of this op fails the channel as a bug would
+
+# Every code a node closes a channel with: those of this module and those aiohttp's WebSocket
+# reader sends itself (1002 for a broken frame, 1007, 1009). docs/session-channel.md's table and
+# the AsyncAPI description list exactly these; tests/unit/test_session_channel_close_codes.py
+# makes a node send each one.
+CLOSE_CODES: dict[int, str] = {
+    WSCloseCode.OK: "idle: nothing in flight and no frame for session_idle_timeout_s",
+    WSCloseCode.GOING_AWAY: "the node is shutting down, after answering what was in flight (frames sent meanwhile "
+                            "are answered 503 unavailable, not run): reconnect to the leader and re-send what has no "
+                            "answer, with its keys",
+    WSCloseCode.PROTOCOL_ERROR: "protocol error: a frame reused an id still in flight on the channel, or broke the "
+                                "WebSocket protocol (unmasked, a reserved bit or opcode, a fragmented control frame)",
+    WSCloseCode.UNSUPPORTED_DATA: "a binary frame: frames are JSON text",
+    WSCloseCode.INVALID_TEXT: "a text frame that is not UTF-8",
+    WSCloseCode.POLICY_VIOLATION: "the token was revoked or expired (after an id-null 401 error frame)",
+    WSCloseCode.MESSAGE_TOO_BIG: "a frame larger than body_bytes_max",
+    WSCloseCode.INTERNAL_ERROR: "internal error (a bug: never expected)",
+    CLOSE_LEADERSHIP_ENDED: "the node stopped leading, after answering what was in flight: reconnect to the "
+                            "leader and re-send what has no answer, with its keys",
+    CLOSE_ANSWERS_UNREAD: "answers unread: the client left more than session_unsent_bytes_max bytes of answers "
+                          "untaken for session_unsent_timeout_s (the node had stopped reading the channel); the "
+                          "close follows every answer written, and if the client does not take it within as long "
+                          "again, the connection is dropped",
+}
 
 
 class ChannelBatch(BatchRequest):
@@ -95,15 +129,36 @@ class _Channel:
         self._config = request.app[CONFIG]
         self._token = presented_token(request.headers.get("Authorization"))
         self._slots = asyncio.Semaphore(self._config.session_in_flight_max)
-        self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._in_flight: dict[int, asyncio.Task[None]] = {}  # by frame id, until the answer is ready
+        self._tasks: set[asyncio.Task[None]] = set()  # every request's task, until its answer is written
         self._last_activity = time.monotonic()
         self._closing: _Closing | None = None
         self._refusing = False  # the node stops: frames are answered 503, not run
+        self._unsent_max = self._config.session_unsent_bytes_max
+        self._unsent_over_since: float | None = None  # when the housekeeping first saw unsent answers past the bound
+        self._reading_paused = False  # unsent answers past the bound: the reader waits
+        self._close_task: asyncio.Future[None] | None = None  # the one close, once begun
 
     @property
     def refusing(self) -> bool:
         """The node stops: frames that arrive now are answered 503 without running."""
         return self._refusing
+
+    @property
+    def reading_paused(self) -> bool:
+        """Nothing is read from the channel: its unsent answers are past ``session_unsent_bytes_max``."""
+        return self._reading_paused
+
+    @property
+    def closing_code(self) -> int | None:
+        """The code the node is closing the channel with, once it decided to."""
+        return self._closing.code if self._closing is not None else None
+
+    def unsent_bytes(self) -> int:
+        """Answer bytes written to the connection that the kernel has not taken yet (its client
+        does not read them): what the connection's write buffer holds."""
+        transport = self._request.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
 
     async def run(self) -> None:
         timer = asyncio.ensure_future(self._housekeeping())
@@ -124,14 +179,17 @@ class _Channel:
         finally:
             registry.channels.discard(self)
             timer.cancel()
-            for task in list(self._in_flight.values()):  # only when the node itself shuts down
+            for task in list(self._tasks):  # only when the node itself shuts down, or answers had nowhere to go
                 task.cancel()
-            self._stats.closed_total[self._ws.close_code or WSCloseCode.OK] += 1
+            # the code the node sent (a close cut short by the deadline leaves aiohttp's 1006), else the peer's
+            self._stats.closed_total[self._closing.code if self._closing else self._ws.close_code or WSCloseCode.OK] += 1
 
     # ------------------------------------------------------------------ reading
     async def _read(self) -> None:
         while self._closing is None:
             await self._slots.acquire()  # back-pressure: nothing more is read while the channel is full
+            if self._unsent_bytes_over():
+                await self._unsent_below_max()
             if self._closing is not None:
                 self._slots.release()
                 return
@@ -151,6 +209,23 @@ class _Channel:
                 else:  # CLOSE, CLOSING, CLOSED
                     return
 
+    def _unsent_bytes_over(self) -> bool:
+        return self.unsent_bytes() > self._unsent_max
+
+    async def _unsent_below_max(self) -> None:
+        """Back-pressure on what the client does not read: nothing more is read from the channel
+        while its unsent answers are past ``session_unsent_bytes_max`` (the housekeeping closes it
+        if that lasts ``session_unsent_timeout_s``). Answers are written into the connection's
+        buffer as they finish, and aiohttp waits for it to drain only about once per 64 KiB, so
+        the in-flight cap alone does not bound it."""
+        self._stats.reads_paused_total += 1
+        self._reading_paused = True
+        try:
+            while self._closing is None and not self._ws.closed and self._unsent_bytes_over():
+                await asyncio.sleep(UNSENT_POLL_S)
+        finally:
+            self._reading_paused = False
+
     async def _accept(self, data: str) -> None:
         """Start one request; an unattributable or broken frame is answered here (one slot is ours)."""
         try:  # HTTP's parser: a frame refused here is a body POST /v1/batch refuses too
@@ -166,6 +241,8 @@ class _Channel:
             self._slots.release()
             self._closing = _Closing(WSCloseCode.PROTOCOL_ERROR, f"id {frame_id} is already in flight")
             return
+        if self._config.test_session_fault and frame.get("op") == TEST_FAULT_OP:
+            raise RuntimeError("a session channel fault made on purpose (test_session_fault)")
         if self._refusing:  # the node stops: not run, so the client sends it elsewhere at once
             await self._answer_now(frame_id, Unavailable(f"{SHUTTING_DOWN}; this request did not run: send it again"))
             return
@@ -176,11 +253,16 @@ class _Channel:
             await self._answer_now(frame_id, exc)
             return
         self._stats.in_flight += 1
-        self._in_flight[frame_id] = asyncio.ensure_future(self._serve(frame_id, operation))
+        task = asyncio.ensure_future(self._serve(frame_id, operation))
+        self._in_flight[frame_id] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _answer_now(self, frame_id: int | None, error: RcqError) -> None:
-        self._in_flight_done()
-        await self._send(frame_id, error.http_status, error.to_body())
+        try:
+            await self._send(frame_id, error.http_status, error.to_body())
+        finally:
+            self._in_flight_done()
 
     def _in_flight_done(self) -> None:
         self._slots.release()
@@ -201,8 +283,10 @@ class _Channel:
         finally:
             del self._in_flight[frame_id]
             self._stats.in_flight -= 1
+        try:  # the slot is held until the answer is written: a client that does not read fills them
+            await self._send(frame_id, status, body)
+        finally:
             self._in_flight_done()
-        await self._send(frame_id, status, body)
 
     async def _execute(self, operation: BaseModel) -> operations.Answer:
         manager, config = self._manager, self._config
@@ -235,12 +319,17 @@ class _Channel:
                 return
 
     async def _why_close(self, idle_s: float) -> _Closing | None:
+        unread = self._answers_unread()
+        if unread is not None:
+            return unread
         registry = self._request.app[TOKENS]
         if registry.enabled:
             try:
                 registry.authenticate(self._token)
             except RcqError as exc:
-                await self._send(None, exc.http_status, exc.to_body())
+                with contextlib.suppress(TimeoutError):  # a client that does not read gets the close alone
+                    async with asyncio.timeout(HOUSEKEEPING_INTERVAL_S):
+                        await self._send(None, exc.http_status, exc.to_body())
                 return _Closing(WSCloseCode.POLICY_VIOLATION, exc.message)
         if not self._manager.serving:
             # what is in flight is answered first (new frames meanwhile get a quick 307)
@@ -249,6 +338,21 @@ class _Channel:
         if not self._in_flight and time.monotonic() - self._last_activity >= idle_s:
             return _Closing(WSCloseCode.OK, f"idle for {idle_s:g} s")
         return None
+
+    def _answers_unread(self) -> _Closing | None:
+        """The close of a channel whose unsent answers stayed past the bound for
+        ``session_unsent_timeout_s`` (as seen once a second), else None."""
+        if not self._unsent_bytes_over():
+            self._unsent_over_since = None
+            return None
+        now, timeout_s = time.monotonic(), self._config.session_unsent_timeout_s
+        if self._unsent_over_since is None:
+            self._unsent_over_since = now
+        if now - self._unsent_over_since < timeout_s:
+            return None
+        log.info("closing the session channel of %s: %d answer bytes unread for %g s (session_unsent_bytes_max %d)",
+                 self._caller.client or "an anonymous client", self.unsent_bytes(), timeout_s, self._unsent_max)
+        return _Closing(CLOSE_ANSWERS_UNREAD, f"answers unread: over {self._unsent_max} bytes for {timeout_s:g} s")
 
     async def _drain(self, timeout_s: float) -> None:
         if self._in_flight:
@@ -261,14 +365,35 @@ class _Channel:
         if self._closing is None:
             code = WSCloseCode.GOING_AWAY if self._manager.serving else CLOSE_LEADERSHIP_ENDED
             self._closing = _Closing(code, SHUTTING_DOWN)
-        await self._close_ws()  # wakes the reader, as the housekeeping's close does
+        await self._close_ws(LEADERSHIP_DRAIN_S)  # wakes the reader, as the housekeeping's close does
 
-    async def _close_ws(self) -> None:
+    async def _close_ws(self, grace_s: float | None = None) -> None:
         """Close with ``_closing`` (1000 when none); a close frame also ends the reader's receive (the
-        peer's close answers it)."""
-        if not self._ws.closed:
-            closing = self._closing or _Closing(WSCloseCode.OK, "")
-            await self._ws.close(code=closing.code, message=closing.reason[:120].encode())
+        peer's close answers it). One close runs, whoever asks first (the housekeeping, the reader's
+        end, the node's stop); the others wait for it, so that the handler does not return, and
+        aiohttp end the connection, while the close waits for the peer's."""
+        if self._close_task is None:
+            if self._ws.closed:
+                return
+            self._close_task = asyncio.ensure_future(self._close_now(grace_s))
+        await asyncio.shield(self._close_task)
+
+    async def _close_now(self, grace_s: float | None) -> None:
+        """The close frame goes behind the answers the client has not read: if they are not taken
+        within ``grace_s`` (``session_unsent_timeout_s``), the connection is dropped, and what is
+        unsent with it; else aiohttp's close waits for the peer's close frame (reading and dropping
+        what comes before it) up to ``CLOSE_ANSWER_TIMEOUT_S``, then ends the connection."""
+        closing = self._closing or _Closing(WSCloseCode.OK, "")
+        try:
+            async with asyncio.timeout(self._config.session_unsent_timeout_s if grace_s is None else grace_s):
+                while self.unsent_bytes() > 0:
+                    await asyncio.sleep(UNSENT_POLL_S)
+            async with asyncio.timeout(CLOSE_ANSWER_TIMEOUT_S + HOUSEKEEPING_INTERVAL_S):  # aiohttp's own, and a margin
+                await self._ws.close(code=closing.code, message=closing.reason[:120].encode())
+        except TimeoutError:
+            transport = self._request.transport
+            if transport is not None:
+                transport.abort()
 
 
 class _OpenChannels:
@@ -319,7 +444,7 @@ async def serve(request: web.Request) -> web.StreamResponse:
                                  " session channels already (session_channels_per_client_max)")
     # aiohttp refuses a message of max_msg_size bytes already; a frame of body_bytes_max is allowed, as a body is
     ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,), max_msg_size=config.body_bytes_max + 1, compress=False,
-                               autoping=True)
+                               autoping=True, timeout=CLOSE_ANSWER_TIMEOUT_S)
     if not ws.can_prepare(request).ok:
         raise InvalidRequest(f"{PATH} is a WebSocket endpoint: send an upgrade request")
     stats.per_client[caller.client] += 1
@@ -335,5 +460,6 @@ async def serve(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    app[OPEN_CHANNELS] = _OpenChannels()
+    registry = app[OPEN_CHANNELS] = _OpenChannels()
+    app[METRICS].sessions.unsent_bytes = lambda: sum(channel.unsent_bytes() for channel in registry.channels)
     app.router.add_get(PATH, serve)

@@ -1,0 +1,146 @@
+"""A client that writes and does not read, over a raw socket with a small receive buffer: a session
+channel (the upgrade and masked text frames written by hand) or pipelined HTTP requests. The
+node's answers pile up on its side, which is what the back-pressure tests need to see.
+
+``frames`` reads the node's side of a channel back (unmasked frames) once the test reads;
+``flood_until_paused`` writes ``status`` frames to an in-process node's channel until the node
+stops reading it.
+
+Must not import: a test module or a conftest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import struct
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.helpers import LOCAL_WAIT_S
+
+RECEIVE_BUFFER_BYTES = 4096  # the kernel doubles it; loopback then holds little of what the node sends
+FRAMES_MAX = 200_000  # a flood's bound: far more than a node may read of a client that does not read
+STALLED_S = 0.2  # a write the node has not taken for this long: look whether it stopped reading
+OPCODE_TEXT, OPCODE_CLOSE = 0x1, 0x8
+
+
+def masked_text_frame(text: str) -> bytes:
+    payload = text.encode()
+    mask = os.urandom(4)
+    length = len(payload)
+    if length < 126:
+        head = bytes([0x80 | OPCODE_TEXT, 0x80 | length])
+    elif length < 1 << 16:
+        head = bytes([0x80 | OPCODE_TEXT, 0x80 | 126]) + struct.pack(">H", length)
+    else:
+        head = bytes([0x80 | OPCODE_TEXT, 0x80 | 127]) + struct.pack(">Q", length)
+    key = (mask * (length // 4 + 1))[:length]
+    return head + mask + (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(length, "big")
+
+
+def frames(data: bytes) -> list[tuple[int, bytes]]:
+    """The (opcode, payload) of each whole unmasked frame in ``data``, as a node sends them."""
+    out, position = [], 0
+    while position + 2 <= len(data):
+        opcode, length = data[position] & 0x0F, data[position + 1] & 0x7F
+        extended = {126: 2, 127: 8}.get(length, 0)
+        if position + 2 + extended > len(data):
+            break
+        if extended:
+            length = int.from_bytes(data[position + 2:position + 2 + extended], "big")
+        position += 2 + extended
+        if position + length > len(data):
+            break
+        out.append((opcode, data[position:position + length]))
+        position += length
+    return out
+
+
+@dataclass
+class UnreadSocket:
+    """A connection that writes until the node stops taking what it writes."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    head: bytes = b""  # what the node answered to the upgrade
+    written: int = field(default=0)  # units (frames or requests) the kernel took
+
+    @classmethod
+    async def connect(cls, port: int) -> UnreadSocket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        return cls(reader, writer)
+
+    @classmethod
+    async def session_channel(cls, port: int, token: str | None, timeout_s: float) -> UnreadSocket:
+        """A channel upgraded by hand; its 101 read, nothing else."""
+        connection = await cls.connect(port)
+        key = base64.b64encode(os.urandom(16)).decode()
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        connection.writer.write((f"GET /v1/session HTTP/1.1\r\nHost: rcq\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                                 f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                                 f"Sec-WebSocket-Protocol: rcq.session.v1\r\n{auth}\r\n").encode())
+        async with asyncio.timeout(timeout_s):
+            connection.head = await connection.reader.readuntil(b"\r\n\r\n")
+        assert connection.head.startswith(b"HTTP/1.1 101"), connection.head
+        return connection
+
+    async def write_until_refused(self, unit: bytes, units_max: int, stalled_s: float, batch: int = 100) -> int:
+        """Write ``unit`` up to ``units_max`` times, ``batch`` at a time, until a write stays
+        unwritten for ``stalled_s`` (the node stopped reading); how many the kernel took."""
+        while self.written < units_max:
+            self.writer.write(unit * batch)
+            try:
+                await asyncio.wait_for(self.writer.drain(), stalled_s)
+            except TimeoutError:
+                return self.written
+            self.written += batch
+        return self.written
+
+    async def read_until_close(self, timeout_s: float) -> list[tuple[int, bytes]]:
+        """The frames the node sends, up to and including its close frame (or the connection's end)."""
+        data = b""
+        async with asyncio.timeout(timeout_s):
+            while chunk := await self.reader.read(1 << 16):
+                data += chunk
+                received = frames(data)
+                if received and received[-1][0] == OPCODE_CLOSE:
+                    return received
+        return frames(data)
+
+    def abort(self) -> None:
+        self.writer.transport.abort()
+
+
+def status_frame(frame_id: int) -> bytes:
+    """A request any token may send (ids count up: one still in flight may not be reused)."""
+    return masked_text_frame(json.dumps({"id": frame_id, "op": "status", "transaction_id": "f" * 26}))
+
+
+async def flood_until_paused(channels: Collection[Any], flood: UnreadSocket) -> tuple[Any, int]:
+    """Frames written to the one channel of ``channels`` (an in-process node's open channels) and
+    no answer read, until the node stops reading it; the channel and how many frames were written."""
+    async with asyncio.timeout(LOCAL_WAIT_S):
+        while not channels:
+            await asyncio.sleep(0.01)
+        (channel,) = channels
+        for frame_id in range(1, FRAMES_MAX + 1):
+            flood.writer.write(status_frame(frame_id))
+            if frame_id % 100:
+                continue
+            while True:
+                try:
+                    await asyncio.wait_for(flood.writer.drain(), STALLED_S)
+                    break
+                except TimeoutError:
+                    if channel.reading_paused:
+                        return channel, frame_id
+    raise AssertionError(f"the node read all {FRAMES_MAX} frames of a client that reads nothing")
