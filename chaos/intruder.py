@@ -3,8 +3,10 @@
 The intruder (:class:`Intruder`, :func:`run_intruder`) is one more process, with a token of its
 own that may produce and consume ``guest*`` only (a queue nobody else uses). It keeps trying what
 it must not do — enqueue into, dequeue from, purge / configure / delete a workload queue, and
-hijack a worker's transaction (commit, abort, extend, dequeue or enqueue in it) — and does some
-legitimate work on ``guest``, so the run shows its token works at all. Workers register the ids of
+hijack a worker's transaction (commit, abort, extend, dequeue or enqueue in it), flood a
+session channel with requests and never read the answers (``intrude-unread``: the leader must
+stop reading the channel, not keep every answer) — and does some legitimate work on ``guest``,
+so the run shows its token works at all. Workers register the ids of
 their open transactions in a :class:`chaos.workload.OpenTransactions` while each op runs; a hijack targets one
 of those. Its values are ``"intruder-<seq>"``, which no worker produces: one that got into a
 workload queue is *unexpected* to the total-queue checker. Its ops are ``ok`` when the intrusion
@@ -17,11 +19,18 @@ Must not import: any rcq module but rcq.client and rcq.errors (black box).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import json
+import os
 import random
+import socket
+import struct
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from chaos.workload import (
     OP_TIMEOUT_S,
@@ -43,7 +52,7 @@ INTRUDER_PAUSE_S = 0.25  # between attempts: refusals are quick, and the workloa
 # f -> weight; hijacks need an open transaction of a worker, so they get the most draws
 DEFAULT_INTRUDER_MIX: dict[str, int] = {
     "intrude-enqueue": 15, "intrude-dequeue": 15, "intrude-manage": 10, "intrude-hijack": 45,
-    "guest-enqueue": 8, "guest-dequeue": 7,
+    "guest-enqueue": 8, "guest-dequeue": 7, "intrude-unread": 1,
 }
 HIJACK_VERBS = ("commit", "abort", "extend", "dequeue", "enqueue")
 MANAGE_VERBS = ("purge", "configure", "delete")
@@ -51,6 +60,24 @@ MANAGE_VERBS = ("purge", "configure", "delete")
 INTRUSION_VIAS = ("request", "transaction")
 # No answer to the intrusion: no node answered, none could serve it now, or it may still be running.
 NO_ANSWER = (Unavailable, NotLeader, CommitOutcomeUnknown, RequestTimeout)
+# intrude-unread: status frames (any token may send them) written for up to UNREAD_FLOOD_S over a
+# socket with a small receive buffer and no answer read. Refused when the leader stops taking them
+# for UNREAD_STALL_S (it stopped reading: session_unsent_bytes_max); allowed when it keeps taking
+# them for the whole flood (a node without the bound read ~40,000 frames a second for ever).
+UNREAD_FLOOD_S = 10.0
+UNREAD_STALL_S = 1.0
+UNREAD_FRAMES_MAX = 1_000_000
+UNREAD_RECEIVE_BUFFER_BYTES = 4096
+UNREAD_BATCH = 500
+UPGRADE_TIMEOUT_S = 5.0
+SESSION_PATH = "/v1/session"
+SESSION_SUBPROTOCOL = "rcq.session.v1"
+
+
+class NotRead(RcqError):
+    """The node stopped reading a session channel whose client left its answers unread."""
+
+    code = "not_read"
 
 
 class IntruderGenerator:
@@ -98,6 +125,8 @@ class IntruderGenerator:
             return Spec(f, {"queue": GUEST_QUEUE, "values": self._values()})
         if f == "guest-dequeue":
             return Spec(f, {"queue": GUEST_QUEUE, "max": rng.randint(1, 3)})
+        if f == "intrude-unread":
+            return Spec(f, {"frames_max": UNREAD_FRAMES_MAX, "flood_s": UNREAD_FLOOD_S})
         raise ValueError(f"unknown intruder op {f!r}")
 
     def target(self, open_now: list[tuple[str, int | str, str]]) -> tuple[str, int | str, str] | None:
@@ -126,8 +155,10 @@ class Intruder:
     intrusion inside the intruder's own transaction is allowed, the transaction is committed, so
     whatever it did shows in the queues too (and to the queue checkers)."""
 
-    def __init__(self, client: RcqClient) -> None:
+    def __init__(self, client: RcqClient, urls: list[str] | None = None, token: str | None = None) -> None:
         self.client = client
+        self.urls = urls or []
+        self.token = token
 
     async def run(self, spec: Spec) -> tuple[str, Any, str | None]:
         state: dict[str, Any] = {"step": None, "allowed": False}
@@ -214,6 +245,19 @@ class Intruder:
         await tx.enqueue_batch(value["queue"], value["values"])
         return {}
 
+    async def _intrude_unread(self, value: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        state["step"] = "upgrade"
+        _reader, writer = await unread_channel(self.urls, self.token)
+        try:
+            state["step"] = "flood"
+            taken, stalled = await write_unread(writer, value["frames_max"], value["flood_s"])
+        finally:
+            writer.transport.abort()
+        if stalled:
+            raise NotRead(f"the node stopped taking frames after {taken}", details={"taken": taken})
+        state["allowed"], state["result"] = True, {"taken": taken}
+        return {"taken": taken}
+
     async def _guest_enqueue(self, value: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         state["step"] = "enqueue"
         await self.client.enqueue(value["queue"], *value["values"])
@@ -241,7 +285,7 @@ async def run_intruder(history: Any, urls: list[str], generator: IntruderGenerat
     A hijack drawn while no worker has a transaction open is skipped (nothing to target)."""
     done = 0
     async with make_client(urls, token) as client:
-        intruder = Intruder(client)
+        intruder = Intruder(client, urls, token)
         while not stop.is_set():
             spec: Spec | None = generator.next()
             if spec is not None and spec.f == "intrude-hijack":
@@ -255,3 +299,76 @@ async def run_intruder(history: Any, urls: list[str], generator: IntruderGenerat
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), pause_s)
     return done
+
+
+# ------------------------------------------------------------------ intrude-unread: a raw channel
+def _masked_text(payload: bytes) -> bytes:
+    mask, length = os.urandom(4), len(payload)
+    head = bytes([0x81, 0x80 | length]) if length < 126 else bytes([0x81, 0x80 | 126]) + struct.pack(">H", length)
+    key = (mask * (length // 4 + 1))[:length]
+    return head + mask + (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(length, "big")
+
+
+async def _upgrade(url: str, token: str | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | str | None:
+    """A session channel to the node at ``url`` (a raw socket with a small receive buffer); or the
+    leader's URL a follower named; or None."""
+    split = urlsplit(url)
+    if split.scheme != "http" or split.hostname is None:
+        return None  # TLS: not tried (the channel is the same; the harness's clusters are plain HTTP)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UNREAD_RECEIVE_BUFFER_BYTES)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (split.hostname, split.port or 80)),
+                               UPGRADE_TIMEOUT_S)
+        reader, writer = await asyncio.open_connection(sock=sock)
+    except (OSError, TimeoutError):
+        sock.close()
+        return None
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write((f"GET {SESSION_PATH} HTTP/1.1\r\nHost: {split.netloc}\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                  f"Sec-WebSocket-Protocol: {SESSION_SUBPROTOCOL}\r\n{auth}\r\n").encode())
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), UPGRADE_TIMEOUT_S)
+        if head.startswith(b"HTTP/1.1 101"):
+            return reader, writer
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        body = await asyncio.wait_for(reader.readexactly(length), UPGRADE_TIMEOUT_S) if length else b"{}"
+        writer.transport.abort()
+        leader = json.loads(body).get("error", {}).get("leader_url")
+        return leader if isinstance(leader, str) else None
+    except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+        writer.transport.abort()
+        return None
+
+
+async def unread_channel(urls: list[str], token: str | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A session channel to the leader, found as a client does (a follower names it)."""
+    for url in urls:
+        opened = await _upgrade(url, token)
+        if isinstance(opened, str):
+            opened = await _upgrade(opened, token)
+        if isinstance(opened, tuple):
+            return opened
+    raise Unavailable("no node opened a session channel")
+
+
+async def write_unread(writer: asyncio.StreamWriter, frames_max: int, flood_s: float) -> tuple[int, bool]:
+    """Status frames written for up to ``flood_s``, no answer read; (frames the kernel took,
+    whether the node stopped taking them for UNREAD_STALL_S)."""
+    deadline, taken = time.monotonic() + flood_s, 0
+    while taken < frames_max and time.monotonic() < deadline:
+        writer.write(b"".join(_masked_text(json.dumps({"id": taken + i + 1, "op": "status",
+                                                       "transaction_id": "f" * 26}).encode())
+                              for i in range(UNREAD_BATCH)))
+        try:
+            await asyncio.wait_for(writer.drain(), UNREAD_STALL_S)
+        except TimeoutError:
+            return taken, True
+        except ConnectionError:  # the node ended the channel: it did not keep reading
+            return taken, True
+        taken += UNREAD_BATCH
+    return taken, False

@@ -8,7 +8,11 @@ op of the intruder's process, and the answer it must get is fixed by docs/securi
   workload queue: ``forbidden`` (the permission is checked before anything changes);
 * ``intrude-hijack`` — commit, abort, extend, dequeue or enqueue in a transaction a worker had
   open: ``transaction_not_found``, as for an id that never existed (its enqueues and dequeues
-  are on the guest queue, which the intruder may use, so only ownership can refuse them).
+  are on the guest queue, which the intruder may use, so only ownership can refuse them);
+* ``intrude-unread`` — a session channel flooded with requests whose answers are never read:
+  ``not_read``, the leader stopped taking frames (``session_unsent_bytes_max``, docs/limits.md);
+  allowed (``ok``) when it kept taking them for the whole flood, as a node that keeps every
+  answer does.
 
 **Invalid** when an attempt was allowed (``ok``), or refused with any other code while the
 cluster answered. No answer is fine — transport errors, ``unavailable``, ``no_leader``,
@@ -51,11 +55,11 @@ from typing import Any
 from chaos.checkers.model import SAMPLE_SIZE_MAX, QueueModel
 from chaos.history import CHECKER_INPUT_PROCESS, PairedOp
 
-INTRUSION_FS = ("intrude-enqueue", "intrude-dequeue", "intrude-manage", "intrude-hijack")
+INTRUSION_FS = ("intrude-enqueue", "intrude-dequeue", "intrude-manage", "intrude-hijack", "intrude-unread")
 GUEST_FS = ("guest-enqueue", "guest-dequeue")
 SECURITY_FS = INTRUSION_FS + GUEST_FS
 EXPECTED_CODE = {"intrude-enqueue": "forbidden", "intrude-dequeue": "forbidden", "intrude-manage": "forbidden",
-                 "intrude-hijack": "transaction_not_found"}
+                 "intrude-hijack": "transaction_not_found", "intrude-unread": "not_read"}
 # No answer to the attempt (the cluster could not serve it now, or the client gave up).
 NO_ANSWER_CODES = frozenset({"unavailable", "no_leader", "not_ready", "too_many_connections", "not_leader",
                              "commit_outcome_unknown", "request_timeout", "TimeoutError", "no completion recorded"})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -40,6 +40,7 @@ from rcq.errors import (
     TransactionNotFound,
 )
 from tests.helpers.history import History
+from tests.helpers.nodes import running_node, url_of
 
 INTRUDER = INTRUDER_PROCESS
 VICTIM_TX = "5.aaaaaaaaaaaaaaaaaaaaaaaa"  # term 5
@@ -80,6 +81,7 @@ def refused_everywhere() -> SecurityHistory:
     h.attempt("intrude-enqueue", "fail", "forbidden", queue="q1", via="request", values=["intruder-1"], step="enqueue")
     h.attempt("intrude-dequeue", "fail", "forbidden", queue="q1", via="transaction", max=2, step="dequeue")
     h.attempt("intrude-manage", "fail", "forbidden", queue="q0", verb="purge", step="purge")
+    h.attempt("intrude-unread", "fail", "not_read", frames_max=1000, flood_s=1.0, step="flood", taken=500)
     h.begin_victim()
     h.hijack("commit", "fail", "transaction_not_found")
     h.end_victim(VICTIM_TX, "0-1")
@@ -93,9 +95,9 @@ def test_every_intrusion_refused_as_documented_is_valid() -> None:
     result = security(refused_everywhere())
     assert result["valid"] and result["checked"]
     assert (result["attempts_count"], result["refused_count"], result["allowed_count"], result["unexpected_count"]) == (
-        4, 4, 0, 0)
+        5, 5, 0, 0)
     assert {f: kind["refused"] for f, kind in result["by_kind"].items()} == {
-        "intrude-enqueue": 1, "intrude-dequeue": 1, "intrude-manage": 1, "intrude-hijack": 1}
+        "intrude-enqueue": 1, "intrude-dequeue": 1, "intrude-manage": 1, "intrude-hijack": 1, "intrude-unread": 1}
     assert (result["hijacks_count"], result["hijacks_on_open_count"], result["hijacks_open_throughout_count"]) == (1, 1, 1)
     assert result["hijack_verbs"] == {"commit": 1}
     assert result["guest"] == {"ok": 2, "fail": 0, "info": 0, "refused": 0}
@@ -107,7 +109,7 @@ def test_the_whole_check_stays_valid_and_the_summary_counts_the_refusals() -> No
     assert results["valid"], results["invalid_checkers"]
     assert "security" in results and results["total_queue"]["valid"]
     text = summary_text(results, seed=1)
-    assert "ok      security: 4 intrusion attempts by 'intruder': 4 refused as expected" in text
+    assert "ok      security: 5 intrusion attempts by 'intruder': 5 refused as expected" in text
     assert "1/1 hijacks on an open transaction" in text and "intrude-hijack: 1 attempts (refused 1)" in text
 
 
@@ -121,6 +123,7 @@ def test_the_intruders_ops_are_not_counted_in_the_workloads_availability() -> No
     ("intrude-enqueue", {"queue": "q1", "via": "request", "values": ["intruder-1"], "step": "enqueue"}),
     ("intrude-dequeue", {"queue": "q1", "via": "request", "max": 1, "values": ["0-1"], "step": "dequeue"}),
     ("intrude-manage", {"queue": "q0", "verb": "configure", "step": "configure"}),
+    ("intrude-unread", {"frames_max": 1000, "flood_s": 1.0, "step": "flood", "taken": 1000}),
 ])
 def test_an_allowed_intrusion_on_a_workload_queue_is_invalid(f: str, value: dict[str, Any]) -> None:
     h = SecurityHistory().intruder().attempt(f, "ok", None, **value)
@@ -252,7 +255,7 @@ def test_the_intruders_attempts_are_a_function_of_the_seed_and_its_values_are_it
     assert specs == [b.next() for _ in range(300)]
     assert specs != [IntruderGenerator(8, INTRUDER, queues).next() for _ in range(300)]
     assert {spec.f for spec in specs} == {"intrude-enqueue", "intrude-dequeue", "intrude-manage", "intrude-hijack",
-                                          "guest-enqueue", "guest-dequeue"}
+                                          "guest-enqueue", "guest-dequeue", "intrude-unread"}
     values = [v for spec in specs for v in spec.value.get("values", [])]
     assert values and all(v.startswith("intruder-") for v in values) and len(set(values)) == len(values)
     assert {spec.value["queue"] for spec in specs if spec.f.startswith("intrude-") and "queue" in spec.value} == {
@@ -400,3 +403,27 @@ def test_only_a_target_that_can_issue_tokens_gets_an_intruder_and_the_history_sa
     assert skipped == {"skipped": "the docker target's nodes accept only its admin token"}
     assert issued["principal"] == "intruder" and issued["process"] == INTRUDER
     assert check_security(build_model([]), read_history(tmp_path / "history.jsonl"))["checked"]
+
+
+# ------------------------------------------------------------------ intrude-unread, against a real node
+async def test_an_unread_flood_is_refused_not_read_by_a_node_with_the_bound(tmp_path: Path) -> None:
+    async with running_node(tmp_path, session_unsent_bytes_max=4096) as node:
+        intruder = Intruder(cast(Any, None), [url_of(node)], None)
+        outcome, value, error = await intruder.run(Spec("intrude-unread", {"frames_max": 1_000_000, "flood_s": 10.0}))
+    assert (outcome, error) == ("fail", "not_read"), (outcome, value, error)
+    assert value["step"] == "flood"
+
+
+async def test_an_unread_flood_a_node_keeps_reading_is_allowed(tmp_path: Path) -> None:
+    # a node that reads what it is sent (its bound far above the flood): the intruder says so
+    async with running_node(tmp_path, session_unsent_bytes_max=1 << 30) as node:
+        intruder = Intruder(cast(Any, None), [url_of(node)], None)
+        outcome, value, error = await intruder.run(Spec("intrude-unread", {"frames_max": 2_000, "flood_s": 10.0}))
+    assert (outcome, error) == ("ok", None), (outcome, value, error)
+    assert value["taken"] == 2_000
+
+
+async def test_an_unread_flood_with_no_node_to_open_a_channel_has_no_answer() -> None:
+    intruder = Intruder(cast(Any, None), ["http://127.0.0.1:9"], None)
+    outcome, _value, error = await intruder.run(Spec("intrude-unread", {"frames_max": 10, "flood_s": 1.0}))
+    assert (outcome, error) == ("info", "unavailable")
