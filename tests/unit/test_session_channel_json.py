@@ -1,7 +1,7 @@
 """The session channel's JSON: frames parsed by the parser of HTTP bodies
-(``rcq.server.http.handlers.parse_json``), answers written by ``rcq.server.http.session_channel``
-with orjson where it can and the standard library where it refuses, so that every answer reads as
-json would write it."""
+(``rcq.server.http.handlers.parse_json``), answers written as HTTP's are (``render_json``), with
+orjson where it can and the standard library where it refuses, so that every answer reads as json
+would write it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pydantic
 import pytest
 
 from rcq.errors import InvalidRequest
-from rcq.server.http.handlers import parse_json
-from rcq.server.http.session_channel import _render
+from rcq.server.http.handlers import parse_json, render_json
 
 
 class _Body(pydantic.BaseModel):
@@ -51,4 +50,4 @@ def test_what_an_http_body_may_not_hold_is_refused_400(frame: str) -> None:
     {"id": 3, "status": 200, "body": {"index": 1 << 70}},  # beyond 64 bits: json writes it
 ])
 def test_an_answer_is_written_as_json_writes_it(answer: dict) -> None:
-    assert json.loads(_render(answer)) == json.loads(json.dumps(answer))
+    assert json.loads(render_json(answer)) == json.loads(json.dumps(answer))

@@ -18,6 +18,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import orjson
 import pydantic_core
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -42,9 +43,24 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+# Answers, HTTP's and the session channel's alike, are written with orjson: 0.6 us for a dequeue
+# answer of three items with a header each, against 5.6 us for the standard library's json (which
+# was ~5% of a leader's busy samples under single-item load). What orjson cannot write (an integer
+# beyond 64 bits) goes to json.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # the fallback: json.dumps(..., separators) makes one per call
+_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS  # as json does: keys that are numbers become strings
+
+
+def render_json(data: Any) -> bytes:
+    """``data`` as compact UTF-8 JSON, as json would write it (non-ASCII as UTF-8, not escaped)."""
+    try:
+        return orjson.dumps(data, option=_ORJSON_OPTIONS)
+    except TypeError:  # what orjson cannot write (an integer beyond 64 bits): json can
+        return _ENCODER.encode(data).encode()
+
+
 def json_response(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status,
-                        content_type="application/json")
+    return web.Response(body=render_json(data), status=status, content_type="application/json")
 
 
 def error_response(error: RcqError, request: web.Request | None = None) -> web.Response:

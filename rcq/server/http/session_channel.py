@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from typing import Any, Literal
 
-import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import BaseModel, TypeAdapter
 
@@ -47,9 +45,19 @@ from rcq.errors import InternalError, InvalidRequest, NotLeader, RcqError, TooMa
 from rcq.server.http import operations
 from rcq.server.http.auth import presented_token
 from rcq.server.http.channel_stats import ChannelStats
-from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, TOKENS, caller_of, error_response, parse_json, validate
+from rcq.server.http.dispatch import batch_answer, batch_operation
+from rcq.server.http.handlers import (
+    CONFIG,
+    MANAGER,
+    METRICS,
+    TOKENS,
+    caller_of,
+    error_response,
+    parse_json,
+    render_json,
+    validate,
+)
 from rcq.server.http.models import BatchOperation, BatchRequest
-from rcq.server.http.transaction_routes import batch_answer, batch_operation
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +70,7 @@ UNSENT_POLL_S = 0.02  # while a channel's unsent answers are past the bound, the
 CLOSE_ANSWER_TIMEOUT_S = 10.0  # after its close frame, the node waits this long for the client's (aiohttp's default)
 
 # Frames are parsed as HTTP bodies are (handlers.parse_json: pydantic's parser, 0.55 us a request
-# frame against orjson's 0.41 and json's 3.4) and answers written with orjson: the standard
-# library's json was ~5% of a leader's busy samples under single-item load (5.4 us to write an
-# answer, against 0.5). What orjson cannot write (integers beyond 64 bits) goes to json.
-_ENCODER = json.JSONEncoder(separators=(",", ":"))  # the fallback: json.dumps(..., separators) makes one per call
-_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS  # as json does: keys that are numbers become strings
+# frame against orjson's 0.41 and json's 3.4) and answers written as HTTP's are (handlers.render_json).
 CLOSE_LEADERSHIP_ENDED = 1012  # "service restart": the client reconnects, to the new leader
 CLOSE_ANSWERS_UNREAD = 4000  # rcq's own (4000-4999 are for applications): the client does not read its answers
 SHUTTING_DOWN = "the node is shutting down"
@@ -298,7 +302,7 @@ class _Channel:
         if self._ws.closed:
             return
         try:
-            await self._ws.send_frame(_render({"id": frame_id, "status": status, "body": body}), WSMsgType.TEXT)
+            await self._ws.send_frame(render_json({"id": frame_id, "status": status, "body": body}), WSMsgType.TEXT)
         except (ConnectionError, RuntimeError):  # the peer went away; its reader ends the channel
             return
         self._stats.frames_out += 1
@@ -419,14 +423,6 @@ async def close_all(app: web.Application) -> None:
         for result in results:
             if isinstance(result, Exception):  # a bug; the node stops all the same
                 log.error("closing a session channel failed", exc_info=result)
-
-
-def _render(answer: dict[str, Any]) -> bytes:
-    """An answer frame's UTF-8 JSON, as json would write it (compact)."""
-    try:
-        return orjson.dumps(answer, option=_ORJSON_OPTIONS)
-    except TypeError:  # what orjson cannot write (an integer beyond 64 bits): json can
-        return _ENCODER.encode(answer).encode()
 
 
 async def serve(request: web.Request) -> web.StreamResponse:

@@ -10,31 +10,16 @@ Must not import: pysyncobj, lmdb.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import Any
 
 from aiohttp import web
 
-from rcq.errors import InternalError, RcqError
-from rcq.server.config import NodeConfig
 from rcq.server.http import operations
 from rcq.server.http.auth import principal_of
+from rcq.server.http.dispatch import answer_each, batch_answer
 from rcq.server.http.handlers import CONFIG, MANAGER, caller_of, json_response, read_model
 from rcq.server.http.models import (
-    BatchAbort,
-    BatchBegin,
-    BatchCommit,
-    BatchCommitMany,
-    BatchDequeue,
-    BatchEnqueue,
-    BatchExecute,
-    BatchExtend,
-    BatchReceive,
-    BatchReject,
     BatchRequest,
-    BatchStatus,
     BeginRequest,
     CommitManyRequest,
     CommitRequest,
@@ -45,8 +30,6 @@ from rcq.server.http.models import (
     ExtendRequest,
     RejectRequest,
 )
-from rcq.server.leader.session import AnswerBudget
-from rcq.server.leader.transactions import TransactionManager
 
 log = logging.getLogger(__name__)
 
@@ -117,23 +100,6 @@ async def execute(request: web.Request) -> web.Response:
     return json_response(body, status)
 
 
-async def answer_each(coroutines: list[Awaitable[operations.Answer]]) -> list[dict[str, Any]]:
-    """Run independent sub-requests concurrently; each gets its own status and body."""
-
-    async def one(coroutine: Awaitable[operations.Answer]) -> dict[str, Any]:
-        try:
-            status, body = await coroutine
-        except RcqError as exc:
-            return {"status": exc.http_status, "body": exc.to_body()}
-        except Exception:
-            log.exception("unexpected error in a batched request")
-            error = InternalError()
-            return {"status": error.http_status, "body": error.to_body()}
-        return {"status": status, "body": body}
-
-    return list(await asyncio.gather(*(one(c) for c in coroutines)))
-
-
 async def execute_batch(request: web.Request) -> web.Response:
     body = await read_model(request, ExecuteBatchRequest)
     manager, config = request.app[MANAGER], request.app[CONFIG]
@@ -144,41 +110,6 @@ async def execute_batch(request: web.Request) -> web.Response:
                                   for t in body.transactions])
     return json_response({"results": [a["body"] if a["status"] < 300 else {**a["body"], "status": a["status"]}
                                       for a in answers]})
-
-
-def batch_operation(manager: TransactionManager, config: NodeConfig, caller: operations.Caller,
-                     budget: AnswerBudget, sub: Any) -> Awaitable[operations.Answer]:
-    if isinstance(sub, BatchBegin):
-        return operations.begin(manager, sub, caller)
-    if isinstance(sub, BatchEnqueue):
-        return operations.enqueue(manager, config, sub.transaction_id, sub, caller)
-    if isinstance(sub, BatchDequeue):
-        return operations.dequeue(manager, sub.transaction_id, sub, caller, budget)
-    if isinstance(sub, BatchCommit):
-        return operations.commit(manager, sub.transaction_id, sub, caller)
-    if isinstance(sub, BatchAbort):
-        return operations.abort(manager, sub.transaction_id, caller)
-    if isinstance(sub, BatchExtend):
-        return operations.extend(manager, sub.transaction_id, sub, caller)
-    if isinstance(sub, BatchReceive):
-        return operations.receive(manager, sub.queue, sub, caller, budget)
-    if isinstance(sub, BatchReject):
-        return operations.reject(manager, sub.transaction_id, sub, caller)
-    if isinstance(sub, BatchStatus):
-        return operations.status(manager, sub.transaction_id, caller)
-    if isinstance(sub, BatchExecute):
-        return operations.execute(manager, config, sub, caller, budget)
-    assert isinstance(sub, BatchCommitMany)
-    return operations.commit_many(manager, config, sub, caller)
-
-
-async def batch_answer(manager: TransactionManager, config: NodeConfig, caller: operations.Caller,
-                       requests: list[Any]) -> dict[str, Any]:
-    """The answer of ``POST /v1/batch`` (and of a session channel's ``batch`` frame)."""
-    operations.check_count("sub-requests", len(requests), config)
-    manager.require_serving()
-    budget = manager.answer_budget()  # one answer, one budget
-    return {"responses": await answer_each([batch_operation(manager, config, caller, budget, sub) for sub in requests])}
 
 
 async def batch(request: web.Request) -> web.Response:
