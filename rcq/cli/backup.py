@@ -110,10 +110,11 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(header: Header, path: Path, size: int) -> str:
+def describe(header: Header, path: Path, size: int, done: str = "saved") -> str:
+    """What a backup file holds, after ``done`` (what was just done to it)."""
     fields = header.fields
-    return (f"saved {path} ({size} bytes): {fields['items']} items ({fields['item_bytes']} bytes) in "
-            f"{fields['queues']} queues at Raft index {fields['index']} (term {fields['term']}), taken "
+    return (f"{done} {path} ({size} bytes): {fields['items']} items ({fields['item_bytes']} bytes) in "
+            f"{fields['queues']} queues holding items at Raft index {fields['index']} (term {fields['term']}), taken "
             f"{fields['taken_at']} from {fields['node_id']}\n"
             f"  data digest {fields['data_digest']}\n"
             f"  rcq {fields['rcq_version']}, feature level {fields['feature_level']}, backup format "
@@ -253,7 +254,9 @@ async def _receive(session: Any, url: str, part: Path, headers: dict[str, str], 
             expected = answer.content_length
             digest = hashlib.sha256()
             tail = b""
-            with open(part, "wb") as file:
+            # every item is in it: readable by its owner only, as every file holding data or secrets
+            with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+                os.fchmod(file.fileno(), 0o600)  # a .part left by an earlier attempt keeps its mode otherwise
                 async for chunk in answer.content.iter_chunked(RECEIVE_CHUNK_BYTES):
                     file.write(chunk)  # an OSError (a full disk) is not the node's failure: it propagates
                     received += len(chunk)
@@ -296,7 +299,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     header = verify(args.path)  # a damaged or newer file is refused before anything else
     if args.check:
         print(json.dumps({"path": str(args.path), **header.fields}) if args.json
-              else describe(header, args.path, args.path.stat().st_size))
+              else describe(header, args.path, args.path.stat().st_size,
+                            "verified (its SHA-256 trailer and its header)"))
         return 0
     if args.queue is not None:
         return restore_queue(args)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import random
+import stat
 import subprocess
 import tempfile
 from collections import Counter
@@ -24,6 +25,7 @@ import pytest
 
 from rcq.backup.fileformat import verify
 from rcq.backup.queue_restore import restore_one_queue
+from rcq.cli import main as cli_main
 from rcq.cli.backup import BackupFailed, save_backup
 from rcq.client import RcqClient
 from rcq.errors import RcqError
@@ -96,7 +98,8 @@ async def _drain(urls: list[str], options: dict[str, Any], queue: str) -> list[b
             got.extend(batch)
 
 
-def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(tmp_path: Path) -> None:
+def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     queue, dead = "jobs", "jobs.dead"
     backup = tmp_path / "cluster.rcqbackup"
     with running_cluster() as cluster:
@@ -128,6 +131,10 @@ def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(tmp
 
         header = asyncio.run(run())
         assert verify(backup).fields == header.fields
+        assert stat.S_IMODE(backup.stat().st_mode) == 0o600  # every item is in it: its owner's only
+        capsys.readouterr()
+        assert cli_main(["restore", str(backup), "--check"]) == 0
+        assert capsys.readouterr().out.startswith(f"verified {backup} (")
         assert header["node_id"] != cluster.nodes[cluster.wait_for_leader(CLUSTER_WAIT_S)].node_id  # a follower
     index = header.index
     restored = restored_cluster(backup)

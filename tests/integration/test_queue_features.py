@@ -662,6 +662,9 @@ async def test_bad_settings_and_options_are_clear_400s_that_change_nothing(quiet
                 "operations": [{"op": "enqueue", "queue": queue, "items": ["z"], **options}]})
             if status != 400 or answer.get("error", {}).get("code") != "invalid_request":
                 problems.append(f"execute enqueue to {queue} {options}: {status} {answer}")
+        status, answer = await call("POST", f"/v1/queues/{source}/enqueue", {"items": ["z"], "priority": 3})
+        message = answer["error"]["message"]  # names the CLI's flag beside the route, and reads as English
+        assert f"rcq queue configure {source} --max-priority" in message and "'s max" not in message, message
         # Through the client and a transaction as well.
         with pytest.raises(InvalidRequest):
             await client.configure_queue(source, dead_letter_queue="no-such-queue")

@@ -54,6 +54,7 @@ async def test_a_full_queue_refuses_the_enqueue_and_the_transaction_stays_open(l
     with pytest.raises(QueueFull) as caught:
         manager.enqueue(tx.transaction_id, "q", [b"4"])
     assert caught.value.http_status == 429 and caught.value.details["queue"] == "q"
+    assert caught.value.message == "queue 'q' holds 2 items and this transaction adds 2: over its limit of 3 items"
     await manager.commit(tx.transaction_id)  # what it held still fits
     assert replicator.state_machine.count("q") == 3
 

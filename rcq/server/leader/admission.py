@@ -82,11 +82,12 @@ class Admission:
             reserved_items, reserved_cost = self._reserved.get(queue, (0, 0))
             max_items, max_bytes = state.effective_limits(queue, limits)
             if items > 0 and count_now + reserved_items + items > max_items:
-                raise QueueFull(f"queue {queue!r} holds {count_now + reserved_items} items; its limit is "
-                                f"{max_items}", details={"queue": queue, "max_items": max_items})
+                held = count_now + reserved_items  # committed, and reserved by commits still in flight
+                raise QueueFull(f"queue {queue!r} holds {held} items and this transaction adds {items}: over its "
+                                f"limit of {max_items} items", details={"queue": queue, "max_items": max_items})
             if cost > 0 and cost_now + reserved_cost + cost > max_bytes:
                 raise QueueFull(f"queue {queue!r} holds {cost_now + reserved_cost} bytes (items and their "
-                                f"bookkeeping); its limit is {max_bytes}",
+                                f"bookkeeping) and this transaction adds {cost}: over its limit of {max_bytes} bytes",
                                 details={"queue": queue, "max_bytes": max_bytes})
         if total > 0 and state.storage_cost + self._reserved_cost + total > limits.storage_bytes_max:
             raise StorageFull(f"the queues hold {state.storage_cost + self._reserved_cost} bytes (items and "

@@ -153,8 +153,9 @@ class OpenTransactions:
             features = self._replicator.read(lambda sm: sm.queue_features(queue))
             allowed = (features.max_priority if features is not None else None) or 0
             if options.priority > allowed:
-                raise InvalidRequest(f"priority {options.priority} is over queue {queue!r}'s max_priority {allowed} "
-                                     "(set it with PUT /v1/queues/{queue})",
+                raise InvalidRequest(f"priority {options.priority} is over the max_priority of queue {queue!r}, "
+                                     f"{allowed} (raise it with `rcq queue configure {queue} --max-priority N`, "
+                                     f"or PUT /v1/queues/{queue}, which replaces the settings left out)",
                                      details={"queue": queue, "max_priority": allowed})
         if key is not None and key in transaction.enqueue_keys:
             if transaction.enqueue_keys[key] != (queue, len(values)):
