@@ -30,6 +30,7 @@ the packages ``a`` and ``a.b`` too: Python runs their ``__init__`` first.
 
 from __future__ import annotations
 
+import ast
 from collections import deque
 from pathlib import Path
 
@@ -350,3 +351,63 @@ def test_each_broken_rule_is_reported(path, source, expected):
     files = {**CLEAN, path: source}
     problems = violations(files)
     assert any(expected in (p + " ") for p in problems), problems
+
+
+# ====================================================================== pysyncobj's private names
+PYSYNCOBJ_PRIVATE_HOME = "rcq/server/raft/internals.py"
+NOT_PYSYNCOBJ = frozenset({"self", "cls", "os", "sys"})  # self: a method replacing pysyncobj's own; os._exit
+
+
+def pysyncobj_private_names() -> frozenset[str]:
+    """Every private name pysyncobj's source defines or reads: ``_name``, and ``__name`` of a class
+    ``C`` as it is reached from outside (``_C__name``)."""
+    import pysyncobj
+
+    names: set[str] = set()
+    for source in Path(pysyncobj.__file__).parent.glob("*.py"):
+        tree = ast.parse(source.read_text())
+        for klass in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            for node in ast.walk(klass):
+                name = _defined_or_read(node)
+                if name and name.startswith("__") and not name.endswith("__"):
+                    names.add(f"_{klass.name}{name}")
+        names.update(name for node in ast.walk(tree)
+                     if (name := _defined_or_read(node)) and name.startswith("_") and not name.startswith("__"))
+    return frozenset(names)
+
+
+def _defined_or_read(node: ast.AST) -> str | None:
+    if isinstance(node, ast.FunctionDef):
+        return node.name
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+def private_reach_ins(files: dict[str, str], private: frozenset[str]) -> list[str]:
+    """``path:line name`` for each read or call of one of ``private`` on anything but ``self``,
+    outside the one module allowed to."""
+    found = []
+    for path, text in sorted(files.items()):
+        if path == PYSYNCOBJ_PRIVATE_HOME:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Attribute) and node.attr in private and not (
+                    isinstance(node.value, ast.Name) and node.value.id in NOT_PYSYNCOBJ):
+                found.append(f"{path}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_internals_module_reaches_into_pysyncobj():
+    rcq_files = {path: text for path, text in project_files().items() if path.startswith("rcq/")}
+    assert private_reach_ins(rcq_files, pysyncobj_private_names()) == []
+
+
+@pytest.mark.parametrize("source", [
+    "def is_up(sync_obj):\n    return sync_obj._isLeader()\n",
+    "def tick(replicator):\n    replicator._sync_obj._onTick(0.0)\n",
+    "def journal(sync_obj):\n    return sync_obj._SyncObj__raftLog\n",
+    "from pysyncobj import SyncObj\nSyncObj._checkCommandsToApply = None\n",
+])
+def test_a_reach_into_pysyncobj_outside_the_internals_module_is_caught(source):
+    private = pysyncobj_private_names()
+    assert private_reach_ins({"rcq/server/raft/new.py": source}, private) != []
+    assert private_reach_ins({PYSYNCOBJ_PRIVATE_HOME: source}, private) == []

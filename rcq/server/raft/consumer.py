@@ -19,7 +19,7 @@ from pysyncobj import SyncObj, SyncObjConsumer, replicated
 
 from rcq.server.core.commands import UNREADABLE_ENTRY, ApplyFailed, ApplyResult, Command
 from rcq.server.core.state_machine import QueueStateMachine
-from rcq.server.raft.internals import entry_term
+from rcq.server.raft.internals import entry_term, is_leader
 from rcq.server.raft.unreadable import entry_message, stop_unreadable
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def _leads_term_of_entry(sync_obj: SyncObj, index: int) -> bool:
     leader sent it; a proposal answered from there is answered "unknown" (safe: the client asks
     again and the new leader answers from the replicated outcome), never "committed".
     """
-    return bool(sync_obj._isLeader()) and entry_term(sync_obj, index) == int(sync_obj.raftCurrentTerm)
+    return is_leader(sync_obj) and entry_term(sync_obj, index) == int(sync_obj.raftCurrentTerm)
 
 
 class QueueConsumer(SyncObjConsumer):

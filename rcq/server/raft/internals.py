@@ -8,7 +8,12 @@ acknowledgement leaves, H8), the parts of a large entry received so far (H14, H2
 message handler, follower delete and leader start (patched, H5, H6, H8); and the TCP
 transport's connections, listener and methods (H13..H15: frame caps, linear buffers, a listener
 that survives EMFILE). Reaching in anywhere else is a bug;
-a pysyncobj upgrade is checked here first.
+a pysyncobj upgrade is checked here first. The methods that *replace* pysyncobj's own
+(rcq.server.raft.patches, transport_patches, reassembly, membership, and the FileJournal subclass
+of rcq.server.raft.wal) run as pysyncobj's objects and read their ``self``'s state as pysyncobj's
+code does; everything else goes through the functions here.
+``tests/unit/test_module_rules.py`` fails when a module but this one reads or calls a private
+name of pysyncobj's on anything but ``self``.
 
 Must not import: anything of rcq.
 """
@@ -127,6 +132,39 @@ def heartbeat_within(sync_obj: SyncObj, delay_s: float) -> None:
     at = raft_monotonic() + delay_s
     if float(sync_obj._SyncObj__newAppendEntriesTime) > at:
         sync_obj._SyncObj__newAppendEntriesTime = at
+
+
+def is_leader(sync_obj: SyncObj) -> bool:
+    """Whether this node leads now (pysyncobj's own test; its public ``getStatus`` builds a dict)."""
+    return bool(sync_obj._isLeader())
+
+
+def leader_of(sync_obj: SyncObj) -> Any:
+    """The node this one takes for the leader (a pysyncobj Node, or None)."""
+    return sync_obj._getLeader()
+
+
+def wrap_commands_to_apply(make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace SyncObj's ``_checkCommandsToApply`` (where a leader appends the proposals) with
+    ``make(the current one)``, for every instance."""
+    SyncObj._checkCommandsToApply = make(SyncObj._checkCommandsToApply)
+
+
+def tick_once(sync_obj: SyncObj) -> None:
+    """One tick of pysyncobj's, without waiting for events (``_onTick(0)``: receive what the
+    sockets hold, commit, apply, send, propose; the first one binds the Raft port). ``doTick``
+    is the public twin, but it ticks only a SyncObj made with ``autoTick=False``."""
+    sync_obj._onTick(0.0)
+
+
+def poller_of(sync_obj: SyncObj) -> Any:
+    """The poller the tick waits in (its ``poll`` is what rcq.server.raft.tick_wait bounds)."""
+    return sync_obj._poller
+
+
+def destroy_journal(journal: Any) -> None:
+    """Close a FileJournal opened outside a SyncObj (pysyncobj closes its own in ``destroy``)."""
+    journal._destroy()
 
 
 def last_applied(sync_obj: SyncObj) -> int:

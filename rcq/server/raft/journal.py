@@ -3,7 +3,7 @@
 Runs before pysyncobj opens its files; reads and rewrites the journal with pysyncobj's own
 FileJournal (so the format is pysyncobj's), replacing it by rename, never in place.
 
-Must not import: anything of rcq's but rcq.server.raft.snapshots.
+Must not import: anything of rcq's but rcq.server.raft.snapshots, wal, files and internals.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pysyncobj.journal import FileJournal
 
 from rcq.server.raft import wal
 from rcq.server.raft.files import fsync_path, replace_durably
+from rcq.server.raft.internals import destroy_journal
 from rcq.server.raft.snapshots import read_raft_data, remove_stale_files
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def _read_journal(journal_path: str) -> list[tuple[Any, int, int]]:
     try:
         return [journal[i] for i in range(len(journal))]
     finally:
-        journal._destroy()
+        destroy_journal(journal)
 
 
 def _rewrite_journal(journal_path: str, entries: list[tuple[Any, int, int]]) -> None:
@@ -113,7 +114,7 @@ def _rewrite_journal(journal_path: str, entries: list[tuple[Any, int, int]]) -> 
         for command, index, term in entries:
             journal.add(command, index, term)
     finally:
-        journal._destroy()
+        destroy_journal(journal)
     fsync_path(temporary)
     replace_durably(temporary, journal_path)
 

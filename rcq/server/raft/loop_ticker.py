@@ -43,7 +43,7 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.poller import POLL_EVENT_TYPE
 
-from rcq.server.raft.internals import redirect_proposal_wake
+from rcq.server.raft.internals import redirect_proposal_wake, tick_once
 from rcq.server.raft.tick_wait import time_to_next_tick
 
 logger = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class LoopTicker:
 
     def _run_tick(self) -> None:
         try:
-            self._sync_obj._onTick(0.0)
+            tick_once(self._sync_obj)
         except Exception:  # as pysyncobj's tick thread: log, and tick again at the next timer
             logger.exception("a Raft tick failed")
         self._last_tick_at = time.monotonic()

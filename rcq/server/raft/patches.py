@@ -35,6 +35,7 @@ from rcq.server.raft.internals import (
     replace_syncobj_method,
     set_commit_index,
     syncobj_method,
+    wrap_commands_to_apply,
 )
 
 logger = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ def install() -> None:
     replace_syncobj_method("sendNextNodeIdx", _syncing_before_acknowledgement(syncobj_method("sendNextNodeIdx")))
     replace_syncobj_method("onBecomeLeader", _syncing_after_append(syncobj_method("onBecomeLeader")))
     replace_syncobj_method("applyLogEntries", _commit_notice_with_the_next_message(syncobj_method("applyLogEntries")))
-    SyncObj._checkCommandsToApply = _syncing_after_append(SyncObj._checkCommandsToApply)
+    wrap_commands_to_apply(_syncing_after_append)
     SyncObj._rcq_fixes_installed = True
     logging.getLogger("pysyncobj.syncobj").addFilter(_DropMisleadingTruncationLine())
     membership.install()  # H16

@@ -47,7 +47,15 @@ from rcq.server.raft import membership, patches
 from rcq.server.raft.consumer import QueueConsumer
 from rcq.server.raft.digest import ForkedDigest
 from rcq.server.raft.hand_over import HandOver
-from rcq.server.raft.internals import default_journal, use_journal_factory, use_poller_factory, wake_tick_thread
+from rcq.server.raft.internals import (
+    default_journal,
+    is_leader,
+    leader_of,
+    tick_once,
+    use_journal_factory,
+    use_poller_factory,
+    wake_tick_thread,
+)
 from rcq.server.raft.journal import CompactionRepair, quiet_journal_open, repair_interrupted_compaction
 from rcq.server.raft.log_upkeep import LogUpkeep
 from rcq.server.raft.loop_calls import LoopCalls
@@ -180,7 +188,7 @@ class RaftReplicator:
             self._requests.set_wake(functools.partial(wake_tick_thread, self._sync_obj))
         try:
             if self._ticker is not None:
-                self._sync_obj._onTick(0.0)  # binds the Raft port (_check_bindable refused a taken one above)
+                tick_once(self._sync_obj)  # binds the Raft port (_check_bindable refused a taken one above)
                 self._ticker.start()
             elif self._auto_tick:
                 await asyncio.to_thread(self._sync_obj.waitBinded)
@@ -316,7 +324,7 @@ class RaftReplicator:
         return await self._digest.digest()
 
     def is_leader(self) -> bool:
-        return self._sync_obj is not None and not self._stopped and bool(self._sync_obj._isLeader())
+        return self._sync_obj is not None and not self._stopped and is_leader(self._sync_obj)
 
     @property
     def term(self) -> int:
@@ -325,7 +333,7 @@ class RaftReplicator:
     def leader_raft_address(self) -> str | None:
         if self._sync_obj is None or self._stopped:
             return None
-        leader = self._sync_obj._getLeader()
+        leader = leader_of(self._sync_obj)
         return str(leader) if leader is not None else None
 
     def request_snapshot(self) -> None:
@@ -394,7 +402,7 @@ class RaftReplicator:
     def _check_role(self) -> None:
         if self._sync_obj is None or self._stopped:
             return
-        role = (bool(self._sync_obj._isLeader()), int(self._sync_obj.raftCurrentTerm))
+        role = (is_leader(self._sync_obj), int(self._sync_obj.raftCurrentTerm))
         leader = self.leader_raft_address()
         if leader != self._seen_leader:
             if self._seen_leader is not None:
@@ -419,7 +427,7 @@ class RaftReplicator:
             return
         sync_obj = self._sync_obj
         with contextlib.suppress(RuntimeError):  # loop closed
-            if isinstance(result, BarrierResult) or (sync_obj is not None and sync_obj._isLeader()):
+            if isinstance(result, BarrierResult) or (sync_obj is not None and is_leader(sync_obj)):
                 self._to_loop.call(self._deliver_applied, listener, index, command, result)
             else:
                 # A follower's loop only notes what it applied (the clock): no wake-up for each

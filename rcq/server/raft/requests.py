@@ -24,6 +24,7 @@ from pysyncobj import FAIL_REASON, SyncObj
 
 from rcq.errors import CommitOutcomeUnknown, LeaderChanged, NoLeader, NotLeader, Unavailable
 from rcq.server.config import NodeConfig
+from rcq.server.raft.internals import is_leader
 from rcq.server.raft.loop_calls import LoopCalls
 from rcq.server.raft.protocol import Replicator, known_nodes
 
@@ -78,7 +79,7 @@ class RaftRequests:
     def leader_sync_obj(self) -> SyncObj:
         """The node's pysyncobj, when this node leads; else NotLeader or NoLeader."""
         sync_obj, _loop = self._running()
-        if not sync_obj._isLeader():
+        if not is_leader(sync_obj):
             raise self.not_leader_error()
         return sync_obj
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from pysyncobj import SyncObj
 
-from rcq.server.raft.internals import seconds_to_next_timer
+from rcq.server.raft.internals import poller_of, seconds_to_next_timer
 
 # The poller's wait is in whole milliseconds; waking a little after the deadline saves a tick
 # that would find the heartbeat not yet due and wait again for the remaining fraction.
@@ -42,7 +42,7 @@ def time_to_next_tick(sync_obj: SyncObj, longest_s: float) -> float:
 def wait_until_next_timer(sync_obj: SyncObj) -> None:
     """Make ``sync_obj``'s tick wait end at its next heartbeat or election deadline when that comes
     before the tick period ends (once; tick thread not yet started, or any time: one assignment)."""
-    poller = sync_obj._poller
+    poller = poller_of(sync_obj)
     if getattr(poller, "_rcq_timely", False):
         return
     poll: Callable[[float], Any] = poller.poll
