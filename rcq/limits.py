@@ -8,7 +8,8 @@ Must not import: anything of rcq (the client installs without the server).
 
 DEQUEUE_ITEMS_MAX = 10_000  # most items one dequeue may return
 TRANSACTION_TIMEOUT_MAX_S = 3600.0  # longest deadline a transaction may ask for
-COMMIT_BATCH_BYTES_MAX = 8 << 20  # most item bytes in one Raft entry, hence in one transaction
+TRANSACTION_BYTES_MAX = 8 << 20  # most item bytes one transaction may enqueue (headers included)
+COMMIT_ENTRY_BYTES_MAX = 8 << 20  # most item bytes the group committer puts into one Raft entry
 PRIORITY_MAX = 255  # highest priority an enqueue may carry (a queue's max_priority may be lower)
 DELAY_MAX_S = 7 * 86400.0  # longest delay_s / default_delay_s
 TTL_MAX_S = 365 * 86400.0  # longest ttl_s / default_ttl_s

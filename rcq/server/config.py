@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,7 +36,8 @@ from rcq.tokens import TokenEntry, TokenFormatError
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 HOST_PORT_PATTERN = r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$"
-# Fields renamed so that units and qualifiers come last: an old config file gets a clear error.
+# Fields renamed early on so that units and qualifiers come last: an old config file gets a clear
+# error. Settings renamed since are read for one release (RENAMED_STILL_READ, docs/upgrades.md).
 RENAMED_FIELDS = {
     "raft_min_timeout_s": "raft_timeout_min_s",
     "raft_max_timeout_s": "raft_timeout_max_s",
@@ -101,6 +103,15 @@ class PeerConfig(BaseModel):
     http_url: str = Field(pattern=r"^https?://", description="base URL clients use to reach it")
 
 
+log = logging.getLogger(__name__)
+
+# Settings renamed, read under their old name for one release (docs/upgrades.md): old -> new names.
+RENAMED_STILL_READ: dict[str, tuple[str, ...]] = {
+    # one name capped two things: a transaction's item bytes and the group committer's Raft entry
+    "commit_batch_bytes_max": ("transaction_bytes_max", "commit_entry_bytes_max"),
+}
+
+
 class NodeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -153,6 +164,9 @@ class NodeConfig(BaseModel):
     transactions_open_per_client_max: int = Field(
         2_500, ge=1, description="open transactions one principal (without tokens: one peer address) may "
                                  "hold on the leader before 429")
+    transaction_bytes_max: int = Field(
+        limits.TRANSACTION_BYTES_MAX, ge=1024, description="most item bytes (headers included) one transaction "
+                                                           "may enqueue; past it 413")
     transaction_lifetime_max_s: float = Field(
         4 * 3600.0, gt=0, description="longest a transaction may live, extends included; past it an extend "
                                       "is refused and the deadline aborts it")
@@ -218,8 +232,10 @@ class NodeConfig(BaseModel):
         None, ge=1, description="FOR TESTS ONLY: this node reads feature levels only up to this one, as a node of an "
                                 "older release would, to test refusals and stops (docs/upgrades.md)")
     commit_batch_units_max: int = Field(4096, ge=1, description="most commit units grouped into one Raft entry")
-    commit_batch_bytes_max: int = Field(
-        limits.COMMIT_BATCH_BYTES_MAX, ge=1024, description="most item bytes grouped into one Raft entry")
+    commit_entry_bytes_max: int = Field(
+        limits.COMMIT_ENTRY_BYTES_MAX, ge=1024, description="most item bytes the group committer puts into one "
+                                                            "Raft entry (one commit alone may carry up to "
+                                                            "commit_unit_bytes_max)")
     commit_unit_bytes_max: int = Field(
         64 << 20, ge=1024, description="most item bytes one commit (or commit_many) may carry: it is one Raft entry")
     commits_in_flight_max: int = Field(32, ge=1, description="Raft entries proposed but not yet applied")
@@ -269,6 +285,24 @@ class NodeConfig(BaseModel):
         None, gt=0, description="with durability=os: msync the Raft journal this often (None: never; the OS "
                                 "writes it back). Narrows the power-failure window, does not close it")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_renamed_settings(cls, data: Any) -> Any:
+        """A setting renamed is still read for one release, as what its new names say, with a
+        WARNING naming them (docs/upgrades.md); a new name given beside it wins."""
+        if not isinstance(data, dict) or not RENAMED_STILL_READ.keys() & data.keys():
+            return data
+        data = dict(data)
+        for old, new_names in RENAMED_STILL_READ.items():
+            if old not in data:
+                continue
+            value = data.pop(old)
+            for new in new_names:
+                data.setdefault(new, value)
+            log.warning("setting %s is renamed: read as %s; write %s instead (it is read until the next release)",
+                        old, " and ".join(new_names), " and ".join(new_names))
+        return data
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> NodeConfig:
         if self.journal_flush_interval_s is not None and self.durability != "os":
@@ -310,10 +344,13 @@ class NodeConfig(BaseModel):
             raise ValueError("raft_handshake_frame_bytes_max must not exceed raft_frame_bytes_max")
         if self.item_bytes_max > self.body_bytes_max:
             raise ValueError("item_bytes_max must not exceed body_bytes_max")
-        if self.item_bytes_max > self.commit_batch_bytes_max:
-            raise ValueError("item_bytes_max must not exceed commit_batch_bytes_max")
-        if self.commit_batch_bytes_max > self.commit_unit_bytes_max:
-            raise ValueError("commit_batch_bytes_max must not exceed commit_unit_bytes_max")
+        if self.item_bytes_max > self.transaction_bytes_max:
+            raise ValueError("item_bytes_max must not exceed transaction_bytes_max")
+        if self.transaction_bytes_max > self.commit_unit_bytes_max:
+            raise ValueError("transaction_bytes_max must not exceed commit_unit_bytes_max: a transaction's "
+                             "commit is one Raft entry")
+        if self.commit_entry_bytes_max > self.commit_unit_bytes_max:
+            raise ValueError("commit_entry_bytes_max must not exceed commit_unit_bytes_max")
         ids = [self.node_id, *(p.node_id for p in self.peers)]
         if len(set(ids)) != len(ids):
             raise ValueError("node_id and peers[].node_id must all differ")

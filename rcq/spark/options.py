@@ -39,7 +39,7 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 VALUE_TYPES = ("binary", "string")
 DEQUEUE_ITEMS_MAX = limits.DEQUEUE_ITEMS_MAX
 TRANSACTION_TIMEOUT_MAX_S = limits.TRANSACTION_TIMEOUT_MAX_S
-TRANSACTION_BYTES_MAX = limits.COMMIT_BATCH_BYTES_MAX  # per transaction
+TRANSACTION_BYTES_MAX = limits.TRANSACTION_BYTES_MAX  # per transaction
 TOKEN_CHARACTERS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: it travels in a header
 # Per enqueue options of the sink (docs/queue-features.md): the server's bounds, checked here first.
 

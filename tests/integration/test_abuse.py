@@ -409,7 +409,7 @@ async def test_a_dequeue_of_10000_huge_items_answers_at_most_the_answer_budget_a
     values = [f"{i:04d}".ljust(item_bytes, "x") for i in range(40)]
     fits = budget // item_bytes
     client = arena.bystander.client
-    for first in range(0, len(values), 4):  # 4 MiB per request, under commit_batch_bytes_max (8 MiB)
+    for first in range(0, len(values), 4):  # 4 MiB per request, under transaction_bytes_max (8 MiB)
         await client.enqueue("huge", *values[first:first + 4])
     assert (await arena.queue_info("huge"))["count"] == len(values)
 

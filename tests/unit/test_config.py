@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,9 @@ BASE = {"node_id": "n0", "http_port": 0, "raft_address": "127.0.0.1:7100", "data
 
 def test_defaults_come_from_one_place():
     config = load_config(None, **BASE)
-    assert (config.dequeue_items_max, config.transaction_timeout_max_s, config.commit_batch_bytes_max) == (
-        limits.DEQUEUE_ITEMS_MAX, limits.TRANSACTION_TIMEOUT_MAX_S, limits.COMMIT_BATCH_BYTES_MAX)
+    assert (config.dequeue_items_max, config.transaction_timeout_max_s, config.transaction_bytes_max,
+            config.commit_entry_bytes_max) == (limits.DEQUEUE_ITEMS_MAX, limits.TRANSACTION_TIMEOUT_MAX_S,
+                                               limits.TRANSACTION_BYTES_MAX, limits.COMMIT_ENTRY_BYTES_MAX)
     assert config.leader_fallback_timeout_s < config.raft_timeout_min_s < config.raft_timeout_max_s
 
 
@@ -133,3 +135,17 @@ def test_previous_cluster_secrets_are_checked_and_never_shown():
     fields = {k: v for k, v in BASE.items() if k != "cluster_secret"}
     with pytest.raises(InvalidRequest, match="needs cluster_secret"):
         load_config(None, **fields, insecure=True, cluster_secrets_previous=[previous])
+
+
+def test_a_renamed_setting_is_read_as_its_new_names_with_a_warning_naming_them(caplog: pytest.LogCaptureFixture):
+    with caplog.at_level(logging.WARNING, logger="rcq.server.config"):
+        config = load_config(None, **BASE, commit_batch_bytes_max=4 << 20)
+    assert (config.transaction_bytes_max, config.commit_entry_bytes_max) == (4 << 20, 4 << 20)
+    (record,) = [r for r in caplog.records if "commit_batch_bytes_max" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "transaction_bytes_max" in record.getMessage() and "commit_entry_bytes_max" in record.getMessage()
+
+
+def test_a_new_name_given_beside_the_old_one_wins():
+    config = load_config(None, **BASE, commit_batch_bytes_max=4 << 20, commit_entry_bytes_max=2 << 20)
+    assert (config.transaction_bytes_max, config.commit_entry_bytes_max) == (4 << 20, 2 << 20)

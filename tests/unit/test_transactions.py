@@ -340,7 +340,7 @@ async def test_an_item_removed_behind_the_views_back_is_never_handed_out(setup):
 
 async def test_a_commit_many_over_the_entry_limit_is_refused_and_changes_nothing():
     replicator = InMemoryReplicator()
-    config = make_config(commit_unit_bytes_max=8 << 20, commit_batch_bytes_max=4 << 20, item_bytes_max=1 << 20)
+    config = make_config(commit_unit_bytes_max=8 << 20, transaction_bytes_max=4 << 20, item_bytes_max=1 << 20)
     manager = TransactionManager(config, replicator, leader_url=lambda: None)
     await manager.start()
     await wait_until(lambda: manager.serving, 2)

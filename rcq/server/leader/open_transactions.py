@@ -164,10 +164,10 @@ class OpenTransactions:
         size = sum(len(v) for v in values)
         if headers is not None:
             size += sum(headers_bytes(h) for h in headers)  # what the state machine counts too
-        if transaction.enqueued_bytes + size > self._config.commit_batch_bytes_max:
+        if transaction.enqueued_bytes + size > self._config.transaction_bytes_max:
             raise PayloadTooLarge(
                 f"the transaction would hold {transaction.enqueued_bytes + size} bytes of items; "
-                f"the limit is {self._config.commit_batch_bytes_max}")
+                f"the limit is {self._config.transaction_bytes_max} (transaction_bytes_max)")
         if transaction.items_count + len(values) > self._config.transaction_items_max:
             raise PayloadTooLarge(
                 f"the transaction would hold {transaction.items_count + len(values)} items; the limit is "

@@ -86,7 +86,7 @@ class TransactionManager:
         self._committer = GroupCommitter(
             replicator,
             units_max=config.commit_batch_units_max,
-            bytes_max=config.commit_batch_bytes_max,
+            bytes_max=config.commit_entry_bytes_max,
             in_flight_max=config.commits_in_flight_max,
             timeout_s=config.commit_timeout_s,
             limits=admission.limits,
