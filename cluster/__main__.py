@@ -111,7 +111,7 @@ def open_cluster(args: argparse.Namespace) -> LocalCluster:
     return cluster
 
 
-def print_nodes(cluster: LocalCluster, leader: int) -> None:
+def print_nodes(cluster: LocalCluster, leader: int, stops_after_demo: bool = False) -> None:
     pids = cluster.pids()
     for node in cluster.nodes:
         role = "leader" if node.index == leader else "follower"
@@ -120,7 +120,8 @@ def print_nodes(cluster: LocalCluster, leader: int) -> None:
     secret_note = ("insecure: Raft traffic is not encrypted" if cluster.insecure
                    else "cluster secret in node-*/config.json (mode 0600)")
     say(f"logs: {cluster.base_dir}/node-*/node.log; {secret_note}")
-    say("to use it from a shell:")
+    say("to use it from a shell (it stops after the demo: --demo --stay, or ./run up, keeps one running):"
+        if stops_after_demo else "to use it from a shell:")
     say(f"  export RCQ_URLS={','.join(cluster.urls)}")
     if cluster.token is not None:
         say(f"  export RCQ_TOKEN=$(cat {cluster.base_dir / ADMIN_TOKEN_NAME})   # the admin token (mode 0600)")
@@ -211,7 +212,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster = open_cluster(args)
         cluster.start()
         leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
-        print_nodes(cluster, leader)
+        print_nodes(cluster, leader, stops_after_demo=args.demo and not args.stay)
         say("ready")
         if args.demo:
             asyncio.run(run_demo(cluster, leader))

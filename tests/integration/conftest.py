@@ -22,6 +22,7 @@ import pytest
 from rcq.testing.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S
 from tests.helpers.cluster import add_node_logs, running_cluster
+from tests.helpers.launcher import Launcher
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -41,3 +42,12 @@ def healthy_cluster(cluster: LocalCluster) -> LocalCluster:
     cluster.heal()
     cluster.wait_for_leader(LEADER_TIMEOUT_S)
     return cluster
+
+
+@pytest.fixture
+def launchers() -> Iterator[list[Launcher]]:
+    """Launchers (``python -m cluster``) a test starts; each one and its nodes gone after."""
+    started: list[Launcher] = []
+    yield started
+    for launcher in started:
+        launcher.cleanup()

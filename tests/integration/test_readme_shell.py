@@ -12,17 +12,19 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rcq.testing.cluster import LocalCluster
-from tests.helpers import CLUSTER_WAIT_S
+from tests.helpers import CLUSTER_WAIT_S, LAUNCHER_START_TIMEOUT_S
+from tests.helpers.launcher import REPO_ROOT, Launcher
 
 pytestmark = pytest.mark.cluster
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = REPO_ROOT / "README.md"
 MARKER = "<!-- tested: readme-shell"
 BLOCK = re.compile(re.escape(MARKER) + r"[^\n]*-->\n```(?:sh|bash)\n(.*?)\n```", re.DOTALL)
 
@@ -62,3 +64,50 @@ def test_the_readmes_shell_walk_through_runs_against_any_node(cluster: LocalClus
         values = sorted(item["value"] for item in dequeued["results"][0]["items"])
         assert values == sorted(["a", "b", *(f"via {url}" for url in cluster.urls)])
         assert followers and all(f"via {url}" in values for url in followers)  # followers answered plain curl
+
+
+# ------------------------------------------------------------------ the tour, against `./run up`'s cluster
+TOUR_BLOCK = re.compile(r"<!-- tested: readme-(cli|python|shell)[^\n]*-->\n```(?:sh|bash|python)\n(.*?)\n```", re.DOTALL)
+EXPORT_LINE = re.compile(r"^  (export RCQ_(?:URLS|TOKEN)=.*?)(?:\s+#.*)?$")
+
+
+def tour_blocks() -> list[tuple[str, str]]:
+    """The README's tested blocks, in the order a reader meets them: (kind, code)."""
+    blocks = TOUR_BLOCK.findall(README.read_text(encoding="utf-8"))
+    assert [kind for kind, _ in blocks] == ["cli", "python", "shell"], blocks
+    return blocks
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
+def test_the_readmes_tour_runs_as_written_in_order_against_the_cluster_run_up_starts(
+        launchers: list[Launcher]) -> None:
+    launcher = Launcher("up", "--nodes", "3")  # what `./run up` runs, after installing
+    launchers.append(launcher)
+    wait_for_line(launcher, "ready", LAUNCHER_START_TIMEOUT_S)
+    # the export lines exactly as the launcher printed them, as a reader pastes them
+    exports = [m[1] for m in map(EXPORT_LINE.match, launcher.lines) if m]
+    assert len(exports) == 2, launcher.output
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCQ_")}
+    shell_env = subprocess.run(["bash", "-c", "\n".join(exports) + "\nenv"], env=env, capture_output=True,
+                               text=True, check=True, timeout=CLUSTER_WAIT_S).stdout
+    env |= dict(line.split("=", 1) for line in shell_env.splitlines() if line.startswith("RCQ_"))
+    assert set(env) >= {"RCQ_URLS", "RCQ_TOKEN"}
+    outputs = []
+    for kind, code in tour_blocks():
+        command = [sys.executable, "-c", code] if kind == "python" else ["bash", "-c", "set -euo pipefail\n" + code]
+        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=CLUSTER_WAIT_S, check=False)
+        assert done.returncode == 0, f"{kind}: exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+        outputs.append(done.stdout)
+    cli, python, curl = outputs
+    assert cli.count("hello") >= 2 and "world" in cli, cli  # peeked, then dequeued with "world"
+    assert python.split() == ["b'order-2'", "2", "1"], python  # the head; orders and processing counts
+    assert all("error" not in answer for answer in json_lines(curl)), curl
+
+
+def wait_for_line(launcher: Launcher, line: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while line not in launcher.lines:
+        assert launcher.process.poll() is None, launcher.output
+        assert time.monotonic() < deadline, f"no {line!r} within {timeout_s} s:\n{launcher.output}"
+        time.sleep(0.05)
