@@ -27,6 +27,9 @@ is answered (up to ``LEADERSHIP_DRAIN_S``), then close 1001 (1012 if the node st
 Without it the node's HTTP shutdown would wait for each channel's handler, which a busy client
 keeps busy for ever.
 
+Over 400 lines because one class holds a channel's whole life (read, serve, answer, watch, close),
+whose parts share its state; the close codes are listed here, beside the code that sends them.
+
 Must not import: pysyncobj, lmdb.
 """
 
