@@ -26,6 +26,7 @@ from rcq.server.core.commands import ItemsAction, QueueSettings
 from rcq.server.leader.session import EnqueueStep, Session
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, wait_until
+from tests.helpers import LOCAL_WAIT_S, NODE_SERVING_TIMEOUT_S
 from tests.helpers.nodes import drain, enqueue_committed, make_config
 
 OVERHEAD = sm_module.ITEM_OVERHEAD_BYTES
@@ -35,7 +36,7 @@ async def started(**overrides: object) -> tuple[TransactionManager, InMemoryRepl
     replicator = InMemoryReplicator()
     manager = TransactionManager(make_config(**overrides), replicator, leader_url=lambda: None)
     await manager.start()
-    await wait_until(lambda: manager.serving, 2, message="serving")
+    await wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, message="serving")
     return manager, replicator
 
 
@@ -213,7 +214,7 @@ async def test_an_unknown_commit_that_never_applied_is_settled_and_its_items_fre
         with pytest.raises(CommitOutcomeUnknown):
             await manager.commit(tx.transaction_id)
         # a fence settles it: the entry was never appended, so the transaction is aborted
-        await wait_until(lambda: manager.locked_count("q") == 0, 5, message="locks freed")
+        await wait_until(lambda: manager.locked_count("q") == 0, LOCAL_WAIT_S, message="locks freed")
         assert manager.describe(tx.transaction_id)["state"] == "aborted"
         assert await drain(manager, "q") == [b"1"]
     finally:
@@ -229,7 +230,7 @@ async def test_an_unknown_commit_that_did_apply_ends_committed():
         replicator.lose_next_answers = 1
         with pytest.raises(CommitOutcomeUnknown):
             await manager.commit(tx.transaction_id)
-        await wait_until(lambda: manager.describe(tx.transaction_id)["state"] == "committed", 5,
+        await wait_until(lambda: manager.describe(tx.transaction_id)["state"] == "committed", LOCAL_WAIT_S,
                          message="committed")
         assert replicator.state_machine.count("q") == 0
     finally:
@@ -247,7 +248,7 @@ async def test_purge_aborts_the_transactions_holding_its_items(limited):
     manager.enqueue(producer.transaction_id, "q", [b"3"])
     waiter = manager.begin()
     waiting = asyncio.ensure_future(manager.dequeue(waiter.transaction_id, "q", wait_ms=2000))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: manager.dequeues_waiting("q") == 1, LOCAL_WAIT_S, message="the dequeue waiting")
     result = await manager.change_queue("q", "purge")
     assert result.removed == 2
     with pytest.raises(TransactionAborted, match="queue_purged"):
@@ -297,7 +298,7 @@ async def test_a_forgotten_outcome_is_never_answered_as_a_definite_abort(monkeyp
     manager = TransactionManager(make_config(), replicator, leader_url=lambda: None)
     await manager.start()
     try:
-        await wait_until(lambda: manager.serving, 2, message="serving")
+        await wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, message="serving")
         await enqueue_committed(manager, "q", b"2")  # an entry later than the retention forgets it
         assert replicator.state_machine.outcome(tx.transaction_id) is None
         with pytest.raises(OutcomeExpired) as caught:
@@ -336,7 +337,8 @@ async def test_a_dequeue_sent_again_while_the_first_is_still_running_gets_the_sa
             await manager.change_queue("q", "configure", settings=QueueSettings(max_deliveries=max_deliveries))
         tx = manager.begin()
         first = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1, wait_ms=2000, key="k"))
-        await asyncio.sleep(0.05)  # the first attempt waits for an item (nothing queued yet)
+        await wait_until(lambda: manager.dequeues_waiting("q") == 1, LOCAL_WAIT_S,
+                         message="the first attempt waiting for an item (nothing queued yet)")
         await enqueue_committed(manager, "q", b"1", b"2", b"3")
         again = await manager.dequeue(tx.transaction_id, "q", 1, wait_ms=2000, key="k")  # the re-sent one
         taken = await first
@@ -357,7 +359,7 @@ async def a_dequeue_recording_its_delivery(manager: TransactionManager, replicat
     replicator.hold_submits = True
     dequeue = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1, key=key))
     await wait_until(lambda: any(isinstance(u, ItemsAction) for c in replicator.submitted
-                                 for u in getattr(c, "units", ())), 2, message="the delivery entry proposed")
+                                 for u in getattr(c, "units", ())), LOCAL_WAIT_S, message="the delivery entry proposed")
     return tx, dequeue
 
 

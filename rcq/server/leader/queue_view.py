@@ -260,6 +260,11 @@ class QueueView:
         self._waiters = waiters
         self.wake_waiters()
 
+    @property
+    def waiting(self) -> int:
+        """Dequeues waiting for items (a long poll) on this queue now."""
+        return sum(1 for future in self._waiters if not future.done())
+
     def waiter(self) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)

@@ -341,6 +341,11 @@ class TransactionManager:
                       may_redrive_to: Callable[[str], bool] = lambda _: True) -> dict[str, int]:
         return await self._queues.redrive(dead_letter_queue, max_items, source_queue, may_redrive_to)
 
+    def dequeues_waiting(self, queue: str) -> int:
+        """Dequeues on ``queue`` waiting for items now (for the metrics and the tests)."""
+        view = self._leader.views.get(queue)
+        return view.waiting if view is not None else 0
+
     def queue_counts(self, queue: str) -> dict[str, int] | None:
         return self._queues.queue_counts(queue)
 
