@@ -39,6 +39,6 @@ def keep_heap_top(kept_bytes: int = HEAP_TOP_KEPT_BYTES) -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    taken = mallopt(M_TRIM_THRESHOLD, kept_bytes) == 1
+    taken = bool(mallopt(M_TRIM_THRESHOLD, kept_bytes) == 1)
     logger.debug("heap top kept up to %d bytes: %s", kept_bytes, taken)
     return taken

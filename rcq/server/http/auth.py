@@ -43,7 +43,8 @@ def presented_token(authorization: str | None) -> str | None:
 
 
 def principal_of(request: web.Request) -> Principal:
-    return request.get(PRINCIPAL, OPEN)
+    principal: Principal = request.get(PRINCIPAL, OPEN)
+    return principal
 
 
 def authenticate(request: web.Request, registry: TokenRegistry) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from aiohttp import web
@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _float_to_go_string
 
 from rcq.server.config import NodeConfig
 from rcq.server.core.features import level_max_read
@@ -44,6 +44,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 # Routes counted but not timed: a WebSocket session lasts as long as its client keeps it, so its
 # whole life would swamp the request-duration histogram without saying how fast the node answers.
 UNTIMED_ROUTES = frozenset({"/v1/session"})
+
+# prometheus-client's own formatting of a bound (untyped there: given its type here)
+float_to_go_string: Callable[[float], str] = _float_to_go_string
 
 
 class _QueueFamilies(NamedTuple):
@@ -213,7 +216,7 @@ class HotHistogram(Collector):
         counts, cumulative, buckets = list(self._counts), 0, []
         for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
             cumulative += count
-            buckets.append((floatToGoString(bound), cumulative))  # the le label as prometheus-client writes it
+            buckets.append((float_to_go_string(bound), cumulative))  # the le label as prometheus-client writes it
         yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets, sum_value=self._sum)
 
 

@@ -69,7 +69,7 @@ class ItemRules:
             self._leaving.setdefault(queue, set()).update(item_ids)
         futures: list[asyncio.Future[Any]] = []
         for chunk in chunks(item_ids):
-            future = self._committer.commit(ItemsAction(action, queue, chunk, note), 16 * len(chunk))  # type: ignore[arg-type]
+            future = self._committer.commit(ItemsAction(action, queue, chunk, note), 16 * len(chunk))  # type: ignore[arg-type]  # action: a str the callers take from the Literal
             future.add_done_callback(functools.partial(self._settled, queue=queue, item_ids=chunk))
             futures.append(future)
         return futures

@@ -72,7 +72,7 @@ class QueueAdmin:
         if action == "delete" and users:
             raise _in_use_error(queue, users)
         change = QueueChange(term=self._leader.serving_term, now_ms=self._clock.now_ms(), queue=queue,
-                             action=action, max_items=max_items, max_bytes=max_bytes,  # type: ignore[arg-type]
+                             action=action, max_items=max_items, max_bytes=max_bytes,  # type: ignore[arg-type]  # action: checked against the Literal by the route
                              settings=settings if settings != QueueSettings() else None)
         result = await self._replicator.submit(change, self._config.commit_timeout_s)
         if not isinstance(result, QueueChangeResult):

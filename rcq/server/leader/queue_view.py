@@ -256,7 +256,7 @@ class QueueView:
         """The queue was purged or deleted: nothing is available or locked any more; waiters look again."""
         max_deliveries = self.max_deliveries
         waiters = self._waiters
-        self.__init__(max_deliveries)  # type: ignore[misc]
+        self.__init__(max_deliveries)  # type: ignore[misc]  # a reset in place: waiters keep their view
         self._waiters = waiters
         self.wake_waiters()
 

@@ -37,7 +37,7 @@ def _leads_term_of_entry(sync_obj: SyncObj, index: int) -> bool:
     return is_leader(sync_obj) and entry_term(sync_obj, index) == int(sync_obj.raftCurrentTerm)
 
 
-class QueueConsumer(SyncObjConsumer):
+class QueueConsumer(SyncObjConsumer):  # type: ignore[misc]  # pysyncobj ships no types: its base is Any
     """Holds the state machine; its one replicated method is the log's only entry point.
 
     A consumer rather than a SyncObj subclass: it is complete before SyncObj
@@ -58,7 +58,7 @@ class QueueConsumer(SyncObjConsumer):
         # callback reads this for its own entry (both on the tick thread).
         self.applied_by_its_leader = False
 
-    @replicated
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj's, untyped: the method is called as replicated
     def apply_command(self, raw: Any) -> ApplyResult:
         # raftLastApplied is incremented only after this returns, so +1 is the
         # index of the entry being applied.

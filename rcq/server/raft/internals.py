@@ -75,12 +75,14 @@ def commands_queued(sync_obj: SyncObj) -> int:
 
 def proposals_waiting(sync_obj: SyncObj) -> dict[int, list[tuple[int, Callable[[Any, int], None]]]]:
     """index -> [(term, callback)] of proposals made here, waiting for their entry to apply."""
-    return sync_obj._SyncObj__commandsWaitingCommit
+    waiting: dict[int, list[tuple[int, Callable[[Any, int], None]]]] = sync_obj._SyncObj__commandsWaitingCommit
+    return waiting
 
 
 def syncobj_method(name: str) -> Callable[..., Any]:
     """SyncObj's private method ``__<name>``, as the class holds it."""
-    return getattr(SyncObj, f"_SyncObj__{name}")
+    method: Callable[..., Any] = getattr(SyncObj, f"_SyncObj__{name}")
+    return method
 
 
 def replace_syncobj_method(name: str, method: Callable[..., Any]) -> None:
@@ -123,7 +125,7 @@ def seconds_to_next_timer(sync_obj: SyncObj) -> float:
         deadline = sync_obj._SyncObj__newAppendEntriesTime
     else:
         deadline = sync_obj._SyncObj__raftElectionDeadline
-    return float(deadline) - raft_monotonic()
+    return float(deadline) - float(raft_monotonic())
 
 
 def heartbeat_within(sync_obj: SyncObj, delay_s: float) -> None:

@@ -251,8 +251,8 @@ class RaftReplicator:
             if fail_reason == FAIL_REASON.SUCCESS and not self._consumer.applied_by_its_leader:
                 # Raft's rule: only the leader that proposed an entry, still leading that term,
                 # answers "committed" for it (rcq.server.raft.consumer._leads_term_of_entry).
-                return FAIL_REASON.UNKNOWN_OUTCOME
-            return fail_reason
+                return int(FAIL_REASON.UNKNOWN_OUTCOME)
+            return int(fail_reason)
 
         try:
             result, fail_reason = await self._requests.answer_of(
@@ -261,7 +261,8 @@ class RaftReplicator:
             raise CommitOutcomeUnknown(f"no commit answer within {timeout_s} s; the entry may "
                                        "still commit") from exc
         if fail_reason == FAIL_REASON.SUCCESS:
-            return result
+            applied: ApplyResult = result
+            return applied
         raise self._requests.error_for(fail_reason)
 
     # ----------------------------------------------------------- membership

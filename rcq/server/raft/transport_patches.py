@@ -157,7 +157,7 @@ def _front_frame(conn: Any, buffer: bytearray) -> int | None:
     limits: FrameLimits = getattr(conn, _LIMITS, FrameLimits())
     limit = limits.authenticated_bytes_max if authenticated else limits.handshake_bytes_max
     if 0 <= length <= limit:
-        return length
+        return int(length)
     _warn_refused_frame(_peer(conn), length, limit, authenticated)
     conn.disconnect()
     return _REFUSED
