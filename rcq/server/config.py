@@ -214,7 +214,7 @@ class NodeConfig(BaseModel):
                                       "(the connection's write buffer); past it the node stops reading that channel")
     session_unsent_timeout_s: float = Field(
         30.0, gt=0, description="a session channel whose unsent answers stay past session_unsent_bytes_max this long "
-                                "is closed (4000); its close frame then gets as long to be taken before the "
+                                "is closed (4000); its close frame then gets as long (at least 5 s) to be taken before the "
                                 "connection is dropped")
 
     # --- commits

@@ -60,7 +60,7 @@ LIMITS: dict[str, str] = {
     "session_unsent_bytes_max": "answer bytes written to a channel and not yet taken by its client; past it the "
                                 "node stops reading the channel until they are taken",
     "session_unsent_timeout_s": "unsent answers past session_unsent_bytes_max this long: the channel is closed "
-                                "(4000); a close not taken within as long again ends the connection",
+                                "(4000); a close not taken within as long again (at least 5 s) ends the connection",
 }
 
 # One valid request of each op (without its id): the documented messages' examples.

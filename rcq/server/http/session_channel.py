@@ -20,7 +20,7 @@ it, the node stops reading that channel until answers go out (TCP back-pressure)
 nothing. Answers the client does not take stay in the connection's write buffer, and aiohttp
 waits for it to drain only about once per 64 KiB: so the node also stops reading while more than
 ``session_unsent_bytes_max`` bytes are unsent, and closes the channel (4000) when that lasts
-``session_unsent_timeout_s``; a close not taken within as long again drops the connection. What
+``session_unsent_timeout_s``; a close not taken within as long again (at least 5 s) drops the connection. What
 one client can make the node hold is bounded by configuration, whatever it does. When the node stops, :func:`close_all` ends every
 channel the same way: frames that arrive from then on are refused (503, not run), what is in flight
 is answered (up to ``LEADERSHIP_DRAIN_S``), then close 1001 (1012 if the node stopped leading).
@@ -71,6 +71,11 @@ HOUSEKEEPING_INTERVAL_S = 1.0  # token, leadership, idleness and unsent answers 
 LEADERSHIP_DRAIN_S = 5.0  # after leadership ends, in-flight requests get this long to be answered
 UNSENT_POLL_S = 0.02  # while a channel's unsent answers are past the bound, the reader looks this often
 CLOSE_ANSWER_TIMEOUT_S = 10.0  # after its close frame, the node waits this long for the client's (aiohttp's default)
+# The unsent answers and the close frame get at least this long to be taken: a client that stopped
+# reading for a while and reads again is noticed by the node's TCP only at its next zero-window
+# probe, and those back off (0.2, 0.4, 0.8, 1.6 s...). Seen in tests: a 1 s grace dropped a client
+# that was reading.
+UNREAD_CLOSE_GRACE_MIN_S = 5.0
 
 # Frames are parsed as HTTP bodies are (handlers.parse_json: pydantic's parser, 0.55 us a request
 # frame against orjson's 0.41 and json's 3.4) and answers written as HTTP's are (handlers.render_json).
@@ -387,12 +392,15 @@ class _Channel:
 
     async def _close_now(self, grace_s: float | None) -> None:
         """The close frame goes behind the answers the client has not read: if they are not taken
-        within ``grace_s`` (``session_unsent_timeout_s``), the connection is dropped, and what is
+        within ``grace_s`` (``session_unsent_timeout_s``, at least ``UNREAD_CLOSE_GRACE_MIN_S``),
+        the connection is dropped, and what is
         unsent with it; else aiohttp's close waits for the peer's close frame (reading and dropping
         what comes before it) up to ``CLOSE_ANSWER_TIMEOUT_S``, then ends the connection."""
         closing = self._closing or _Closing(WSCloseCode.OK, "")
         try:
-            async with asyncio.timeout(self._config.session_unsent_timeout_s if grace_s is None else grace_s):
+            if grace_s is None:
+                grace_s = max(self._config.session_unsent_timeout_s, UNREAD_CLOSE_GRACE_MIN_S)
+            async with asyncio.timeout(grace_s):
                 while self.unsent_bytes() > 0:
                     await asyncio.sleep(UNSENT_POLL_S)
             async with asyncio.timeout(CLOSE_ANSWER_TIMEOUT_S + HOUSEKEEPING_INTERVAL_S):  # aiohttp's own, and a margin
