@@ -54,7 +54,7 @@ import aiohttp
 
 from bench.cpu import CpuWatch, local_pids, print_cpu_table
 from bench.scenarios import ITEM_100_BYTES, SCENARIOS, SYNC_SCENARIOS, Target, fresh_cluster, prefill, run_scenario
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 
 
 # ------------------------------------------------------------------ failover

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scenarios import Target, fresh_cluster, prefill
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 
 QUEUE = "backup-bench"
 LOAD_QUEUE = "backup-bench-load"

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from rcq.client import RcqClient, SyncClient
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 
 ITEM_100_BYTES = b"x" * 100
 # What an OpenTelemetry producer puts on an item: a W3C traceparent (55 bytes) and a tracestate.

@@ -48,7 +48,7 @@ from typing import Any
 import aiohttp
 
 from rcq.client import RcqClient, RcqError
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 
 QUEUE = "soak"
 ITEM_OVERHEAD_BYTES = 160  # what the server counts per item besides its bytes (rcq.server.core.state_machine)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scenarios import Target, fresh_cluster, run_scenario
-from rcq.testing.cluster import ADMIN_TOKEN_NAME
+from rcq.local.cluster import ADMIN_TOKEN_NAME
 
 
 def make_spark(master: str, config: dict[str, str] | None = None) -> Any:

@@ -60,8 +60,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
-from rcq.testing.nodes import HOST, LOG_TAIL_BYTES, STOP_TIMEOUT_S, free_ports, read_tail
-from rcq.testing.polls import deadline_loop, http_json, poll_until
+from rcq.local.nodes import HOST, LOG_TAIL_BYTES, STOP_TIMEOUT_S, free_ports, read_tail
+from rcq.local.polls import deadline_loop, http_json, poll_until
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ import orjson
 from aiohttp import web
 
 from bench.cpu import cpu_seconds
-from rcq.testing.nodes import free_ports
-from rcq.testing.polls import poll_until
+from rcq.local.nodes import free_ports
+from rcq.local.polls import poll_until
 
 REQUEST = {"op": "execute", "operations": [{"op": "enqueue", "queue": "bench", "items": ["x" * 100]}],
            "idempotency_key": "rcq-retry:" + "0" * 32}

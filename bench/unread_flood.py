@@ -29,7 +29,7 @@ from pathlib import Path
 
 import aiohttp
 
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 
 RECEIVE_BUFFER_BYTES = 4096
 BATCH = 1000

@@ -47,7 +47,7 @@ from chaos.docker_cluster import COMPOSE_NODES, DockerError, docker_compose_erro
 from chaos.nemesis import DOCKER_KINDS, KINDS, check_target, parse_kinds
 from chaos.powerfs import fuse_unavailable_reason
 from chaos.runner import RunConfig, run
-from rcq.testing.releases import ReleaseUnavailable
+from rcq.local.releases import ReleaseUnavailable
 
 DOCKER_INFO_TIMEOUT_S = 20.0
 

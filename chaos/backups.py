@@ -216,7 +216,7 @@ class BackupNemesis:
 
     def _restore_and_read(self, path: Path, header: Header) -> dict[str, Any]:
         """Restore ``path`` into a 1-node scratch cluster; its probe items, digest and identity."""
-        from rcq.testing.cluster import LocalCluster
+        from rcq.local.cluster import LocalCluster
 
         duplicated_values = _values_in_two_places(path)
         # Its own temporary directory, removed on close; not a `with` block, which would start it

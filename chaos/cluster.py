@@ -1,6 +1,6 @@
 """The local chaos target: rcq's loopback cluster harness with the proxy in front of every link.
 
-:class:`ChaosCluster` is :class:`rcq.testing.cluster.LocalCluster` (node processes, their
+:class:`ChaosCluster` is :class:`rcq.local.cluster.LocalCluster` (node processes, their
 files, kill -9 / SIGSTOP / wipe, the HTTP polls and bounded waits) plus only what chaos
 adds: its own fault-injecting proxy (chaos.netproxy) on every Raft link and every client
 link, nodes configured with the proxy's addresses, and node settings that make faults
@@ -25,7 +25,7 @@ so the proxy links made at start stay right. New nodes (``add_node``) are refuse
 made for the first nodes only.
 
 **Two releases** (the ``upgrade`` nemesis): given ``previous_release`` (a release of rcq from the
-repository's history, :mod:`rcq.testing.releases`), the nodes start as the code under test and the
+repository's history, :mod:`rcq.local.releases`), the nodes start as the code under test and the
 nemesis restarts one at a time into that release and back (:meth:`LocalCluster.restart_node_as`,
 which writes an old node only the config fields its release knows; ``raft_dial_addresses``, the
 proxy's wiring, is one of them). A killed or power-cut node restarts into the release it ran.
@@ -56,10 +56,10 @@ from typing import Any, NoReturn, Self
 from chaos.netproxy import HOST, ProxyThread
 from chaos.powerfs import PowerFSError, PowerMount, close_all
 from chaos.target import TARGET_START_TIMEOUT_S, client_link, raft_link
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.nodes import STOP_TIMEOUT_S, LocalNode, free_ports
-from rcq.testing.polls import POLL_TIMEOUT_S, poll_until
-from rcq.testing.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
+from rcq.local.cluster import LocalCluster
+from rcq.local.nodes import STOP_TIMEOUT_S, LocalNode, free_ports
+from rcq.local.polls import POLL_TIMEOUT_S, poll_until
+from rcq.local.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,9 @@ CHAOS_NODE_OVERRIDES: dict[str, Any] = {
 
 
 def previous_release(directory: Path) -> Release:
-    """The previous release of rcq (rcq.testing.releases.PREVIOUS_RELEASE) made runnable in
+    """The previous release of rcq (rcq.local.releases.PREVIOUS_RELEASE) made runnable in
     ``directory`` from this repository's history, for the ``upgrade`` nemesis. Raises
-    rcq.testing.releases.ReleaseUnavailable, naming the commit, when the history does not hold it
+    rcq.local.releases.ReleaseUnavailable, naming the commit, when the history does not hold it
     (a shallow clone, an exported tree)."""
     return materialise(PREVIOUS_RELEASE, directory, PREVIOUS_RELEASE_NAME)
 

@@ -39,7 +39,7 @@ Nodes run with the compose file's configuration (no ``--node-override``) on
 the fixed host ports 127.0.0.1:7001..7003, so one such project runs at a time.
 
 The HTTP views and bounded waits are the cluster harness's own
-(:class:`rcq.testing.polls.PolledCluster`, asking the published ports); this
+(:class:`rcq.local.polls.PolledCluster`, asking the published ports); this
 module adds only the docker CLI behind each action. It implements
 :class:`chaos.target.ChaosTarget` with whole-node isolation and no per-link faults.
 
@@ -58,7 +58,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from chaos.target import TARGET_START_TIMEOUT_S
-from rcq.testing.polls import PolledCluster
+from rcq.local.polls import PolledCluster
 from rcq.tokens import new_token
 
 COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"

@@ -45,7 +45,7 @@ from typing import Any, Protocol, cast
 from chaos.membership import READD_TIMEOUT_S, REMOVE_TIMEOUT_S, MembershipChanger
 from chaos.netproxy import HEALTHY, LinkFault
 from chaos.target import ChaosTarget, LinkFaults, client_link, membership_control, raft_link
-from rcq.testing.polls import poll_until
+from rcq.local.polls import poll_until
 
 PAUSE_S = (2.0, 5.0)  # above raft_timeout_max_s (1.6 s): the others elect a new leader meanwhile
 WIPE_CATCH_UP_S = 60.0
@@ -72,7 +72,7 @@ def power_failure(cluster: object) -> PowerFailure | None:
 class ReleaseSwitch(Protocol):
     """Nodes restarted into another release of rcq (chaos.cluster.ChaosCluster given one)."""
 
-    previous_release: Any  # an rcq.testing.releases.Release
+    previous_release: Any  # an rcq.local.releases.Release
 
     def restart_node_as(self, i: int, release: Any, wait: bool = True, timeout_s: float | None = None) -> int:
         """Stop node ``i`` (if it runs) and start it on its data as ``release`` (None: the code

@@ -75,7 +75,7 @@ class NodeIsolation(Protocol):
 
 class TokenIssuer(Protocol):
     """Adds a token of principal ``name`` with ``grants`` to what every node accepts, and returns
-    it once the nodes accept it (rcq.testing.cluster.LocalCluster.add_token)."""
+    it once the nodes accept it (rcq.local.cluster.LocalCluster.add_token)."""
 
     def add_token(self, name: str, grants: Iterable[Mapping[str, Any]] = ..., admin: bool = ...) -> str: ...
 

@@ -3,7 +3,7 @@
     python -m cluster up [--nodes N] [--base-port P] [--data-dir DIR] [--insecure] [--no-auth] [--tls]
                          [--restore BACKUP] [--keep] [--demo [--stay]] [--log-level LEVEL]
 
-Starts N node processes (a :class:`rcq.testing.cluster.LocalCluster`), waits for a
+Starts N node processes (a :class:`rcq.local.cluster.LocalCluster`), waits for a
 serving leader, prints every node's URL and pid and which one leads, then runs
 until Ctrl-C or SIGTERM, when it stops every node and exits 0. ``--demo`` runs a
 short walk through the queue semantics with the async client (:mod:`rcq.client`)
@@ -37,8 +37,8 @@ from types import FrameType
 
 from rcq.client import RcqClient
 from rcq.errors import RcqError
-from rcq.testing.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
-from rcq.testing.polls import NodeStartError
+from rcq.local.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
+from rcq.local.polls import NodeStartError
 
 LEADER_TIMEOUT_S = 60.0
 DEMO_QUEUE = "demo"

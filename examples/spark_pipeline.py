@@ -137,7 +137,7 @@ def write_again_after_a_failover(write: Callable[[], None], attempts: int = BATC
 def kill_executor_after_first_batch(standalone: Any, spark: Any) -> Callable[[Any], None]:
     """``during_stream``: once the query has finished a micro-batch that read rows, SIGKILL the
     application's executor and wait for the worker to start its replacement; says what it did."""
-    from rcq.testing.polls import deadline_loop
+    from rcq.local.polls import deadline_loop
 
     def during(query: Any) -> None:
         app_id = spark.sparkContext.applicationId
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = None
     options: dict[str, str] = {}
     if args.urls is None:
-        from rcq.testing.cluster import ADMIN_TOKEN_NAME, LocalCluster
+        from rcq.local.cluster import ADMIN_TOKEN_NAME, LocalCluster
 
         cluster = LocalCluster(nodes=3)
         options["tokenFile"] = str(cluster.base_dir / ADMIN_TOKEN_NAME)

@@ -81,7 +81,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
 
-from rcq.testing.polls import deadline_loop
+from rcq.local.polls import deadline_loop
 
 START_TIMEOUT_S = 20.0  # mount and FUSE_INIT on a loaded 2-core machine
 REQUEST_TIMEOUT_S = 30.0  # one control request (a cut copies every unsynced page of the mount)

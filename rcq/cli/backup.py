@@ -355,7 +355,7 @@ def seed_nodes(backup: Path, nodes: list[tuple[Path, str, list[str]]], new_ident
 
 
 def restore_local_cluster(args: argparse.Namespace) -> int:
-    from rcq.testing.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
+    from rcq.local.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
 
     directory: Path = args.data_dir
     if (directory / MANIFEST_NAME).exists() or (directory.exists() and any(directory.iterdir())):

@@ -17,13 +17,13 @@ clients through :meth:`LocalCluster.client_options`; :meth:`~LocalCluster.add_to
 :meth:`~LocalCluster.revoke_token` change every node's tokens file (nodes re-read it within a
 second; both wait until they have). ``auth=False``: no tokens at all, which a node allows
 because it binds 127.0.0.1 only. **TLS** (``tls=True``): the nodes serve HTTPS with
-certificates of a CA made for the cluster (:mod:`rcq.testing.tls`); every URL is
+certificates of a CA made for the cluster (:mod:`rcq.local.tls`); every URL is
 ``https://``, and clients verify the nodes against ``ca_file``. With
 ``tls_client_certificates=True`` the nodes also require a client certificate of that CA
 (mutual TLS): the harness makes one (``client_cert``) and presents it itself.
 
-**Releases** (:mod:`rcq.testing.releases`): a node runs the code under test unless it is given a
-:class:`~rcq.testing.releases.Release`, another version of rcq from this repository's history:
+**Releases** (:mod:`rcq.local.releases`): a node runs the code under test unless it is given a
+:class:`~rcq.local.releases.Release`, another version of rcq from this repository's history:
 ``LocalCluster(3, release=previous)`` starts every node of that release, and
 :meth:`LocalCluster.restart_node_as` restarts one node into another release (or, with None, into
 the code under test), as a rolling upgrade does. A node of a release gets a config file with only
@@ -44,8 +44,8 @@ Layout of ``base_dir``::
 
 The harness is split by job: this module owns the cluster's files and the lifecycle of its
 nodes (start, stop, kill -9, SIGSTOP/SIGCONT, wipe, heal, close); a node's ports, files and
-process mechanics are :mod:`rcq.testing.nodes`; polling the nodes over HTTP and the bounded
-waits (leader, applied, convergence) are :mod:`rcq.testing.polls`, which this class extends.
+process mechanics are :mod:`rcq.local.nodes`; polling the nodes over HTTP and the bounded
+waits (leader, applied, convergence) are :mod:`rcq.local.polls`, which this class extends.
 Node indices are 0-based; node ``i`` has node id ``node-i``.
 
 Must not import: rcq.server (nodes are separate processes; the token model, what a tokens file
@@ -66,8 +66,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
-from rcq.private_files import read_private, write_private
-from rcq.testing.nodes import (
+from rcq.local.nodes import (
     HOST,
     LOG_TAIL_BYTES,
     STOP_TIMEOUT_S,
@@ -76,9 +75,10 @@ from rcq.testing.nodes import (
     free_ports,
     read_tail,
 )
-from rcq.testing.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
-from rcq.testing.releases import Release
-from rcq.testing.tls import CA_NAME, CertFiles, write_ca, write_certificate
+from rcq.local.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
+from rcq.local.releases import Release
+from rcq.local.tls import CA_NAME, CertFiles, write_ca, write_certificate
+from rcq.private_files import read_private, write_private
 from rcq.tokens import Grant, TokenEntry, new_token, parse_tokens_file, token_hash, tokens_file_text
 
 log = logging.getLogger(__name__)

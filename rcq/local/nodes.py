@@ -8,8 +8,8 @@ nothing else), stop it, forget it. Also here: free loopback ports, files only th
 may read, the tail of a log.
 
 What a cluster does with its nodes (configs, the manifest, heal, close) is
-:mod:`rcq.testing.cluster`; what nodes say over HTTP and the waits on it is
-:mod:`rcq.testing.polls`.
+:mod:`rcq.local.cluster`; what nodes say over HTTP and the waits on it is
+:mod:`rcq.local.polls`.
 
 Must not import: rcq.server (a node is a separate process), pysyncobj, lmdb, aiohttp.
 """
@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from rcq.testing.releases import Release
+from rcq.local.releases import Release
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class LocalNode:
     starts: int = 0
     nofile_limit: int | None = None  # RLIMIT_NOFILE soft limit its process starts with (None: inherited)
     tls: bool = False  # it serves HTTPS
-    # The release it runs (rcq.testing.releases): None, the code under test (this interpreter's rcq).
+    # The release it runs (rcq.local.releases): None, the code under test (this interpreter's rcq).
     release: Release | None = None
 
     @property

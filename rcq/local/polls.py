@@ -5,7 +5,7 @@
 socket timeout; who leads; and the waits (nodes answering, a serving leader, every node has
 applied, every node has the same state digest). Every wait is bounded by a deadline and
 fails with a ``TimeoutError`` showing what each node said last. Subclasses supply the nodes
-and how to reach them: :class:`rcq.testing.cluster.LocalCluster` (processes on loopback) and
+and how to reach them: :class:`rcq.local.cluster.LocalCluster` (processes on loopback) and
 the chaos harness's docker-compose target.
 
 Everything is synchronous (``urllib``, one thread per node polled), so it works from plain

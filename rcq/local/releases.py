@@ -5,7 +5,7 @@ venv ``<dir>/venv`` (no pip) whose only addition is a ``.pth`` file: the old sou
 site-packages directories of the interpreter running this code. So ``python -m rcq`` of that venv
 runs the old release's code with the dependencies already installed here: no package index, no
 network, a fraction of a second. The returned :class:`Release` is what a
-:class:`~rcq.testing.nodes.LocalNode` is given to run that release instead of the code under test.
+:class:`~rcq.local.nodes.LocalNode` is given to run that release instead of the code under test.
 
 Why the old source wins over this checkout: the checkout is installed *editable*, through an
 ``import`` line in a ``.pth`` file of this venv's site-packages that installs a meta-path finder
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 PREVIOUS_RELEASE = "e9ecd8eac3fc2a6a637f8e105a8aba6d9111220e"
 PREVIOUS_RELEASE_NAME = "0.1.0"
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # rcq/testing/releases.py -> the checkout
+REPO_ROOT = Path(__file__).resolve().parents[2]  # rcq/local/releases.py -> the checkout
 PTH_NAME = "rcq-release.pth"
 GIT_TIMEOUT_S = 60.0
 PYTHON_TIMEOUT_S = 60.0

@@ -1,6 +1,6 @@
 """A throwaway certificate authority for loopback clusters: a CA and one certificate per node.
 
-A cluster started with ``tls=True`` (:class:`rcq.testing.cluster.LocalCluster`) serves HTTPS
+A cluster started with ``tls=True`` (:class:`rcq.local.cluster.LocalCluster`) serves HTTPS
 with certificates issued here, so that clients verify them the way they would in production:
 against a CA file (``RcqClient(ca_file=...)``, ``RCQ_CA_FILE``), never by turning checks off.
 Each certificate names ``127.0.0.1`` (an IP SAN: the URLs are ``https://127.0.0.1:PORT``) and
@@ -98,7 +98,7 @@ def write_certificate(ca: CertFiles, directory: Path, name: str, hosts: Sequence
     good for TLS servers and clients alike."""
     ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError(f"{ca.key}: not an EC key made by rcq.testing.tls")
+        raise TypeError(f"{ca.key}: not an EC key made by rcq.local.tls")
     ca_certificate = x509.load_pem_x509_certificate(ca.cert.read_bytes())
     key = _new_key()
     not_before, not_after = _validity()

@@ -3,16 +3,14 @@
 * :class:`InMemoryReplicator` (``rcq.testing.replicator``): the Replicator protocol in memory,
   so transactions, the HTTP API and the client are tested fast and deterministically;
 * :func:`wait_until` (``rcq.testing.waits``): poll a condition with a deadline, never a bare sleep;
-* ``rcq.testing.cluster`` (with ``nodes`` and ``polls``): real multi-process loopback clusters,
-  the one harness of the tests, chaos, the benchmarks and the launcher; ``rcq.testing.tls``: a
-  throwaway CA for HTTPS clusters.
+* real multi-process loopback clusters are product code, in :mod:`rcq.local` (the launcher uses
+  them; so do the tests, chaos and the benchmarks).
 
 Machinery only the project's own harnesses use lives beside them, outside the package: powerfs
 in ``chaos/powerfs``, the Spark standalone cluster in ``bench/spark_standalone.py``.
 
 ``rcq.testing`` itself imports only the waits; the replicator is loaded on first use so that
-a client-only install (no server extra) can still use the waits. The cluster harness needs the
-server extra: its nodes run ``rcq serve``, and it writes test certificates (cryptography) itself.
+a client-only install (no server extra) can still use the waits.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 from chaos.cluster import CHAOS_NODE_OVERRIDES, ChaosCluster
 from chaos.netproxy import LinkFault
 from chaos.target import ChaosTarget, client_link, raft_link
-from rcq.testing.polls import poll_until
+from rcq.local.polls import poll_until
 from tests.helpers import LEADER_TIMEOUT_S
 
 

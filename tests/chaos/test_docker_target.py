@@ -19,7 +19,7 @@ import chaos.__main__ as chaos_main
 from chaos.docker_cluster import COMPOSE_FILE, DockerCluster, DockerError, run_docker
 from chaos.nemesis import DOCKER_KINDS, KINDS, Nemesis, check_target
 from chaos.target import ChaosTarget
-from rcq.testing.polls import PolledCluster
+from rcq.local.polls import PolledCluster
 
 PROJECT = "rcq-chaos-test"
 PREFIX = ["compose", "-f", str(COMPOSE_FILE), "-p", PROJECT]

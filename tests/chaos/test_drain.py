@@ -11,8 +11,8 @@ import pytest
 
 from chaos.history import HistoryWriter
 from chaos.workload import drain, empty_for_good, make_client
+from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue, running_cluster
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from chaos.powerfs import PowerFSError, PowerMount, fuse_unavailable_reason, is_mounted
 from chaos.powerfs.model import PAGE_BYTES, PowerModel
-from rcq.testing.polls import poll_until
+from rcq.local.polls import poll_until
 
 FUSE_UNAVAILABLE = fuse_unavailable_reason()
 needs_fuse = pytest.mark.skipif(FUSE_UNAVAILABLE is not None, reason=f"powerfs cannot mount here: {FUSE_UNAVAILABLE}")

@@ -23,7 +23,7 @@ import chaos.cluster as chaos_cluster
 from chaos.cluster import ChaosCluster, previous_release
 from chaos.faults import FaultMaker
 from chaos.nemesis import DOCKER_KINDS, KINDS, MIXABLE, Nemesis, check_target, parse_kinds
-from rcq.testing.releases import PREVIOUS_RELEASE_NAME
+from rcq.local.releases import PREVIOUS_RELEASE_NAME
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 
 MISSING = "0123456789abcdef0123456789abcdef01234567"

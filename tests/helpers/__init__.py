@@ -26,7 +26,7 @@ Must not import: a test module or a conftest; anything heavy (the submodules imp
 
 from __future__ import annotations
 
-# Real clusters: separate processes on loopback (rcq.testing.cluster.LocalCluster).
+# Real clusters: separate processes on loopback (rcq.local.cluster.LocalCluster).
 LEADER_TIMEOUT_S = 60.0  # a started, restarted or failed-over cluster has a serving leader
 CLUSTER_WAIT_S = 60.0  # any other wait on a cluster that the test loads, kills or changes
 QUIET_CLUSTER_WAIT_S = 30.0  # a wait on a cluster with no load but the test's own requests

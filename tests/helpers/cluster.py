@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from rcq.client import RcqClient
+from rcq.local.cluster import LocalCluster
+from rcq.local.polls import poll_until
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import poll_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 
 

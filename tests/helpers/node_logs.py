@@ -3,7 +3,7 @@
 A traceback in a production log is a bug, or a fault the test made on purpose. So every node log
 of a real cluster the suite starts is watched: :func:`watch_local_clusters` (installed for the
 whole run by ``tests/conftest.py``) registers each node log of a
-:class:`~rcq.testing.cluster.LocalCluster` (and so of a chaos cluster) when the node starts, and
+:class:`~rcq.local.cluster.LocalCluster` (and so of a chaos cluster) when the node starts, and
 reads the rest of it when the cluster is closed, before its directory is removed; other clusters
 of separate processes register their logs with :meth:`NodeLogs.watch` and :meth:`NodeLogs.release`.
 After each test the conftest takes what the logs gained during it (its setup and teardown
@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 
 MARKER = "expected_log_errors"
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?:\S+ ){0,3}?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")

@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from rcq.local.nodes import free_ports
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.testing import waits
-from rcq.testing.nodes import free_ports
 from tests.helpers import LOCAL_WAIT_S
 
 QUEUE = "q"

@@ -1,6 +1,6 @@
 """Fixtures for tests against real multi-process rcq clusters.
 
-``cluster``: one 3-node :class:`~rcq.testing.cluster.LocalCluster` per test
+``cluster``: one 3-node :class:`~rcq.local.cluster.LocalCluster` per test
 module, with a serving leader. ``healthy_cluster``: the same cluster, with every
 node resumed or restarted and a leader found again before the test, for tests
 that kill, pause or stop nodes.
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S
 from tests.helpers.cluster import add_node_logs, running_cluster
 from tests.helpers.launcher import Launcher

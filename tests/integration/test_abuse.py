@@ -43,9 +43,9 @@ import pytest
 
 from rcq.client import RcqClient, RcqError
 from rcq.errors import StorageFull
+from rcq.local.cluster import LocalCluster
 from rcq.server.core.state_machine import ITEM_OVERHEAD_BYTES, QUEUES_MAX
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import CLUSTER_WAIT_S, FLOOD_REQUEST_TIMEOUT_S
 from tests.helpers.cluster import running_cluster
 

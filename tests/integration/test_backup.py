@@ -29,7 +29,7 @@ from rcq.cli import main as cli_main
 from rcq.cli.backup import BackupFailed, save_backup
 from rcq.client import RcqClient
 from rcq.errors import RcqError
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 from tests.helpers import CLUSTER_WAIT_S
 from tests.helpers.cluster import restored_cluster, running_cluster
 

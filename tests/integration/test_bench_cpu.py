@@ -13,7 +13,7 @@ import pytest
 
 from bench.__main__ import main
 from bench.cpu import local_pids
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -14,10 +14,10 @@ import pytest
 
 from rcq.cli.backup import describe, save_backup
 from rcq.client import RcqClient
+from rcq.local.cluster import LocalCluster
+from rcq.local.polls import http_json
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import http_json
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import restored_cluster, running_cluster
 

@@ -26,8 +26,8 @@ from rcq.client import (
     Transaction,
     TransactionAborted,
 )
+from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import drain_until_empty, running_cluster
 from tests.integration.workload import History, check_nothing_lost, consumer, producer

@@ -12,10 +12,10 @@ import urllib.request
 import pytest
 
 from rcq.client import FeatureLevelUnsupported, RcqClient
+from rcq.local.cluster import LocalCluster
+from rcq.local.polls import http_json
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import http_json
 from rcq.version import rcq_version
 from tests.helpers import CLUSTER_WAIT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import running_cluster

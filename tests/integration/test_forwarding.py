@@ -23,11 +23,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer, make_mocked_request
 
 from rcq.errors import NotLeader
+from rcq.local.cluster import LocalCluster
 from rcq.server.http import forwarding
 from rcq.server.http.forwarding import FORWARD_PROOF, FORWARDED_AT, FORWARDED_BY, FORWARDED_FOR, Forwarder, proof
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S, NODE_SERVING_TIMEOUT_S
 from tests.helpers.cluster import running_cluster
 from tests.helpers.nodes import make_config, url_of

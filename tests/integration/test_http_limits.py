@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 
+from rcq.local.cluster import LocalCluster
+from rcq.local.polls import deadline_loop, http_json, poll_until
 from rcq.private_files import write_private
 from rcq.server.config import NodeConfig
 from rcq.server.http.connections import ACCEPT_PAUSED, ConnectionLimiter, accept_backlog, connections_max_for
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, wait_until
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import deadline_loop, http_json, poll_until
 from tests.helpers.cluster import wait_settled
 
 StartNode = Callable[..., Awaitable[Node]]

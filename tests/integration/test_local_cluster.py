@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from rcq.client import RcqClient
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.nodes import LOW_PORTS_MIN, STOP_TIMEOUT_S, free_ports
-from rcq.testing.polls import NodeStartError, converged, deadline_loop, leader_from_views, poll_until
+from rcq.local.cluster import LocalCluster
+from rcq.local.nodes import LOW_PORTS_MIN, STOP_TIMEOUT_S, free_ports
+from rcq.local.polls import NodeStartError, converged, deadline_loop, leader_from_views, poll_until
 from tests.helpers import LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
 
@@ -140,7 +140,7 @@ def test_a_deadline_loop_runs_at_least_once_even_with_no_time_left() -> None:
 def test_the_harness_loads_nothing_of_the_server_nor_its_libraries() -> None:
     # It starts `python -m rcq serve` processes and talks HTTP; what a tokens file holds is
     # rcq.tokens (standard library only), so it needs nothing of the node, Raft or the HTTP stack.
-    code = ("import sys, rcq.testing.cluster; print(sorted({m.split('.')[0] if not m.startswith('rcq.') else m"
+    code = ("import sys, rcq.local.cluster; print(sorted({m.split('.')[0] if not m.startswith('rcq.') else m"
             " for m in sys.modules if m.startswith(('rcq.server', 'pysyncobj', 'lmdb', 'aiohttp', 'pydantic'))}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]", done.stdout

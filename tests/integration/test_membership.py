@@ -27,8 +27,8 @@ from rcq.client import (
     RcqClient,
     WouldLoseQuorum,
 )
+from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import CLUSTER_WAIT_S
 from tests.helpers.cluster import drain_until_empty, running_cluster
 from tests.integration.workload import History, check_nothing_lost, consumer, producer

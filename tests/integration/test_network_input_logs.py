@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 from tests.helpers import QUIET_CLUSTER_WAIT_S, RAW_CASE_LISTEN_S
 from tests.helpers.cluster import running_cluster
 from tests.helpers.node_logs import error_entries

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 from tests.helpers import CLUSTER_WAIT_S, LAUNCHER_START_TIMEOUT_S
 from tests.helpers.launcher import REPO_ROOT, Launcher
 

@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 
 from rcq.client import Enqueue, RcqClient, TransactionAborted
+from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import drain_until_empty, fresh_queue, running_cluster
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from rcq.client import RcqClient, RcqError
+from rcq.local.cluster import LocalCluster
 from rcq.private_files import write_private
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S
 
 QUEUE = "rotation"

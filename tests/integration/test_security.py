@@ -19,10 +19,10 @@ import aiohttp
 import pytest
 
 from rcq.client import CertificateError, Forbidden, RcqClient, TransactionNotFound, Unauthorized, Unavailable
+from rcq.local.cluster import LocalCluster
+from rcq.local.tls import write_ca
 from rcq.server.http.openapi import OPERATIONS, PUBLIC
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.tls import write_ca
 from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S, TOKEN_RELOAD_TIMEOUT_S
 
 PATH_VALUES = {"{queue}": "sec-q", "{transaction_id}": "1.000000000000000000000000"}

@@ -22,8 +22,8 @@ from rcq.client import (
     RcqClient,
     TransactionExpired,
 )
+from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue, running_cluster
 

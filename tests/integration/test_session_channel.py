@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S, LOCAL_WAIT_S
 from tests.helpers.cluster import fresh_queue
 

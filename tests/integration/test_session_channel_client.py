@@ -18,8 +18,8 @@ import pytest
 
 from rcq.client import RcqClient
 from rcq.client.channel import PATH
+from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue
 from tests.helpers.fakes import Wire

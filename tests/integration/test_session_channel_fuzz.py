@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from rcq.local.cluster import LocalCluster
 from rcq.server.http.asyncapi import EXAMPLES
 from rcq.server.http.session_channel import FRAME_ID_MAX
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import running_cluster
 from tests.helpers.raw_channel import RawChannel, gather_answers, open_channel

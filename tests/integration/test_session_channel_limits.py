@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
 from tests.helpers import LOCAL_WAIT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue, running_cluster
 from tests.helpers.raw_channel import RawChannel, bearer, gather_answers, open_channel, upgrade

@@ -25,8 +25,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 
 from rcq.client import RcqClient, RcqError, SyncClient, TransactionAborted
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import poll_until
+from rcq.local.cluster import LocalCluster
+from rcq.local.polls import poll_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue
 from tests.integration.workload import History, check_nothing_lost

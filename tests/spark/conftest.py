@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from bench.spark_standalone import SparkStandalone
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 from tests.helpers import SPARK_QUERY_TIMEOUT_S
 from tests.spark.helpers import (
     abort_open_transactions,

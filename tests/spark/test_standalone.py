@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from bench.spark_standalone import SparkStandalone
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import poll_until
+from rcq.local.cluster import LocalCluster
+from rcq.local.polls import poll_until
 from tests.helpers import SPARK_STANDALONE_WAIT_S
 from tests.spark.helpers import (
     check_stream_sink_replay_adds_nothing_twice,

@@ -9,7 +9,7 @@
   directly or through any chain of project modules (``rcq.testing`` included): ``pip install
   rcq`` has no server;
 * the chaos harness talks to rcq as any user or operator would: ``rcq.client``, ``rcq.errors``,
-  ``rcq.tokens``, the backup file format and command, and the cluster harness of ``rcq.testing``
+  ``rcq.tokens``, the backup file format and command, and the local clusters of ``rcq.local``
   only; the benchmarks likewise (plus the Spark connector), but for ``bench/stall.py`` and
   ``bench/retention.py``, which measure the state machine's digest and its retention tables in
   process;
@@ -20,7 +20,8 @@
   ``http`` < ``node.py`` (``config`` and ``security`` are beneath them all); the leader never
   calls into the HTTP layer, the replicator never into the leader;
 * the product (``rcq``, ``cluster``: what the wheel carries) never imports ``chaos``, ``bench``
-  or ``tests``, and the two harnesses do not import each other.
+  or ``tests``, nor ``rcq.testing`` (test support: the launcher's local clusters are
+  ``rcq.local``), and the two harnesses do not import each other.
 
 Every import statement counts, wherever it is (inside functions, under
 ``if TYPE_CHECKING:``, in ``try:``), and so do ``__import__("x")`` and
@@ -53,10 +54,10 @@ CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py"
                "rcq/spark/", "rcq/backup/")
 # The chaos harness as a user and an operator: the client, the harness, the previous release (the
 # upgrade nemesis) and the backup file format and command (the backup nemesis).
-CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.testing.cluster", "rcq.testing.nodes", "rcq.testing.polls",
-                     "rcq.testing.releases", "rcq.testing.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup")
-BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.testing.cluster", "rcq.testing.nodes",
-                     "rcq.testing.polls")
+CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.local.cluster", "rcq.local.nodes", "rcq.local.polls",
+                     "rcq.local.releases", "rcq.testing.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup")
+BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.local.cluster", "rcq.local.nodes",
+                     "rcq.local.polls")
 # The benches that run server code in process: what they measure.
 BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest"),
                     "bench/retention.py": ("rcq.server.core.retention",)}
@@ -101,6 +102,9 @@ def violations(files: dict[str, str]) -> list[str]:
         if path.startswith(PRODUCT):
             for module in sorted(m for m in imports if top_level(m) in HARNESSES):
                 problems.append(f"{path}: the product imports {module} (chaos, bench and tests are not in the wheel)")
+            if not path.startswith("rcq/testing/"):
+                for module in sorted(m for m in imports if within(m, "rcq.testing")):
+                    problems.append(f"{path}: the product imports {module} (test support; local clusters are rcq.local)")
         for harness, other in (("chaos", "bench"), ("bench", "chaos")):
             if path.startswith(harness + "/"):
                 for module in sorted(m for m in imports if top_level(m) in (other, "tests")):
@@ -239,7 +243,7 @@ CLEAN = {
     "rcq/server/raft/snapshots.py": "import lmdb\n",
     "rcq/client/__init__.py": "import aiohttp\nfrom rcq.errors import RcqError\nfrom rcq.names import check_queue_name\n",
     "chaos/workload.py": "from rcq.client import Client\nfrom rcq import errors\nimport rcq.errors\nimport asyncio\n",
-    "chaos/cluster.py": "from rcq.testing.cluster import LocalCluster\n",
+    "chaos/cluster.py": "from rcq.local.cluster import LocalCluster\n",
 }
 
 
@@ -247,8 +251,8 @@ def test_a_clean_tree_has_no_violations():
     assert violations(CLEAN) == []
     allowed = {"bench/stall.py": "from rcq.server.core.state_machine import QueueStateMachine\n"
                                  "from rcq.server.raft.digest import forked_digest\n",
-               "bench/spark.py": "from bench.scenarios import Target\nfrom rcq.testing.cluster import LocalCluster\n",
-               "chaos/cluster.py": "from chaos.powerfs import PowerMount\nfrom rcq.testing.polls import poll_until\n",
+               "bench/spark.py": "from bench.scenarios import Target\nfrom rcq.local.cluster import LocalCluster\n",
+               "chaos/cluster.py": "from chaos.powerfs import PowerMount\nfrom rcq.local.polls import poll_until\n",
                "rcq/spark/writer.py": "from rcq.client import RcqClient\nfrom rcq.tokens import Grant\n"}
     assert violations({**CLEAN, **allowed}) == []
 
@@ -259,10 +263,10 @@ SPARK_BENCH_LEAK = {
     **CLEAN,
     "rcq/spark/__init__.py": "from rcq.spark.options import parse\n",
     "rcq/spark/options.py": "from rcq.errors import InvalidRequest\n",
-    "rcq/spark/bench.py": "from rcq.client import RcqClient\nfrom rcq.testing.cluster import ADMIN_TOKEN_NAME\n",
+    "rcq/spark/bench.py": "from rcq.client import RcqClient\nfrom rcq.local.cluster import ADMIN_TOKEN_NAME\n",
     "rcq/testing/__init__.py": "from rcq.testing.waits import wait_until\n",
     "rcq/testing/waits.py": "import asyncio\n",
-    "rcq/testing/cluster.py": "from rcq.private_files import write_private\n"
+    "rcq/local/cluster.py": "from rcq.private_files import write_private\n"
                               "from rcq.server.security.tokens import TokenEntry, new_token\n",
     "rcq/private_files.py": "import os\n",
     "rcq/server/__init__.py": "",
@@ -275,7 +279,7 @@ def test_the_checker_catches_the_spark_bench_leak_and_names_its_chain():
     assert not any("client side imports" in problem for problem in violations(SPARK_BENCH_LEAK))
     assert violations(SPARK_BENCH_LEAK) == [
         "rcq/spark/bench.py: client side reaches rcq.server.security.tokens through "
-        "rcq.spark.bench -> rcq.testing.cluster -> rcq.server.security.tokens"]
+        "rcq.spark.bench -> rcq.local.cluster -> rcq.server.security.tokens"]
 
 
 def test_a_chain_through_a_package_init_counts():
@@ -286,8 +290,16 @@ def test_a_chain_through_a_package_init_counts():
              "rcq/testing/waits.py": "import asyncio\n",
              "rcq/testing/replicator.py": "from rcq.server.core.commands import encode\n"}
     assert violations(files) == [
+        "rcq/client/retry.py: the product imports rcq.testing.waits.wait_until (test support; local clusters are "
+        "rcq.local)",
         "rcq/client/retry.py: client side reaches rcq.server.core.commands through "
         "rcq.client.retry -> rcq.testing -> rcq.testing.replicator -> rcq.server.core.commands"]
+
+
+def test_the_product_importing_test_support_is_caught():
+    files = {**CLEAN, "cluster/__main__.py": "from rcq.testing import wait_until\n"}
+    assert violations(files) == ["cluster/__main__.py: the product imports rcq.testing.wait_until (test support; "
+                                 "local clusters are rcq.local)"]
 
 
 def test_the_client_side_reaches_the_modules_it_shares_with_the_server():
@@ -334,7 +346,7 @@ def test_the_client_side_reaches_the_modules_it_shares_with_the_server():
     ("bench/soak.py", "from tests.helpers import WAIT_S", "bench imports tests.helpers.WAIT_S"),
     ("rcq/cli.py", "from bench.scenarios import Target",
      "rcq/cli.py: the product imports bench.scenarios.Target (chaos, bench and tests are not in the wheel)"),
-    ("rcq/testing/cluster.py", "def f():\n    import chaos.powerfs\n", "the product imports chaos.powerfs"),
+    ("rcq/local/cluster.py", "def f():\n    import chaos.powerfs\n", "the product imports chaos.powerfs"),
     ("cluster/__main__.py", "from tests.helpers import WAIT_S", "cluster/__main__.py: the product imports tests.helpers"),
     ("rcq/server/leader/commit_path.py", "from rcq.server.http.handlers import json_answer",
      "rcq/server/leader/commit_path.py: imports rcq.server.http.handlers.json_answer from a higher layer"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rcq.testing.cluster import LocalCluster
+from rcq.local.cluster import LocalCluster
 from tests.helpers.node_logs import LogError, NodeLogs, error_entries, report, unexpected, watch_local_clusters
 
 RCQ_LOG = """\

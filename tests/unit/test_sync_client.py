@@ -34,7 +34,7 @@ from rcq.client import (
     TransactionNotFound,
 )
 from rcq.client.loop_thread import LoopThread
-from rcq.testing.polls import poll_until
+from rcq.local.polls import poll_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import running_node, url_of
 

@@ -1,11 +1,11 @@
 """Fixtures for tests that run another release of rcq beside the code under test.
 
-``previous_release``: the previous release (:data:`rcq.testing.releases.PREVIOUS_RELEASE`), taken
+``previous_release``: the previous release (:data:`rcq.local.releases.PREVIOUS_RELEASE`), taken
 from this repository's history and made runnable once per test session in a temporary directory
 (its tree and a scratch venv without pip; about a second), removed at the end of the session.
 Without the history (a shallow clone, an exported tree) it raises, so every test that uses it
 fails, saying so: these tests never skip. ``previous_cluster``: a started 3-node
-:class:`~rcq.testing.cluster.LocalCluster` of the previous release, one per test (tests restart
+:class:`~rcq.local.cluster.LocalCluster` of the previous release, one per test (tests restart
 its nodes into other releases), closed after it.
 
 When a test that used a LocalCluster fails, the tail of every node's log is added to its report
@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
+from rcq.local.cluster import LocalCluster
+from rcq.local.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
 from tests.helpers.cluster import add_node_logs
 
 log = logging.getLogger(__name__)

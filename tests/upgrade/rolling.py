@@ -20,10 +20,10 @@ from typing import Any
 import lmdb
 
 from rcq.client import RcqClient
+from rcq.local.cluster import LocalCluster
+from rcq.local.polls import poll_until
 from rcq.server.raft.snapshots import META_KEY
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import poll_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
 from tests.integration.workload import History, check_nothing_lost, consumer, producer

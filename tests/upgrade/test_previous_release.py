@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rcq.client import RcqClient
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.releases import PREVIOUS_RELEASE, REPO_ROOT, Release, ReleaseUnavailable, materialise
+from rcq.local.cluster import LocalCluster
+from rcq.local.releases import PREVIOUS_RELEASE, REPO_ROOT, Release, ReleaseUnavailable, materialise
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
 from tests.upgrade.rolling import hand_over

@@ -26,12 +26,12 @@ from collections.abc import Iterator
 import pytest
 
 from rcq.client import FeatureLevelRequired, FeatureLevelUnsupported, InvalidRequest, RcqClient
+from rcq.local.cluster import LocalCluster
+from rcq.local.polls import poll_until
+from rcq.local.releases import Release
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
 from rcq.server.raft.unreadable import UNREADABLE_EXIT_CODE
 from rcq.testing import wait_until
-from rcq.testing.cluster import LocalCluster
-from rcq.testing.polls import poll_until
-from rcq.testing.releases import Release
 from rcq.version import rcq_version
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue
