@@ -106,7 +106,7 @@ def _grant(text: str) -> Grant:
     if not re.fullmatch(QUEUE_PATTERN_PATTERN, pattern):
         raise InvalidRequest(f"--grant {text!r}: the queue pattern {pattern!r} is malformed: use 1 to 128 characters "
                              "of [A-Za-z0-9._-] and the wildcards * and ?")
-    return Grant(queues=pattern, actions=tuple(dict.fromkeys(actions)))  # type: ignore[arg-type]
+    return Grant(queues=pattern, actions=tuple(dict.fromkeys(actions)))  # type: ignore[arg-type]  # checked above
 
 
 def _read_tokens(path: Path, *, missing_ok: bool = False) -> list[TokenEntry]:
