@@ -299,8 +299,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     header = verify(args.path)  # a damaged or newer file is refused before anything else
     if args.check:
         print(json.dumps({"path": str(args.path), **header.fields}) if args.json
-              else describe(header, args.path, args.path.stat().st_size,
-                            "verified (its SHA-256 trailer and its header)"))
+              else describe(header, args.path, args.path.stat().st_size, "verified")
+              + "\n  checked: the SHA-256 trailer over the whole file, and the header")
         return 0
     if args.queue is not None:
         return restore_queue(args)
