@@ -105,7 +105,7 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_ANSWERS_UNREAD: "answers unread: the client left more than session_unsent_bytes_max bytes of answers "
                           "untaken for session_unsent_timeout_s (the node had stopped reading the channel); the "
                           "close follows every answer written, and if the client does not take it within as long "
-                          "again, the connection is dropped",
+                          "again (at least 5 s), the connection is dropped",
 }
 
 
