@@ -208,6 +208,10 @@ class ChaosCluster(LocalCluster):
     def client_urls(self) -> list[str]:
         return self.urls
 
+    @property
+    def node_urls(self) -> list[str]:
+        return [self.url(i) for i in range(len(self.nodes))]
+
     def link_faults(self) -> ProxyThread:
         return self.proxy
 

@@ -313,6 +313,10 @@ class DockerCluster(PolledCluster[DockerNode]):
     def urls(self) -> list[str]:
         return self.client_urls  # what each node advertises (--advertise-url in docker-compose.yml)
 
+    @property
+    def node_urls(self) -> list[str]:
+        return self.client_urls  # no proxy on this target: the published ports are the nodes'
+
     def poll_url(self, i: int) -> str:
         return self.nodes[i].direct_url
 

@@ -280,12 +280,14 @@ class Intruder:
 
 
 async def run_intruder(history: Any, urls: list[str], generator: IntruderGenerator, registry: OpenTransactions,
-                       stop: asyncio.Event, *, token: str | None, pause_s: float = INTRUDER_PAUSE_S) -> int:
+                       stop: asyncio.Event, *, token: str | None, pause_s: float = INTRUDER_PAUSE_S,
+                       node_urls: list[str] | None = None) -> int:
     """Make the intruder's attempts, ``pause_s`` apart, until ``stop`` is set; returns how many.
-    A hijack drawn while no worker has a transaction open is skipped (nothing to target)."""
+    A hijack drawn while no worker has a transaction open is skipped (nothing to target).
+    ``node_urls``: each node's own URL, for the unread flood (default ``urls``)."""
     done = 0
     async with make_client(urls, token) as client:
-        intruder = Intruder(client, urls, token)
+        intruder = Intruder(client, node_urls or urls, token)
         while not stop.is_set():
             spec: Spec | None = generator.next()
             if spec is not None and spec.f == "intrude-hijack":
@@ -309,9 +311,9 @@ def _masked_text(payload: bytes) -> bytes:
     return head + mask + (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(length, "big")
 
 
-async def _upgrade(url: str, token: str | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | str | None:
-    """A session channel to the node at ``url`` (a raw socket with a small receive buffer); or the
-    leader's URL a follower named; or None."""
+async def _upgrade(url: str, token: str | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """A session channel to the node at ``url`` (a raw socket with a small receive buffer), or None
+    when it does not upgrade (a follower, a node down)."""
     split = urlsplit(url)
     if split.scheme != "http" or split.hostname is None:
         return None  # TLS: not tried (the channel is the same; the harness's clusters are plain HTTP)
@@ -332,25 +334,20 @@ async def _upgrade(url: str, token: str | None) -> tuple[asyncio.StreamReader, a
                   f"Sec-WebSocket-Protocol: {SESSION_SUBPROTOCOL}\r\n{auth}\r\n").encode())
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), UPGRADE_TIMEOUT_S)
-        if head.startswith(b"HTTP/1.1 101"):
-            return reader, writer
-        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        body = await asyncio.wait_for(reader.readexactly(length), UPGRADE_TIMEOUT_S) if length else b"{}"
-        writer.transport.abort()
-        leader = json.loads(body).get("error", {}).get("leader_url")
-        return leader if isinstance(leader, str) else None
     except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
-        writer.transport.abort()
-        return None
+        head = b""
+    if head.startswith(b"HTTP/1.1 101"):
+        return reader, writer
+    writer.transport.abort()
+    return None
 
 
 async def unread_channel(urls: list[str], token: str | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A session channel to the leader, found as a client does (a follower names it)."""
+    """A session channel to the leader: the first of ``urls`` (each node's own) that upgrades.
+    A follower's answer names the leader by its advertised URL, which may lead through a proxy:
+    not followed, the leader is among ``urls``."""
     for url in urls:
         opened = await _upgrade(url, token)
-        if isinstance(opened, str):
-            opened = await _upgrade(opened, token)
         if isinstance(opened, tuple):
             return opened
     raise Unavailable("no node opened a session channel")

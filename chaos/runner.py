@@ -195,7 +195,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     if intruder_token is not None:
         workers.append(asyncio.create_task(run_intruder(
             history, urls, IntruderGenerator(config.seed, INTRUDER_PROCESS, queues), registry, stop,
-            token=intruder_token)))
+            token=intruder_token, node_urls=cluster.node_urls)))
     nemesis_task = asyncio.create_task(nemesis.run(stop))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), config.time_limit_s)

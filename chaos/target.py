@@ -136,6 +136,11 @@ class ChaosTarget(Protocol):
         """The URLs the workload's clients use (through the proxy, when there is one)."""
 
     @property
+    def node_urls(self) -> list[str]:
+        """Each node's own HTTP URL, past any proxy: what the intruder floods unread (a proxy that
+        drops a link's bytes would read them for the node, and hide whether the node stops reading)."""
+
+    @property
     def token(self) -> str | None:
         """The admin token of the cluster: the workload's clients, the drain and the harness's own
         polls (digests, snapshots) send it. None when the nodes need none."""
