@@ -5,7 +5,8 @@ The parts: ``target`` (what a cluster under test must offer), ``cluster`` (rcq's
 harness with every link through ``netproxy``, the fault-injecting TCP proxy),
 ``docker_cluster`` (the same protocol on docker-compose), ``nemesis`` (faults; ``faults``
 makes them, ``membership`` the membership changes through the admin API),
-``workload`` (seeded client ops), ``history`` (the JSONL record), ``checkers`` (verdicts),
+``workload`` (the workers; ``generator`` draws their seeded ops, ``executor`` runs each as a
+client and says ok, fail or info), ``history`` (the JSONL record), ``checkers`` (verdicts),
 ``runner`` (phases and report), ``sweep`` (many seeds, one table).
 
 A black box: nothing here imports rcq but rcq.client, rcq.errors and the cluster harness of

@@ -34,8 +34,8 @@ finding), and each restore a line ``backup-restore`` (``phase`` ``checked``, wit
 most 20 offenders of each kind, and ``valid``). These are not fault windows (no start/stop pair).
 The ``backups`` checker (chaos.checkers.backups) makes the run invalid when a restore was not.
 
-Must not import: the targets' modules (it sees the cluster through chaos.target), chaos.workload,
-the checkers.
+Must not import: the targets' modules (it sees the cluster through chaos.target), the workload's
+modules (chaos.workload, chaos.executor, chaos.generator), the checkers.
 """
 
 from __future__ import annotations

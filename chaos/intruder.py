@@ -7,7 +7,7 @@ hijack a worker's transaction (commit, abort, extend, dequeue or enqueue in it),
 session channel with requests and never read the answers (``intrude-unread``: the leader must
 stop reading the channel, not keep every answer) — and does some legitimate work on ``guest``,
 so the run shows its token works at all. Workers register the ids of
-their open transactions in a :class:`chaos.workload.OpenTransactions` while each op runs; a hijack targets one
+their open transactions in a :class:`chaos.executor.OpenTransactions` while each op runs; a hijack targets one
 of those. Its values are ``"intruder-<seq>"``, which no worker produces: one that got into a
 workload queue is *unexpected* to the total-queue checker. Its ops are ``ok`` when the intrusion
 itself was answered with success (it was allowed), ``fail`` when the cluster answered with an
@@ -32,15 +32,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from chaos.workload import (
-    OP_TIMEOUT_S,
-    TRANSACTION_TIMEOUT_S,
-    OpenTransactions,
-    Spec,
-    error_name,
-    make_client,
-    text_of,
-)
+from chaos.executor import OP_TIMEOUT_S, TRANSACTION_TIMEOUT_S, OpenTransactions, error_name, make_client, text_of
+from chaos.generator import Spec
 from rcq.client import RcqClient, Transaction
 from rcq.errors import CommitOutcomeUnknown, NotLeader, RcqError, RequestTimeout, Unavailable
 

@@ -7,7 +7,7 @@
    taken from the repository's history (into ``previous-release/`` of the output; no history:
    the run stops at once, saying so) and every node holds the feature level
    (``feature_level_auto`` false), as a node of the previous release may return at any time;
-2. configure the queues (chaos.workload.Topology: q0 plain with its own
+2. configure the queues (chaos.generator.Topology: q0 plain with its own
    max_items, the others with dead-letter queues, delivery limits and
    priorities), then run the workload and the nemesis together for the time limit, sampling who
    leads (for the liveness checker) and printing progress; an intruder with a token of its own
@@ -44,6 +44,8 @@ from typing import Any
 from chaos.checkers import check
 from chaos.cluster import ChaosCluster, previous_release
 from chaos.docker_cluster import DockerCluster
+from chaos.executor import RETRY_TIMEOUT_S, OpenTransactions, error_name, make_client
+from chaos.generator import Generator, Topology, queue_names
 from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
 from chaos.intruder import (
     GUEST_QUEUE,
@@ -56,18 +58,7 @@ from chaos.membership import FINAL_VIEW_TIMEOUT_S, final_view
 from chaos.nemesis import Nemesis
 from chaos.report import summary_text, write_results
 from chaos.target import ChaosTarget, membership_control, token_issuer
-from chaos.workload import (
-    RETRY_TIMEOUT_S,
-    Generator,
-    OpenTransactions,
-    Topology,
-    configure_queues,
-    drain,
-    error_name,
-    make_client,
-    queue_names,
-    run_worker,
-)
+from chaos.workload import configure_queues, drain, run_worker
 
 LEADER_SAMPLE_EVERY_S = 0.25
 PROGRESS_EVERY_S = 5.0

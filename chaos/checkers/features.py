@@ -1,6 +1,6 @@
 """The queue-features checker: poison, dead letters, delays, time to live, priorities.
 
-docs/queue-features.md, as a history can hold a cluster to it. The workload (chaos.workload) gives
+docs/queue-features.md, as a history can hold a cluster to it. The workload (chaos.generator, chaos.executor) gives
 queues dead-letter queues, ``max_deliveries`` and ``max_priority`` (``configure`` ops); writes
 priorities, delays, ttls and poison values (ending ``-poison``: consumers abort or reject them,
 never commit them out of a workload queue); records each dequeued item's id, delivery count
@@ -69,7 +69,7 @@ from chaos.checkers.model import (
 )
 from chaos.history import CHECKER_INPUT_PROCESS
 
-POISON_SUFFIX = "-poison"  # chaos.workload's marker (checkers import nothing of the workload's rcq side)
+POISON_SUFFIX = "-poison"  # chaos.generator's marker (checkers import nothing of the workload)
 DEAD_REASONS = ("max_deliveries", "expired", "rejected")
 POISON_DEAD_REASONS = ("max_deliveries", "rejected")
 VIOLATIONS = ("poison_consumed", "poison_not_dead", "poison_bad_reason", "bad_dead_letter", "dead_too_early",

@@ -1,6 +1,6 @@
 """The headers checker: every item comes back with exactly the headers it was enqueued with.
 
-The workload (chaos.workload) marks the values it enqueues with headers (ending ``-h``) and gives
+The workload (chaos.generator) marks the values it enqueues with headers (ending ``-h``) and gives
 each such item the headers derived from its value, ``{"rcq-chaos": value}``; a mover re-enqueues
 an item with the headers it came with, and dead letters and redrives keep them
 (docs/queue-features.md). Consumers record each item's headers (``h`` in an op's ``items``, only
@@ -21,7 +21,7 @@ Statistics: marked values enqueued by outcome, enqueues refused for the level, i
 and how many had headers. Items seen without their details (a peek, or a history from before
 the workload recorded them) are not checked; a history where no item has details is "not checked".
 
-Pure Python: imports nothing from rcq (hence the rule of chaos.workload.headers_of is repeated here;
+Pure Python: imports nothing from rcq (hence the rule of chaos.generator.headers_of is repeated here;
 a test holds the two to each other).
 """
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from chaos.checkers import check
-from chaos.workload import Executor, Generator, Spec, Topology, headers_of, runs_by_headers
+from chaos.executor import Executor
+from chaos.generator import Generator, Spec, Topology, headers_of, runs_by_headers
 from rcq.errors import CommitOutcomeUnknown, QueueFull
 from tests.helpers.history import History
 

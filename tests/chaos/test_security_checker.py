@@ -16,6 +16,8 @@ import pytest
 
 from chaos.checkers import check, check_security
 from chaos.checkers.model import build_model
+from chaos.executor import Executor, OpenTransactions
+from chaos.generator import Generator, Spec
 from chaos.history import HistoryWriter, read_history
 from chaos.intruder import (
     GUEST_QUEUE,
@@ -25,12 +27,6 @@ from chaos.intruder import (
 from chaos.report import summary_text
 from chaos.runner import INTRUDER_PROCESS, Progress, _intruder_token
 from chaos.target import token_issuer
-from chaos.workload import (
-    Executor,
-    Generator,
-    OpenTransactions,
-    Spec,
-)
 from rcq.errors import (
     CommitOutcomeUnknown,
     Forbidden,
