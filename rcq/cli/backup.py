@@ -201,12 +201,18 @@ async def _candidates(session: Any, urls: list[str], headers: dict[str, str], fr
 
 
 async def _cluster_view(session: Any, url: str, headers: dict[str, str]) -> tuple[int, Any]:
-    """The node's ``GET /v1/cluster``: its HTTP status and its JSON answer."""
+    """The node's ``GET /v1/cluster``: its HTTP status and its JSON answer (a CertificateError, not a
+    node that did not answer, when its certificate fails verification: no other node would pass)."""
     import aiohttp
 
-    async with session.get(url + "/v1/cluster", headers=headers,
-                           timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)) as answer:
-        return answer.status, await answer.json()
+    from rcq.client.exchange import certificate_error
+
+    try:
+        async with session.get(url + "/v1/cluster", headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)) as answer:
+            return answer.status, await answer.json()
+    except aiohttp.ClientConnectorCertificateError as exc:
+        raise certificate_error(url, exc) from exc
 
 
 async def _caught_up(session: Any, url: str, headers: dict[str, str], needed: int) -> None:

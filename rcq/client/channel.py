@@ -37,9 +37,9 @@ from typing import Any
 import aiohttp
 import yarl
 
-from rcq.client.exchange import Answer, ExchangeFailed
+from rcq.client.exchange import Answer, ExchangeFailed, certificate_error
 from rcq.client.wire import dumps
-from rcq.errors import CertificateError, RcqError, Unavailable
+from rcq.errors import RcqError, Unavailable
 from rcq.json_text import loads
 
 log = logging.getLogger(__name__)
@@ -395,9 +395,8 @@ class Channel:
                                       NO_CHANNEL_PAUSE_S) from exc
             raise ChannelUnusable(f"{self.node_url} refused the session channel (HTTP {exc.status})",
                                   REFUSED_PAUSE_S) from exc
-        except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
-            raise CertificateError(f"cannot verify the TLS certificate of {self.node_url}: "
-                                   f"{exc.certificate_error}") from exc
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise certificate_error(self.node_url, exc) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:  # no request frame has left
             raise ExchangeFailed(Unavailable(f"cannot open the session channel to {self.node_url}: {exc!r}"),
                                  maybe_sent=False) from exc

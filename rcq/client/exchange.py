@@ -28,6 +28,9 @@ CONNECTIONS_MAX = 256
 RETRY_AFTER_MIN_S = 0.1  # a server's Retry-After is bounded: 0 would spin, a large one would stall a failover
 RETRY_AFTER_MAX_S = 5.0
 STREAMED_BODY_MIN_BYTES = 1 << 20
+# What a newcomer needs most after a failed verification (a cluster of its own CA, as rcq.local makes).
+CA_FILE_HINT = ("pass the CA that signed it: --ca-file FILE or RCQ_CA_FILE with the rcq command, "
+                "ca_file=FILE with RcqClient or SyncClient")
 
 
 @immutable  # built for every answer: no frozen __init__ (see rcq.immutable)
@@ -52,6 +55,11 @@ def new_session(tls: ssl.SSLContext | None = None) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=CONNECTIONS_MAX, limit_per_host=0, keepalive_timeout=30,
                                      ssl=tls if tls is not None else True)
     return aiohttp.ClientSession(connector=connector)
+
+
+def certificate_error(node_url: str, exc: aiohttp.ClientConnectorCertificateError) -> CertificateError:
+    """The node's certificate failed verification (retrying cannot help): why, and how to give the CA."""
+    return CertificateError(f"cannot verify the TLS certificate of {node_url}: {exc.certificate_error}; {CA_FILE_HINT}")
 
 
 def tls_context(ca_file: str | os.PathLike[str] | None = None,
@@ -89,8 +97,8 @@ async def exchange(session: aiohttp.ClientSession, node_url: str, method: str, p
                                    allow_redirects=False, timeout=timeout) as response:
             raw = await response.read()
             status, headers_in = response.status, response.headers
-    except aiohttp.ClientConnectorCertificateError as exc:  # retrying cannot help
-        raise CertificateError(f"cannot verify the TLS certificate of {node_url}: {exc.certificate_error}") from exc
+    except aiohttp.ClientConnectorCertificateError as exc:
+        raise certificate_error(node_url, exc) from exc
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         raise ExchangeFailed(Unavailable(f"cannot connect to {node_url}: {exc}"), maybe_sent=False) from exc
     except (aiohttp.ClientError, TimeoutError) as exc:
