@@ -2,7 +2,10 @@
 remove-node|transfer-leader`` (sent to the leader, with an admin token).
 
 ``status`` exits 1 when a node does not answer. A membership error is followed by what to do about
-it, in the terms of the verb's flags (:func:`membership_hint`).
+it, in the terms of the verb's flags (:func:`membership_hint`). ``cluster members`` shows the
+leader's view (only the leader knows each member's match index): a follower that answers first
+names the leader, which is asked next; when it cannot be, the follower's view is shown with a line
+saying how to ask the leader.
 
 Must not import: rcq.server, pysyncobj, lmdb.
 """
@@ -34,7 +37,7 @@ def add_cluster_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
                     "(found from any --url) and are refused while another change is being committed.")
     actions = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     members = actions.add_parser("members", parents=[common],
-                                 help="every member: role, Raft address, URL, replication progress")
+                                 help="every member: role, Raft address, URL, replication progress (asked of the leader)")
     members.set_defaults(func=cmd_cluster_members, error_hint=membership_hint)
     add = actions.add_parser(
         "add-node", parents=[common], help="add a running node to the cluster",
@@ -110,14 +113,37 @@ def _print_members(members: list[dict[str, Any]]) -> None:
 
 def cmd_cluster_members(args: argparse.Namespace) -> int:
     async def verb(client: Any) -> int:
-        members = await client.cluster_members()
+        members, note = await leaders_members(client)
         if args.json:
             print(json.dumps(members))
         else:
             _print_members(members)
+        if note is not None:
+            print(f"rcq: {note}", file=sys.stderr)
         return 0
 
     return with_client(args, verb)
+
+
+async def leaders_members(client: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """The members as the leader sees them, and None; or, when only a follower answered, its view
+    and a note saying where the match indexes are. Any node answers first (the first ``--url``);
+    a follower's answer names the leader and its URL (the member whose role is ``leader``)."""
+    members: list[dict[str, Any]] = await client.cluster_members()
+    answering = next((member for member in members if member.get("self")), None)
+    if answering is None or answering.get("role") == "leader":
+        return members, None
+    leader = next((member for member in members if member.get("role") == "leader"), None)
+    leader_url = leader.get("url") if leader is not None else None
+    if leader_url is None:
+        reason = f"{answering.get('node_id')} answered and knows no leader now"
+    else:
+        try:
+            return await client.cluster_members(leader_url), None
+        except RcqError as exc:
+            reason = f"{answering.get('node_id')} answered; the leader did not ({exc.code}: {exc.message})"
+    return members, (f"match indexes are known only to the leader: {reason}; ask it with "
+                     f"--url {leader_url or 'LEADER_URL (rcq status names the leader)'}")
 
 
 def cmd_cluster_feature_level(args: argparse.Namespace) -> int:

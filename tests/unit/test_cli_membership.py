@@ -5,6 +5,7 @@ with exit status 2 for every error of the membership API."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -42,6 +43,49 @@ async def test_members_prints_a_table_or_json(fake: FakeNode, capsys):
     code, out, _ = await rcq(capsys, "cluster", "members", "--json", "--url", fake.url)
     assert code == 0 and json.loads(out) == [N1, N2, unknown]
     assert fake.requests == [("GET", MEMBERS, None)] * 2
+
+
+def as_a_follower_sees_them(leader_url: str) -> dict[str, Any]:
+    """The members answer of follower n2: the leader is n1 at ``leader_url``; no match index is known."""
+    return {"leader_id": "n1", "members": [
+        {**N1, "url": leader_url, "self": False, "match_index": None},
+        {**N2, "self": True, "connected": None, "match_index": None}]}
+
+
+async def test_members_asked_of_a_follower_come_from_the_leader_it_names(fake: FakeNode, capsys):
+    async with serving_fake() as leader:
+        fake.answer("GET", MEMBERS, as_a_follower_sees_them(leader.url))
+        leaders_view = {"leader_id": "n1", "members": [{**N1, "url": leader.url}, N2]}
+        leader.answer("GET", MEMBERS, leaders_view)
+        code, out, err = await rcq(capsys, "cluster", "members", "--url", fake.url)
+        assert (code, err) == (0, "")
+        assert [line.split()[-1] for line in out.splitlines()] == ["MATCH_INDEX", "42", "41"]
+        code, out, err = await rcq(capsys, "cluster", "members", "--json", "--url", fake.url)
+        assert (code, err) == (0, "") and json.loads(out) == leaders_view["members"]
+        assert fake.requests == leader.requests == [("GET", MEMBERS, None)] * 2
+
+
+@pytest.mark.parametrize("leader_known", [True, False], ids=["leader_down", "no_leader"])
+async def test_members_of_a_follower_alone_say_that_only_the_leader_knows_match_indexes(
+        fake: FakeNode, capsys, leader_known: bool):
+    async with serving_fake() as gone:
+        leader_url = gone.url  # nothing listens there once the block ends
+    answer = as_a_follower_sees_them(leader_url)
+    if not leader_known:
+        answer = {"leader_id": None, "members": [{**member, "role": "unknown"} for member in answer["members"]]}
+    fake.answer("GET", MEMBERS, answer)
+    code, out, err = await rcq(capsys, "cluster", "members", "--url", fake.url)
+    assert code == 0 and [line.split()[-1] for line in out.splitlines()] == ["MATCH_INDEX", "-", "-"]
+    note = err.splitlines()
+    assert len(note) == 1 and note[0].startswith("rcq: match indexes are known only to the leader: n2 answered")
+    if leader_known:
+        assert "the leader did not (unavailable: cannot connect to" in note[0]
+        assert note[0].endswith(f"; ask it with --url {leader_url}")
+    else:
+        assert note[0].endswith("n2 answered and knows no leader now; ask it with --url LEADER_URL (rcq status "
+                                "names the leader)")
+    code, out, json_err = await rcq(capsys, "cluster", "members", "--json", "--url", fake.url)
+    assert code == 0 and json.loads(out) == answer["members"] and json_err.splitlines() == note
 
 
 async def test_add_node_sends_the_specified_body_and_says_whether_the_node_caught_up(fake: FakeNode, capsys):
