@@ -1,6 +1,6 @@
 """The nemesis: faults started and stopped over time, alone and in random mixes.
 
-A fault is started by a fault maker (chaos/faults.py) that acts at once (kill,
+A fault is started by a fault maker (chaos/faults/) that acts at once (kill,
 pause, cut proxy links) and returns a Fault whose ``stop`` undoes it (restart,
 resume, heal). Each start and stop is a history line from process ``"nemesis"``::
 
