@@ -24,12 +24,26 @@ from rcq.private_files import read_private
 
 
 def _peer(text: str) -> dict[str, str]:
-    """``node_id=raft_host:port=http://host:port`` -> a peers[] entry."""
-    parts = text.split("=", 2)
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"peer {text!r}: expected node_id=raft_host:port=http_url")
-    node_id, raft_address, http_url = parts
-    return {"node_id": node_id, "raft_address": raft_address, "http_url": http_url}
+    """``node_id=raft_host:port=http://host:port[=http://peer_host:port]`` -> a peers[] entry, and
+    its ``peer_url`` when a fourth part names where this node reaches the peer's HTTP API (the
+    NodeConfig's ``peer_urls``: the advertised URL, the third part, is the clients')."""
+    parts = text.split("=", 3)
+    if len(parts) not in (3, 4) or not all(parts):
+        raise argparse.ArgumentTypeError(f"peer {text!r}: expected node_id=raft_host:port=http_url[=peer_url]")
+    node_id, raft_address, http_url = parts[:3]
+    entry = {"node_id": node_id, "raft_address": raft_address, "http_url": http_url}
+    if len(parts) == 4:
+        entry["peer_url"] = parts[3]
+    return entry
+
+
+def split_peers(entries: list[dict[str, str]] | None) -> dict[str, Any]:
+    """``--peer`` entries as NodeConfig fields: ``peers``, and ``peer_urls`` from those with a
+    fourth part (None: not given, so that a config file's own value stands)."""
+    if not entries:
+        return {"peers": None, "peer_urls": None}
+    return {"peers": [{k: v for k, v in entry.items() if k != "peer_url"} for entry in entries],
+            "peer_urls": {entry["node_id"]: entry["peer_url"] for entry in entries if "peer_url" in entry} or None}
 
 
 def add_serve_parser(commands: Any) -> None:
@@ -41,7 +55,9 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--advertise-url")
     serve.add_argument("--raft-address", help="host:port for Raft traffic")
     serve.add_argument("--peer", action="append", type=_peer, default=None,
-                       help="another node as node_id=raft_host:port=http_url (repeat)")
+                       help="another node as node_id=raft_host:port=http_url[=peer_url] (repeat): http_url is "
+                            "what clients are given for it; peer_url, if the nodes cannot use that, where this "
+                            "node reaches it (peer_urls)")
     serve.add_argument("--data-dir", type=Path)
     serve.add_argument("--secret-file", type=Path,
                        help="file holding the cluster secret, mode 0600 (or set RCQ_CLUSTER_SECRET)")
@@ -96,7 +112,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from rcq.server.node import run_node
     config = load_config(
         args.config, node_id=args.node_id, http_host=args.http_host, http_port=args.http_port,
-        advertise_url=args.advertise_url, raft_address=args.raft_address, peers=args.peer,
+        advertise_url=args.advertise_url, raft_address=args.raft_address,
+        **split_peers(args.peer),
         data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure,
         cluster_secrets_previous=[read_private(path, "previous cluster secret") for path in args.previous_secret_file]
         if args.previous_secret_file else None,

@@ -128,6 +128,12 @@ class NodeConfig(BaseModel):
     raft_dial_addresses: dict[str, Annotated[str, Field(pattern=HOST_PORT_PATTERN)]] = Field(
         default_factory=dict, description="peer Raft address -> host:port to connect to it at (a tunnel or "
         "proxy); the peer is still known by its own address")
+    peer_urls: dict[Annotated[str, Field(pattern=NODE_ID_PATTERN)], Annotated[str, Field(pattern=r"^https?://")]] = Field(
+        default_factory=dict, description="node id -> base URL this node reaches that node's HTTP API at, where the "
+        "URL the node advertises to clients does not work between nodes (containers, NAT, a load balancer): "
+        "forwards to the leader, the feature-level survey and the status page's peer views go there, while "
+        "clients are still given the advertised URL. Node-local, never replicated; an entry naming this node "
+        "itself is ignored (one map may serve every node)")
     data_dir: Path = Field(description="Raft journal, its meta file and the LMDB snapshot live here")
 
     # --- security
@@ -363,6 +369,13 @@ class NodeConfig(BaseModel):
     def url(self) -> str:
         scheme = "https" if self.tls_cert_file is not None else "http"
         return self.advertise_url or f"{scheme}://{self.http_host}:{self.http_port}"
+
+    def peer_url(self, node_id: str, http_url: str) -> str:
+        """Where this node reaches node ``node_id``'s HTTP API: its ``peer_urls`` entry, else the
+        URL that node advertises (``http_url``), which is also what clients are given."""
+        if node_id == self.node_id:
+            return http_url
+        return self.peer_urls.get(node_id, http_url)
 
     @property
     def auth_enabled(self) -> bool:

@@ -168,9 +168,9 @@ def test_docker_compose_defines_a_consistent_three_node_cluster():
         assert port_mapping.startswith("127.0.0.1:") and port_mapping.endswith(":7000")
         host_ports.add(port_mapping.split(":")[1])
         assert flags["advertise-url"] == f"http://127.0.0.1:{port_mapping.split(':')[1]}"
-        for peer in peers:  # every peer's URL is the one that peer advertises
-            peer_id, raft_address, url = peer.split("=", 2)
-            assert raft_address == f"{peer_id}:7100"
+        for peer in peers:  # every peer's URL is the one that peer advertises; nodes reach it on the network
+            peer_id, raft_address, url, peer_url = peer.split("=", 3)
+            assert raft_address == f"{peer_id}:7100" and peer_url == f"http://{peer_id}:7000"
             assert f"--advertise-url={url}" in services[peer_id]["command"]
         assert "RCQ_CLUSTER_SECRET:?" in service["environment"]["RCQ_CLUSTER_SECRET"]  # no secret committed
         assert service["environment"]["RCQ_ADMIN_TOKEN"].startswith("${RCQ_ADMIN_TOKEN:?")  # nor a token

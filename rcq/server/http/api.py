@@ -44,7 +44,7 @@ from rcq.server.http.metrics import NodeMetrics
 from rcq.server.leader.feature_levels import FeatureLevels
 from rcq.server.leader.membership import Membership
 from rcq.server.leader.transactions import TransactionManager
-from rcq.server.raft.protocol import Replicator
+from rcq.server.raft.protocol import Replicator, known_nodes
 from rcq.server.security.tls import peer_context
 from rcq.tokens import TokenRegistry
 
@@ -102,7 +102,7 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     metrics = NodeMetrics(config, manager, replicator)
     tokens = TokenRegistry(config.tokens, config.tokens_file)
     peer_tls = peer_context(config)
-    forwarder = Forwarder(config, peer_tls, metrics.registry)
+    forwarder = Forwarder(config, peer_tls, metrics.registry, directory=lambda: known_nodes(config, replicator))
     app = web.Application(middlewares=[request_middleware(metrics, tokens, forwarder)],
                           client_max_size=config.body_bytes_max)
     app.on_cleanup.append(forwarder.close)

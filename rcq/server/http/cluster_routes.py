@@ -135,7 +135,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     overview = Overview(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
-                        peer_tls=peer_context(app[CONFIG]))
+                        peer_tls=peer_context(app[CONFIG]), dial_url=app[CONFIG].peer_url)
     app.on_cleanup.append(overview.close)
     app.router.add_get("/", page)
     app.router.add_get("/v1/cluster/overview", admin_only("read the cluster overview", overview.handle))

@@ -8,6 +8,13 @@ authenticates the caller and applies its own limits. The follower answers with t
 status, the headers that matter and its body (read whole first: an answer cut halfway is then
 still answered as a lost answer, below, not as half a 200).
 
+Where the leader is reached. The leader's URL in a ``NotLeader`` is the one it advertises to
+clients, and stays what clients see (``error.leader_url``, ``Rcq-Forwarded-To``, a 307's
+``Location``). Where that URL does not work between nodes (containers whose published ports are the
+host's, NAT, a load balancer), the node's ``peer_urls`` (node-local configuration, never replicated)
+names the URL it sends to instead: the leader is looked up by its advertised URL in the directory
+of known nodes, and its ``peer_urls`` entry, if any, is dialled.
+
 What is not forwarded, answered 307 with ``Location`` as before forwarding existed:
 
 * a request that asks for the redirect (``Rcq-Redirect: 1``; the Python client does, since it
@@ -49,7 +56,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 import yarl
@@ -57,7 +64,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from rcq.errors import CommitOutcomeUnknown, NoLeader, NotLeader, PayloadTooLarge, RcqError, Unavailable
-from rcq.server.config import NodeConfig
+from rcq.server.config import NodeConfig, PeerConfig
 from rcq.server.http.connections import read_body
 from rcq.server.http.handlers import error_response
 
@@ -123,11 +130,14 @@ class ProofKeys:
 # ------------------------------------------------------------------ the forwarder
 class Forwarder:
     """One node's forwarding: :meth:`answer` on the follower side, :meth:`trusted` on the leader
-    side. Its HTTP session is made on first use and closed with the app (:meth:`close`)."""
+    side. Its HTTP session is made on first use and closed with the app (:meth:`close`).
+    ``directory()``: Raft address -> node, for every node known (where ``peer_urls`` is looked up)."""
 
     def __init__(self, config: NodeConfig, peer_tls: ssl.SSLContext | None,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None,
+                 directory: Callable[[], Mapping[str, PeerConfig]] | None = None) -> None:
         self._config = config
+        self._directory = directory
         self._peer_tls = peer_tls
         self._keys = ProofKeys(config.cluster_secret, config.cluster_secrets_previous)
         self._session: aiohttp.ClientSession | None = None
@@ -186,7 +196,9 @@ class Forwarder:
             body = await read_body(request, self._config.http_body_timeout_s)
         except web.HTTPRequestEntityTooLarge as exc:
             raise PayloadTooLarge(f"request body over the limit: {exc.text}") from None
-        url = yarl.URL(leader_url.rstrip("/") + request.raw_path, encoded=True)
+        dial_url = self.dial_url(leader_url)
+        url = yarl.URL(dial_url.rstrip("/") + request.raw_path, encoded=True)
+        where = leader_url if dial_url == leader_url else f"{dial_url} (advertised as {leader_url})"
         headers = self._headers_to_send(request)
         timeout = aiohttp.ClientTimeout(total=self._timeout_s(request), sock_connect=CONNECT_TIMEOUT_S)
         try:
@@ -196,11 +208,11 @@ class Forwarder:
                 status, headers_in = response.status, response.headers
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             self._count("not_sent")
-            raise NoLeader(f"cannot reach the leader at {leader_url} ({type(exc).__name__}); the request was not "
+            raise NoLeader(f"cannot reach the leader at {where} ({type(exc).__name__}); the request was not "
                            "sent: retry shortly", leader_url=leader_url) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._count("answer_lost")
-            what = f"forwarded to the leader at {leader_url}, no answer ({type(exc).__name__})"
+            what = f"forwarded to the leader at {where}, no answer ({type(exc).__name__})"
             if request.method in SAFE_METHODS:
                 raise Unavailable(f"{what}; retry shortly", leader_url=leader_url) from None
             raise CommitOutcomeUnknown(f"{what}: the request may have been applied; ask for the transaction's "
@@ -218,6 +230,17 @@ class Forwarder:
                 relayed.headers.add(name, value)
         relayed.headers[FORWARDED_TO] = leader_url
         return relayed
+
+    def dial_url(self, leader_url: str) -> str:
+        """Where a forward to the leader advertised as ``leader_url`` goes: its ``peer_urls`` entry,
+        else ``leader_url`` itself."""
+        if not self._config.peer_urls or self._directory is None:
+            return leader_url
+        wanted = leader_url.rstrip("/")
+        for known in self._directory().values():
+            if known.http_url.rstrip("/") == wanted:
+                return self._config.peer_url(known.node_id, leader_url)
+        return leader_url
 
     def _headers_to_send(self, request: web.Request) -> dict[str, str]:
         headers = {name: value for name, value in request.headers.items()

@@ -37,10 +37,12 @@ PEER_TIMEOUT_S = 0.8
 QUEUES_SHOWN_MAX = 50
 
 
-async def _peer_view(session: aiohttp.ClientSession, url: str, authorization: str | None) -> dict[str, Any]:
+async def _peer_view(session: aiohttp.ClientSession, url: str, authorization: str | None,
+                     dial_url: str | None = None) -> dict[str, Any]:
+    """A peer's /v1/cluster, asked at ``dial_url`` (default ``url``, the one it advertises)."""
     headers = {"Authorization": authorization} if authorization else None
     try:
-        async with session.get(f"{url.rstrip('/')}/v1/cluster", headers=headers,
+        async with session.get(f"{(dial_url or url).rstrip('/')}/v1/cluster", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as response:
             body = await response.json()
             return {**body, "reachable": True}
@@ -51,11 +53,14 @@ async def _peer_view(session: aiohttp.ClientSession, url: str, authorization: st
 class Overview:
     """``GET /v1/cluster/overview``. ``own_status()``: this node's /v1/cluster body (whose ``peers``,
     the other members, are asked for theirs); ``queues()``: the queue rows. Its HTTP session is made
-    on first use and closed with the app (``close`` is an on_cleanup handler)."""
+    on first use and closed with the app (``close`` is an on_cleanup handler). ``dial_url(node_id,
+    url)``: where this node reaches a peer advertised as ``url`` (``NodeConfig.peer_url``)."""
 
     def __init__(self, own_status: Callable[[], dict[str, Any]], queues: Callable[[], list[dict[str, Any]]],
-                 peer_tls: ssl.SSLContext | None = None) -> None:
+                 peer_tls: ssl.SSLContext | None = None,
+                 dial_url: Callable[[str, str], str] | None = None) -> None:
         self._own_status = own_status
+        self._dial_url = dial_url
         self._queues = queues
         self._peer_tls = peer_tls
         self._session: aiohttp.ClientSession | None = None
@@ -66,7 +71,9 @@ class Overview:
             self._session = aiohttp.ClientSession(connector=connector)
         mine = self._own_status()
         authorization = request.headers.get("Authorization")
-        others = await asyncio.gather(*(_peer_view(self._session, peer["url"], authorization)
+        dial = self._dial_url
+        others = await asyncio.gather(*(_peer_view(self._session, peer["url"], authorization,
+                                                   dial(peer["node_id"], peer["url"]) if dial and peer["url"] else None)
                                         for peer in mine["peers"]))
         return web.json_response({
             "at": time.time(),

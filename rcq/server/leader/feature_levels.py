@@ -106,7 +106,7 @@ class FeatureLevels:
             if member.url is None:
                 found.append(MemberLevels(member.node_id, None, None, None, "no HTTP URL known"))
                 continue
-            answer = await self._survey(member.url)
+            answer = await self._survey(self._config.peer_url(member.node_id, member.url))  # a URL between nodes
             if isinstance(answer, str):
                 found.append(MemberLevels(member.node_id, member.url, None, None, answer))
             else:
