@@ -1,6 +1,6 @@
 """LocalCluster: a real multi-process rcq cluster on loopback — the one cluster harness.
 
-Long because: the one cluster class every harness user shares, its file layout documented here; nodes and polls live apart.
+Why over 400 lines: the one class every harness drives and extends; each method is a few lines over its collaborators.
 
 Used by the integration tests, the local launcher (``python -m cluster up``), the
 benchmarks and the chaos harness (which puts its proxy in front of every link by
@@ -30,22 +30,12 @@ the code under test), as a rolling upgrade does. A node of a release gets a conf
 the fields that release's NodeConfig knows (it forbids any other); the tokens file is the same for
 every node. A reopened cluster runs the code under test (a release is not in the manifest).
 
-Layout of ``base_dir``::
-
-    cluster.json            what is needed to reopen the cluster (no secret)
-    admin.token             the admin token, plain (mode 0600; with auth)
-    tls/ca.pem, ca.key      the cluster's CA (with tls; every key mode 0600)
-    tls/node-0.pem, .key    node 0's HTTPS certificate (127.0.0.1 and localhost) and key
-    tls/client.pem, .key    a client certificate (with tls_client_certificates)
-    node-0/config.json      NodeConfig of node 0 (mode 0600)
-    node-0/tokens.json      the tokens node 0 accepts, hashed (mode 0600; with auth)
-    node-0/data/            its Raft journal and LMDB snapshot
-    node-0/node.log         its stdout and stderr, across restarts
-
-The harness is split by job: this module owns the cluster's files and the lifecycle of its
-nodes (start, stop, kill -9, SIGSTOP/SIGCONT, wipe, heal, close); a node's ports, files and
-process mechanics are :mod:`rcq.local.nodes`; polling the nodes over HTTP and the bounded
-waits (leader, applied, convergence) are :mod:`rcq.local.polls`, which this class extends.
+The harness is split by job: this module owns what each node is configured with and the
+lifecycle of the nodes (start, stop, kill -9, SIGSTOP/SIGCONT, wipe, heal, close); the layout of
+``base_dir`` and what each file holds (manifest, TLS material, tokens files) are
+:mod:`rcq.local.cluster_files`; a node's ports, files and process mechanics are
+:mod:`rcq.local.nodes`; polling the nodes over HTTP and the bounded waits (leader, applied,
+convergence) are :mod:`rcq.local.polls`, which this class extends.
 Node indices are 0-based; node ``i`` has node id ``node-i``.
 
 Must not import: rcq.server (nodes are separate processes; the token model, what a tokens file
@@ -66,6 +56,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
+from rcq.local.cluster_files import (
+    ADMIN_TOKEN_NAME,
+    CLIENT_CERT_NAME,
+    MANIFEST_NAME,
+    ClusterTokens,
+    add_node_certificate,
+    make_certificates,
+    read_manifest,
+    tls_files,
+    write_manifest,
+    write_node_config,
+)
 from rcq.local.nodes import (
     HOST,
     LOG_TAIL_BYTES,
@@ -77,18 +79,14 @@ from rcq.local.nodes import (
 )
 from rcq.local.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
 from rcq.local.releases import Release
-from rcq.local.tls import CA_NAME, CertFiles, write_ca, write_certificate
+from rcq.local.tls import CA_NAME, CertFiles
 from rcq.private_files import read_private, write_private
-from rcq.tokens import Grant, TokenEntry, new_token, parse_tokens_file, token_hash, tokens_file_text
+from rcq.tokens import Grant, new_token
+
+# The file names, where the launcher and rcq restore have always found them.
+__all__ = ["ADMIN_TOKEN_NAME", "MANIFEST_NAME", "LocalCluster"]
 
 log = logging.getLogger(__name__)
-
-MANIFEST_NAME = "cluster.json"
-MANIFEST_VERSION = 1  # a manifest without "auth" and "tls" (made before them) is a cluster without either
-ADMIN_TOKEN_NAME = "admin.token"
-ADMIN_PRINCIPAL = "admin"
-TLS_DIRECTORY = "tls"
-CLIENT_CERT_NAME = "client"  # the client certificate of a cluster that requires them
 
 
 class LocalCluster(PolledCluster[LocalNode]):
@@ -136,10 +134,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         if admin_token is not None and (not auth or len(admin_token) < 16):
             raise ValueError("admin_token needs auth and at least 16 characters")
         self.token = (admin_token or new_token()) if auth else None
-        self._token_entries = [TokenEntry(name=ADMIN_PRINCIPAL, sha256=token_hash(self.token), admin=True,
-                                          grants=(), expires_at=None)] if self.token is not None else []
-        self._issued: dict[str, str] = {}  # sha256 -> plain token, of those add_token made and not revoked
-        self.issued_tokens: list[str] = []  # every token add_token made here, revoked ones too
+        self._tokens = ClusterTokens.for_admin(self.token) if self.token is not None else ClusterTokens()
         self.ca_file = None
         self.client_cert = None
         self.keep = keep
@@ -161,7 +156,8 @@ class LocalCluster(PolledCluster[LocalNode]):
             if self.token is not None:
                 write_private(self.base_dir / ADMIN_TOKEN_NAME, self.token + "\n")
             if tls:
-                self._make_certificates()
+                self.ca_file, self.client_cert = make_certificates(
+                    self.base_dir, [node.node_id for node in self.nodes], tls_client_certificates)
             self._write_files()
         except BaseException:
             self._remove_owned_dir()
@@ -171,9 +167,7 @@ class LocalCluster(PolledCluster[LocalNode]):
     def reopen(cls, base_dir: Path, log_level: str = "INFO") -> Self:
         """The cluster whose files are in ``base_dir`` (same ids, ports, secret and data)."""
         base_dir = Path(base_dir)
-        manifest = json.loads((base_dir / MANIFEST_NAME).read_text())
-        if manifest.get("version") != MANIFEST_VERSION:
-            raise ValueError(f"{base_dir / MANIFEST_NAME}: unknown version {manifest.get('version')!r}")
+        manifest = read_manifest(base_dir)
         self = cls.__new__(cls)
         self.log_level = log_level
         self.node_overrides = dict(manifest.get("node_overrides", {}))
@@ -191,13 +185,9 @@ class LocalCluster(PolledCluster[LocalNode]):
         first_config = json.loads(self.nodes[0].config_path.read_text())
         self._secret = first_config.get("cluster_secret")
         self.token = read_private(base_dir / ADMIN_TOKEN_NAME, "admin token") if self.auth else None
-        tokens_path = self.nodes[0].tokens_path
-        self._token_entries = (list(parse_tokens_file(read_private(tokens_path, "tokens"), tokens_path))
-                               if self.auth else [])
-        self._issued = {}
-        self.issued_tokens = []
-        self.ca_file = self._tls_files(CA_NAME).cert if self.tls else None
-        self.client_cert = self._tls_files(CLIENT_CERT_NAME) if self.tls_client_certificates else None
+        self._tokens = ClusterTokens.read(self.nodes[0].tokens_path) if self.auth else ClusterTokens()
+        self.ca_file = tls_files(base_dir, CA_NAME).cert if self.tls else None
+        self.client_cert = tls_files(base_dir, CLIENT_CERT_NAME) if self.tls_client_certificates else None
         self._closed = False
         check_ports_free([p for n in self.nodes for p in (n.http_port, n.raft_port)])
         self._write_files()  # picks up a changed log level; rewrites the same configs otherwise
@@ -240,29 +230,12 @@ class LocalCluster(PolledCluster[LocalNode]):
         if self.auth:
             config["tokens_file"] = str(node.tokens_path)
         if self.tls:
-            files = self._tls_files(node.node_id)
-            ca_file = str(self._tls_files(CA_NAME).cert)
+            files = tls_files(self.base_dir, node.node_id)
+            ca_file = str(tls_files(self.base_dir, CA_NAME).cert)
             config.update(tls_cert_file=str(files.cert), tls_key_file=str(files.key), tls_peer_ca_file=ca_file)
             if self.tls_client_certificates:
                 config["tls_client_ca_file"] = ca_file
         return config
-
-    def _tls_files(self, name: str) -> CertFiles:
-        directory = self.base_dir / TLS_DIRECTORY
-        return CertFiles(directory / f"{name}.pem", directory / f"{name}.key")
-
-    def _make_certificates(self) -> None:
-        ca = write_ca(self.base_dir / TLS_DIRECTORY)
-        for node in self.nodes:
-            write_certificate(ca, ca.cert.parent, node.node_id)
-        self.ca_file = ca.cert
-        if self.tls_client_certificates:
-            self.client_cert = write_certificate(ca, ca.cert.parent, CLIENT_CERT_NAME)
-
-    def _write_tokens(self) -> None:
-        text = tokens_file_text(self._token_entries)
-        for node in self.nodes:
-            write_private(node.tokens_path, text)
 
     def _write_files(self) -> None:
         for node in self.nodes:
@@ -270,27 +243,19 @@ class LocalCluster(PolledCluster[LocalNode]):
         self._write_shared_files()
 
     def _write_node_config(self, node: LocalNode, peers: Sequence[int] | None = None) -> None:
-        node.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        config = self._node_config(node, peers)
-        if node.release is not None:  # an older NodeConfig refuses fields it does not know
-            config = node.release.node_config(config)
-        write_private(node.config_path, json.dumps(config, indent=2) + "\n")
+        write_node_config(node, self._node_config(node, peers))
 
     def _write_shared_files(self) -> None:
         """The tokens every node reads (with auth) and the manifest that reopens the cluster."""
         if self.auth:
-            self._write_tokens()
+            self._tokens.write(self.nodes)
         self._write_manifest()
 
     def _write_manifest(self) -> None:
-        manifest = {
-            "version": MANIFEST_VERSION, "insecure": self.insecure, "auth": self.auth, "tls": self.tls,
+        write_manifest(self.base_dir, {
+            "insecure": self.insecure, "auth": self.auth, "tls": self.tls,
             "tls_client_certificates": self.tls_client_certificates, "node_overrides": self.node_overrides,
-            "node_settings": {str(i): fields for i, fields in self.node_settings.items()},
-            "nodes": [{"index": n.index, "node_id": n.node_id, "http_port": n.http_port,
-                       "raft_port": n.raft_port, "directory": n.directory.name} for n in self.nodes],
-        }
-        write_private(self.base_dir / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+            "node_settings": {str(i): fields for i, fields in self.node_settings.items()}}, self.nodes)
 
     def _remove_owned_dir(self) -> None:
         if self._owns_dir and not self.keep:
@@ -320,9 +285,8 @@ class LocalCluster(PolledCluster[LocalNode]):
         node = LocalNode(index, f"node-{index}", http_port, raft_port, self.base_dir / f"node-{index}", tls=self.tls,
                          release=self.release)
         self.nodes.append(node)
-        if self.tls:  # a certificate of the cluster's CA, as the first nodes have
-            ca = self._tls_files(CA_NAME)
-            write_certificate(ca, ca.cert.parent, node.node_id)
+        if self.tls:
+            add_node_certificate(self.base_dir, node.node_id)
         self._write_node_config(node, peers)
         self._write_shared_files()
         if start:
@@ -427,7 +391,6 @@ class LocalCluster(PolledCluster[LocalNode]):
         finally:
             self._remove_owned_dir()
 
-    # ---------------------------------------------------------- tokens
     # ------------------------------------------------------------- backups
     def restore_from(self, backup: Path, timeout_s: float = 600.0) -> None:
         """Seed every node's data directory from ``backup`` before the cluster first starts, as
@@ -455,13 +418,8 @@ class LocalCluster(PolledCluster[LocalNode]):
         within a second), so it works at once on any of them."""
         if not self.auth:
             raise RuntimeError("this cluster runs without tokens (auth=False)")
-        token = new_token()
-        entry = TokenEntry(name=name, sha256=token_hash(token), admin=admin, expires_at=expires_at,
-                           grants=tuple(g if isinstance(g, Grant) else Grant.from_json(g) for g in grants))
-        self._token_entries.append(entry)
-        self._issued[entry.sha256] = token
-        self.issued_tokens.append(token)
-        self._write_tokens()
+        token = self._tokens.add(name, grants, admin, expires_at)
+        self._tokens.write(self.nodes)
         if wait:
             self.wait_for_token([token], known=True)
         return token
@@ -471,13 +429,11 @@ class LocalCluster(PolledCluster[LocalNode]):
         ``wait``: return once every live node refuses those :meth:`add_token` made here."""
         if not self.auth:
             raise RuntimeError("this cluster runs without tokens (auth=False)")
-        revoked = [e for e in self._token_entries if e.name == name]
-        self._token_entries = [e for e in self._token_entries if e.name != name]
-        self._write_tokens()
-        plain = [self._issued.pop(e.sha256) for e in revoked if e.sha256 in self._issued]
+        count, plain = self._tokens.revoke(name)
+        self._tokens.write(self.nodes)
         if wait and plain:
             self.wait_for_token(plain, known=False)
-        return len(revoked)
+        return count
 
     def wait_for_token(self, tokens: Iterable[str], known: bool, timeout_s: float = WAIT_TIMEOUT_S) -> None:
         """Wait until every live node knows each of ``tokens`` (answers anything but 401
@@ -529,6 +485,11 @@ class LocalCluster(PolledCluster[LocalNode]):
     @property
     def secret(self) -> str | None:
         return self._secret
+
+    @property
+    def issued_tokens(self) -> list[str]:
+        """Every token :meth:`add_token` made here, revoked ones too."""
+        return list(self._tokens.issued_tokens)
 
     def pids(self) -> dict[int, int]:
         return {node.index: node.pid for node in self.nodes if node.pid is not None and node.running()}
