@@ -9,7 +9,8 @@ against ``--ca-file`` or ``RCQ_CA_FILE`` (default: the system's CAs). Errors pri
 ``rcq: <code>: <message>`` on stderr (then, for some, ``rcq: <what to do>``) and exit 2; ``status``
 exits 1 when a node does not answer.
 
-``rcq backup`` and ``rcq restore`` (:mod:`.backup`) save a backup of the cluster and restore one.
+``rcq backup`` (:mod:`.backup`) and ``rcq restore`` (:mod:`.restore`) save a backup of the cluster and
+restore one.
 
 ``rcq token create|list|revoke|hash`` are file operations on a node's tokens file: no node is
 asked, and nodes re-read the file on their own.
@@ -28,10 +29,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rcq.cli.backup import add_backup_parsers
+from rcq.cli.backup import add_backup_parser
 from rcq.cli.cluster import add_cluster_parsers, add_status_parser
 from rcq.cli.connection import client_flags, client_security
 from rcq.cli.queues import add_queue_parsers
+from rcq.cli.restore import add_restore_parser
 from rcq.cli.serve import add_serve_parser, read_cluster_secret
 from rcq.cli.tokens import add_token_parsers, admin_token_entry
 from rcq.errors import RcqError, TokenExpired, Unauthorized
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(commands, common)
     add_cluster_parsers(commands, common)
     add_token_parsers(commands)
-    add_backup_parsers(commands, common)
+    add_backup_parser(commands, common)
+    add_restore_parser(commands, common)
     return parser
 
 
