@@ -1,5 +1,7 @@
 """One session channel to one node: ``GET /v1/session`` as a WebSocket, its requests pipelined by id.
 
+Why over 400 lines: one channel's connection, frames, timers and close share one state; its failure rules sit beside them.
+
 A request is one sub-request of ``POST /v1/batch`` (or ``{"op": "batch"}`` for a whole batch) plus
 an ``id``; its answer frame ``{"id", "status", "body"}`` carries the status and body HTTP would
 answer, in any order. :meth:`Channel.exchange` sends one request once and gives back the same

@@ -1,5 +1,7 @@
 """The client's wire types and their JSON form: what goes into a request body and comes out of an answer.
 
+Why over 400 lines: the one bottom layer that knows the JSON of every request and answer: the wire contract in one place.
+
 * the result types (:class:`Item`, :class:`DeadLetter`, :class:`CommitInfo`,
   :class:`OperationResult`, :class:`ExecuteResult`) and the operations of
   :meth:`RcqClient.execute` (:class:`Enqueue`, :class:`Dequeue`);

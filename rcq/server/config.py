@@ -1,5 +1,7 @@
 """NodeConfig: every setting of one rcq node, documented, with defaults in one place.
 
+Why over 400 lines: every setting of a node, each a documented Field with its checks, in one place by design.
+
 Loaded from a JSON file (``rcq serve --config node.json``) and/or command-line
 flags; the cluster secret may also come from the ``RCQ_CLUSTER_SECRET``
 environment variable so it never shows in a process list. Cross-field rules

@@ -1,6 +1,6 @@
 """What goes through the Raft log: explicit, versioned commands and their results.
 
-Long because: each command and result of the log sits beside the one codec that writes and reads it (one format, one version).
+Why over 400 lines: each command and result of the log sits beside the one codec that writes and reads it (one format).
 
 A command travels as a tuple of plain values (str, int, bytes, tuples), never
 as a pickled object of ours, so the log stays readable by any later version

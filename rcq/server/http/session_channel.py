@@ -1,5 +1,7 @@
 """The session channel: ``GET /v1/session``, a WebSocket carrying the hot verbs as pipelined frames.
 
+Why over 400 lines: one class holds a channel's whole life (read, serve, answer, watch, close), whose parts share its state.
+
 One HTTP request per operation costs a node (and its client) far more than the operation: the
 head, the middlewares, a response. A channel pays that once. Each text frame is one request —
 exactly a sub-request of ``POST /v1/batch`` (``op`` begin, enqueue, dequeue, commit, abort,
@@ -27,8 +29,7 @@ is answered (up to ``LEADERSHIP_DRAIN_S``), then close 1001 (1012 if the node st
 Without it the node's HTTP shutdown would wait for each channel's handler, which a busy client
 keeps busy for ever.
 
-Over 400 lines because one class holds a channel's whole life (read, serve, answer, watch, close),
-whose parts share its state; the close codes are listed here, beside the code that sends them.
+The close codes are listed here, beside the code that sends them.
 
 Must not import: pysyncobj, lmdb.
 """

@@ -1,5 +1,7 @@
 """RaftReplicator: the :class:`~rcq.server.raft.protocol.Replicator` protocol on pysyncobj 0.3.17.
 
+Why over 400 lines: the Replicator protocol on pysyncobj is one class; the jobs that split off are already its collaborators.
+
 Responsibility: propose encoded commands through Raft on the leader, apply
 committed entries to the :class:`~rcq.server.core.state_machine.QueueStateMachine`, bridge
 results and leadership changes from pysyncobj's tick thread to the asyncio

@@ -1,5 +1,7 @@
 """Fixes installed on pysyncobj's TCP transport: what a peer's bytes and a busy host may cost a node.
 
+Why over 400 lines: the fixes wrap the same few methods of pysyncobj's TCP transport (read, send, accept) and share their state.
+
 * H13: the length a frame announces is checked before any of it is buffered: at most
   ``raft_handshake_frame_bytes_max`` until the connection has authenticated with the cluster
   secret, ``raft_frame_bytes_max`` after; a bigger (or negative) one closes the connection;
