@@ -6,8 +6,9 @@ harness with every link through ``netproxy``, the fault-injecting TCP proxy),
 ``docker_cluster`` (the same protocol on docker-compose), ``nemesis`` (faults; ``faults``
 makes them, ``membership`` the membership changes through the admin API),
 ``workload`` (the workers; ``generator`` draws their seeded ops, ``executor`` runs each as a
-client and says ok, fail or info), ``history`` (the JSONL record), ``checkers`` (verdicts),
-``runner`` (phases and report), ``sweep`` (many seeds, one table).
+client and says ok, fail or info), ``history`` (the JSONL record), ``checkers`` (verdicts,
+and ``checkers.report`` their summary), ``runner`` (phases; ``checker_inputs`` what it records
+besides the ops, ``timeline`` its picture), ``sweep`` (many seeds, one table).
 
 A black box: nothing here imports rcq but rcq.client, rcq.errors and the cluster harness of
 rcq.testing (real node processes, their polls and waits). ``powerfs`` (a disk that loses what

@@ -46,7 +46,7 @@ from pathlib import Path
 from chaos.docker_cluster import COMPOSE_NODES, DockerError, docker_compose_error
 from chaos.nemesis import DOCKER_KINDS, KINDS, check_target, parse_kinds
 from chaos.powerfs import fuse_unavailable_reason
-from chaos.runner import RunConfig, run
+from chaos.runner import Progress, RunConfig, run
 from rcq.local.releases import ReleaseUnavailable
 
 DOCKER_INFO_TIMEOUT_S = 20.0
@@ -129,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
                        workers=args.workers, queues=args.queues, node_overrides=overrides, log_level=args.log_level,
                        target=args.target, power_fs=args.power_fs)
     print(f"chaos run: seed {seed}, output in {out}", file=sys.stderr, flush=True)
-    from chaos.runner import Progress
-
     try:
         document = run(config, Progress(quiet=args.quiet))
     except DockerError as exc:  # the compose project could not be run or driven as needed

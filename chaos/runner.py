@@ -21,9 +21,10 @@
 5. wait for quiet and record every node's state digest, the leader's view of the
    voting members (on a target that can change membership), the leader samples,
    the transactions still open and every queue's replicated counters
-   (checker inputs);
+   (checker inputs: chaos.checker_inputs);
 6. run the checkers and write ``history.jsonl``, ``results.json``,
-   ``summary.txt`` and ``timeline.png`` into the output directory.
+   ``summary.txt`` (chaos.checkers.report) and ``timeline.png`` (chaos.timeline) into the output
+   directory.
 
 Must not import: any rcq module but rcq.client and rcq.errors.
 """
@@ -41,10 +42,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chaos.checker_inputs import record_final_state, record_queue_stats, sample_leaders
 from chaos.checkers import check
+from chaos.checkers.report import summary_text, write_results
 from chaos.cluster import ChaosCluster, previous_release
 from chaos.docker_cluster import DockerCluster
-from chaos.executor import RETRY_TIMEOUT_S, OpenTransactions, error_name, make_client
+from chaos.executor import RETRY_TIMEOUT_S, OpenTransactions
 from chaos.generator import Generator, Topology, queue_names
 from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter, read_history
 from chaos.intruder import (
@@ -54,13 +57,11 @@ from chaos.intruder import (
     IntruderGenerator,
     run_intruder,
 )
-from chaos.membership import FINAL_VIEW_TIMEOUT_S, final_view
 from chaos.nemesis import Nemesis
-from chaos.report import summary_text, write_results
-from chaos.target import ChaosTarget, membership_control, token_issuer
+from chaos.target import ChaosTarget, token_issuer
+from chaos.timeline import plot_timeline
 from chaos.workload import configure_queues, drain, run_worker
 
-LEADER_SAMPLE_EVERY_S = 0.25
 PROGRESS_EVERY_S = 5.0
 DRAIN_PROCESS = 100_000
 SETUP_PROCESS = 100_001
@@ -161,22 +162,57 @@ def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosT
 
 async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: HistoryWriter,
                        progress: Progress, timings: dict[str, float], now_s: Callable[[], float]) -> dict[str, Any]:
-    queues = queue_names(config.queues)
-    topology = Topology.of(queues)  # q0 plain; the others with dead-letter queues, delivery limits, priorities
+    """Phases 2 to 5: the workload and the nemesis, the heal, the drain, the checker inputs."""
+    # q0 plain; the others with dead-letter queues, delivery limits, priorities
+    topology = Topology.of(queue_names(config.queues))
     urls = cluster.client_urls
     token = cluster.token  # the workload's clients use the cluster's admin token, as the harness does
-    counts: dict[str, int] = {}
     nemesis = Nemesis(cluster, history, config.seed, config.nemesis, progress)
     leaders: list[dict[str, Any]] = []
-    stop = asyncio.Event()
     sampling = asyncio.Event()
+    await configure_queues(history, urls, topology, SETUP_PROCESS, token=token)
+    intruder_token = await _intruder_token(cluster, history, progress)
+    sampler = asyncio.create_task(sample_leaders(cluster, now_s, leaders, sampling))
+    await _run_workload(config, cluster, history, topology, nemesis, intruder_token, progress, timings)
+
+    if config.before_heal is not None:
+        await asyncio.to_thread(config.before_heal, cluster)
+    recovery = await _heal(config, cluster, nemesis, progress, timings)
+
+    def within(timeout_s: float) -> float:
+        return 0.0 if recovery.get("every_node_exited") else timeout_s
+
+    progress(f"draining {len(topology.all_queues)} queues")
+    t0 = time.monotonic()
+    drained = await drain(history, urls, topology.all_queues, DRAIN_PROCESS, within(config.drain_timeout_s),
+                          token=token, topology=topology)
+    timings["drain_s"] = time.monotonic() - t0
+    progress(f"drain {'complete' if drained['complete'] else 'INCOMPLETE'}: {drained['drained']}")
+
+    t0 = time.monotonic()
+    await record_final_state(cluster, history, within, config.convergence_timeout_s, progress)
+    sampling.set()
+    await sampler
+    history.info(CHECKER_INPUT_PROCESS, "leaders", leaders)
+    await record_queue_stats(history, urls, topology.all_queues, token, within(RETRY_TIMEOUT_S))
+    timings["convergence_s"] = time.monotonic() - t0
+    links = cluster.link_faults()
+    return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
+            "proxy": links.stats() if links is not None else {"target": cluster.target},
+            "unexpected_exits": dict(cluster.unexpected_exits()), "logs": [str(p) for p in cluster.log_paths()]}
+
+
+async def _run_workload(config: RunConfig, cluster: ChaosTarget, history: HistoryWriter, topology: Topology,
+                        nemesis: Nemesis, intruder_token: str | None, progress: Progress,
+                        timings: dict[str, float]) -> None:
+    """Phase 2: the workers, the intruder and the nemesis together until the time limit."""
+    urls, token, queues = cluster.client_urls, cluster.token, topology.queues
+    counts: dict[str, int] = {}
+    stop = asyncio.Event()
 
     def completed(f: str, type_: str) -> None:
         counts[type_] = counts.get(type_, 0) + 1
 
-    await configure_queues(history, urls, topology, SETUP_PROCESS, token=token)
-    intruder_token = await _intruder_token(cluster, history, progress)
-    sampler = asyncio.create_task(_sample_leaders(cluster, now_s, leaders, sampling))
     reporter = asyncio.create_task(_report_progress(stop, counts, nemesis, progress))
     t0 = time.monotonic()
     registry = OpenTransactions()  # the workers' open transactions: what the intruder tries to hijack
@@ -202,8 +238,10 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     timings["workload_s"] = time.monotonic() - t0
     reporter.cancel()
 
-    if config.before_heal is not None:
-        await asyncio.to_thread(config.before_heal, cluster)
+
+async def _heal(config: RunConfig, cluster: ChaosTarget, nemesis: Nemesis, progress: Progress,
+                timings: dict[str, float]) -> dict[str, Any]:
+    """Phase 3: every fault stopped, then a leader and every node caught up; what it took."""
     progress("healing: every fault stopped, links healed, nodes resumed and restarted")
     t0 = time.monotonic()
     recovery: dict[str, Any] = {}
@@ -221,11 +259,8 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     if nobody_left:
         recovery["every_node_exited"] = True
         progress("every node has exited: the waits below look once instead of waiting")
-
-    def within(timeout_s: float) -> float:
-        return 0.0 if nobody_left else timeout_s
     try:
-        leader = await asyncio.to_thread(cluster.wait_for_leader, within(config.recovery_timeout_s))
+        leader = await asyncio.to_thread(cluster.wait_for_leader, 0.0 if nobody_left else config.recovery_timeout_s)
         recovery["leader_after_heal_s"] = round(time.monotonic() - t0, 3)
         await asyncio.to_thread(cluster.wait_for_applied, config.recovery_timeout_s)
         recovery["caught_up_after_heal_s"] = round(time.monotonic() - t0, 3)
@@ -235,36 +270,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
         recovery["error"] = str(exc)
         progress(f"NOT recovered: {exc}")
     timings["recovery_s"] = time.monotonic() - t0
-
-    progress(f"draining {len(topology.all_queues)} queues")
-    t0 = time.monotonic()
-    drained = await drain(history, urls, topology.all_queues, DRAIN_PROCESS, within(config.drain_timeout_s),
-                          token=token, topology=topology)
-    timings["drain_s"] = time.monotonic() - t0
-    progress(f"drain {'complete' if drained['complete'] else 'INCOMPLETE'}: {drained['drained']}")
-
-    t0 = time.monotonic()
-    retry_timeout_s = within(RETRY_TIMEOUT_S)
-    await _record_open_transactions(urls, token, history, retry_timeout_s)
-    digests, agreed = await asyncio.to_thread(_final_digests, cluster, within(config.convergence_timeout_s))
-    if not agreed:
-        progress(f"nodes did not converge: {digests}")
-    history.info(CHECKER_INPUT_PROCESS, "digests", digests)
-    control = membership_control(cluster)
-    if control is not None:  # the membership checker: every node a voting member at the end
-        members = await asyncio.to_thread(final_view, cluster, control, within(FINAL_VIEW_TIMEOUT_S))
-        if members.get("error"):
-            progress(f"members not read: {members['error']}")
-        history.info(CHECKER_INPUT_PROCESS, "members", members)
-    sampling.set()
-    await sampler
-    history.info(CHECKER_INPUT_PROCESS, "leaders", leaders)
-    await _record_queue_stats(history, urls, topology.all_queues, token, retry_timeout_s)
-    timings["convergence_s"] = time.monotonic() - t0
-    links = cluster.link_faults()
-    return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
-            "proxy": links.stats() if links is not None else {"target": cluster.target},
-            "unexpected_exits": dict(cluster.unexpected_exits()), "logs": [str(p) for p in cluster.log_paths()]}
+    return recovery
 
 
 async def _intruder_token(cluster: ChaosTarget, history: HistoryWriter, progress: Progress) -> str | None:
@@ -301,33 +307,6 @@ def every_node_exited(cluster: ChaosTarget, timeout_s: float) -> bool:
     return True
 
 
-def _final_digests(cluster: ChaosTarget, timeout_s: float) -> tuple[dict[str, str | None], bool]:
-    """Every node's ``"<digest>@<applied_index>"`` (None: no answer), the convergence checker's
-    input, and whether they all agreed within ``timeout_s`` (if not: as they are then)."""
-    try:
-        agreed = cluster.wait_for_convergence(timeout_s, indices=range(len(cluster.nodes)))
-    except TimeoutError:
-        answers = cluster.digests()
-        return {node.node_id: f"{answers[i]['digest']}@{answers[i]['applied_index']}" if i in answers else None
-                for i, node in enumerate(cluster.nodes)}, False
-    return dict.fromkeys((node.node_id for node in cluster.nodes), f"{agreed['digest']}@{agreed['applied_index']}"), True
-
-
-async def _sample_leaders(cluster: ChaosTarget, now_s: Callable[[], float], leaders: list[dict[str, Any]],
-                          stop: asyncio.Event) -> None:
-    """Every node that says it is a serving leader, with its term, at every sample (so the
-    checker sees when a leader is there again after a fault, not only when one changes).
-    Times are the history's."""
-    while not stop.is_set():
-        views = await asyncio.to_thread(cluster.statuses)
-        now = round(now_s(), 6)
-        for i, view in sorted(views.items()):
-            if view.get("role") == "leader" and view.get("serving"):
-                leaders.append({"time_s": now, "node": cluster.nodes[i].node_id, "term": int(view.get("term") or 0)})
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), LEADER_SAMPLE_EVERY_S)
-
-
 async def _report_progress(stop: asyncio.Event, counts: dict[str, int], nemesis: Nemesis, progress: Progress) -> None:
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
@@ -335,39 +314,6 @@ async def _report_progress(stop: asyncio.Event, counts: dict[str, int], nemesis:
         active = ", ".join(f.f for _, f in nemesis.active) or "none"
         progress(f"ops ok {counts.get('ok', 0)} fail {counts.get('fail', 0)} info {counts.get('info', 0)}; "
                  f"faults active: {active}")
-
-
-async def _record_queue_stats(history: HistoryWriter, urls: list[str], queues: list[str], token: str | None,
-                              retry_timeout_s: float) -> None:
-    """Every queue's replicated counters (dead-lettered, dropped, expired...) after the drain, as a
-    checker input: the features checker holds what the history saw die or vanish to them."""
-    stats: dict[str, Any] = {}
-    async with make_client(urls, token, retry_timeout_s) as client:
-        for queue in queues:
-            try:
-                answer = await client.stats(queue)
-            except Exception as exc:  # not measured: the checker says so
-                stats[queue] = {"error": error_name(exc)}
-                continue
-            stats[queue] = {k: v for k, v in answer.items() if k == "count" or k.endswith("_total")}
-    history.info(CHECKER_INPUT_PROCESS, "queue-stats", stats)
-
-
-async def _record_open_transactions(urls: list[str], token: str | None, history: HistoryWriter,
-                                    retry_timeout_s: float) -> None:
-    """The chaos transactions still open on the leader after the drain: all are past due by now."""
-    try:
-        async with make_client(urls, token, retry_timeout_s) as client:
-            open_now = await client.transactions("chaos")
-    except Exception as exc:  # not measured: the checker says so
-        history.info(CHECKER_INPUT_PROCESS, "open-transactions-error", {"error": repr(exc)})
-        return
-    now_ms = time.time() * 1000
-    ages = [(now_ms - float(t.get("created_ms") or now_ms)) / 1000 for t in open_now]
-    history.info(CHECKER_INPUT_PROCESS, "open-transactions", {
-        "count": len(open_now), "oldest_age_s": round(max(ages), 3) if ages else None,
-        "deadline_s": max((float(t.get("timeout_s") or 0) for t in open_now), default=None),
-        "transactions": open_now[:20]})
 
 
 # ------------------------------------------------------------------- report
@@ -397,59 +343,3 @@ def _report(config: RunConfig, out: Path, extra: dict[str, Any], timings: dict[s
         progress(f"timeline not drawn: {exc!r}")
     progress("\n" + summary)
     return {"valid": bool(results["valid"]), "results": results, "summary": summary, "out": str(out)}
-
-
-# ----------------------------------------------------------------- timeline
-FAULT_COLORS = ("#e6550d", "#3182bd", "#31a354", "#756bb1", "#636363", "#fd8d3c", "#9ecae1", "#a1d99b", "#bcbddc")
-
-
-def plot_timeline(history: list[dict[str, Any]], path: Path, title: str = "rcq chaos") -> Path:
-    """Throughput (ok / fail / info per second) and latency of every workload op over time, with
-    each fault window shaded in its colour — the way Jepsen draws them. The intruder's ops are
-    left out: its refusals are the system working, not failing."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    from chaos.checkers import fault_windows
-    from chaos.checkers.security import is_security_op
-    from chaos.history import pair_ops
-
-    pairs = [p for p in pair_ops(history) if p.completion is not None and not is_security_op(p.f)]
-    end_s = max((float(op.get("time_s", 0)) for op in history), default=1.0)
-    buckets = int(end_s) + 1
-    figure, (throughput, latency) = plt.subplots(2, 1, figsize=(14, 7), sharex=True)
-    styles = {"ok": ("#2ca02c", "."), "fail": ("#d62728", "x"), "info": ("#ff7f0e", "^")}
-    for type_, (color, marker) in styles.items():
-        per_second = [0] * buckets
-        times, latencies = [], []
-        for pair in pairs:
-            if pair.type != type_:
-                continue
-            done_s = pair.complete_time_s or 0.0
-            per_second[min(buckets - 1, int(done_s))] += 1
-            times.append(done_s)
-            latencies.append(max(pair.latency_s or 0.0, 1e-4))
-        throughput.plot(range(buckets), per_second, color=color, label=type_, linewidth=1)
-        latency.scatter(times, latencies, s=4, color=color, marker=marker, label=type_, alpha=0.6)
-    windows = [w for w in fault_windows(history) if w["f"] != "snapshot"]
-    colors: dict[str, str] = {}
-    for window in windows:
-        color = colors.setdefault(window["f"], FAULT_COLORS[len(colors) % len(FAULT_COLORS)])
-        for axis in (throughput, latency):
-            axis.axvspan(window["start_s"], window["stop_s"], color=color, alpha=0.15, linewidth=0)
-    throughput.set_ylabel("ops completed / s")
-    throughput.set_title(title)
-    latency.set_yscale("log")
-    latency.set_ylabel("latency (s)")
-    latency.set_xlabel("time since start (s)")
-    handles, labels = throughput.get_legend_handles_labels()
-    handles += [Patch(color=c, alpha=0.3) for c in colors.values()]
-    labels += list(colors)
-    figure.legend(handles, labels, loc="upper right", fontsize=8, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path

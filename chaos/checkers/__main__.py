@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from chaos.checkers import check_file
-from chaos.report import summary_text
+from chaos.checkers.report import summary_text
 
 
 def main(argv: list[str] | None = None) -> int:

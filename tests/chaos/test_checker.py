@@ -27,8 +27,8 @@ from chaos.checkers import (
 )
 from chaos.checkers.__main__ import main
 from chaos.checkers.ordering import _count_inversions
+from chaos.checkers.report import summary_text, write_results
 from chaos.history import HistoryError, HistoryWriter, pair_ops, read_history
-from chaos.report import summary_text, write_results
 from tests.helpers.history import History
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from chaos.checkers import check, check_aborted_return, check_atomicity, check_features, check_total_queue
+from chaos.checkers.report import summary_text
 from chaos.executor import Executor
 from chaos.generator import FEATURE_MIX, MAX_DELIVERIES, Generator, Spec, Topology, is_poison
-from chaos.report import summary_text
 from rcq.client import Item
 from rcq.client.wire import DeadLetter
 from rcq.errors import CommitOutcomeUnknown

@@ -12,9 +12,9 @@ from typing import Any
 
 from chaos.checkers import check, check_headers
 from chaos.checkers.headers import expected_headers
+from chaos.checkers.report import summary_text
 from chaos.executor import Executor, item_meta
 from chaos.generator import Generator, Spec, Topology, has_headers, headers_of, is_poison, runs_by_headers
-from chaos.report import summary_text
 from rcq.client import Item
 from rcq.client.wire import DeadLetter
 from rcq.errors import FeatureLevelRequired

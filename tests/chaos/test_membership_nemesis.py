@@ -20,10 +20,10 @@ import pytest
 import chaos.__main__ as chaos_main
 from chaos.checkers import check
 from chaos.checkers.membership import check_membership
+from chaos.checkers.report import summary_text
 from chaos.faults import Fault, FaultRefused
 from chaos.membership import READD_TIMEOUT_S, REMOVE_TIMEOUT_S, MembershipChanger, final_view
 from chaos.nemesis import DOCKER_KINDS, KINDS, MIXABLE, Nemesis, check_target, parse_kinds
-from chaos.report import summary_text
 
 
 # ------------------------------------------------------------------ fakes

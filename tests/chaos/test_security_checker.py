@@ -16,6 +16,7 @@ import pytest
 
 from chaos.checkers import check, check_security
 from chaos.checkers.model import build_model
+from chaos.checkers.report import summary_text
 from chaos.executor import Executor, OpenTransactions
 from chaos.generator import Generator, Spec
 from chaos.history import HistoryWriter, read_history
@@ -24,7 +25,6 @@ from chaos.intruder import (
     Intruder,
     IntruderGenerator,
 )
-from chaos.report import summary_text
 from chaos.runner import INTRUDER_PROCESS, Progress, _intruder_token
 from chaos.target import token_issuer
 from rcq.errors import (

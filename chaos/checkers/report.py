@@ -3,10 +3,11 @@
 ``summary_text`` turns ``chaos.checkers.check``'s result into a few lines:
 VALID or INVALID, the seed that reproduces the run, and one line per
 checker with its counts and first offenders. ``write_results`` stores the
-whole result with the run's parameters as JSON. The PNG timeline is the
-runtime's; this module is text only.
+whole result with the run's parameters as JSON. The PNG timeline is
+chaos.timeline's; this module is text only.
 
-Pure Python: imports nothing from rcq.
+Pure Python: imports nothing from rcq. Imported by the checkers' command and the runner, never by a
+checker (it shows their results).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from chaos.checkers.features import summary_line as features_summary_line
+from chaos.checkers.headers import summary_line as headers_summary_line
 
 SAMPLES_SHOWN_MAX = 5
 
@@ -190,24 +194,12 @@ def _security_line(r: dict[str, Any]) -> str:
     return line
 
 
-def _features_line(r: dict[str, Any]) -> str:
-    from chaos.checkers.features import summary_line
-
-    return summary_line(r)
-
-
-def _headers_line(r: dict[str, Any]) -> str:
-    from chaos.checkers.headers import summary_line
-
-    return summary_line(r)
-
-
 _LINES = {
     "total_queue": _total_queue_line,
     "atomicity": _atomicity_line,
     "aborted_return": _aborted_line,
-    "features": _features_line,
-    "headers": _headers_line,
+    "features": features_summary_line,
+    "headers": headers_summary_line,
     "convergence": _convergence_line,
     "membership": _membership_line,
     "liveness": _liveness_line,
