@@ -56,9 +56,10 @@ Binding: ``mfusepy`` (ctypes over Debian's libfuse3; pure Python, so nothing to 
 /dev/fuse, no permission, no libfuse3, no mfusepy) so tests can skip loudly.
 
 The model itself (files, directories, their durable and current states, the cut) is
-chaos/powerfs/model.py; the child that serves it over FUSE is chaos/powerfs/serve.py; this module
-drives the mount from the harness. Test machinery of the chaos harness and its tests, run from a
-checkout (not in the wheel): the child finds ``chaos`` through ``PYTHONPATH`` set to the checkout.
+chaos/powerfs/model.py, each file and directory chaos/powerfs/files.py; the child that serves it
+over FUSE is chaos/powerfs/serve.py; this module drives the mount from the harness. Test machinery
+of the chaos harness and its tests, run from a checkout (not in the wheel): the child finds
+``chaos`` through ``PYTHONPATH`` set to the checkout.
 
 Must not import: rcq.server (nor pysyncobj, lmdb, aiohttp); mfusepy only inside the child.
 """

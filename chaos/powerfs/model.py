@@ -1,6 +1,6 @@
 """powerfs's model: an in-memory filesystem with a durable and a current state per file and
-directory, and the power cut that reverts one to the other. The durability model is written out
-at the top of chaos/powerfs/__init__.py (the FUSE mount that serves it).
+directory (chaos.powerfs.files), and the power cut that reverts one to the other. The durability
+model is written out at the top of chaos/powerfs/__init__.py (the FUSE mount that serves it).
 
 Pure Python, no FUSE: testable without a mount (tests/chaos/test_powerfs.py checks its page
 bookkeeping against a whole-file model with hypothesis).
@@ -17,119 +17,7 @@ import threading
 import time
 from typing import Any
 
-PAGE_BYTES = 4096  # bookkeeping granularity of unsynced data (what a page cache tracks)
-
-
-class _File:
-    """A regular file: current bytes, durable bytes, and the pages where they may differ."""
-
-    def __init__(self, number: int, mode: int) -> None:
-        self.number = number
-        self.mode = mode
-        self.durable_mode = mode
-        self.data = bytearray()
-        self.durable = bytearray()
-        # Invariant: every byte where data and durable differ (or where only one of them has a
-        # byte) lies in a page listed here.
-        self.dirty: set[int] = set()
-        self.times_ns = (time.time_ns(), time.time_ns())  # atime, mtime
-
-    def _mark(self, start: int, end: int) -> None:
-        if end > start:
-            self.dirty.update(range(start // PAGE_BYTES, (end - 1) // PAGE_BYTES + 1))
-
-    def read(self, size: int, offset: int) -> bytes:
-        return bytes(self.data[offset:offset + size])
-
-    def write(self, chunk: bytes, offset: int) -> int:
-        length = len(self.data)
-        if offset > length:  # a hole reads as zeros
-            self.data.extend(bytes(offset - length))
-            self._mark(length, offset)
-        self.data[offset:offset + len(chunk)] = chunk
-        self._mark(offset, offset + len(chunk))
-        self.times_ns = (self.times_ns[0], time.time_ns())
-        return len(chunk)
-
-    def truncate(self, length: int) -> None:
-        old = len(self.data)
-        if length < old:
-            del self.data[length:]
-        else:
-            self.data.extend(bytes(length - old))
-        self._mark(min(old, length), max(old, length))
-        self.times_ns = (self.times_ns[0], time.time_ns())
-
-    def make_durable(self) -> int:
-        """fsync: the durable state becomes the current one; returns the pages written."""
-        size = len(self.data)
-        if len(self.durable) > size:
-            del self.durable[size:]
-        elif len(self.durable) < size:
-            self.durable.extend(bytes(size - len(self.durable)))
-        for page in self.dirty:
-            start = page * PAGE_BYTES
-            if start < size:
-                end = min(start + PAGE_BYTES, size)
-                self.durable[start:end] = self.data[start:end]
-        written = len(self.dirty)
-        self.dirty.clear()
-        self.durable_mode = self.mode
-        return written
-
-    def revert(self) -> int:
-        """A cut: back to the durable state; returns the unsynced bytes dropped (whole pages)."""
-        if not self.dirty and self.mode == self.durable_mode:
-            return 0
-        span = max(len(self.data), len(self.durable))
-        dropped = sum(min(PAGE_BYTES, span - page * PAGE_BYTES) for page in self.dirty if page * PAGE_BYTES < span)
-        size = len(self.durable)
-        if len(self.data) > size:
-            del self.data[size:]
-        else:
-            self.data.extend(bytes(size - len(self.data)))
-        for page in self.dirty:
-            start = page * PAGE_BYTES
-            if start < size:
-                end = min(start + PAGE_BYTES, size)
-                self.data[start:end] = self.durable[start:end]
-        self.dirty.clear()
-        self.mode = self.durable_mode
-        # A new mtime makes the kernel drop its cached pages of the file at the next read of a
-        # handle opened before the cut (libfuse asks for auto_inval_data; attr_timeout is 0).
-        self.times_ns = (self.times_ns[0], time.time_ns())
-        return max(dropped, 1)  # a mode change alone still counts as a reverted file
-
-
-class _Directory:
-    """A directory: current names and the names its last fsync made durable."""
-
-    def __init__(self, number: int, mode: int) -> None:
-        self.number = number
-        self.mode = mode
-        self.durable_mode = mode
-        self.entries: dict[str, _File | _Directory] = {}
-        self.durable_entries: dict[str, _File | _Directory] = {}
-        self.times_ns = (time.time_ns(), time.time_ns())
-
-    def make_durable(self) -> None:
-        self.durable_entries = dict(self.entries)
-        self.durable_mode = self.mode
-
-    def revert(self) -> int:
-        """A cut: back to the durable names; returns how many names changed."""
-        current, durable = self.entries, self.durable_entries
-        changed = sum(1 for name in current.keys() | durable.keys() if current.get(name) is not durable.get(name))
-        self.entries = dict(durable)
-        self.mode = self.durable_mode
-        return changed
-
-
-_Node = _File | _Directory
-
-
-def _errno_error(code: int, what: str = "") -> OSError:
-    return OSError(code, os.strerror(code) + (f": {what}" if what else ""))
+from chaos.powerfs.files import PAGE_BYTES, Directory, File, Node, errno_error
 
 
 class PowerModel:
@@ -144,9 +32,9 @@ class PowerModel:
         self.drop_unsynced = drop_unsynced
         self._lock = threading.Lock()
         self._next_number = 2
-        self.root = _Directory(1, stat.S_IFDIR | 0o755)
+        self.root = Directory(1, stat.S_IFDIR | 0o755)
         self.root.make_durable()
-        self._handles: dict[int, _Node] = {}
+        self._handles: dict[int, Node] = {}
         self._next_handle = 1
         self.counters = {"cuts": 0, "fsyncs": 0, "fsyncdirs": 0, "writes": 0, "syncs": 0}
 
@@ -155,55 +43,55 @@ class PowerModel:
         self._next_number += 1
         return self._next_number
 
-    def _resolve(self, path: str) -> _Node:
-        node: _Node = self.root
+    def _resolve(self, path: str) -> Node:
+        node: Node = self.root
         for part in (p for p in path.split("/") if p):
-            if not isinstance(node, _Directory):
-                raise _errno_error(errno.ENOTDIR, path)
+            if not isinstance(node, Directory):
+                raise errno_error(errno.ENOTDIR, path)
             child = node.entries.get(part)
             if child is None:
-                raise _errno_error(errno.ENOENT, path)
+                raise errno_error(errno.ENOENT, path)
             node = child
         return node
 
-    def _parent(self, path: str) -> tuple[_Directory, str]:
+    def _parent(self, path: str) -> tuple[Directory, str]:
         head, _, name = path.rstrip("/").rpartition("/")
         if not name:
-            raise _errno_error(errno.EBUSY, "the mount's root")
+            raise errno_error(errno.EBUSY, "the mount's root")
         parent = self._resolve(head or "/")
-        if not isinstance(parent, _Directory):
-            raise _errno_error(errno.ENOTDIR, head)
+        if not isinstance(parent, Directory):
+            raise errno_error(errno.ENOTDIR, head)
         return parent, name
 
-    def _node(self, path: str | None, handle: int | None) -> _Node:
+    def _node(self, path: str | None, handle: int | None) -> Node:
         if handle is not None and handle in self._handles:
             return self._handles[handle]
         if path is None:
-            raise _errno_error(errno.EBADF)
+            raise errno_error(errno.EBADF)
         return self._resolve(path)
 
-    def _file(self, path: str | None, handle: int | None) -> _File:
+    def _file(self, path: str | None, handle: int | None) -> File:
         node = self._node(path, handle)
-        if not isinstance(node, _File):
-            raise _errno_error(errno.EISDIR, path or "")
+        if not isinstance(node, File):
+            raise errno_error(errno.EISDIR, path or "")
         return node
 
-    def _new_handle(self, node: _Node) -> int:
+    def _new_handle(self, node: Node) -> int:
         handle = self._next_handle
         self._next_handle += 1
         self._handles[handle] = node
         return handle
 
-    def _reachable(self) -> list[_Node]:
+    def _reachable(self) -> list[Node]:
         """Every file and directory processes can reach now."""
-        seen: dict[int, _Node] = {}
-        stack: list[_Node] = [self.root]
+        seen: dict[int, Node] = {}
+        stack: list[Node] = [self.root]
         while stack:
             node = stack.pop()
             if id(node) in seen:
                 continue
             seen[id(node)] = node
-            if isinstance(node, _Directory):
+            if isinstance(node, Directory):
                 stack.extend(node.entries.values())
         return list(seen.values())
 
@@ -215,8 +103,8 @@ class PowerModel:
             attrs: dict[str, Any] = {"st_mode": node.mode, "st_ino": node.number, "st_uid": os.getuid(),
                                      "st_gid": os.getgid(), "st_atime": atime_ns, "st_mtime": mtime_ns,
                                      "st_ctime": mtime_ns, "st_blksize": PAGE_BYTES}
-            if isinstance(node, _Directory):
-                attrs["st_nlink"] = 2 + sum(isinstance(c, _Directory) for c in node.entries.values())
+            if isinstance(node, Directory):
+                attrs["st_nlink"] = 2 + sum(isinstance(c, Directory) for c in node.entries.values())
                 attrs["st_size"] = 0
             else:
                 attrs["st_nlink"] = 1
@@ -242,9 +130,9 @@ class PowerModel:
         with self._lock:
             parent, name = self._parent(path)
             existing = parent.entries.get(name)
-            if isinstance(existing, _Directory):
-                raise _errno_error(errno.EISDIR, path)
-            node = existing if existing is not None else _File(self._number(), stat.S_IFREG | stat.S_IMODE(mode))
+            if isinstance(existing, Directory):
+                raise errno_error(errno.EISDIR, path)
+            node = existing if existing is not None else File(self._number(), stat.S_IFREG | stat.S_IMODE(mode))
             parent.entries[name] = node
             parent.times_ns = (parent.times_ns[0], time.time_ns())
             return self._new_handle(node)
@@ -252,17 +140,17 @@ class PowerModel:
     def open(self, path: str, flags: int = os.O_RDONLY) -> int:
         with self._lock:
             node = self._resolve(path)
-            if isinstance(node, _Directory) and flags & os.O_ACCMODE != os.O_RDONLY:
-                raise _errno_error(errno.EISDIR, path)
-            if isinstance(node, _File) and flags & os.O_TRUNC:
+            if isinstance(node, Directory) and flags & os.O_ACCMODE != os.O_RDONLY:
+                raise errno_error(errno.EISDIR, path)
+            if isinstance(node, File) and flags & os.O_TRUNC:
                 node.truncate(0)
             return self._new_handle(node)
 
     def opendir(self, path: str) -> int:
         with self._lock:
             node = self._resolve(path)
-            if not isinstance(node, _Directory):
-                raise _errno_error(errno.ENOTDIR, path)
+            if not isinstance(node, Directory):
+                raise errno_error(errno.ENOTDIR, path)
             return self._new_handle(node)
 
     def release(self, handle: int) -> None:
@@ -286,7 +174,7 @@ class PowerModel:
         """fsync/fdatasync (and so msync(MS_SYNC)) of a file, or fsync of a directory."""
         with self._lock:
             node = self._node(path, handle)
-            if isinstance(node, _Directory):
+            if isinstance(node, Directory):
                 self.counters["fsyncdirs"] += 1
             else:
                 self.counters["fsyncs"] += 1
@@ -297,8 +185,8 @@ class PowerModel:
         """(name, {st_mode, st_ino}, 0) for ``.``, ``..`` and each entry (readdir skips inode 0)."""
         with self._lock:
             node = self._node(path, handle)
-            if not isinstance(node, _Directory):
-                raise _errno_error(errno.ENOTDIR, path or "")
+            if not isinstance(node, Directory):
+                raise errno_error(errno.ENOTDIR, path or "")
             here = {"st_mode": node.mode, "st_ino": node.number}
             return [(".", here, 0), ("..", here, 0),
                     *((name, {"st_mode": child.mode, "st_ino": child.number}, 0) for name, child in node.entries.items())]
@@ -307,8 +195,8 @@ class PowerModel:
         with self._lock:
             parent, name = self._parent(path)
             if name in parent.entries:
-                raise _errno_error(errno.EEXIST, path)
-            parent.entries[name] = _Directory(self._number(), stat.S_IFDIR | stat.S_IMODE(mode))
+                raise errno_error(errno.EEXIST, path)
+            parent.entries[name] = Directory(self._number(), stat.S_IFDIR | stat.S_IMODE(mode))
             parent.times_ns = (parent.times_ns[0], time.time_ns())
 
     def unlink(self, path: str) -> None:
@@ -316,9 +204,9 @@ class PowerModel:
             parent, name = self._parent(path)
             node = parent.entries.get(name)
             if node is None:
-                raise _errno_error(errno.ENOENT, path)
-            if isinstance(node, _Directory):
-                raise _errno_error(errno.EISDIR, path)
+                raise errno_error(errno.ENOENT, path)
+            if isinstance(node, Directory):
+                raise errno_error(errno.EISDIR, path)
             del parent.entries[name]
             parent.times_ns = (parent.times_ns[0], time.time_ns())
 
@@ -327,11 +215,11 @@ class PowerModel:
             parent, name = self._parent(path)
             node = parent.entries.get(name)
             if node is None:
-                raise _errno_error(errno.ENOENT, path)
-            if not isinstance(node, _Directory):
-                raise _errno_error(errno.ENOTDIR, path)
+                raise errno_error(errno.ENOENT, path)
+            if not isinstance(node, Directory):
+                raise errno_error(errno.ENOTDIR, path)
             if node.entries:
-                raise _errno_error(errno.ENOTEMPTY, path)
+                raise errno_error(errno.ENOTEMPTY, path)
             del parent.entries[name]
             parent.times_ns = (parent.times_ns[0], time.time_ns())
 
@@ -341,23 +229,23 @@ class PowerModel:
             new_parent, new_name = self._parent(new)
             node = old_parent.entries.get(old_name)
             if node is None:
-                raise _errno_error(errno.ENOENT, old)
+                raise errno_error(errno.ENOENT, old)
             target = new_parent.entries.get(new_name)
             if target is node:
                 return
-            if isinstance(node, _Directory):
-                if target is not None and not isinstance(target, _Directory):
-                    raise _errno_error(errno.ENOTDIR, new)
-                if isinstance(target, _Directory) and target.entries:
-                    raise _errno_error(errno.ENOTEMPTY, new)
-                ancestor: _Node = self.root  # a directory cannot move into itself
+            if isinstance(node, Directory):
+                if target is not None and not isinstance(target, Directory):
+                    raise errno_error(errno.ENOTDIR, new)
+                if isinstance(target, Directory) and target.entries:
+                    raise errno_error(errno.ENOTEMPTY, new)
+                ancestor: Node = self.root  # a directory cannot move into itself
                 for part in (p for p in new.split("/")[:-1] if p):
-                    assert isinstance(ancestor, _Directory)
+                    assert isinstance(ancestor, Directory)
                     ancestor = ancestor.entries[part]
                     if ancestor is node:
-                        raise _errno_error(errno.EINVAL, new)
-            elif isinstance(target, _Directory):
-                raise _errno_error(errno.EISDIR, new)
+                        raise errno_error(errno.EINVAL, new)
+            elif isinstance(target, Directory):
+                raise errno_error(errno.EISDIR, new)
             del old_parent.entries[old_name]
             new_parent.entries[new_name] = node
             now = time.time_ns()
@@ -374,13 +262,13 @@ class PowerModel:
                 return stats
             before = self._reachable()
             after: set[int] = set()
-            stack: list[_Node] = [self.root]
+            stack: list[Node] = [self.root]
             while stack:
                 node = stack.pop()
                 if id(node) in after:
                     continue
                 after.add(id(node))
-                if isinstance(node, _Directory):
+                if isinstance(node, Directory):
                     stats["names_undone"] += node.revert()
                     stack.extend(node.entries.values())
                 else:
@@ -390,9 +278,9 @@ class PowerModel:
                         stats["bytes_dropped"] += dropped
             for node in before:
                 if id(node) not in after:
-                    key = "directories_vanished" if isinstance(node, _Directory) else "files_vanished"
+                    key = "directories_vanished" if isinstance(node, Directory) else "files_vanished"
                     stats[key] += 1
-                    if isinstance(node, _File):
+                    if isinstance(node, File):
                         stats["bytes_dropped"] += len(node.data)
             return stats
 
@@ -407,7 +295,7 @@ class PowerModel:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            files = [n for n in self._reachable() if isinstance(n, _File)]
+            files = [n for n in self._reachable() if isinstance(n, File)]
             return {**self.counters, "files": len(files), "bytes_stored": sum(len(f.data) for f in files),
                     "unsynced_pages": sum(len(f.dirty) for f in files), "open_handles": len(self._handles),
                     "drop_unsynced": self.drop_unsynced}

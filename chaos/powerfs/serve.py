@@ -16,7 +16,8 @@ import threading
 from typing import Any
 
 from chaos.powerfs import unmount
-from chaos.powerfs.model import PAGE_BYTES, PowerModel
+from chaos.powerfs.files import PAGE_BYTES
+from chaos.powerfs.model import PowerModel
 
 STATFS_BLOCKS = 1 << 24  # what df shows: 64 GiB, all free (memory is the real limit)
 
