@@ -50,6 +50,12 @@ CONFIG_DECIDES = frozenset({"RCQ_CLUSTER_SECRET", "RCQ_ADMIN_TOKEN"})
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOW_PORTS_MIN = 10_000  # well above the ports services usually claim (databases, brokers below 10000)
 LOW_PORTS_MIN_SPAN = 2_000  # fewer ports than this below the range: bind port 0 instead
+# "K/N": pick only in the K-th (from 0) of N equal slices of those low ports. Processes that start
+# clusters side by side (the test suite's parallel workers) each take their own slice, so that a
+# port one of them picked and released is never picked by another before its node binds it.
+# Children inherit it (a launcher's nodes pick in their parent's slice).
+PORT_SLICE_ENV = "RCQ_LOCAL_PORT_SLICE"
+PORT_SLICE_MIN = 500  # ports in a slice, at least: a cluster test takes a few dozen at a time
 
 
 def ephemeral_low(range_file: Path = EPHEMERAL_RANGE_FILE) -> int | None:
@@ -60,14 +66,46 @@ def ephemeral_low(range_file: Path = EPHEMERAL_RANGE_FILE) -> int | None:
         return None
 
 
+def port_slice(value: str) -> tuple[int, int]:
+    """``"K/N"`` (``$RCQ_LOCAL_PORT_SLICE``) as (K, N), 0 <= K < N; ValueError saying what is wrong."""
+    try:
+        index_text, count_text = value.split("/")
+        index, count = int(index_text), int(count_text)
+    except ValueError:
+        raise ValueError(f"{PORT_SLICE_ENV}={value!r}: expected K/N, e.g. 0/4") from None
+    if not 0 <= index < count:
+        raise ValueError(f"{PORT_SLICE_ENV}={value!r}: K must be at least 0 and less than N")
+    return index, count
+
+
+def low_ports(range_file: Path = EPHEMERAL_RANGE_FILE, slice_text: str | None = None) -> range | None:
+    """The ports :func:`free_ports` picks from: those below the ephemeral range (None when it leaves
+    too few below it), narrowed to this process's slice (``slice_text``, by default
+    ``$RCQ_LOCAL_PORT_SLICE``)."""
+    low = ephemeral_low(range_file)
+    if low is None or low - LOW_PORTS_MIN < LOW_PORTS_MIN_SPAN:
+        return None
+    ports = range(LOW_PORTS_MIN, low)
+    slice_text = os.environ.get(PORT_SLICE_ENV) if slice_text is None else slice_text
+    if not slice_text:
+        return ports
+    index, count = port_slice(slice_text)
+    size = len(ports) // count
+    if size < PORT_SLICE_MIN:
+        raise ValueError(f"{PORT_SLICE_ENV}={slice_text!r}: {count} slices of {len(ports)} ports leave fewer "
+                         f"than {PORT_SLICE_MIN} in each")
+    return ports[index * size:(index + 1) * size]
+
+
 def free_ports(count: int, range_file: Path = EPHEMERAL_RANGE_FILE) -> list[int]:
     """``count`` distinct loopback ports nothing listens on, all bound at once while picked (so no
-    repeats), below the ephemeral range when it leaves room (else ports the OS picks)."""
-    low = ephemeral_low(range_file)
+    repeats), below the ephemeral range when it leaves room (else ports the OS picks), in this
+    process's slice of them (:data:`PORT_SLICE_ENV`)."""
+    candidates = low_ports(range_file)
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
-        if low is not None and low - LOW_PORTS_MIN >= LOW_PORTS_MIN_SPAN:
-            for port in random.sample(range(LOW_PORTS_MIN, low), min(low - LOW_PORTS_MIN, 50 * count + 100)):
+        if candidates is not None:
+            for port in random.sample(candidates, min(len(candidates), 50 * count + 100)):
                 sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
                 try:
                     sock.bind((HOST, port))
