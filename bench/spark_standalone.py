@@ -61,7 +61,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from rcq.local.nodes import HOST, LOG_TAIL_BYTES, STOP_TIMEOUT_S, free_ports, read_tail
-from rcq.local.polls import deadline_loop, http_json, poll_until
+from rcq.local.polls import deadline_loop, http_json
+from rcq.local.waits import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +389,8 @@ class SparkStandalone:
             self._check_daemons()
             return next((e for e in self.executors(app_id) if e.pid not in excluded), None)
 
-        return poll_until(attempt, timeout_s, f"an executor of {app_id} other than {sorted(excluded)}", POLL_INTERVAL_S)
+        return wait_until(attempt, timeout_s, what=f"an executor of {app_id} other than {sorted(excluded)}",
+                          interval_s=POLL_INTERVAL_S)
 
     def kill_executor(self, executor: Executor, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGKILL one of our executor JVMs, as a crash would, and wait until it is gone. Its Python
@@ -400,8 +402,8 @@ class SparkStandalone:
         target = _read_process(executor.pid)
         os.kill(executor.pid, signal.SIGKILL)
         if target is not None:
-            poll_until(lambda: True if not _alive(target) else None, timeout_s,
-                       f"executor pid {executor.pid} gone after SIGKILL", POLL_INTERVAL_S)
+            wait_until(lambda: not _alive(target), timeout_s, what=f"executor pid {executor.pid} gone after SIGKILL",
+                       interval_s=POLL_INTERVAL_S)
 
     # ------------------------------------------------------------ logs
     def executor_logs(self) -> Iterator[Path]:

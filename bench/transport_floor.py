@@ -29,7 +29,7 @@ from aiohttp import web
 
 from bench.cpu import cpu_seconds
 from rcq.local.nodes import free_ports
-from rcq.local.polls import poll_until
+from rcq.local.waits import wait_until
 
 REQUEST = {"op": "execute", "operations": [{"op": "enqueue", "queue": "bench", "items": ["x" * 100]}],
            "idempotency_key": "rcq-retry:" + "0" * 32}
@@ -104,7 +104,7 @@ async def measure(url: str, server_pid: int, concurrency: int, duration_s: float
 
 
 def _accepts(port: int) -> bool | None:
-    """True once the child accepts connections (None until then: ``poll_until`` asks again)."""
+    """True once the child accepts connections (None until then: the wait asks again)."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
     except OSError:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     port = free_ports(1)[0]
     server = subprocess.Popen([sys.executable, "-m", "bench.transport_floor", "--serve", str(port)])
     try:
-        poll_until(lambda: _accepts(port), 10.0, "the bare server listening")
+        wait_until(lambda: _accepts(port), 10.0, what="the bare server listening")
         figures = asyncio.run(measure(f"http://127.0.0.1:{port}", server.pid, args.concurrency, args.duration_s,
                                       args.http))
     finally:

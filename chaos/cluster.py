@@ -58,8 +58,9 @@ from chaos.powerfs import PowerFSError, PowerMount, close_all
 from chaos.target import TARGET_START_TIMEOUT_S, client_link, raft_link
 from rcq.local.cluster import LocalCluster
 from rcq.local.nodes import STOP_TIMEOUT_S, LocalNode, free_ports
-from rcq.local.polls import POLL_TIMEOUT_S, poll_until
+from rcq.local.polls import POLL_TIMEOUT_S
 from rcq.local.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
+from rcq.local.waits import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +235,8 @@ class ChaosCluster(LocalCluster):
             if pid is not None:
                 groups.add(pid)
         if groups:
-            poll_until(lambda: True if not groups_running(groups) else None, STOP_TIMEOUT_S,
-                       f"process groups {sorted(groups)} still running after SIGKILL")
+            wait_until(lambda: not groups_running(groups), STOP_TIMEOUT_S,
+                       what=f"process groups {sorted(groups)} to be gone after SIGKILL")
         return {i: self.power_mounts[i].cut() for i in indices}
 
     def wipe_node(self, i: int) -> None:

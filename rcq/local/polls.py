@@ -141,17 +141,6 @@ def deadline_loop(timeout_s: float, interval_s: float = POLL_INTERVAL_S) -> Iter
         time.sleep(interval_s)
 
 
-def poll_until(attempt: Callable[[], T | None], timeout_s: float, what: str,
-               interval_s: float = POLL_INTERVAL_S) -> T:
-    """The first result of ``attempt`` that is not None; ``TimeoutError("{what} within ...")``
-    once ``timeout_s`` has passed without one."""
-    for _ in deadline_loop(timeout_s, interval_s):
-        result = attempt()
-        if result is not None:
-            return result
-    raise TimeoutError(f"{what} within {timeout_s} s")
-
-
 # ------------------------------------------------------------------ the nodes
 class PolledNode(Protocol):
     """What polling needs to know of a node besides its URL."""

@@ -2,7 +2,9 @@
 
 * :class:`InMemoryReplicator` (``rcq.testing.replicator``): the Replicator protocol in memory,
   so transactions, the HTTP API and the client are tested fast and deterministically;
-* :func:`wait_until` (``rcq.testing.waits``): poll a condition with a deadline, never a bare sleep;
+* :func:`wait_until`, :func:`async_wait_until` and their :class:`WaitTimeout`: the bounded waits
+  of :mod:`rcq.local.waits` (outside the test support, so that the product and the harnesses
+  may wait with them too), re-exported here;
 * real multi-process loopback clusters are product code, in :mod:`rcq.local` (the launcher uses
   them; so do the tests, chaos and the benchmarks).
 
@@ -17,12 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rcq.testing.waits import wait_until
+from rcq.local.waits import WaitTimeout, async_wait_until, wait_until
 
 if TYPE_CHECKING:
     from rcq.testing.replicator import InMemoryReplicator
 
-__all__ = ["InMemoryReplicator", "wait_until"]
+__all__ = ["InMemoryReplicator", "WaitTimeout", "async_wait_until", "wait_until"]
 
 
 def __getattr__(name: str) -> Any:

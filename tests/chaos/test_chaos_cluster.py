@@ -15,7 +15,7 @@ import pytest
 from chaos.cluster import CHAOS_NODE_OVERRIDES, ChaosCluster
 from chaos.netproxy import LinkFault
 from chaos.target import ChaosTarget, client_link, raft_link
-from rcq.local.polls import poll_until
+from rcq.testing import wait_until
 from tests.helpers import LEADER_TIMEOUT_S
 
 
@@ -75,11 +75,11 @@ def test_close_closes_the_proxy_and_keeps_the_logs(tmp_path):
     assert connects(url)  # the proxy accepts even with no node behind it
     # Let the proxy finish with that connection (upstream refused, closed): a connection still
     # being accepted when the proxy's loop stops is never closed (a ResourceWarning later).
-    def handled() -> bool | None:
+    def handled() -> bool:
         stats = cluster.proxy.stats()[client_link(0)]
-        return True if (stats["accepted"], stats["open"]) == (1, 0) else None
+        return (stats["accepted"], stats["open"]) == (1, 0)
 
-    poll_until(handled, 10, "the proxy closing it")
+    wait_until(handled, 10, what="the proxy closing it")
     cluster.close()
     assert not connects(url)
     assert cluster.base_dir.exists()
@@ -97,8 +97,8 @@ def test_the_harness_polls_past_a_client_partition_and_a_raft_partition_moves_th
             assert cluster.leader() == old  # clients are cut; the harness is not
             links.set_faults({raft_link(old, j): cut for j in range(3) if j != old})
             # Right after the cut the followers still name the old leader: wait for another.
-            poll_until(lambda: next((i for i in [cluster.leader()] if i not in (None, old)), None),
-                       LEADER_TIMEOUT_S, "no new leader while the old one was cut off")
+            wait_until(lambda: cluster.leader() not in (None, old), LEADER_TIMEOUT_S,
+                       what="a new leader while the old one is cut off")
             assert cluster.heal() == []  # every node ran: nothing to start
             assert cluster.proxy.faults() == {}
             cluster.wait_for_applied(LEADER_TIMEOUT_S)

@@ -12,7 +12,7 @@ import pytest
 from chaos.history import HistoryWriter
 from chaos.workload import drain, empty_for_good, make_client
 from rcq.local.cluster import LocalCluster
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue, running_cluster
 
@@ -45,7 +45,7 @@ async def test_the_leader_shows_queues_empty_for_good_only_with_no_item_and_no_o
             later.extend(item.value for item in await client.dequeue_items(queue))
             return bool(later)
 
-        await wait_until(delivered, QUIET_CLUSTER_WAIT_S, interval_s=0.1, message="the delayed item")
+        await async_wait_until(delivered, QUIET_CLUSTER_WAIT_S, interval_s=0.1, what="the delayed item")
         assert later == [b"later"]
         assert await empty_for_good(client, urls, [queue])
 

@@ -178,7 +178,15 @@ def test_docker_compose_defines_a_consistent_three_node_cluster():
         assert service["volumes"] == [f"{name}-data:/var/lib/rcq"]
         assert service["volumes"][0].split(":")[0] in compose["volumes"]
         assert service["networks"] == ["raft"] and "raft" in compose["networks"]
+        assert service["build"]["args"] == {"BASE_IMAGE": "${RCQ_BASE_IMAGE:-python:3.11-slim}"}
+        assert service["healthcheck"]["test"][:3] == ["CMD", "python", "-c"] and "/healthz" in service["healthcheck"]["test"][3]
     assert len(host_ports) == 3
     dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
-    assert "FROM python:3.11" in dockerfile and '"rcq", "serve"' in dockerfile and "USER rcq" in dockerfile
-    assert 'pip install ".[server]"' in dockerfile  # `rcq serve` needs the server extra; `pip install .` is the client
+    assert "ARG BASE_IMAGE=python:3.11-slim\nFROM ${BASE_IMAGE}" in dockerfile and "(3, 11)" in dockerfile  # 3.11 checked
+    assert '"rcq", "serve"' in dockerfile and "USER rcq" in dockerfile
+    # the wheels made on the host, rcq[server]'s closure (pip check), installed without an index; pip removed after
+    assert dockerfile.count("pip install --no-index") == 2 and "pip check" in dockerfile and "pip uninstall" in dockerfile
+    healthcheck = services["node-0"]["healthcheck"]["test"]
+    assert f'CMD ["python", "-c", "{healthcheck[3]}"]' in dockerfile  # the image's HEALTHCHECK is the compose one
+    ignored = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert ignored == ["*", "!build/image/wheels/"]  # the build context is the wheels alone

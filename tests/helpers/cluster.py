@@ -16,8 +16,7 @@ from typing import Any
 
 from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
-from rcq.local.polls import poll_until
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until, wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 
 
@@ -43,11 +42,11 @@ def running_cluster(nodes: int = 3, overrides: dict[str, Any] | None = None) -> 
 
 def wait_settled(cluster: LocalCluster, leader: int) -> None:
     """Until node ``leader`` applied the highest feature level it reads and the cluster's identity."""
-    def settled() -> bool | None:
+    def settled() -> bool:
         status = cluster.poll_json(cluster.url(leader) + "/v1/cluster")
-        return (status.get("feature_level") == status.get("feature_level_max") and bool(status.get("cluster_id"))) or None
+        return status.get("feature_level") == status.get("feature_level_max") and bool(status.get("cluster_id"))
 
-    poll_until(settled, LEADER_TIMEOUT_S, "the cluster's feature level and identity")
+    wait_until(settled, LEADER_TIMEOUT_S, what="the cluster's feature level and identity")
 
 
 def fresh_queue(name: str = "q") -> str:
@@ -65,7 +64,7 @@ async def drain_until_empty(client: RcqClient, queue: str, timeout_s: float = CL
             drained.extend(v.decode() for v in await tx.dequeue_batch(queue, 1000))
         return await client.count(queue) == 0
 
-    await wait_until(empty, timeout_s, interval_s=0.05, message=f"{queue} to drain")
+    await async_wait_until(empty, timeout_s, interval_s=0.05, what=f"{queue} to drain")
     return drained
 
 

@@ -2,13 +2,15 @@
 
 ``make_config`` is the one node configuration of the unit tests (an insecure node on an
 ephemeral HTTP port); ``running_node`` and ``serving_node`` start a whole node and stop it after;
-``enqueue_committed`` and ``drain`` drive the leader's transaction manager without HTTP.
+``enqueue_committed`` and ``drain`` drive the leader's transaction manager without HTTP;
+``skip_loop_time`` moves the event loop's clock, by which the leader judges deadlines, ahead.
 
 Must not import: a test module or a conftest; pysyncobj (the replication here is in memory).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 from rcq.server.config import NodeConfig
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.node import Node
-from rcq.testing import InMemoryReplicator, wait_until
+from rcq.testing import InMemoryReplicator, async_wait_until
 from tests.helpers import NODE_SERVING_TIMEOUT_S
 
 NO_DATA_DIR = Path("/nonexistent")  # for what never touches the disk: a failed write would say so
@@ -30,6 +32,16 @@ def make_config(data_dir: Path = NO_DATA_DIR, node_id: str = "n1", raft_address:
                                           data_dir=data_dir, insecure=True, peers=peers or [], **overrides))
 
 
+def skip_loop_time(seconds: float) -> None:
+    """Move the running event loop's clock ``seconds`` ahead, as if that long had passed at once:
+    the leader judges deadlines and lifetimes by it, and timers due meanwhile run at the loop's
+    next iteration. For the rest of the loop's life (a test's own loop), so a test waits for no
+    time to pass."""
+    loop = asyncio.get_running_loop()
+    clock = loop.time
+    loop.time = lambda: clock() + seconds  # type: ignore[method-assign]
+
+
 def url_of(node: Node) -> str:
     return f"http://127.0.0.1:{node.port}"
 
@@ -39,7 +51,7 @@ async def started(node: Node) -> AsyncIterator[Node]:
     """``node`` started and serving, stopped after."""
     await node.start()
     try:
-        await wait_until(lambda: node.manager.serving, NODE_SERVING_TIMEOUT_S, message="node serving")
+        await async_wait_until(lambda: node.manager.serving, NODE_SERVING_TIMEOUT_S, what="node serving")
         yield node
     finally:
         await node.stop()

@@ -1,9 +1,8 @@
 """Real pysyncobj nodes in this process: free ports, a single-node configuration, a running node.
 
 ``single_node_config`` is a one-node RaftReplicator configuration with fast timeouts; ``running``
-starts a replicator, waits until it leads and stops it after. ``wait_until`` polls a predicate
-from a thread and fails the test (AssertionError) at its bound; a coroutine waits with
-:func:`rcq.testing.wait_until`.
+starts a replicator, waits until it leads and stops it after. Waits are :mod:`rcq.testing`'s
+(``wait_until`` in a thread, ``async_wait_until`` in a coroutine).
 
 Must not import: a test module or a conftest.
 """
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from rcq.server.config import NodeConfig
 from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft.replicator import RaftReplicator
-from rcq.testing import waits
+from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_WAIT_S
 
 QUEUE = "q"
@@ -34,19 +33,6 @@ FAST_RAFT = dict(raft_timeout_min_s=0.5, raft_timeout_max_s=1.0, leader_fallback
 def free_port() -> int:
     """A loopback port nothing listened on a moment ago, below the ephemeral range (see free_ports)."""
     return free_ports(1)[0]
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str = "condition",
-               interval_s: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); AssertionError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def commit_batch(term: int, transaction_id: str, *values: bytes) -> CommitBatch:
@@ -79,7 +65,7 @@ async def running(config: NodeConfig, state_machine: QueueStateMachine | None = 
     replicator = RaftReplicator(config, state_machine or QueueStateMachine())
     await replicator.start()
     try:
-        await waits.wait_until(replicator.is_leader, LOCAL_WAIT_S, message="the single node to lead")
+        await async_wait_until(replicator.is_leader, LOCAL_WAIT_S, what="the single node to lead")
         yield replicator
     finally:
         await replicator.stop()

@@ -21,6 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_WAIT_S
 
 RECEIVE_BUFFER_BYTES = 4096  # the kernel doubles it; loopback then holds little of what the node sends
@@ -128,10 +129,9 @@ def status_frame(frame_id: int) -> bytes:
 async def flood_until_paused(channels: Collection[Any], flood: UnreadSocket) -> tuple[Any, int]:
     """Frames written to the one channel of ``channels`` (an in-process node's open channels) and
     no answer read, until the node stops reading it; the channel and how many frames were written."""
+    await async_wait_until(lambda: channels, LOCAL_WAIT_S, what="the node opening the channel", interval_s=0.01)
+    (channel,) = channels
     async with asyncio.timeout(LOCAL_WAIT_S):
-        while not channels:
-            await asyncio.sleep(0.01)
-        (channel,) = channels
         for frame_id in range(1, FRAMES_MAX + 1):
             flood.writer.write(status_frame(frame_id))
             if frame_id % 100:

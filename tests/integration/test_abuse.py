@@ -45,7 +45,7 @@ from rcq.client import RcqClient, RcqError
 from rcq.errors import StorageFull
 from rcq.local.cluster import LocalCluster
 from rcq.server.core.state_machine import ITEM_OVERHEAD_BYTES, QUEUES_MAX
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, FLOOD_REQUEST_TIMEOUT_S
 from tests.helpers.cluster import running_cluster
 
@@ -223,7 +223,8 @@ class Bystander:
                 raise AssertionError("the bystander stopped")
             return len(self.acked) >= target
 
-        await wait_until(progressed, CLUSTER_WAIT_S, interval_s=0.05, message=f"the bystander committing {commits} more {what}")
+        await async_wait_until(progressed, CLUSTER_WAIT_S, interval_s=0.05,
+                               what=f"the bystander committing {commits} more {what}")
 
     async def stop(self) -> None:
         """Let the transaction in progress finish (its outcome must be known), then stop."""
@@ -246,7 +247,7 @@ async def drain(client: RcqClient, queue: str, batch: int = 1000) -> list[bytes]
         taken.extend(got)  # committed: taken for good (a failed try is tried again, its items back)
         return await client.count(queue) == 0
 
-    await wait_until(empty, CLUSTER_WAIT_S, interval_s=0.01, message=f"{queue} to drain")
+    await async_wait_until(empty, CLUSTER_WAIT_S, interval_s=0.01, what=f"{queue} to drain")
     return taken
 
 
@@ -514,7 +515,7 @@ async def test_a_transaction_extended_for_ever_hits_its_lifetime_and_its_items_c
         info = await arena.queue_info("held")
         return bool(info["available"] == 5 and info["locked"] == 0)
 
-    await wait_until(returned, CLUSTER_WAIT_S, interval_s=0.05, message="the held items to come back")
+    await async_wait_until(returned, CLUSTER_WAIT_S, interval_s=0.05, what="the held items to come back")
     back_after = time.monotonic() - began
     assert back_after < LIFETIME_S + 5.0, f"items came back {back_after:.1f} s after the begin"
     answer = await call(arena.attacker, "POST", f"{tx_url}/extend", {"timeout_s": 1})

@@ -70,7 +70,7 @@ async def _consumer(client: RcqClient, queue: str, history: History, stop: async
             values = await tx.dequeue_batch(queue, 3)
             if abort or not values:
                 await tx.abort()
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # pace: a consumer that aborts does not spin
                 continue
             info = await tx.commit()
         except RcqError:
@@ -122,9 +122,9 @@ def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(
                 tasks = [asyncio.create_task(_producer(client, queue, f"p{i}", history, stop)) for i in range(3)]
                 tasks += [asyncio.create_task(_consumer(client, queue, history, stop, abort=False)) for _ in range(2)]
                 tasks += [asyncio.create_task(_consumer(client, queue, history, stop, abort=True))]
-                await asyncio.sleep(LOAD_S)
+                await asyncio.sleep(LOAD_S)  # pace: the load runs this long before the backup...
                 header = await save_backup(cluster.urls, backup, token=cluster.token)
-                await asyncio.sleep(LOAD_S / 2)
+                await asyncio.sleep(LOAD_S / 2)  # pace: ...and after it
                 stop.set()
                 await asyncio.gather(*tasks)
                 return header

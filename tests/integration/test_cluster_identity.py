@@ -17,7 +17,7 @@ from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
 from rcq.local.polls import http_json
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import restored_cluster, running_cluster
 
@@ -37,8 +37,8 @@ def identities(cluster: LocalCluster) -> list[Any]:
 
 async def the_identity(cluster: LocalCluster) -> str:
     """The cluster's identity once every node applied the same one (the leader's loop gives it)."""
-    await wait_until(lambda: len(set(ids := identities(cluster))) == 1 and ids[0] is not None, CLUSTER_WAIT_S,
-                     interval_s=0.2, message="one identity on every node")
+    await async_wait_until(lambda: len(set(ids := identities(cluster))) == 1 and ids[0] is not None, CLUSTER_WAIT_S,
+                           interval_s=0.2, what="one identity on every node")
     (cluster_id,) = set(identities(cluster))
     return str(cluster_id)
 

@@ -16,8 +16,8 @@ from rcq.server.core.commands import BatchResult
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.node import Node
 from rcq.server.raft.replicator import RaftReplicator
-from rcq.testing import InMemoryReplicator, wait_until
-from tests.helpers import LOCAL_WAIT_S
+from rcq.testing import InMemoryReplicator, async_wait_until, wait_until
+from tests.helpers import GATE_WAIT_S, LOCAL_WAIT_S
 from tests.helpers.raft import QUEUE, child_pids, commit_batch, running, single_node_config
 
 
@@ -32,9 +32,7 @@ class GatedStateMachine(QueueStateMachine):
     def digest(self) -> str:
         if os.getpid() != self.parent_pid:
             (self.gate / "started").touch()
-            deadline = time.monotonic() + 60
-            while not (self.gate / "go").exists() and time.monotonic() < deadline:  # bounded
-                time.sleep(0.005)
+            wait_until((self.gate / "go").exists, GATE_WAIT_S, what="the test to open the gate", interval_s=0.005)
         return super().digest()
 
 
@@ -62,7 +60,7 @@ async def test_commits_go_on_while_the_digest_child_hashes(tmp_path: Path) -> No
         await commit(replicator, "before", b"a")
         at_fork = in_process(replicator)
         digest = asyncio.ensure_future(replicator.digest())
-        await wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, message="the digest child to start")
+        await async_wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, what="the digest child to start")
 
         # The child holds its copy; applies (and so commits) need the state lock: it is free.
         indexes = [await asyncio.wait_for(commit(replicator, f"during-{i}", b"x"), 5) for i in range(3)]
@@ -82,9 +80,9 @@ async def test_stop_kills_a_digest_child_that_hangs(tmp_path: Path) -> None:
     replicator = RaftReplicator(single_node_config(tmp_path / "node"), GatedStateMachine(gate))
     await replicator.start()
     try:
-        await wait_until(replicator.is_leader, LOCAL_WAIT_S, message="the single node to lead")
+        await async_wait_until(replicator.is_leader, LOCAL_WAIT_S, what="the single node to lead")
         digest = asyncio.ensure_future(replicator.digest())
-        await wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, message="the digest child to start")
+        await async_wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, what="the digest child to start")
     finally:
         started = time.monotonic()
         await asyncio.wait_for(replicator.stop(), LOCAL_WAIT_S)
@@ -102,10 +100,10 @@ async def test_the_http_digest_comes_from_the_replicator(tmp_path: Path) -> None
     try:
         assert isinstance(node.replicator, RaftReplicator)
         replicator = node.replicator
-        await wait_until(replicator.is_leader, LOCAL_WAIT_S, message="the single node to lead")
+        await async_wait_until(replicator.is_leader, LOCAL_WAIT_S, what="the single node to lead")
         # Its own entries first (the level raised, the identity given): none may land between the two digests.
-        await wait_until(lambda: replicator.read(lambda sm: sm.cluster_id is not None), LOCAL_WAIT_S,
-                         message="the node's level and identity")
+        await async_wait_until(lambda: replicator.read(lambda sm: sm.cluster_id is not None), LOCAL_WAIT_S,
+                               what="the node's level and identity")
         await commit(replicator, "t", b"a", b"b")
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{node.port}/v1/cluster/digest") as got:
             body = await got.json()

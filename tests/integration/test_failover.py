@@ -27,7 +27,7 @@ from rcq.client import (
     TransactionAborted,
 )
 from rcq.local.cluster import LocalCluster
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import drain_until_empty, running_cluster
 from tests.integration.workload import History, check_nothing_lost, consumer, producer
@@ -76,8 +76,8 @@ async def kill_the_leader(cluster: LocalCluster, client: RcqClient, history: His
 
     # Every worker commits again through the same client.
     workers = [f"p{i}" for i in range(PRODUCERS)] + [f"c{i}" for i in range(CONSUMERS)]
-    await wait_until(lambda: all(history.acks_after_kill[w] >= 3 for w in workers), CLUSTER_WAIT_S,
-                     message=f"every worker to commit after the failover: {history.acks_after_kill}")
+    await async_wait_until(lambda: all(history.acks_after_kill[w] >= 3 for w in workers), CLUSTER_WAIT_S,
+                           what=f"every worker to commit after the failover: {history.acks_after_kill}")
     assert history.first_ack_after_kill is not None
     first_commit_s = history.first_ack_after_kill - history.killed_at
     print(f"\nfailover {round_number}: node-{new_leader} serving {serving_s:.2f} s after kill -9 of leader "
@@ -97,8 +97,8 @@ async def test_killing_the_leader_under_load_loses_no_acknowledged_enqueue_and_t
     try:
         for round_number in (1, 2):
             acknowledged = len(history.acknowledged)
-            await wait_until(lambda n=acknowledged: len(history.acknowledged) >= n + 40, CLUSTER_WAIT_S,
-                             message="the workload to get going")
+            await async_wait_until(lambda n=acknowledged: len(history.acknowledged) >= n + 40, CLUSTER_WAIT_S,
+                                   what="the workload to get going")
             witnesses.append(await kill_the_leader(cluster, client, history, round_number))
         assert len(history.consumed) > 0
     finally:
@@ -170,8 +170,8 @@ async def commit_with_followers_paused(cluster: LocalCluster) -> tuple[int, list
         await tx.enqueue(queue, "added")
         for i in followers:
             cluster.pause_node(i)
-        await wait_until(lambda: all(process_stopped(cluster.nodes[i].pid) for i in followers), CLUSTER_WAIT_S,
-                         message="the followers to stop")
+        await async_wait_until(lambda: all(process_stopped(cluster.nodes[i].pid) for i in followers), CLUSTER_WAIT_S,
+                               what="the followers to stop")
         with pytest.raises(CommitOutcomeUnknown):
             await tx.commit()
     return leader, followers, queue, tx.transaction_id

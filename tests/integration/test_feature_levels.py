@@ -15,7 +15,7 @@ from rcq.client import FeatureLevelUnsupported, RcqClient
 from rcq.local.cluster import LocalCluster
 from rcq.local.polls import http_json
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from rcq.version import rcq_version
 from tests.helpers import CLUSTER_WAIT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import running_cluster
@@ -47,8 +47,8 @@ def test_every_node_states_its_version_and_levels_and_a_new_cluster_raises_its_l
             status = cluster.poll_json(cluster.url(i) + "/v1/cluster")
             assert (status["version"], status["feature_level_max"]) == (rcq_version(), LEVEL_MAX)
         # Every member reads LEVEL_MAX: the leader raises the level within a few of its 5 s rounds.
-        asyncio.run(wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S,
-                               message="the level raised on every node"))
+        asyncio.run(async_wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S,
+                                     what="the level raised on every node"))
         metrics = metrics_text(cluster, 1)
         assert f'rcq_build_info{{version="{rcq_version()}"}} 1.0' in metrics
         assert f'rcq_feature_level{{level="active"}} {float(LEVEL_MAX)}' in metrics
@@ -74,16 +74,16 @@ async def test_a_held_cluster_stays_at_its_level_until_an_admin_raises_it_and_ne
                 {"level": LEVEL_MAX, "previous": LEVEL_MAX, "changed": False}
             with pytest.raises(FeatureLevelUnsupported, match="never goes down"):
                 await client.raise_feature_level(LEVEL_BASE)
-            await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, QUIET_CLUSTER_WAIT_S,
-                             message="every node applied the level")
+            await async_wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, QUIET_CLUSTER_WAIT_S,
+                                   what="every node applied the level")
             assert (await client.feature_level())["raised_by_version"] == rcq_version()
 
             # The level survives a snapshot (format 4) and a restart from it.
             leader = cluster.wait_for_leader(QUIET_CLUSTER_WAIT_S)
             follower = (leader + 1) % 3
             assert cluster.poll_json(cluster.url(follower) + "/v1/admin/snapshot", method="POST", body={})
-            await wait_until(lambda: cluster.poll_json(cluster.url(follower) + "/v1/cluster")["snapshot_count"] > 0,
-                             QUIET_CLUSTER_WAIT_S, message="the follower's snapshot")
+            await async_wait_until(lambda: cluster.poll_json(cluster.url(follower) + "/v1/cluster")["snapshot_count"] > 0,
+                                   QUIET_CLUSTER_WAIT_S, what="the follower's snapshot")
             cluster.stop_node(follower)
             cluster.start_node(follower)
             cluster.wait_for_convergence(CLUSTER_WAIT_S)  # it serves HTTP before it has applied everything

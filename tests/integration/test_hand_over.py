@@ -31,7 +31,8 @@ from rcq.server.raft import hand_over as hand_over_module
 from rcq.server.raft.hand_over import HAND_OVER_POLL_S
 from rcq.server.raft.internals import journal_of, transport_of
 from rcq.server.raft.replicator import RaftReplicator
-from tests.helpers import HAND_OVER_SUBMIT_TIMEOUT_S
+from rcq.testing import async_wait_until
+from tests.helpers import HAND_OVER_SUBMIT_TIMEOUT_S, HAND_OVER_WAIT_S
 from tests.integration.manual_raft import ManualRaft, config_of
 
 TERM = 4
@@ -76,11 +77,35 @@ async def timeout_now_sent(raft: ManualRaft) -> tuple[Any, asyncio.Task[Any]]:
 
 async def steps_until_done(raft: ManualRaft, task: asyncio.Task[Any], what: str) -> None:
     """Tick (without acknowledging) until ``task`` ends; its own waits are in real time."""
-    deadline = time.monotonic() + 30.0
-    while not task.done():
-        assert time.monotonic() < deadline, f"not done: {what}"
-        await raft.step()
-        await asyncio.sleep(0.005)
+    async def done_after_a_step() -> bool:
+        if not task.done():
+            await raft.step()
+        return task.done()
+
+    await async_wait_until(done_after_a_step, HAND_OVER_WAIT_S, what=what, interval_s=HAND_OVER_POLL_S / 2)
+
+
+class CountedPolls:
+    """The hand-over's view of the node, counting its polls for the leader (one a poll, in real
+    time): a test waits for polls, not for time."""
+
+    def __init__(self, node: RaftReplicator) -> None:
+        self.node = node
+        self.polls = 0
+
+    def leader_raft_address(self) -> str | None:
+        self.polls += 1
+        return self.node.leader_raft_address()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.node, name)
+
+
+def counted_polls(raft: ManualRaft, monkeypatch: pytest.MonkeyPatch) -> CountedPolls:
+    """The hand-over's polls from now on."""
+    counted = CountedPolls(raft.replicator)
+    monkeypatch.setattr(raft.replicator._hand_over, "_node", counted)
+    return counted
 
 
 def vote_request(raft: ManualRaft, term: int) -> dict[str, Any]:
@@ -164,16 +189,23 @@ async def test_one_hand_over_at_a_time(tmp_path: Path) -> None:
         assert hand_over.exception() is None
 
 
-async def test_a_hand_over_answers_once_the_new_leader_is_known_and_names_it(tmp_path: Path) -> None:
+async def test_a_hand_over_answers_once_the_new_leader_is_known_and_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Between the target's vote request (the node steps down) and the winner's first message the
     node knows of no leader; answering then named none (CI saw ``{'leader_id': None}``, with the
     target leading 10 ms later). The hand-over answers once the node knows the leader, with it."""
     async with leading(tmp_path) as raft:
         target, hand_over = await timeout_now_sent(raft)
         raft.receive(target, vote_request(raft, TERM + 1))
-        for _ in range(5):  # the hand-over's own polls, in real time
+        await raft.step()
+        counted = counted_polls(raft, monkeypatch)
+
+        async def polled_five_times() -> bool:  # the hand-over polls in real time; the test ticks meanwhile
             await raft.step()
-            await asyncio.sleep(2 * HAND_OVER_POLL_S)
+            return counted.polls >= 5
+
+        await async_wait_until(polled_five_times, HAND_OVER_WAIT_S, what="five polls of the hand-over",
+                               interval_s=HAND_OVER_POLL_S)
         assert not raft.replicator.is_leader() and raft.replicator.leader_raft_address() is None
         assert not hand_over.done(), "the hand-over answered before any node was known to lead"
         raft.receive(target, heartbeat(raft, TERM + 1))
@@ -197,7 +229,7 @@ async def test_a_hand_over_is_not_ended_by_the_node_stepping_down(tmp_path: Path
         def slow_set_current_term(term: int, voted_for: Any) -> None:
             if term == TERM + 1:
                 storing.set()
-                stored.wait(30.0)
+                stored.wait(HAND_OVER_WAIT_S)
             set_current_term(term, voted_for)
 
         monkeypatch.setattr(journal, "setCurrentTerm", slow_set_current_term)
@@ -205,11 +237,12 @@ async def test_a_hand_over_is_not_ended_by_the_node_stepping_down(tmp_path: Path
         # The tick thread (a thread of the test's, as in a node) takes the target's vote request...
         stepping_down = asyncio.ensure_future(asyncio.to_thread(raft.receive, target, request))
         try:
-            assert await asyncio.to_thread(storing.wait, 30.0)
+            assert await asyncio.to_thread(storing.wait, HAND_OVER_WAIT_S)
             # ...and stores the new term, the role not yet changed.
             assert raft.replicator.is_leader() and raft.replicator.term == TERM + 1
-            for _ in range(5):  # the hand-over's own polls, in real time
-                await asyncio.sleep(2 * HAND_OVER_POLL_S)
+            counted = counted_polls(raft, monkeypatch)
+            await async_wait_until(lambda: counted.polls >= 5, HAND_OVER_WAIT_S, what="five polls of the hand-over",
+                                   interval_s=HAND_OVER_POLL_S)
             assert not hand_over.done(), "the hand-over ended while the node was stepping down"
         finally:
             stored.set()
@@ -249,11 +282,12 @@ async def test_timeout_now_waits_for_a_proposal_still_in_pysyncobjs_queue(
         await asyncio.sleep(0)
         hand_over = start(raft.replicator.transfer_leadership(str(target)))
         await asyncio.sleep(0)
-        deadline = time.monotonic() + 30.0
-        while not logs_at_timeout_now:  # the peers acknowledge what the node appends
-            assert time.monotonic() < deadline, "TimeoutNow never sent"
+
+        async def sent_after_a_step() -> bool:  # the peers acknowledge what the node appends
             await raft.step(acknowledge=True)
-            await asyncio.sleep(0.005)
+            return bool(logs_at_timeout_now)
+
+        await async_wait_until(sent_after_a_step, HAND_OVER_WAIT_S, what="TimeoutNow sent", interval_s=HAND_OVER_POLL_S / 2)
         for _ in range(5):
             await raft.step()
         assert raft.log() == logs_at_timeout_now[-1], "an entry was appended after TimeoutNow"

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from rcq.local.cluster import LocalCluster
-from rcq.local.polls import deadline_loop, http_json, poll_until
+from rcq.local.polls import deadline_loop, http_json
 from rcq.private_files import write_private
 from rcq.server.config import NodeConfig
 from rcq.server.http.connections import ACCEPT_PAUSED, ConnectionLimiter, accept_backlog, connections_max_for
 from rcq.server.node import Node
-from rcq.testing import InMemoryReplicator, wait_until
+from rcq.testing import InMemoryReplicator, async_wait_until, wait_until
 from tests.helpers.cluster import wait_settled
 
 StartNode = Callable[..., Awaitable[Node]]
@@ -111,7 +111,7 @@ async def dribble(writer: asyncio.StreamWriter, data: bytes, interval_s: float) 
         for byte in data:
             writer.write(bytes([byte]))
             await writer.drain()
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval_s)  # pace: a slowloris's
 
 
 # ------------------------------------------------------------------ the cap
@@ -124,7 +124,7 @@ async def test_connections_past_the_cap_are_refused_while_open_ones_are_still_se
     assert (await read_response(served_reader))[0] == 200
     for _ in range(2):  # idle connections that take the other two places
         await connections(node.port)
-    await wait_until(lambda: limiter.open_count == 3, 5, message="3 open connections")
+    await async_wait_until(lambda: limiter.open_count == 3, 5, what="3 open connections")
 
     for _ in range(3):
         reader, writer = await connections(node.port)
@@ -142,7 +142,7 @@ async def test_connections_past_the_cap_are_refused_while_open_ones_are_still_se
         served_writer.write(HEAD)
         assert (await read_response(served_reader))[0] == 200
     served_writer.close()
-    await wait_until(lambda: limiter.open_count == 2, 5, message="a place freed")
+    await async_wait_until(lambda: limiter.open_count == 2, 5, what="a place freed")
     reader, writer = await connections(node.port)
     writer.write(HEAD)
     assert (await read_response(reader))[0] == 200
@@ -198,7 +198,7 @@ async def test_a_head_begun_after_the_previous_deadline_was_set_gets_a_whole_dea
     reader, writer = await connections(node.port)
     writer.write(HEAD)
     assert (await read_response(reader))[0] == 200
-    await asyncio.sleep(0.4)  # the scenario's pace: the next head begins 0.4 s into the first one's deadline
+    await asyncio.sleep(0.4)  # pace: the scenario's; the next head begins 0.4 s into the first one's deadline
     slowloris = asyncio.create_task(dribble(writer, b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 200, 0.05))
     elapsed = await seconds_until_closed(reader, 5)
     assert 0.5 < elapsed < 3, elapsed
@@ -325,11 +325,11 @@ def logs_on_failure(cluster: LocalCluster) -> Iterator[None]:
         raise
 
 
-def healthy(url: str) -> bool | None:
+def healthy(url: str) -> bool:
     try:
-        return True if http_json(url + "/healthz").get("ok") else None
+        return bool(http_json(url + "/healthz").get("ok"))
     except (OSError, ValueError):
-        return None
+        return False
 
 
 def recv_exactly(sock: socket.socket, count: int) -> bytes:
@@ -395,8 +395,8 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
             # Log compaction too (a forked child writes the LMDB snapshot).
             snapshots = keepalive_request(client, "GET", "/v1/cluster")[1]["snapshot_count"]
             assert keepalive_request(client, "POST", "/v1/admin/snapshot", {})[0] == 202
-            poll_until(lambda: True if keepalive_request(client, "GET", "/v1/cluster")[1]["snapshot_count"] > snapshots
-                       else None, 20, "the leader's snapshot")
+            wait_until(lambda: keepalive_request(client, "GET", "/v1/cluster")[1]["snapshot_count"] > snapshots, 20,
+                       what="the leader's snapshot")
             # A follower restarts: its Raft connection to the leader is a new descriptor on the leader.
             # (Its election timeout made longer than the leader's redial period, 0.8 s, so that it
             # hears from the leader before it would stand for election.)
@@ -412,8 +412,8 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
             cluster.start_node(restarted)
 
             followers = [i for i in range(3) if i != leader]
-            poll_until(lambda: True if all(int(cluster.status(i)["last_applied"]) >= commit_index for i in followers)
-                       else None, 20, "the followers applying the commits")
+            wait_until(lambda: all(int(cluster.status(i)["last_applied"]) >= commit_index for i in followers), 20,
+                       what="the followers applying the commits")
             after = {i: cluster.status(i) for i in followers}
             after[leader] = keepalive_request(client, "GET", "/v1/cluster")[1]
             assert {i: (s["term"], s["leader_id"]) for i, s in after.items()} == \
@@ -427,7 +427,7 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
         assert "cannot accept a connection" not in leader_log, "Raft's listener ran out of descriptors"
         assert "failed _onTick" not in leader_log, "pysyncobj's tick thread failed"
         flood.close()
-        poll_until(lambda: healthy(cluster.url(leader)), 20, "a new connection served")
+        wait_until(lambda: healthy(cluster.url(leader)), 20, what="a new connection served")
 
 
 @pytest.mark.cluster
@@ -446,15 +446,15 @@ def test_when_accept_fails_with_emfile_open_connections_are_served_and_accepting
         # ... and the log's metadata stored (its commit index is written once a second after it moves).
         committed = cluster.status(0)["commit_index"]
         meta_path = cluster.nodes[0].data_dir / "raft.wal.meta"
-        poll_until(lambda: True if json.loads(meta_path.read_text()).get("commit_index", 0) >= committed else None,
-                   20, "the log's metadata stored")
+        wait_until(lambda: json.loads(meta_path.read_text()).get("commit_index", 0) >= committed, 20,
+                   what="the log's metadata stored")
         port = cluster.nodes[0].http_port
         client = KeepAliveClient(cluster, port)
         with contextlib.closing(client):
             assert keepalive_request(client, "GET", "/healthz")[0] == 200
             flood.open(port, 58)  # more than the node's free descriptors, within its listen backlog
-            poll_until(lambda: True if "out of system resource" in cluster.log_tail(0, 200_000) else None, 20,
-                       "accept() failing with EMFILE")
+            wait_until(lambda: "out of system resource" in cluster.log_tail(0, 200_000), 20,
+                       what="accept() failing with EMFILE")
             assert flood.sort() == 0  # nothing refused: the cap is not what stops them
 
             # The open connection is still served. (Not commits: out of descriptors, pysyncobj's tick
@@ -508,11 +508,13 @@ async def test_a_listener_closed_while_accept_is_paused_logs_no_error(start_node
                 with open_files_capped(headroom=2):
                     for client in clients:
                         client.connect_ex(("127.0.0.1", node.port))
-                    await wait_until(lambda: any(c.get("message") == ACCEPT_PAUSED for c in reached), 10)
+                    await async_wait_until(lambda: any(c.get("message") == ACCEPT_PAUSED for c in reached), 10,
+                                           what="the node pausing its accepts")
                     assert node.http_listener is not None
                     node.http_listener.close()  # within the second: asyncio's retry is pending
-                await wait_until(lambda: "retry found the HTTP listener closed" in caplog.text
-                                 or any(c.get("message") != ACCEPT_PAUSED for c in reached), 5)
+                await async_wait_until(lambda: "retry found the HTTP listener closed" in caplog.text
+                                       or any(c.get("message") != ACCEPT_PAUSED for c in reached), 5,
+                                       what="the retry finding the listener closed, or another message")
         assert [c.get("exception") for c in reached if c.get("message") != ACCEPT_PAUSED] == []
     finally:
         loop.set_exception_handler(None)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from rcq.client import FeatureLevelRequired, RcqClient
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue, running_cluster
 
@@ -58,7 +58,7 @@ async def test_headers_survive_a_leader_failover_and_a_restart_from_snapshots() 
             def every_node_snapshotted() -> bool:
                 return all(cluster.status(i, timeout_s=5)["snapshot_count"] > 0 for i in range(3))
 
-            await wait_until(every_node_snapshotted, CLUSTER_WAIT_S, interval_s=0.2, message="a snapshot on every node")
+            await async_wait_until(every_node_snapshotted, CLUSTER_WAIT_S, interval_s=0.2, what="a snapshot on every node")
             for i in range(3):
                 await asyncio.to_thread(cluster.stop_node, i)
             for i in range(3):

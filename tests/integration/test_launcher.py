@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LAUNCHER_EXIT_TIMEOUT_S, LAUNCHER_START_TIMEOUT_S
 from tests.helpers.launcher import TEMP_DIR_LINE, Launcher, is_rcq_node
 
@@ -69,8 +69,8 @@ async def test_a_preset_admin_token_is_the_clusters_admin_token(launchers: list[
 async def test_sigterm_stops_every_node_and_exits_zero(launchers: list[Launcher], tmp_path: Path) -> None:
     launcher = Launcher("up", "--nodes", "3", "--data-dir", str(tmp_path / "cluster"))
     launchers.append(launcher)
-    await wait_until(lambda: "ready" in launcher.lines or launcher.process.poll() is not None,
-                     LAUNCHER_START_TIMEOUT_S, interval_s=0.1, message="the launcher printing ready")
+    await async_wait_until(lambda: "ready" in launcher.lines or launcher.process.poll() is not None,
+                           LAUNCHER_START_TIMEOUT_S, interval_s=0.1, what="the launcher printing ready")
     assert launcher.process.poll() is None, launcher.output
     nodes = check_nodes_printed(launcher, 3)
     assert all(is_rcq_node(pid) for _, _, pid, _ in nodes)

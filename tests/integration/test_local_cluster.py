@@ -26,7 +26,8 @@ import pytest
 from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
 from rcq.local.nodes import LOW_PORTS_MIN, STOP_TIMEOUT_S, free_ports
-from rcq.local.polls import NodeStartError, converged, deadline_loop, leader_from_views, poll_until
+from rcq.local.polls import NodeStartError, converged, deadline_loop, leader_from_views
+from rcq.testing import wait_until
 from tests.helpers import LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
 
@@ -117,20 +118,6 @@ def test_converged_needs_every_live_node_to_answer_the_same_digest_at_the_same_i
     assert not converged({0: same, 1: {"digest": "b", "applied_index": 7}}, [0, 1])
     assert not converged({0: same, 1: {"digest": "a", "applied_index": 8}}, [0, 1])
     assert not converged({}, [])
-
-
-def test_poll_until_returns_the_first_answer_that_is_not_none() -> None:
-    answers = iter([None, None, 0, 5])
-    assert poll_until(lambda: next(answers), timeout_s=5, what="an answer", interval_s=0.001) == 0
-
-
-def test_poll_until_gives_up_at_its_deadline_and_says_what_it_waited_for() -> None:
-    calls = []
-    started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"^nothing came within 0.2 s$"):
-        poll_until(lambda: calls.append(1), timeout_s=0.2, what="nothing came", interval_s=0.01)
-    assert 0.2 <= time.monotonic() - started < 2
-    assert len(calls) >= 2  # asked again until the deadline, not once
 
 
 def test_a_deadline_loop_runs_at_least_once_even_with_no_time_left() -> None:
@@ -244,8 +231,8 @@ def test_a_requested_snapshot_is_taken(healthy_cluster: LocalCluster) -> None:
     enqueue(healthy_cluster, leader, fresh_queue("t"), ["s"])
     before = int(healthy_cluster.status(leader)["snapshot_count"])
     healthy_cluster.request_snapshot(leader)
-    poll_until(lambda: True if int(healthy_cluster.status(leader)["snapshot_count"]) > before else None,
-               LEADER_TIMEOUT_S, "no snapshot")
+    wait_until(lambda: int(healthy_cluster.status(leader)["snapshot_count"]) > before, LEADER_TIMEOUT_S,
+               what="a snapshot")
 
 
 @pytest.mark.cluster

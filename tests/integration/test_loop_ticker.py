@@ -18,7 +18,7 @@ from rcq.server.core.commands import BatchResult
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import loop_ticker
 from rcq.server.raft.replicator import RaftReplicator
-from rcq.testing import waits
+from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.raft import FAST_RAFT, SECRET, commit_batch, free_port
 
@@ -46,12 +46,12 @@ async def test_a_loop_busy_past_an_election_timeout_keeps_its_leader(tmp_path: P
             leaders = [n for n in nodes if n.is_leader()]
             return leaders[0] if len(leaders) == 1 and len({n.term for n in nodes}) == 1 else None
 
-        await waits.wait_until(lambda: one_leader() is not None, LOCAL_WAIT_S, message="one leader")
+        await async_wait_until(lambda: one_leader() is not None, LOCAL_WAIT_S, what="one leader")
         leader = one_leader()
         assert leader is not None
         term = leader.term
         guarded = [n._ticker.guard_ticks for n in nodes]  # type: ignore[union-attr]
-        time.sleep(BUSY_S)  # the loop does nothing else: no tick of its own, no socket event
+        time.sleep(BUSY_S)  # pace: the loop is busy this long, no tick of its own, no socket event
         assert all(n._ticker.guard_ticks > g for n, g in zip(nodes, guarded, strict=True))  # type: ignore[union-attr]
         assert [n.term for n in nodes] == [term] * 3 and leader.is_leader()
         assert leader.status().details["guard_ticks"] == leader._ticker.guard_ticks > 0  # type: ignore[union-attr]
@@ -68,10 +68,10 @@ async def test_the_loop_ticks_when_it_is_free_and_the_guard_stays_idle(tmp_path:
     for node in nodes:
         await node.start()
     try:
-        await waits.wait_until(lambda: any(n.is_leader() for n in nodes), LOCAL_WAIT_S, message="a leader")
+        await async_wait_until(lambda: any(n.is_leader() for n in nodes), LOCAL_WAIT_S, what="a leader")
         guarded = [n._ticker.guard_ticks for n in nodes]  # type: ignore[union-attr]
         ticks = [n._ticker.ticks for n in nodes]  # type: ignore[union-attr]
-        await asyncio.sleep(loop_ticker.STALL_S * 3)
+        await asyncio.sleep(loop_ticker.STALL_S * 3)  # pace: three stalls' time, in which the guard would tick
         assert [n._ticker.guard_ticks for n in nodes] == guarded  # type: ignore[union-attr]
         assert all(n._ticker.ticks > t for n, t in zip(nodes, ticks, strict=True))  # type: ignore[union-attr]
     finally:

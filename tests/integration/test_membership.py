@@ -28,7 +28,7 @@ from rcq.client import (
     WouldLoseQuorum,
 )
 from rcq.local.cluster import LocalCluster
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S
 from tests.helpers.cluster import drain_until_empty, running_cluster
 from tests.integration.workload import History, check_nothing_lost, consumer, producer
@@ -52,8 +52,8 @@ def member_ids(cluster: LocalCluster, i: int) -> set[str]:
 
 
 async def wait_members(cluster: LocalCluster, indices: list[int], expected: set[str]) -> None:
-    await wait_until(lambda: all(member_ids(cluster, i) == expected for i in indices), CLUSTER_WAIT_S,
-                     message=f"nodes {indices} to see members {sorted(expected)}")
+    await async_wait_until(lambda: all(member_ids(cluster, i) == expected for i in indices), CLUSTER_WAIT_S,
+                           what=f"nodes {indices} to see members {sorted(expected)}")
 
 
 async def add(client: RcqClient, cluster: LocalCluster, i: int) -> dict[str, Any]:
@@ -80,8 +80,8 @@ class Load:
 
     async def more_acknowledged(self, count: int) -> None:
         target = len(self.history.acknowledged) + count
-        await wait_until(lambda: len(self.history.acknowledged) >= target, CLUSTER_WAIT_S,
-                         message=f"{count} more acknowledged enqueues")
+        await async_wait_until(lambda: len(self.history.acknowledged) >= target, CLUSTER_WAIT_S,
+                               what=f"{count} more acknowledged enqueues")
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._stop.set()
@@ -162,8 +162,8 @@ async def test_a_killed_node_is_replaced_by_a_new_one_that_catches_up_from_a_sna
         for i in range(3):  # every log compacted: the new node cannot catch up from entries alone
             if i != dead:
                 await asyncio.to_thread(cluster.request_snapshot, i)
-        await wait_until(lambda: all(cluster.status(i)["snapshot_count"] >= 1 for i in range(3) if i != dead),
-                         CLUSTER_WAIT_S, message="snapshots on the live nodes")
+        await async_wait_until(lambda: all(cluster.status(i)["snapshot_count"] >= 1 for i in range(3) if i != dead),
+                               CLUSTER_WAIT_S, what="snapshots on the live nodes")
         await client.remove_node(f"node-{dead}")
         alive = [i for i in range(3) if i != dead]
         new = await asyncio.to_thread(cluster.add_node, alive)
@@ -206,8 +206,8 @@ async def test_a_node_configured_before_the_leader_joined_sends_clients_to_it(gr
         await add(client, cluster, new)
         answer = await client.transfer_leadership(f"node-{new}")
         assert answer["leader_id"] == f"node-{new}", answer
-    await wait_until(lambda: cluster.status(0)["leader_url"] == cluster.url(new), CLUSTER_WAIT_S,
-                     message="node-0 to name node-3's URL as the leader's")
+    await async_wait_until(lambda: cluster.status(0)["leader_url"] == cluster.url(new), CLUSTER_WAIT_S,
+                           what="node-0 to name node-3's URL as the leader's")
     async with client_of(cluster, [0]) as only_node_0:  # its configuration does not list node-3
         await only_node_0.enqueue("redirected", "to a leader node-0 learned from the log")
         assert await drain_until_empty(only_node_0, "redirected") == ["to a leader node-0 learned from the log"]
@@ -271,9 +271,9 @@ async def test_a_rolling_restart_by_the_documented_procedure_loses_nothing(grown
         """Ready, and holding what the cluster had committed when it came back."""
         leader = await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
         target = cluster.status(leader)["commit_index"]
-        await wait_until(lambda: cluster.poll_json(cluster.url(i) + "/readyz").get("ready") is True
-                         and cluster.status(i)["last_applied"] >= target, CLUSTER_WAIT_S,
-                         message=f"node-{i} ready and caught up to index {target}")
+        await async_wait_until(lambda: cluster.poll_json(cluster.url(i) + "/readyz").get("ready") is True
+                               and cluster.status(i)["last_applied"] >= target, CLUSTER_WAIT_S,
+                               what=f"node-{i} ready and caught up to index {target}")
 
     async with client_of(cluster) as client:
         async with Load(client) as load:

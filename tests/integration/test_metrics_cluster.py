@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rcq.client import RcqClient
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers.cluster import running_cluster
 
 pytestmark = pytest.mark.cluster
@@ -57,5 +57,5 @@ async def test_every_node_reports_raft_and_the_leader_reports_commits():
         def follower_saw_the_change() -> bool:
             return scrape(cluster.url(follower), cluster.auth_headers())["rcq_raft_leader_changes_seen_total"] > seen_before
 
-        await wait_until(lambda: asyncio.to_thread(follower_saw_the_change), 30, interval_s=0.2,
-                         message="the surviving follower counting the leader change")
+        await async_wait_until(lambda: asyncio.to_thread(follower_saw_the_change), 30, interval_s=0.2,
+                               what="the surviving follower counting the leader change")

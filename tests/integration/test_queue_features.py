@@ -41,8 +41,8 @@ from rcq.client import (
 )
 from rcq.local.cluster import LocalCluster
 from rcq.private_files import write_private
-from rcq.testing import wait_until
-from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
+from rcq.testing import async_wait_until
+from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue, running_cluster
 
 pytestmark = pytest.mark.cluster
@@ -62,17 +62,13 @@ async def leader_index(cluster: LocalCluster) -> int:
 async def leader_stats(cluster: LocalCluster, queue: str) -> dict[str, Any]:
     """GET /v1/queues/{queue}/stats of the serving leader (its view: ready, delayed, locked)."""
 
-    def ask() -> dict[str, Any]:
-        for _ in range(20):
-            leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
-            with contextlib.suppress(OSError, ValueError):
-                answer = cluster.poll_json(cluster.url(leader) + f"/v1/queues/{queue}/stats", timeout_s=5.0)
-                if answer.get("ready") is not None:  # answered by a node that serves as leader
-                    return answer
-            time.sleep(0.1)
-        raise AssertionError(f"no serving leader answered the stats of {queue}")
+    def ask() -> dict[str, Any] | None:  # refused or garbled while a failover settles: asked again
+        leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        answer = cluster.poll_json(cluster.url(leader) + f"/v1/queues/{queue}/stats", timeout_s=5.0)
+        return answer if answer.get("ready") is not None else None  # answered by a node that serves as leader
 
-    return await asyncio.to_thread(ask)
+    return await async_wait_until(lambda: asyncio.to_thread(ask), CLUSTER_WAIT_S, what=f"a serving leader's stats of {queue}",
+                                  interval_s=0.1)
 
 
 async def count_on_leader(cluster: LocalCluster, queue: str) -> int:
@@ -86,8 +82,8 @@ async def wait_for_count(cluster: LocalCluster, queue: str, wanted: int, timeout
         seen.append(await count_on_leader(cluster, queue))
         return seen[-1] == wanted
 
-    await wait_until(reached, timeout_s, interval_s=0.05,
-                     message=f"{queue} to hold {wanted} item(s) (last seen {seen[-1:]})")
+    await async_wait_until(reached, timeout_s, interval_s=0.05,
+                           what=f"{queue} to hold {wanted} item(s) (last seen {seen[-1:]})")
 
 
 async def peek_items(client: RcqClient, queue: str, max_items: int = 1) -> list[Item]:
@@ -171,7 +167,7 @@ async def test_transaction_deadlines_count_as_deliveries_and_send_a_poison_item_
         async def expired(tx: Any = transaction) -> bool:
             return (await tx.status())["state"] == "aborted"
 
-        await wait_until(expired, QUIET_CLUSTER_WAIT_S, interval_s=0.1, message=f"transaction {attempt + 1} to expire")
+        await async_wait_until(expired, QUIET_CLUSTER_WAIT_S, interval_s=0.1, what=f"transaction {attempt + 1} to expire")
         with pytest.raises(TransactionAborted):
             await transaction.commit()
 
@@ -362,7 +358,7 @@ async def test_a_delayed_item_is_invisible_until_its_time_and_visible_soon_after
         seen.extend((received, item) for item in items)
         return bool(items)
 
-    await wait_until(visible, QUIET_CLUSTER_WAIT_S, interval_s=0.02, message="the delayed item to become visible")
+    await async_wait_until(visible, QUIET_CLUSTER_WAIT_S, interval_s=0.02, what="the delayed item to become visible")
     received, item = seen[0]
     assert item.enqueued_at_ms is not None
     visible_at = item.enqueued_at_ms + 1500
@@ -405,7 +401,7 @@ async def test_a_new_leader_hands_out_a_delayed_item_neither_before_nor_long_aft
         seen.extend((sent, wall_ms(), item) for item in items)
         return bool(items)
 
-    await wait_until(handed_out, QUIET_CLUSTER_WAIT_S, interval_s=0.02, message="the delayed item after the failover")
+    await async_wait_until(handed_out, QUIET_CLUSTER_WAIT_S, interval_s=0.02, what="the delayed item after the failover")
     _, received, item = seen[0]
     assert item.enqueued_at_ms is not None and item.value == b"after-failover"
     visible_at = item.enqueued_at_ms + 3000
@@ -506,7 +502,7 @@ async def test_an_item_past_its_ttl_goes_to_the_dead_letter_queue_and_is_never_h
                     late.append(f"sent {sent - item.enqueued_at_ms - 1500:.0f} ms after its expiry")
         return await count_on_leader(cluster, dlq) == 1
 
-    await wait_until(expired, QUIET_CLUSTER_WAIT_S, interval_s=0.05, message="the short item to expire")
+    await async_wait_until(expired, QUIET_CLUSTER_WAIT_S, interval_s=0.05, what="the short item to expire")
     assert not late, f"handed out after its expiry: {late}"
     assert handouts[b"short"] > 0  # it was visible before
     dead = await take_all(client, dlq)
@@ -550,7 +546,7 @@ async def test_an_item_dequeued_before_its_ttl_is_consumed_by_a_commit_after_it(
     expires_at = first[0].enqueued_at_ms + 1500
     assert first[0].expires_at_ms == expires_at and second[0].expires_at_ms == second[0].enqueued_at_ms + 1500
     # Well past the expiry (the leader's timer has looked at least once since): both still held.
-    await wait_until(lambda: wall_ms() >= expires_at + 1500, QUIET_CLUSTER_WAIT_S, message="the TTL to pass")
+    await async_wait_until(lambda: wall_ms() >= expires_at + 1500, QUIET_CLUSTER_WAIT_S, what="the TTL to pass")
     assert await count_on_leader(cluster, dlq) == 0
     info = await committing.commit()
     assert info.dequeued == 1  # delivered in time: consumed
@@ -591,7 +587,7 @@ async def test_a_new_leader_expires_items_whose_ttl_passes_after_a_failover(
                 late.append(f"{item.value.decode()} sent {sent - expires_at:.0f} ms after its expiry")
         return await count_on_leader(cluster, dlq) == 5
 
-    await wait_until(all_expired, QUIET_CLUSTER_WAIT_S, interval_s=0.05, message="the new leader to expire the items")
+    await async_wait_until(all_expired, QUIET_CLUSTER_WAIT_S, interval_s=0.05, what="the new leader to expire the items")
     assert not late, f"the new leader handed out expired items: {late}"
     dead = await take_all(client, dlq)
     assert sorted(values(dead)) == [f"short-{i}".encode() for i in range(5)]
@@ -762,7 +758,7 @@ async def test_a_leader_an_hour_behind_neither_hides_visible_items_nor_brings_ba
             stats = await leader_stats(cluster, queue)
             return (stats["ready"], stats["delayed"]) == (2, 0)
 
-        await wait_until(delayed_visible, QUIET_CLUSTER_WAIT_S, interval_s=0.05, message="the delay to end")
+        await async_wait_until(delayed_visible, QUIET_CLUSTER_WAIT_S, interval_s=0.05, what="the delay to end")
         before = {item.value: item for item in await peek_items(client, queue, 10)}
         assert set(before) == {b"first", b"delayed"}
         latest_ms = max(item.enqueued_at_ms or 0 for item in before.values())
@@ -782,7 +778,7 @@ async def test_a_leader_an_hour_behind_neither_hides_visible_items_nor_brings_ba
             return seen == [b"delayed", b"first"]
 
         try:
-            await wait_until(both_visible, 5.0, interval_s=0.1, message="both items visible")
+            await async_wait_until(both_visible, 5.0, interval_s=0.1, what="both items visible")
         except TimeoutError:
             stats = await leader_stats(cluster, queue)
             problems.append(f"under the leader an hour behind, the queue shows {seen} "

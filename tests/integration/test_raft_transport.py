@@ -59,7 +59,7 @@ from rcq.server.raft.internals import (
     transport_server,
 )
 from rcq.server.raft.replicator import RaftReplicator
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.raft import SECRET
 from tests.helpers.raft_peer import (
@@ -128,7 +128,7 @@ async def test_an_unauthenticated_client_announcing_too_big_a_frame_is_closed_on
             client(replicator._config.raft_address) as raft_client:
         raft_client.sock.sendall(struct.pack("i", announced))  # the header, nothing of the frame
 
-        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+        await async_wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
 
         host, port = raft_client.sock.getsockname()[:2]
         assert refusals(caplog) == [f"Raft connection with {host}:{port} announced a frame of {announced} bytes, "
@@ -144,13 +144,13 @@ async def test_refused_frames_are_reported_at_most_once_per_interval(
         for _ in range(5):  # someone connecting in a loop
             async with client(replicator._config.raft_address) as raft_client:
                 raft_client.sock.sendall(struct.pack("i", 2**31 - 1))
-                await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+                await async_wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
         assert len(refusals(caplog)) == 1
         assert transport_patches._refused_frames["unreported"] == 4
         transport_patches._refused_frames["next_report"] = 0.0  # the interval is over
         async with client(replicator._config.raft_address) as raft_client:
             raft_client.sock.sendall(struct.pack("i", -1))
-            await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+            await async_wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
         assert refusals(caplog)[-1].endswith("closing it (4 more refused since the last report)")
 
 
@@ -160,7 +160,7 @@ async def test_a_frame_at_the_handshake_limit_is_read(tmp_path: Path, caplog: py
             client(replicator._config.raft_address) as raft_client:
         raft_client.sock.sendall(struct.pack("i", HANDSHAKE_MAX) + b"x" * HANDSHAKE_MAX)
         # Read whole, then refused by pysyncobj's own check: it is not sealed with the secret.
-        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+        await async_wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
         assert refusals(caplog) == []
 
 
@@ -172,7 +172,7 @@ async def test_a_valid_first_frame_does_not_authenticate(tmp_path: Path, caplog:
             client(replicator._config.raft_address) as raft_client:
         raft_client.exchange_nonces()
         raft_client.sock.sendall(struct.pack("i", HANDSHAKE_MAX + 1))
-        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+        await async_wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
         assert len(refusals(caplog)) == 1
         assert "before authentication" in refusals(caplog)[0]
 
@@ -186,12 +186,12 @@ async def test_an_authenticated_peer_may_send_frames_up_to_raft_frame_bytes_max(
         frame = raft_client.frame(heartbeat(term=7, padding=FRAME_MAX // 2))
         assert HANDSHAKE_MAX < len(frame) - 4 <= FRAME_MAX
         raft_client.sock.sendall(frame)
-        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
+        await async_wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, what="the node following term 7")
         assert not raft_client.closed_by_node()
         assert refusals(caplog) == []
 
         raft_client.sock.sendall(struct.pack("i", FRAME_MAX + 1))
-        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+        await async_wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
         assert len(refusals(caplog)) == 1
         assert f"announced a frame of {FRAME_MAX + 1} bytes, over the {FRAME_MAX} allowed to a peer" in refusals(caplog)[0]
 
@@ -207,11 +207,11 @@ async def test_without_a_cluster_secret_only_raft_frame_bytes_max_applies(
         first = zlib.compress(pysyncobj_pickle.dumps(config.peers[0].raft_address)) + b"x" * HANDSHAKE_MAX
         raft_client.sock.sendall(struct.pack("i", len(first)) + first)
         raft_client.send(heartbeat(term=7))
-        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
+        await async_wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, what="the node following term 7")
         assert refusals(caplog) == []
 
         raft_client.sock.sendall(struct.pack("i", FRAME_MAX + 1))
-        await wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+        await async_wait_until(raft_client.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
         assert [f"over the {FRAME_MAX} allowed to a peer" in line for line in refusals(caplog)] == [True]
 
 
@@ -225,8 +225,8 @@ async def test_without_the_cap_pysyncobj_buffers_what_an_unauthenticated_client_
             client(replicator._config.raft_address) as raft_client:
         raft_client.sock.sendall(struct.pack("i", 2**31 - 1) + b"x" * junk)  # "2 GiB follow", from anyone
 
-        await wait_until(lambda: len(buffered(replicator, raft_client)) == 4 + junk, LOCAL_WAIT_S,
-                         message="the node buffering the junk")
+        await async_wait_until(lambda: len(buffered(replicator, raft_client)) == 4 + junk, LOCAL_WAIT_S,
+                               what="the node buffering the junk")
         assert not raft_client.closed_by_node()  # ...and it would wait for the rest of the 2 GiB
         assert refusals(caplog) == []
 
@@ -244,18 +244,18 @@ async def test_a_large_frame_is_read_into_one_buffer_extended_in_place(
         frame = raft_client.frame(heartbeat(term=8, padding=3 << 20))
         third = len(frame) // 3
         raft_client.sock.sendall(frame[:third])
-        await wait_until(lambda: len(buffered(replicator, raft_client) or b"") == third, LOCAL_WAIT_S,
-                         message="the first third buffered")
+        await async_wait_until(lambda: len(buffered(replicator, raft_client) or b"") == third, LOCAL_WAIT_S,
+                               what="the first third buffered")
         first = buffered(replicator, raft_client)
         raft_client.sock.sendall(frame[third:2 * third])
-        await wait_until(lambda: len(buffered(replicator, raft_client)) == 2 * third, LOCAL_WAIT_S,
-                         message="two thirds buffered")
+        await async_wait_until(lambda: len(buffered(replicator, raft_client)) == 2 * third, LOCAL_WAIT_S,
+                               what="two thirds buffered")
         if fixed:
             assert buffered(replicator, raft_client) is first, "the read buffer was copied"
         else:
             assert buffered(replicator, raft_client) is not first
         raft_client.sock.sendall(frame[2 * third:])
-        await wait_until(lambda: replicator.term == 8, LOCAL_WAIT_S, message="the message handled")
+        await async_wait_until(lambda: replicator.term == 8, LOCAL_WAIT_S, what="the message handled")
         assert not buffered(replicator, raft_client)
 
 
@@ -317,7 +317,7 @@ async def test_two_nodes_replicate_a_large_entry_over_the_hardened_transport(
     item = os.urandom(1 << 20)
     async with contextlib.AsyncExitStack() as stack:
         nodes = [await stack.enter_async_context(running_node(config)) for config in pair_of_nodes(tmp_path)]
-        await wait_until(lambda: any(n.is_leader() for n in nodes), 30, message="a leader")
+        await async_wait_until(lambda: any(n.is_leader() for n in nodes), 30, what="a leader")
         leader = next(n for n in nodes if n.is_leader())
         follower = next(n for n in nodes if n is not leader)
         batch = CommitBatch(term=leader.term, now_ms=time.time_ns() // 1_000_000, units=(
@@ -327,7 +327,7 @@ async def test_two_nodes_replicate_a_large_entry_over_the_hardened_transport(
         def replicated() -> bool:
             return follower.read(lambda sm: sm.count("q") == 1 and sm.values("q", sm.item_ids("q")) == [item])
 
-        await wait_until(replicated, 30, message="the item on the follower")
+        await async_wait_until(replicated, 30, what="the item on the follower")
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
@@ -398,8 +398,8 @@ async def test_an_entry_cut_off_with_its_connection_is_taken_whole_when_sent_aga
         async with client(config.raft_address) as cut:
             cut.handshake(as_address=peer)
             cut.sock.sendall(b"".join(cut.frame(message) for message in messages[:4]) + cut.frame(messages[4])[:1000])
-            await wait_until(lambda: len(reassembled_so_far(sync_obj)) == 4 * PART_BYTES, LOCAL_WAIT_S,
-                             message="four parts received")
+            await async_wait_until(lambda: len(reassembled_so_far(sync_obj)) == 4 * PART_BYTES, LOCAL_WAIT_S,
+                                   what="four parts received")
         async with client(config.raft_address) as again:
             again.handshake(as_address=peer)
             again.send({"type": "append_entries", "term": 9, "commit_index": 1, "prevLogIdx": entry[1],
@@ -448,7 +448,7 @@ async def a_tick_passed(replicator: RaftReplicator) -> None:
     assert sync_obj is not None
     sync_obj.addOnTickCallback(ticked.set)
     try:
-        await wait_until(ticked.is_set, LOCAL_WAIT_S, message="a tick")
+        await async_wait_until(ticked.is_set, LOCAL_WAIT_S, what="a tick")
     finally:
         sync_obj.removeOnTickCallback(ticked.set)
 
@@ -470,13 +470,13 @@ async def test_the_listener_accepts_again_once_descriptors_are_free(tmp_path: Pa
 
             with descriptors_exhausted():
                 waiting.sock.connect((host, int(port)))  # in the backlog; the node's accept() fails
-                await wait_until(retried_twice, LOCAL_WAIT_S, interval_s=0.01, message="accept failing, twice")
+                await async_wait_until(retried_twice, LOCAL_WAIT_S, interval_s=0.01, what="accept failing, twice")
 
             waiting.exchange_nonces()  # accepted from the backlog, and answered
             async with client(config.raft_address) as new:
                 new.handshake(as_address=config.peers[0].raft_address)
                 new.send(heartbeat(term=9))
-                await wait_until(lambda: replicator.term == 9, LOCAL_WAIT_S, message="the new connection served")
+                await async_wait_until(lambda: replicator.term == 9, LOCAL_WAIT_S, what="the new connection served")
         finally:
             waiting.close()
         lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
@@ -497,8 +497,8 @@ async def test_without_the_fix_one_emfile_closes_pysyncobjs_listener_for_good(
         try:
             with descriptors_exhausted():
                 waiting.connect((host, int(port)))
-                await wait_until(lambda: server_private(listener(replicator), "fileno") is None, LOCAL_WAIT_S,
-                                 message="the listener closed")
+                await async_wait_until(lambda: server_private(listener(replicator), "fileno") is None, LOCAL_WAIT_S,
+                                       what="the listener closed")
         finally:
             waiting.close()
         with pytest.raises(ConnectionRefusedError):  # descriptors are free again, the port is not

@@ -12,13 +12,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rcq.local.cluster import LocalCluster
+from rcq.testing import WaitTimeout, wait_until
 from tests.helpers import CLUSTER_WAIT_S, LAUNCHER_START_TIMEOUT_S
 from tests.helpers.launcher import REPO_ROOT, Launcher
 
@@ -106,8 +106,12 @@ def test_the_readmes_tour_runs_as_written_in_order_against_the_cluster_run_up_st
 
 
 def wait_for_line(launcher: Launcher, line: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while line not in launcher.lines:
+    """Until the launcher prints ``line``; its output in the failure (it exited, or the wait ran out)."""
+    def printed() -> bool:
         assert launcher.process.poll() is None, launcher.output
-        assert time.monotonic() < deadline, f"no {line!r} within {timeout_s} s:\n{launcher.output}"
-        time.sleep(0.05)
+        return line in launcher.lines
+
+    try:
+        wait_until(printed, timeout_s, what=f"the launcher printing {line!r}")
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}:\n{launcher.output}") from exc

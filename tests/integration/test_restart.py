@@ -21,7 +21,7 @@ import pytest
 
 from rcq.client import Enqueue, RcqClient, TransactionAborted
 from rcq.local.cluster import LocalCluster
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import drain_until_empty, fresh_queue, running_cluster
 
@@ -66,8 +66,8 @@ def all_at_once(cluster: LocalCluster, action: str) -> list[Any]:
 async def wait_for_commits(cluster: LocalCluster, leader: int, entries: int) -> None:
     """Until the leader's commit index has grown by ``entries``."""
     start = int(cluster.status(leader)["commit_index"])
-    await wait_until(lambda: int(cluster.status(leader, timeout_s=5)["commit_index"]) >= start + entries,
-                     CLUSTER_WAIT_S, interval_s=0.1, message=f"{entries} more Raft entries")
+    await async_wait_until(lambda: int(cluster.status(leader, timeout_s=5)["commit_index"]) >= start + entries,
+                           CLUSTER_WAIT_S, interval_s=0.1, what=f"{entries} more Raft entries")
 
 
 class Load:
@@ -169,7 +169,7 @@ async def test_every_acknowledged_commit_survives_kill_9_of_every_node(
 
     tasks = [asyncio.create_task(producer(f"p{i}")) for i in range(4)]
     try:
-        await wait_until(lambda: len(acknowledged) >= 150, CLUSTER_WAIT_S, message="150 acknowledged enqueues")
+        await async_wait_until(lambda: len(acknowledged) >= 150, CLUSTER_WAIT_S, what="150 acknowledged enqueues")
         await asyncio.to_thread(all_at_once, cluster, "kill_node")
     finally:
         for task in tasks:
@@ -212,7 +212,7 @@ async def test_a_wiped_node_rejoins_from_the_leaders_snapshot_under_load(
             status = cluster.status(leader, timeout_s=5)
             return status["snapshot_count"] > 0 and status["log_length"] < status["commit_index"] - 50
 
-        await wait_until(leader_compacted, CLUSTER_WAIT_S, interval_s=0.1, message="the leader to compact its log")
+        await async_wait_until(leader_compacted, CLUSTER_WAIT_S, interval_s=0.1, what="the leader to compact its log")
         await asyncio.to_thread(cluster.start_node, wiped)
         await wait_for_commits(cluster, leader, 50)  # the wiped node catches up while writes go on
     finally:

@@ -20,7 +20,7 @@ import pytest
 from rcq.client import RcqClient, RcqError
 from rcq.local.cluster import LocalCluster
 from rcq.private_files import write_private
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LEADER_TIMEOUT_S
 
 QUEUE = "rotation"
@@ -66,8 +66,8 @@ async def test_the_secret_rotates_in_three_rolling_restarts_without_losing_a_com
                     set_secrets(cluster, i, secret, previous)
                     await asyncio.to_thread(cluster.start_node, i)
                     await asyncio.to_thread(cluster.wait_for_applied, LEADER_TIMEOUT_S)
-                    await wait_until(lambda before=before: len(acknowledged) > before + 5, LEADER_TIMEOUT_S,
-                                     message=f"commits go on after phase {phase} restarted node {i}")
+                    await async_wait_until(lambda before=before: len(acknowledged) > before + 5, LEADER_TIMEOUT_S,
+                                           what=f"commits go on after phase {phase} restarted node {i}")
         finally:
             stop.set()
             await producer
@@ -106,10 +106,10 @@ async def test_a_node_with_only_the_new_secret_joins_only_peers_that_accept_it(a
             return await applied_index(cluster, 2) >= target
 
         if accept_new_first:
-            await wait_until(caught_up, LEADER_TIMEOUT_S, message="node 2 catches up with its peers")
+            await async_wait_until(caught_up, LEADER_TIMEOUT_S, what="node 2 catches up with its peers")
         else:
             # Its frames are refused by peers that know only the old secret, and the peers' frames
             # reach it sealed with the old one, which it accepts, but the connection needs both
             # ways: it must stay behind. Bounded: the two others elect and commit in under 3 s.
             with pytest.raises(TimeoutError):
-                await wait_until(caught_up, 5.0, message="node 2 catches up")
+                await async_wait_until(caught_up, 5.0, what="node 2 catches up")

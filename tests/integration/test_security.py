@@ -22,7 +22,7 @@ from rcq.client import CertificateError, Forbidden, RcqClient, TransactionNotFou
 from rcq.local.cluster import LocalCluster
 from rcq.local.tls import write_ca
 from rcq.server.http.openapi import OPERATIONS, PUBLIC
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S, TOKEN_RELOAD_TIMEOUT_S
 
 PATH_VALUES = {"{queue}": "sec-q", "{transaction_id}": "1.000000000000000000000000"}
@@ -57,7 +57,7 @@ async def wait_accepted(cluster: LocalCluster, token: str) -> None:
                         return False
             return True
 
-        await wait_until(everywhere, TOKEN_RELOAD_TIMEOUT_S, interval_s=0.1, message="the new token on every node")
+        await async_wait_until(everywhere, TOKEN_RELOAD_TIMEOUT_S, interval_s=0.1, what="the new token on every node")
 
 
 def bearer(token: str | None) -> dict[str, str]:
@@ -250,7 +250,7 @@ async def test_commit_many_works_within_one_principal(secured: LocalCluster):
         assert info.enqueued == 2
     async with RcqClient(secured.urls, token=secured.token) as admin:
         # A new client asks the first node it knows, maybe a follower whose count may lag (by contract).
-        await wait_until(lambda: _count_is(admin, "sec-many", 2), QUIET_CLUSTER_WAIT_S, message="both items counted")
+        await async_wait_until(lambda: _count_is(admin, "sec-many", 2), QUIET_CLUSTER_WAIT_S, what="both items counted")
 
 
 async def _count_is(client: RcqClient, queue: str, expected: int) -> bool:

@@ -23,7 +23,7 @@ from rcq.client import (
     TransactionExpired,
 )
 from rcq.local.cluster import LocalCluster
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue, running_cluster
 
@@ -197,7 +197,7 @@ async def test_an_expired_transaction_returns_its_items_to_the_head(client: RcqC
     async def expired() -> bool:
         return (await tx.status())["state"] == "aborted"
 
-    await wait_until(expired, QUIET_CLUSTER_WAIT_S, message="the transaction to expire")
+    await async_wait_until(expired, QUIET_CLUSTER_WAIT_S, what="the transaction to expire")
     assert (await tx.status())["reason"] == "transaction_expired"
     with pytest.raises(TransactionExpired):
         await tx.commit()
@@ -216,10 +216,10 @@ async def test_count_converges_on_the_leader_and_every_follower(
         return all(c == expected for c in counts)
 
     await client.execute([Enqueue(queue, [f"v{i}" for i in range(30)])])
-    await wait_until(lambda: counts_are(30), QUIET_CLUSTER_WAIT_S, message="count 30 on every node")
+    await async_wait_until(lambda: counts_are(30), QUIET_CLUSTER_WAIT_S, what="count 30 on every node")
     taken = await client.dequeue(queue, max_items=12)
     assert len(taken) == 12
-    await wait_until(lambda: counts_are(18), QUIET_CLUSTER_WAIT_S, message="count 18 on every node")
+    await async_wait_until(lambda: counts_are(18), QUIET_CLUSTER_WAIT_S, what="count 18 on every node")
 
 
 # --------------------------------------------------- one-request transactions

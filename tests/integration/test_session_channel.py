@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from rcq.local.cluster import LocalCluster
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LEADER_TIMEOUT_S, LOCAL_WAIT_S
 from tests.helpers.cluster import fresh_queue
 
@@ -197,7 +197,7 @@ async def test_the_channel_runs_over_mutual_tls():
                 status, body = await channel.ask("execute", operations=[{"op": "enqueue", "queue": "tls-q", "items": ["s"]}])
                 return status == 200 and body["committed"]
 
-            await wait_until(committed, LOCAL_WAIT_S, message="a commit over wss://")
+            await async_wait_until(committed, LOCAL_WAIT_S, what="a commit over wss://")
             await channel.ws.close()
 
 
@@ -230,4 +230,4 @@ async def test_metrics_count_channels_frames_and_closes(cluster: LocalCluster):
             return (metric(await scrape(), "rcq_session_channels_closed_total", 'code="1000"')
                     > metric(before, "rcq_session_channels_closed_total", 'code="1000"'))
 
-        await wait_until(counted_closed, LOCAL_WAIT_S, message="the closed channel counted by its close code")
+        await async_wait_until(counted_closed, LOCAL_WAIT_S, what="the closed channel counted by its close code")

@@ -19,7 +19,7 @@ import pytest
 from rcq.client import RcqClient
 from rcq.client.channel import PATH
 from rcq.local.cluster import LocalCluster
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue
 from tests.helpers.fakes import Wire
@@ -125,16 +125,16 @@ async def workload_through_a_leader_change(cluster: LocalCluster, producing: Rcq
     tasks = [asyncio.create_task(producer(producing, queue, f"p{i}", history, stop)) for i in range(4)]
     tasks += [asyncio.create_task(consumer(consuming, queue, f"c{i}", history, stop)) for i in range(2)]
     try:
-        await wait_until(lambda: len(history.acknowledged) >= 40 and len(history.consumed) >= 5, CLUSTER_WAIT_S,
-                         message="the workload to get going")
+        await async_wait_until(lambda: len(history.acknowledged) >= 40 and len(history.consumed) >= 5, CLUSTER_WAIT_S,
+                               what="the workload to get going")
         old_leader = await leader_index(cluster)
         await end_leadership(old_leader)
         new_leader = await leader_index(cluster)
         assert new_leader != old_leader
         acknowledged, consumed = len(history.acknowledged), len(history.consumed)
-        await wait_until(lambda: len(history.acknowledged) >= acknowledged + 40
-                         and len(history.consumed) > consumed, CLUSTER_WAIT_S,
-                         message="the workload to go on through the new leader")
+        await async_wait_until(lambda: len(history.acknowledged) >= acknowledged + 40
+                               and len(history.consumed) > consumed, CLUSTER_WAIT_S,
+                               what="the workload to go on through the new leader")
         if then is not None:
             await then(history)
     finally:
@@ -159,8 +159,8 @@ async def test_killing_the_leader_under_load_over_the_channel_loses_and_duplicat
     async def channel_only(history: History) -> None:
         # HTTP carries a request only while an upgrade is refused (an election, a follower):
         # then the workload goes on over the new leader's channels alone
-        await wait_until(ChannelOnly(recorder, history), CLUSTER_WAIT_S,
-                         message="40 enqueues in a row with no HTTP request")
+        await async_wait_until(ChannelOnly(recorder, history), CLUSTER_WAIT_S,
+                               what="40 enqueues in a row with no HTTP request")
 
     async with RcqClient(cluster.urls, coalesce=True, **options) as producing, \
             RcqClient(cluster.urls, **options) as consuming:

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from rcq.local.cluster import LocalCluster
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_WAIT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue, running_cluster
 from tests.helpers.raw_channel import RawChannel, bearer, gather_answers, open_channel, upgrade
@@ -111,7 +111,7 @@ async def test_channels_past_the_per_client_cap_are_refused_503_and_others_still
         async with open_channel(http, url, token) as channel:
             return bool((await channel.request({"id": 1, "op": "begin"}))["status"] == 201)
 
-    await wait_until(reopened, QUIET_CLUSTER_WAIT_S, interval_s=0.1, message="a channel under the cap again")
+    await async_wait_until(reopened, QUIET_CLUSTER_WAIT_S, interval_s=0.1, what="a channel under the cap again")
 
 
 # ============================================================================ in flight
@@ -133,13 +133,13 @@ async def test_past_in_flight_max_the_node_stops_reading_and_answers_everything_
         for frame_id in range(1, PIPELINED + 1):
             await channel.send({"id": frame_id, "op": "receive", "queue": queue, "wait_ms": LONG_POLL_MS,
                                 "label": label})
-        await wait_until(lambda: waiting(IN_FLIGHT_MAX), QUIET_CLUSTER_WAIT_S, message=f"{IN_FLIGHT_MAX} receives read")
+        await async_wait_until(lambda: waiting(IN_FLIGHT_MAX), QUIET_CLUSTER_WAIT_S, what=f"{IN_FLIGHT_MAX} receives read")
         assert seen[-1] == IN_FLIGHT_MAX, f"open receives seen over time: {seen}"
         await enqueue(http, url, token, queue, ["first"])
         [first] = await gather_answers(channel, 1)
         assert first["status"] == 200 and [i["value"] for i in first["body"]["items"]] == ["first"], first
         # one answer out, one more frame read: 4 waiting again, beside the one holding "first"
-        await wait_until(lambda: waiting(IN_FLIGHT_MAX + 1), QUIET_CLUSTER_WAIT_S, message="a fifth receive read")
+        await async_wait_until(lambda: waiting(IN_FLIGHT_MAX + 1), QUIET_CLUSTER_WAIT_S, what="a fifth receive read")
         assert max(seen) == IN_FLIGHT_MAX + 1, f"open receives seen over time: {seen}"
         values = [f"item-{n}" for n in range(PIPELINED - 1)]
         await enqueue(http, url, token, queue, values)
@@ -220,4 +220,4 @@ async def test_when_leadership_ends_in_flight_requests_are_answered_then_the_cha
         refusal = await upgrade(http, url, cluster.token)
         return refusal.status == 307 and refusal.body["error"]["leader_url"] == cluster.url(new_leader)
 
-    await wait_until(sent_to_the_new_leader, QUIET_CLUSTER_WAIT_S, interval_s=0.1, message="307 to the new leader")
+    await async_wait_until(sent_to_the_new_leader, QUIET_CLUSTER_WAIT_S, interval_s=0.1, what="307 to the new leader")

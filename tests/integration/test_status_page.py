@@ -73,7 +73,7 @@ def test_the_status_page_shows_the_cluster_and_updates_live(tmp_path: Path) -> N
             target = tmp_path / "status-page.png"
             if os.environ.get("RCQ_UPDATE_SCREENSHOT") == "1":
                 target = SCREENSHOT
-                page.wait_for_timeout(3000)  # documentation only: a few more samples so the charts have lines
+                page.wait_for_timeout(3000)  # pace: documentation only, a few more samples so the charts have lines
             page.screenshot(path=str(target), full_page=True)
             assert target.stat().st_size > 10_000
         finally:

@@ -26,7 +26,7 @@ import pytest
 
 from rcq.client import RcqClient, RcqError, SyncClient, TransactionAborted
 from rcq.local.cluster import LocalCluster
-from rcq.local.polls import poll_until
+from rcq.testing import wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue
 from tests.integration.workload import History, check_nothing_lost
@@ -50,11 +50,6 @@ def in_threads(work: Callable[[int], Any], count: int = THREADS) -> list[Any]:
     (the first exception, raised here)."""
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
         return list(pool.map(work, range(count), timeout=CLUSTER_WAIT_S))
-
-
-def when(condition: Callable[[], bool]) -> Callable[[], bool | None]:
-    """``condition`` as a poll_until attempt: True, or None to poll again."""
-    return lambda: condition() or None
 
 
 def test_the_verbs_and_transactions(client: SyncClient):
@@ -195,13 +190,13 @@ def test_killing_the_leader_while_threads_enqueue_loses_nothing_acknowledged(hea
     with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
         producers = [pool.submit(produce_until, stop, client, queue, f"p{i}", history) for i in range(THREADS)]
         try:
-            poll_until(when(lambda: len(history.acknowledged) >= 40), CLUSTER_WAIT_S, "the producers getting going")
+            wait_until(lambda: len(history.acknowledged) >= 40, CLUSTER_WAIT_S, what="the producers getting going")
             old_leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
             cluster.kill_node(old_leader)
             assert cluster.wait_for_leader(LEADER_TIMEOUT_S) != old_leader
             acknowledged = len(history.acknowledged)
-            poll_until(when(lambda: len(history.acknowledged) >= acknowledged + 40), CLUSTER_WAIT_S,
-                       "the producers going on through the new leader")
+            wait_until(lambda: len(history.acknowledged) >= acknowledged + 40, CLUSTER_WAIT_S,
+                       what="the producers going on through the new leader")
         finally:
             stop.set()
             for producer in producers:

@@ -22,7 +22,7 @@ from rcq.server.raft import transport_patches
 from rcq.server.raft.internals import connection_private, connections_of, transport_of
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.wire_seal import Seal, is_sealed, master_key, offering_nonce, offers
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.raft import SECRET
 from tests.helpers.raft_peer import (
@@ -80,7 +80,7 @@ async def test_a_peer_offering_the_seal_gets_it_both_ways(tmp_path: Path) -> Non
         peer.handshake(as_address=config.peers[0].raft_address)
         assert peer.seal is not None, "the node's nonce did not offer the seal"
         peer.send(probe(term=7))  # sealed: the handshake's address was sealed too
-        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
+        await async_wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, what="the node following term 7")
         assert peer.receive_sealed()["type"] == "next_node_idx"
         assert not peer.closed_by_node()
 
@@ -99,7 +99,7 @@ async def test_a_sealed_frame_that_does_not_open_closes_the_connection(tmp_path:
             frames = [second]
         for frame in frames:
             peer.sock.sendall(frame)
-        await wait_until(peer.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+        await async_wait_until(peer.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
         assert replicator.term == (7 if fault == "replayed" else 0)
 
 
@@ -112,7 +112,7 @@ async def test_a_sealed_frame_without_the_offer_closes_the_connection(tmp_path: 
         seal = Seal(master_key(SECRET), peer.nonce, peer.node_nonce)
         data = seal.seal(pickle.dumps(config.peers[0].raft_address, transport_patches.SEALED_PICKLE_PROTOCOL))
         peer.sock.sendall(struct.pack("i", len(data)) + data)
-        await wait_until(peer.closed_by_node, LOCAL_WAIT_S, message="the node closing the connection")
+        await async_wait_until(peer.closed_by_node, LOCAL_WAIT_S, what="the node closing the connection")
         assert replicator.term == 0
 
 
@@ -122,7 +122,7 @@ async def test_a_peer_that_does_not_offer_gets_fernet_frames(tmp_path: Path) -> 
     async with running_node(config) as replicator, client(config.raft_address) as peer:
         peer.handshake(as_address=config.peers[0].raft_address)
         peer.send(probe(term=7))
-        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
+        await async_wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, what="the node following term 7")
         assert peer.receive()["type"] == "next_node_idx"  # RaftClient.receive opens Fernet only
 
 
@@ -135,7 +135,7 @@ async def test_a_node_without_the_seal_does_not_offer_it(tmp_path: Path, setting
         peer.handshake(as_address=config.peers[0].raft_address)
         assert peer.seal is None and not offers(peer.node_nonce)
         peer.send(probe(term=7))  # Fernet, since the node did not offer
-        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
+        await async_wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, what="the node following term 7")
         assert peer.receive()["type"] == "next_node_idx"
 
 
@@ -158,14 +158,14 @@ async def test_two_nodes_replicate_with_the_seal_where_both_have_it(
                for config, on in zip(pair_of_nodes(tmp_path), seals, strict=True)]
     async with contextlib.AsyncExitStack() as stack:
         nodes = [await stack.enter_async_context(running_node(config)) for config in configs]
-        await wait_until(lambda: any(n.is_leader() for n in nodes), 30, message="a leader")
+        await async_wait_until(lambda: any(n.is_leader() for n in nodes), 30, what="a leader")
         leader = next(n for n in nodes if n.is_leader())
         follower = next(n for n in nodes if n is not leader)
         for i in range(3):
             batch = CommitBatch(term=leader.term, now_ms=time.time_ns() // 1_000_000, units=(
                 CommitUnit((TransactionWrite(f"tx{i}", enqueues=(("q", (b"item %d" % i,)),)),)),))
             await leader.submit(batch, timeout_s=30)
-        await wait_until(lambda: follower.read(lambda sm: sm.count("q") == 3), 30, message="the items on the follower")
+        await async_wait_until(lambda: follower.read(lambda sm: sm.count("q") == 3), 30, what="the items on the follower")
         for node in nodes:
             assert sealed_connections(node) == [all(seals)]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
@@ -181,5 +181,5 @@ async def test_with_pysyncobjs_own_handshake_a_node_never_offers(tmp_path: Path,
         peer.handshake(as_address=config.peers[0].raft_address)
         assert peer.seal is None and not offers(peer.node_nonce)
         peer.send(probe(term=7))
-        await wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, message="the node following term 7")
+        await async_wait_until(lambda: replicator.term == 7, LOCAL_WAIT_S, what="the node following term 7")
         assert peer.receive()["type"] == "next_node_idx"

@@ -27,7 +27,7 @@ import pytest
 
 from bench.spark_standalone import SparkStandalone
 from rcq.local.cluster import LocalCluster
-from rcq.local.polls import poll_until
+from rcq.testing import wait_until
 from tests.helpers import SPARK_STANDALONE_WAIT_S
 from tests.spark.helpers import (
     check_stream_sink_replay_adds_nothing_twice,
@@ -63,10 +63,12 @@ def _hold_once(markers: Path, partition: int, batch_id: int | None = None, after
         rows[0] += 1
         if rows[0] != after_rows:
             return value
+        import contextlib
         import os
-        import time
 
         from pyspark import TaskContext
+
+        from rcq.testing import WaitTimeout, wait_until
 
         context = TaskContext.get()
         if (context is None or context.partitionId() != partition or context.attemptNumber() != 0
@@ -76,9 +78,9 @@ def _hold_once(markers: Path, partition: int, batch_id: int | None = None, after
         with open(partial, "w") as file:
             file.write(str(os.getpid()))
         os.rename(partial, os.path.join(directory, f"held-{os.getpid()}"))  # whole, or not there
-        deadline = time.monotonic() + HOLD_S
-        while time.monotonic() < deadline and not os.path.exists(os.path.join(directory, "release")):
-            time.sleep(0.05)
+        with contextlib.suppress(WaitTimeout):  # held at most HOLD_S, then it goes on
+            wait_until(lambda: os.path.exists(os.path.join(directory, "release")), HOLD_S,
+                       what="the test to release the held task")
         return value
 
     return udf(hold, "string", useArrow=False)
@@ -93,7 +95,7 @@ def _held_pid(markers: Path, running: Callable[[], bool]) -> int:
         assert running(), "the job ended before any task held"
         return None
 
-    return poll_until(attempt, SPARK_STANDALONE_WAIT_S, f"a held task in {markers}", 0.05)
+    return wait_until(attempt, SPARK_STANDALONE_WAIT_S, what=f"a held task in {markers}", interval_s=0.05)
 
 
 def _kill_the_holder(cluster: SparkStandalone, app_id: str, pid: int) -> tuple[int, int]:
@@ -149,8 +151,8 @@ def test_batch_sink_adds_every_row_once_though_the_executor_dies_mid_write(
         try:
             pid = _held_pid(tmp_path, lambda: not job_done.is_set())
             # Kill once the held task has enqueued rows, uncommitted.
-            poll_until(lambda: sum(t["enqueued"] for t in _sink_transactions_since(urls, token, started_ms, 1))
-                       >= WRITE_BATCH or None, SPARK_STANDALONE_WAIT_S, "rows enqueued by the held task")
+            wait_until(lambda: sum(t["enqueued"] for t in _sink_transactions_since(urls, token, started_ms, 1))
+                       >= WRITE_BATCH, SPARK_STANDALONE_WAIT_S, what="rows enqueued by the held task")
             kills.append(_kill_the_holder(spark_standalone, app_id, pid))
         except BaseException as exc:  # shown by the assertion below
             problems.append(exc)

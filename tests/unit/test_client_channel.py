@@ -26,7 +26,7 @@ from rcq.client.channel import PATH, SUBPROTOCOL, Channel, ChannelUnusable
 from rcq.client.exchange import ExchangeFailed
 from rcq.errors import NotLeader, RouteNotFound
 from rcq.server.node import Node
-from rcq.testing.waits import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.fakes import FakeNode, Wire
 from tests.helpers.nodes import running_node, url_of
@@ -264,7 +264,7 @@ async def test_a_watch_that_does_not_abandon_ends_with_the_answer_and_an_answer_
     async def watch(abandon: channel_module.Abandon) -> None:
         watches.append("started")
         try:
-            await asyncio.sleep(LOCAL_WAIT_S)
+            await asyncio.Event().wait()  # never set: the watch runs until it is cancelled
         except asyncio.CancelledError:
             watches.append("cancelled")
             raise
@@ -275,10 +275,10 @@ async def test_a_watch_that_does_not_abandon_ends_with_the_answer_and_an_answer_
     assert (await quick).payload == {"label": "quick"}
     slow = asyncio.ensure_future(channel.exchange(begin("slow"), LOCAL_WAIT_S, 0.2, watch))
     ws, frame = await node.next_frame()
-    await wait_until(lambda: watches == ["started"], LOCAL_WAIT_S)
+    await async_wait_until(lambda: watches == ["started"], LOCAL_WAIT_S, what="the watch started")
     await node.answer(ws, frame, {"label": "slow"})
     assert (await slow).payload == {"label": "slow"}
-    await wait_until(lambda: watches == ["started", "cancelled"], LOCAL_WAIT_S)
+    await async_wait_until(lambda: watches == ["started", "cancelled"], LOCAL_WAIT_S, what="the watch cancelled")
 
 
 async def test_an_overdue_request_still_times_out_at_its_deadline(node: SessionNode, channel: Channel):
@@ -286,7 +286,7 @@ async def test_an_overdue_request_still_times_out_at_its_deadline(node: SessionN
 
     async def watch(abandon: channel_module.Abandon) -> None:
         watches.append("started")
-        await asyncio.sleep(LOCAL_WAIT_S)
+        await asyncio.Event().wait()  # never set: the watch runs until it is cancelled
 
     with pytest.raises(ExchangeFailed) as failed:
         await asyncio.gather(channel.exchange(begin("a"), 0.3, 0.1, watch), node.next_frame())
@@ -301,7 +301,7 @@ async def test_an_idle_channel_pings_the_node_and_stays_open_while_it_answers(
     ws, frame = await node.next_frame()
     await node.answer(ws, frame, {"label": "a"})
     await exchanging
-    await wait_until(lambda: node.pings >= 4, LOCAL_WAIT_S)  # well past a pong's deadline
+    await async_wait_until(lambda: node.pings >= 4, LOCAL_WAIT_S, what="four pings")  # well past a pong's deadline
     exchanging = asyncio.ensure_future(channel.exchange(begin("b"), LOCAL_WAIT_S))
     ws, frame = await node.next_frame()
     await node.answer(ws, frame, {"label": "b"})
@@ -317,7 +317,7 @@ async def test_a_busy_channel_sends_no_ping(node: SessionNode, channel: Channel,
     while loop.time() < until:  # an answer every 50 ms: never idle for a heartbeat
         exchanging = asyncio.ensure_future(channel.exchange(begin("a"), LOCAL_WAIT_S))
         ws, frame = await node.next_frame()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # pace: the node answers after 50 ms, under the heartbeat
         await node.answer(ws, frame, {"label": "a"})
         await exchanging
     assert node.pings == 0
@@ -344,7 +344,7 @@ async def test_the_channel_answers_the_nodes_pings(node: SessionNode, channel: C
     await node.answer(ws, frame, {"label": "a"})
     await exchanging
     await ws.ping(b"are you there")
-    await wait_until(lambda: node.pongs == [b"are you there"], LOCAL_WAIT_S)
+    await async_wait_until(lambda: node.pongs == [b"are you there"], LOCAL_WAIT_S, what="the pong")
 
 
 async def test_a_send_that_must_wait_finishes_in_the_background_with_its_outcome():

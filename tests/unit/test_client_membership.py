@@ -55,7 +55,7 @@ class SlowFakeNode(FakeNode):
 
     async def handle(self, request: web.Request) -> web.Response:
         response = await super().handle(request)  # the request is recorded (executed) at once
-        await asyncio.sleep(self.delay_s)
+        await asyncio.sleep(self.delay_s)  # pace: the answer of a leader that waits for a catch-up
         return response
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from rcq.errors import CommitOutcomeUnknown, TransactionAborted
 from rcq.server.leader.transactions import TransactionManager
-from rcq.testing import InMemoryReplicator, wait_until
+from rcq.testing import InMemoryReplicator, async_wait_until
 from tests.helpers import NODE_SERVING_TIMEOUT_S
 from tests.helpers.nodes import enqueue_committed, make_config
 
@@ -16,7 +16,7 @@ async def test_an_unknown_commit_is_settled_even_when_an_earlier_epochs_settle_w
     manager = TransactionManager(make_config(commit_timeout_s=0.2), replicator, leader_url=lambda: None)
     await manager.start()
     try:
-        await wait_until(lambda: manager.serving, 2, message="serving")
+        await async_wait_until(lambda: manager.serving, 2, what="serving")
         await enqueue_committed(manager, "q", b"first")
         # Epoch 1: a commit whose outcome is unknown starts a settle, whose fence is held too...
         tx = manager.begin()
@@ -28,7 +28,7 @@ async def test_an_unknown_commit_is_settled_even_when_an_earlier_epochs_settle_w
         replicator.depose()
         replicator.elect()
         replicator.hold_submits = False
-        await wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, message="serving in the new term")
+        await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving in the new term")
         # Epoch 2: a commit proposed but never appended must be settled, its item free again.
         await enqueue_committed(manager, "q", b"second")
         holder = manager.begin()
@@ -45,7 +45,7 @@ async def test_an_unknown_commit_is_settled_even_when_an_earlier_epochs_settle_w
             finally:
                 manager.abort(probe.transaction_id)
 
-        await wait_until(items_free_again, NODE_SERVING_TIMEOUT_S, message="the unknown commit settled")
+        await async_wait_until(items_free_again, NODE_SERVING_TIMEOUT_S, what="the unknown commit settled")
         with pytest.raises(TransactionAborted):  # settled as never applied: a retry cannot commit it
             await manager.commit(holder.transaction_id)
     finally:

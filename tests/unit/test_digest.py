@@ -23,7 +23,7 @@ from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, 
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import digest as digest_module
 from rcq.server.raft.digest import ForkedDigest, forked_digest
-from rcq.testing import InMemoryReplicator, wait_until
+from rcq.testing import InMemoryReplicator, async_wait_until, wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.imports import imported_modules, top_level
 
@@ -52,12 +52,8 @@ def in_process(state_machine: QueueStateMachine) -> tuple[str, int]:
 
 
 def wait_for_file(path: Path, timeout_s: float = LOCAL_WAIT_S) -> None:
-    """Bounded: raises TimeoutError (in a child: it exits 1) when ``path`` never appears."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
-        time.sleep(0.005)
+    """Bounded: raises WaitTimeout, a TimeoutError (in a child: it exits 1), when ``path`` never appears."""
+    wait_until(path.exists, timeout_s, what=f"{path} to appear", interval_s=0.005)
 
 
 def gated(compute: Callable[[], tuple[str, int]], gate: Path) -> Callable[[], tuple[str, int]]:
@@ -211,7 +207,7 @@ async def test_concurrent_callers_share_one_child(gate: Path) -> None:
     state_machine = small_state()
     digests = ForkedDigest(gated(lambda: in_process(state_machine), gate), threading.Lock(), timeout_s=LOCAL_WAIT_S)
     calls = [asyncio.ensure_future(digests.digest()) for _ in range(5)]
-    await wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, message="the child to start")
+    await async_wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, what="the child to start")
     (gate / "go").touch()
     assert await asyncio.wait_for(asyncio.gather(*calls), LOCAL_WAIT_S) == [in_process(state_machine)] * 5
     assert digests.children_forked == 1
@@ -222,7 +218,7 @@ async def test_a_caller_arriving_during_a_digest_gets_a_state_at_least_as_new_as
     lock = threading.Lock()
     digests = ForkedDigest(gated(lambda: in_process(state_machine), gate), lock, timeout_s=LOCAL_WAIT_S)
     first = asyncio.ensure_future(digests.digest())
-    await wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, message="the first child to start")
+    await async_wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, what="the first child to start")
     before = in_process(state_machine)
     with lock:
         apply_one(state_machine, "after-the-first-fork")
@@ -239,19 +235,19 @@ async def test_a_caller_arriving_during_a_digest_gets_a_state_at_least_as_new_as
 async def test_a_caller_that_gives_up_leaves_the_child_to_be_reaped(gate: Path) -> None:
     digests = ForkedDigest(gated(lambda: ("d", 7), gate), threading.Lock(), timeout_s=LOCAL_WAIT_S)
     caller = asyncio.ensure_future(digests.digest())
-    await wait_until(lambda: digests.child_pid is not None, LOCAL_WAIT_S, message="the child to fork")
+    await async_wait_until(lambda: digests.child_pid is not None, LOCAL_WAIT_S, what="the child to fork")
     caller.cancel()  # as aiohttp does when a client disconnects
     with pytest.raises(asyncio.CancelledError):
         await caller
     (gate / "go").touch()
-    await wait_until(lambda: digests.child_pid is None, LOCAL_WAIT_S, message="the child to be reaped")
+    await async_wait_until(lambda: digests.child_pid is None, LOCAL_WAIT_S, what="the child to be reaped")
     assert await asyncio.wait_for(digests.digest(), LOCAL_WAIT_S) == ("d", 7)
 
 
 async def test_close_kills_a_running_child_and_later_calls_fail(gate: Path) -> None:
     digests = ForkedDigest(gated(lambda: ("d", 1), gate), threading.Lock(), timeout_s=60)
     running = asyncio.ensure_future(digests.digest())
-    await wait_until(lambda: digests.child_pid is not None, LOCAL_WAIT_S, message="the child to fork")
+    await async_wait_until(lambda: digests.child_pid is not None, LOCAL_WAIT_S, what="the child to fork")
     pid = digests.child_pid
     assert pid is not None
 

@@ -24,7 +24,7 @@ from rcq.server.http import session_channel
 from rcq.server.http.api import request_middleware
 from rcq.server.http.auth import CHALLENGE, principal_of
 from rcq.server.http.metrics import UNTIMED_ROUTES
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from rcq.tokens import TokenEntry, TokenRegistry, new_token, token_hash
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import running_node, url_of
@@ -214,7 +214,7 @@ async def test_requests_are_counted_by_template_and_timed_but_a_websocket_sessio
             counted = (await scraped()).get("rcq_http_requests_total", {})
             return (("method", "GET"), ("route", session_channel.PATH), ("status", "1xx")) in counted
 
-        await wait_until(session_counted, LOCAL_WAIT_S, message="the ended WebSocket session counted")
+        await async_wait_until(session_counted, LOCAL_WAIT_S, what="the ended WebSocket session counted")
         found = await scraped()
     counted = found["rcq_http_requests_total"]
     assert counted[(("method", "GET"), ("route", "/v1/queues/{queue}"), ("status", "2xx"))] == 1

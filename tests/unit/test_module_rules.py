@@ -22,6 +22,9 @@
 * the product (``rcq``, ``cluster``: what the wheel carries) never imports ``chaos``, ``bench``
   or ``tests``, nor ``rcq.testing`` (test support: the launcher's local clusters are
   ``rcq.local``), and the two harnesses do not import each other.
+* no module of the project is over 600 lines, and one over 400 says why at its top: a line of
+  its docstring starting ``Why over 400 lines:`` and a reason (split a crowded module by job
+  rather than give one).
 
 Every import statement counts, wherever it is (inside functions, under
 ``if TYPE_CHECKING:``, in ``try:``), and so do ``__import__("x")`` and
@@ -55,9 +58,9 @@ CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py"
 # The chaos harness as a user and an operator: the client, the harness, the previous release (the
 # upgrade nemesis) and the backup file format and command (the backup nemesis).
 CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.local.cluster", "rcq.local.nodes", "rcq.local.polls",
-                     "rcq.local.releases", "rcq.testing.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup")
+                     "rcq.local.releases", "rcq.local.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup")
 BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.local.cluster", "rcq.local.nodes",
-                     "rcq.local.polls")
+                     "rcq.local.polls", "rcq.local.waits")
 # The benches that run server code in process: what they measure.
 BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest"),
                     "bench/retention.py": ("rcq.server.core.retention",)}
@@ -252,7 +255,7 @@ def test_a_clean_tree_has_no_violations():
     allowed = {"bench/stall.py": "from rcq.server.core.state_machine import QueueStateMachine\n"
                                  "from rcq.server.raft.digest import forked_digest\n",
                "bench/spark.py": "from bench.scenarios import Target\nfrom rcq.local.cluster import LocalCluster\n",
-               "chaos/cluster.py": "from chaos.powerfs import PowerMount\nfrom rcq.local.polls import poll_until\n",
+               "chaos/cluster.py": "from chaos.powerfs import PowerMount\nfrom rcq.local.waits import wait_until\n",
                "rcq/spark/writer.py": "from rcq.client import RcqClient\nfrom rcq.tokens import Grant\n"}
     assert violations({**CLEAN, **allowed}) == []
 
@@ -363,6 +366,73 @@ def test_each_broken_rule_is_reported(path, source, expected):
     files = {**CLEAN, path: source}
     problems = violations(files)
     assert any(expected in (p + " ") for p in problems), problems
+
+
+# ====================================================================== module lengths
+LINES_MAX = 600
+LINES_WITHOUT_REASON_MAX = 400
+REASON_MARKER = "Why over 400 lines:"  # the one phrase every long module's docstring uses
+
+
+def length_problems(files: dict[str, str]) -> list[str]:
+    """Each module of ``files`` (repo-relative posix path -> source) over ``LINES_MAX`` lines, or
+    over ``LINES_WITHOUT_REASON_MAX`` without a reason at its top."""
+    problems = []
+    for path, source in sorted(files.items()):
+        lines = len(source.splitlines())
+        if lines > LINES_MAX:
+            problems.append(f"{path}: {lines} lines, over {LINES_MAX}: split it by job")
+        elif lines > LINES_WITHOUT_REASON_MAX and not gives_a_reason(source):
+            problems.append(f"{path}: {lines} lines, over {LINES_WITHOUT_REASON_MAX} with no "
+                            f"'{REASON_MARKER} <reason>' line in its docstring")
+    return problems
+
+
+def gives_a_reason(source: str) -> bool:
+    """Whether the module's docstring has a line ``Why over 400 lines: <reason>`` (a reason, not the marker alone)."""
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    return any(line.startswith(REASON_MARKER) and line[len(REASON_MARKER):].strip()
+               for line in docstring.splitlines())
+
+
+def test_no_module_is_over_600_lines_nor_over_400_without_a_reason():
+    files = project_files()
+    assert any(path.startswith(("chaos/", "bench/")) for path in files), "no harness read: the rule would pass vacuously"
+    assert length_problems(files) == []
+
+
+def test_the_long_modules_reasons_are_read_from_their_docstrings():
+    """Not vacuous on the real tree: a module over 400 lines passes by the reason it gives."""
+    long_with_reasons = [path for path, source in project_files().items()
+                         if len(source.splitlines()) > LINES_WITHOUT_REASON_MAX and gives_a_reason(source)]
+    assert long_with_reasons, "no module over 400 lines gives a reason the rule can read"
+
+
+def planted(lines: int, docstring: str | None = None, after: str = "") -> str:
+    """A module of exactly ``lines`` lines: ``docstring`` (if any), ``after``, then assignments."""
+    head = (f'"""{docstring}\n"""\n' if docstring is not None else "") + after
+    return head + "".join(f"x{i} = {i}\n" for i in range(lines - len(head.splitlines())))
+
+
+REASON = "A module.\n\nWhy over 400 lines: one state machine whose parts share its lock."
+NO_REASON = "chaos/long.py: 450 lines, over 400 with no 'Why over 400 lines: <reason>' line in its docstring"
+
+
+@pytest.mark.parametrize("source, expected", [
+    (planted(400), None),
+    (planted(401), "chaos/long.py: 401 lines, over 400 with no 'Why over 400 lines: <reason>' line in its docstring"),
+    (planted(401, REASON), None),
+    (planted(600, REASON), None),
+    (planted(601, REASON), "chaos/long.py: 601 lines, over 600: split it by job"),
+    (planted(601), "chaos/long.py: 601 lines, over 600: split it by job"),
+    (planted(450, "A module.\n\nWhy over 400 lines:"), NO_REASON),  # the marker with no reason
+    (planted(450, "A module.\n\nLong because: it is long."), NO_REASON),  # another phrase
+    (planted(450, "A module.", after="# Why over 400 lines: a comment is no docstring\n"), NO_REASON),
+    (planted(450, after='import os\n"""\nWhy over 400 lines: a string after code is no docstring\n"""\n'), NO_REASON),
+])
+def test_the_length_rule_catches_long_modules_without_a_reason(source, expected):
+    problems = length_problems({"chaos/long.py": source, "bench/short.py": planted(10)})
+    assert problems == ([] if expected is None else [expected])
 
 
 # ====================================================================== pysyncobj's private names

@@ -20,7 +20,7 @@ import pytest
 
 from rcq.server.http.session_channel import CLOSE_CODES, OPEN_CHANNELS, TEST_FAULT_OP, close_all
 from rcq.server.node import Node
-from rcq.testing import InMemoryReplicator, wait_until
+from rcq.testing import InMemoryReplicator, async_wait_until
 from rcq.tokens import new_token, token_hash
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import running_node, url_of
@@ -113,8 +113,8 @@ async def test_a_node_closes_a_channel_whose_client_does_not_read_its_answers_40
         flood = await UnreadSocket.session_channel(int(url_of(node).rsplit(":", 1)[1]), None, LOCAL_WAIT_S)
         try:
             channel, _written = await flood_until_paused(node.app[OPEN_CHANNELS].channels, flood)
-            await wait_until(lambda: channel.closing_code is not None, UNREAD_CLOSE_AFTER_S + LOCAL_WAIT_S,
-                             message="the node to close the channel")
+            await async_wait_until(lambda: channel.closing_code is not None, UNREAD_CLOSE_AFTER_S + LOCAL_WAIT_S,
+                                   what="the node to close the channel")
             received = await flood.read_until_close(UNREAD_CLOSE_AFTER_S + LOCAL_WAIT_S)
             opcode, payload = received[-1]
             assert opcode == OPCODE_CLOSE and int.from_bytes(payload[:2], "big") == UNREAD, received[-1]

@@ -16,7 +16,7 @@ import aiohttp
 
 from rcq.server.http.session_channel import OPEN_CHANNELS, close_all
 from rcq.server.node import Node
-from rcq.testing import InMemoryReplicator, wait_until
+from rcq.testing import InMemoryReplicator, async_wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import make_config, running_node, url_of
 from tests.helpers.raw_channel import gather_answers, open_channel
@@ -33,7 +33,7 @@ async def test_a_stopping_node_answers_what_is_in_flight_refuses_later_frames_an
     await node.start()
     stopping: asyncio.Task[None] | None = None
     try:
-        await wait_until(lambda: node.manager.serving, LOCAL_WAIT_S, message="node serving")
+        await async_wait_until(lambda: node.manager.serving, LOCAL_WAIT_S, what="node serving")
         async with aiohttp.ClientSession() as http, open_channel(http, url_of(node), None) as channel:
             begun = await channel.request({"id": 2, "op": "begin"})
             assert begun["status"] == 201, begun
@@ -48,8 +48,8 @@ async def test_a_stopping_node_answers_what_is_in_flight_refuses_later_frames_an
             assert (await channel.request({"id": 6, "op": "status", "transaction_id": transaction_id}))["status"] == 200
             stopping = asyncio.create_task(node.stop())
             channels = node.app[OPEN_CHANNELS].channels
-            await wait_until(lambda: all(c.refusing for c in channels), LOCAL_WAIT_S,
-                             message="the node to start ending its channel")
+            await async_wait_until(lambda: all(c.refusing for c in channels), LOCAL_WAIT_S,
+                                   what="the node to start ending its channel")
             await channel.send({"id": 3, "op": "begin"})
             answers = await gather_answers(channel, 3, LOCAL_WAIT_S)
             by_id = {a["id"]: a for a in answers}
@@ -79,7 +79,7 @@ async def test_a_channel_opened_after_the_channels_were_ended_is_closed_at_once_
             code, reason = await channel.close_code(LOCAL_WAIT_S)
         assert (code, reason) == (1001, "the node is shutting down")
         channels = node.app[OPEN_CHANNELS].channels
-        await wait_until(lambda: not channels, LOCAL_WAIT_S, message="the channel's handler to end")
+        await async_wait_until(lambda: not channels, LOCAL_WAIT_S, what="the channel's handler to end")
 
 
 async def test_a_long_poll_over_http_is_answered_empty_when_the_node_stops(tmp_path: Path):
@@ -88,12 +88,12 @@ async def test_a_long_poll_over_http_is_answered_empty_when_the_node_stops(tmp_p
     await node.start()
     stopping: asyncio.Task[None] | None = None
     try:
-        await wait_until(lambda: node.manager.serving, LOCAL_WAIT_S, message="node serving")
+        await async_wait_until(lambda: node.manager.serving, LOCAL_WAIT_S, what="node serving")
         async with aiohttp.ClientSession() as http:
             polling = asyncio.ensure_future(http.post(f"{url_of(node)}/v1/queues/q/receive",
                                                       json={"wait_ms": LONG_POLL_MS}))
-            await wait_until(lambda: node.manager.open_count == 1, LOCAL_WAIT_S,
-                             message="the receive to wait for items")
+            await async_wait_until(lambda: node.manager.open_count == 1, LOCAL_WAIT_S,
+                                   what="the receive to wait for items")
             stopping = asyncio.create_task(node.stop())
             async with asyncio.timeout(LOCAL_WAIT_S):
                 response = await polling

@@ -23,7 +23,7 @@ import aiohttp
 from rcq.server.http.handlers import METRICS
 from rcq.server.http.session_channel import CLOSE_ANSWERS_UNREAD, OPEN_CHANNELS
 from rcq.server.node import Node
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import running_node, url_of
 from tests.helpers.unread_socket import FRAMES_MAX, OPCODE_CLOSE, OPCODE_TEXT, UnreadSocket, flood_until_paused
@@ -57,7 +57,7 @@ async def sample_unsent(node: Node, stop: asyncio.Event) -> int:
     most = 0
     while not stop.is_set():
         most = max(most, node.app[METRICS].sessions.unsent_bytes())
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # pace: a sample each millisecond
     return most
 
 
@@ -71,8 +71,8 @@ async def test_a_client_that_does_not_read_is_not_read_and_is_closed_4000_while_
         try:
             channel, written = await flood_until_paused(node.app[OPEN_CHANNELS].channels, flood)
             read_when_paused = stats.frames_in
-            await wait_until(lambda: channel.closing_code is not None, UNREAD_CLOSE_AFTER_S + LOCAL_WAIT_S,
-                             message="the node to close the channel that does not read")
+            await async_wait_until(lambda: channel.closing_code is not None, UNREAD_CLOSE_AFTER_S + LOCAL_WAIT_S,
+                                   what="the node to close the channel that does not read")
             assert channel.closing_code == CLOSE_ANSWERS_UNREAD
             assert stats.frames_in == read_when_paused, "the node kept reading a channel whose answers pile up"
             assert read_when_paused < written, (read_when_paused, written)
@@ -92,8 +92,8 @@ async def test_a_client_that_does_not_read_is_not_read_and_is_closed_4000_while_
             flood.abort()
             statuses = await committing
         assert len(statuses) > 1 and set(statuses) == {200}, statuses
-        await wait_until(lambda: stats.closed_total[CLOSE_ANSWERS_UNREAD] == 1, LOCAL_WAIT_S,
-                         message="the close counted by its code")
+        await async_wait_until(lambda: stats.closed_total[CLOSE_ANSWERS_UNREAD] == 1, LOCAL_WAIT_S,
+                               what="the close counted by its code")
 
 
 async def test_a_client_that_never_reads_has_its_connection_dropped_when_the_close_is_not_taken(tmp_path: Path):
@@ -102,8 +102,8 @@ async def test_a_client_that_never_reads_has_its_connection_dropped_when_the_clo
         flood = await UnreadSocket.session_channel(port_of(node), None, LOCAL_WAIT_S)
         try:
             await flood_until_paused(node.app[OPEN_CHANNELS].channels, flood)
-            await wait_until(lambda: not node.app[OPEN_CHANNELS].channels, 2 * UNREAD_CLOSE_AFTER_S + LOCAL_WAIT_S,
-                             message="the channel gone, its connection dropped")
+            await async_wait_until(lambda: not node.app[OPEN_CHANNELS].channels, 2 * UNREAD_CLOSE_AFTER_S + LOCAL_WAIT_S,
+                                   what="the channel gone, its connection dropped")
             assert stats.closed_total[CLOSE_ANSWERS_UNREAD] == 1
             assert stats.unsent_bytes() == 0
         finally:
@@ -125,14 +125,12 @@ async def test_pipelined_http_requests_are_not_read_while_their_answers_are_not(
 
             seen: list[float] = []
 
-            async def settled() -> bool:  # the same count twice, STALLED_S apart
+            def settled() -> bool:  # the same count at two looks STALLED_S apart
                 seen.append(answered())
-                await asyncio.sleep(STALLED_S)
-                return answered() == seen[-1]
+                return len(seen) > 1 and seen[-1] == seen[-2]
 
-            async with asyncio.timeout(LOCAL_WAIT_S):
-                while not await settled():
-                    pass
+            await async_wait_until(settled, LOCAL_WAIT_S, what="the count of answered requests to stop growing",
+                                   interval_s=STALLED_S)
             assert seen[-1] < written / 2, (seen[-1], written)  # most of them were never read
             async with aiohttp.ClientSession() as http, http.get(url_of(node) + "/healthz") as response:
                 assert response.status == 200  # everyone else is served

@@ -6,7 +6,6 @@ import os
 import pickle
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from rcq.server.core.commands import CommitBatch, CommitUnit, TransactionWrite, 
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft import snapshots
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotError, SnapshotState
+from rcq.testing import wait_until
+from tests.helpers import FORKED_CHILD_WAIT_S
 
 # What pysyncobj hands the serializer: (last applied entry, previous entry, cluster nodes).
 RAFT_DATA = ((b"\x00\x80\x02payload", 41, 3), (b"\x01", 40, 3), frozenset({"127.0.0.1:1", "127.0.0.1:2"}))
@@ -178,14 +179,10 @@ def test_remove_stale_files_deletes_only_interrupted_snapshot_leftovers(work_dir
 
 
 # ------------------------------------------------------------- forking writer
-def _wait_for_state(writer: ForkingSnapshotWriter, timeout_s: float = 30.0) -> SnapshotState:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = writer.check()
-        if state != SnapshotState.WRITING:
-            return state
-        time.sleep(0.01)
-    raise AssertionError(f"the snapshot child did not finish within {timeout_s} s")
+def _wait_for_state(writer: ForkingSnapshotWriter) -> SnapshotState:
+    """The first state but WRITING the writer reports (in a list: IDLE is 0)."""
+    return wait_until(lambda: [state for state in [writer.check()] if state != SnapshotState.WRITING],
+                      FORKED_CHILD_WAIT_S, what="the snapshot child to finish", interval_s=0.01)[0]
 
 
 def test_forking_writer_writes_in_a_child_and_reports_success_once(work_dir: Path) -> None:

@@ -34,7 +34,7 @@ from rcq.client import (
     TransactionNotFound,
 )
 from rcq.client.loop_thread import LoopThread
-from rcq.local.polls import poll_until
+from rcq.testing import wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import running_node, url_of
 
@@ -403,7 +403,7 @@ def test_a_waiting_receive_in_one_thread_holds_up_no_other_thread(client):
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(client.receive, "q", 1, int(LOCAL_WAIT_S * 1000), None, "waiter")
         # Behind the waiting receive, if calls were serialised: then it would come back empty.
-        poll_until(lambda: client.transactions("waiter") or None, LOCAL_WAIT_S, "the receive waiting")
+        wait_until(lambda: client.transactions("waiter"), LOCAL_WAIT_S, what="the receive waiting")
         client.enqueue("q", "a")
         tx = waiting.result(LOCAL_WAIT_S * 2)
     assert tx is not None and [item.value for item in tx.items] == [b"a"]

@@ -22,8 +22,9 @@ from rcq.errors import (
 )
 from rcq.server.leader.answers import ClosedTransactions
 from rcq.server.leader.transactions import TransactionManager
-from rcq.testing import InMemoryReplicator, wait_until
-from tests.helpers.nodes import drain, enqueue_committed, make_config
+from rcq.testing import InMemoryReplicator, async_wait_until
+from tests.helpers import LOCAL_WAIT_S
+from tests.helpers.nodes import drain, enqueue_committed, make_config, skip_loop_time
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ async def setup():
     replicator = InMemoryReplicator()
     manager = TransactionManager(make_config(), replicator, leader_url=lambda: None)
     await manager.start()
-    await wait_until(lambda: manager.serving, 2, message="serving")
+    await async_wait_until(lambda: manager.serving, 2, what="serving")
     yield manager, replicator
     await manager.stop()
 
@@ -44,7 +45,7 @@ async def test_a_new_leader_serves_only_after_its_barrier_is_applied():
     with pytest.raises(NotReady):
         manager.begin()
     replicator.hold_submits = False
-    await wait_until(lambda: manager.serving, 3, message="serving after barrier")
+    await async_wait_until(lambda: manager.serving, 3, what="serving after barrier")
     manager.begin()
     await manager.stop()
 
@@ -117,7 +118,7 @@ async def test_an_expired_transaction_returns_its_items(setup):
     await enqueue_committed(manager, "q", b"x")
     tx = manager.begin(timeout_s=0.1)
     assert len(await manager.dequeue(tx.transaction_id, "q")) == 1
-    await wait_until(lambda: manager.open_count == 0, 3, message="expiry")
+    await async_wait_until(lambda: manager.open_count == 0, 3, what="expiry")
     with pytest.raises(TransactionExpired):
         await manager.commit(tx.transaction_id)
     assert await drain(manager, "q") == [b"x"]
@@ -127,8 +128,12 @@ async def test_extend_pushes_the_deadline(setup):
     manager, _ = setup
     tx = manager.begin(timeout_s=0.2)
     manager.extend(tx.transaction_id, 30)
-    await asyncio.sleep(0.4)  # longer than the original deadline; nothing to wait for instead
-    assert manager.open_count == 1
+    witness = manager.begin(timeout_s=0.2)  # not extended: its deadline comes at or after tx's first one
+    skip_loop_time(0.4)
+    await async_wait_until(lambda: manager.open_count == 1, LOCAL_WAIT_S, what="the witness to expire")
+    with pytest.raises(TransactionExpired):
+        await manager.commit(witness.transaction_id)
+    assert manager.describe(tx.transaction_id)["state"] == "open"
 
 
 async def test_a_move_between_queues_is_one_atomic_commit(setup):
@@ -208,7 +213,7 @@ async def test_losing_leadership_aborts_open_transactions_and_frees_their_items(
     with pytest.raises(NoLeader):
         manager.begin()
     replicator.elect()
-    await wait_until(lambda: manager.serving, 2, message="serving again")
+    await async_wait_until(lambda: manager.serving, 2, what="serving again")
     with pytest.raises(LeaderChanged):
         await manager.commit(tx.transaction_id)
     assert manager.describe(tx.transaction_id)["state"] == "aborted"
@@ -221,7 +226,7 @@ async def test_a_transaction_of_an_earlier_term_is_reported_aborted_by_a_new_lea
     manager.enqueue(tx.transaction_id, "q", [b"x"])
     replicator.depose()
     replicator.elect()
-    await wait_until(lambda: manager.serving, 2, message="serving again")
+    await async_wait_until(lambda: manager.serving, 2, what="serving again")
     manager._leader.closed = ClosedTransactions(remembered_max=10)  # a different node never saw it
     with pytest.raises(LeaderChanged):
         await manager.commit(tx.transaction_id)
@@ -274,7 +279,7 @@ async def test_back_pressure_refuses_transactions_over_the_limit():
     replicator = InMemoryReplicator()
     manager = TransactionManager(make_config(transactions_open_max=2), replicator, leader_url=lambda: None)
     await manager.start()
-    await wait_until(lambda: manager.serving, 2)
+    await async_wait_until(lambda: manager.serving, 2, what="serving")
     manager.begin()
     manager.begin()
     with pytest.raises(TooManyTransactions):
@@ -310,7 +315,7 @@ async def test_a_fenced_entry_of_a_deposed_leader_does_not_free_items_this_leade
     await enqueue_committed(manager, "q", b"x")
     replicator.depose()
     replicator.elect()
-    await wait_until(lambda: manager.serving, 2, message="serving in the new term")
+    await async_wait_until(lambda: manager.serving, 2, what="serving in the new term")
     holder = manager.begin()
     [item] = await manager.dequeue(holder.transaction_id, "q")
     # The old leader's commit of the same item reaches the log after the new barrier: fenced.
@@ -343,7 +348,7 @@ async def test_a_commit_many_over_the_entry_limit_is_refused_and_changes_nothing
     config = make_config(commit_unit_bytes_max=8 << 20, transaction_bytes_max=4 << 20, item_bytes_max=1 << 20)
     manager = TransactionManager(config, replicator, leader_url=lambda: None)
     await manager.start()
-    await wait_until(lambda: manager.serving, 2)
+    await async_wait_until(lambda: manager.serving, 2, what="serving")
     transactions = [manager.begin() for _ in range(3)]
     for tx in transactions:
         manager.enqueue(tx.transaction_id, "q", [b"x" * (1 << 20)] * 3)

@@ -25,9 +25,9 @@ from rcq.server.core import state_machine as sm_module
 from rcq.server.core.commands import ItemsAction, QueueSettings
 from rcq.server.leader.session import EnqueueStep, Session
 from rcq.server.leader.transactions import TransactionManager
-from rcq.testing import InMemoryReplicator, wait_until
+from rcq.testing import InMemoryReplicator, async_wait_until
 from tests.helpers import LOCAL_WAIT_S, NODE_SERVING_TIMEOUT_S
-from tests.helpers.nodes import drain, enqueue_committed, make_config
+from tests.helpers.nodes import drain, enqueue_committed, make_config, skip_loop_time
 
 OVERHEAD = sm_module.ITEM_OVERHEAD_BYTES
 
@@ -36,7 +36,7 @@ async def started(**overrides: object) -> tuple[TransactionManager, InMemoryRepl
     replicator = InMemoryReplicator()
     manager = TransactionManager(make_config(**overrides), replicator, leader_url=lambda: None)
     await manager.start()
-    await wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, message="serving")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving")
     return manager, replicator
 
 
@@ -184,8 +184,8 @@ async def test_extends_stop_at_the_lifetime_limit():
     try:
         tx = manager.begin(timeout_s=2.0)
         manager.extend(tx.transaction_id, 2.0)
+        skip_loop_time(1.05)  # it has lived 1.05 s: 2 s more would take it past its 3 s
         with pytest.raises(TransactionLifetimeExceeded) as caught:
-            await asyncio.sleep(1.05)
             manager.extend(tx.transaction_id, 2.0)
         assert caught.value.http_status == 409 and caught.value.details["remaining_s"] < 2.0
         assert manager.describe(tx.transaction_id)["state"] == "open"
@@ -214,7 +214,7 @@ async def test_an_unknown_commit_that_never_applied_is_settled_and_its_items_fre
         with pytest.raises(CommitOutcomeUnknown):
             await manager.commit(tx.transaction_id)
         # a fence settles it: the entry was never appended, so the transaction is aborted
-        await wait_until(lambda: manager.locked_count("q") == 0, LOCAL_WAIT_S, message="locks freed")
+        await async_wait_until(lambda: manager.locked_count("q") == 0, LOCAL_WAIT_S, what="locks freed")
         assert manager.describe(tx.transaction_id)["state"] == "aborted"
         assert await drain(manager, "q") == [b"1"]
     finally:
@@ -230,8 +230,8 @@ async def test_an_unknown_commit_that_did_apply_ends_committed():
         replicator.lose_next_answers = 1
         with pytest.raises(CommitOutcomeUnknown):
             await manager.commit(tx.transaction_id)
-        await wait_until(lambda: manager.describe(tx.transaction_id)["state"] == "committed", LOCAL_WAIT_S,
-                         message="committed")
+        await async_wait_until(lambda: manager.describe(tx.transaction_id)["state"] == "committed", LOCAL_WAIT_S,
+                               what="committed")
         assert replicator.state_machine.count("q") == 0
     finally:
         await manager.stop()
@@ -248,7 +248,7 @@ async def test_purge_aborts_the_transactions_holding_its_items(limited):
     manager.enqueue(producer.transaction_id, "q", [b"3"])
     waiter = manager.begin()
     waiting = asyncio.ensure_future(manager.dequeue(waiter.transaction_id, "q", wait_ms=2000))
-    await wait_until(lambda: manager.dequeues_waiting("q") == 1, LOCAL_WAIT_S, message="the dequeue waiting")
+    await async_wait_until(lambda: manager.dequeues_waiting("q") == 1, LOCAL_WAIT_S, what="the dequeue waiting")
     result = await manager.change_queue("q", "purge")
     assert result.removed == 2
     with pytest.raises(TransactionAborted, match="queue_purged"):
@@ -291,14 +291,14 @@ async def test_a_forgotten_outcome_is_never_answered_as_a_definite_abort(monkeyp
     old_leader.enqueue(tx.transaction_id, "q", [b"1"])
     await old_leader.commit(tx.transaction_id)
     await old_leader.stop()
-    await asyncio.sleep(0.01)
-    # another node leads a later term: it never saw the transaction
+    # another node leads a later term: it never saw the transaction, and its clock is a second
+    # ahead, so that its first entry comes after the outcome's retention (no waiting for time)
     replicator.depose()
     replicator.elect()
-    manager = TransactionManager(make_config(), replicator, leader_url=lambda: None)
+    manager = TransactionManager(make_config(test_clock_offset_ms=1_000), replicator, leader_url=lambda: None)
     await manager.start()
     try:
-        await wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, message="serving")
+        await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving")
         await enqueue_committed(manager, "q", b"2")  # an entry later than the retention forgets it
         assert replicator.state_machine.outcome(tx.transaction_id) is None
         with pytest.raises(OutcomeExpired) as caught:
@@ -337,8 +337,8 @@ async def test_a_dequeue_sent_again_while_the_first_is_still_running_gets_the_sa
             await manager.change_queue("q", "configure", settings=QueueSettings(max_deliveries=max_deliveries))
         tx = manager.begin()
         first = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1, wait_ms=2000, key="k"))
-        await wait_until(lambda: manager.dequeues_waiting("q") == 1, LOCAL_WAIT_S,
-                         message="the first attempt waiting for an item (nothing queued yet)")
+        await async_wait_until(lambda: manager.dequeues_waiting("q") == 1, LOCAL_WAIT_S,
+                               what="the first attempt waiting for an item (nothing queued yet)")
         await enqueue_committed(manager, "q", b"1", b"2", b"3")
         again = await manager.dequeue(tx.transaction_id, "q", 1, wait_ms=2000, key="k")  # the re-sent one
         taken = await first
@@ -358,8 +358,8 @@ async def a_dequeue_recording_its_delivery(manager: TransactionManager, replicat
     tx = manager.begin()
     replicator.hold_submits = True
     dequeue = asyncio.ensure_future(manager.dequeue(tx.transaction_id, "q", 1, key=key))
-    await wait_until(lambda: any(isinstance(u, ItemsAction) for c in replicator.submitted
-                                 for u in getattr(c, "units", ())), LOCAL_WAIT_S, message="the delivery entry proposed")
+    await async_wait_until(lambda: any(isinstance(u, ItemsAction) for c in replicator.submitted
+                                 for u in getattr(c, "units", ())), LOCAL_WAIT_S, what="the delivery entry proposed")
     return tx, dequeue
 
 

@@ -21,9 +21,8 @@ import lmdb
 
 from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
-from rcq.local.polls import poll_until
 from rcq.server.raft.snapshots import META_KEY
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until, wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
 from tests.integration.workload import History, check_nothing_lost, consumer, producer
@@ -61,8 +60,8 @@ class Load:
     async def commits_more(self, at_least: int = 5, what: str = "") -> None:
         """Wait until ``at_least`` more commits are acknowledged than now: the cluster commits."""
         wanted = self.commits() + at_least
-        await wait_until(lambda: self.commits() >= wanted, CLUSTER_WAIT_S, interval_s=0.05,
-                         message=f"{at_least} more commits {what}")
+        await async_wait_until(lambda: self.commits() >= wanted, CLUSTER_WAIT_S, interval_s=0.05,
+                               what=f"{at_least} more commits {what}")
 
     async def finish(self) -> History:
         """Stop the workers, drain, check (nothing lost, nothing twice, nothing unknown came out)."""
@@ -98,7 +97,7 @@ def hand_over(cluster: LocalCluster, to: int) -> None:
         if handed.get("leader_id") == f"node-{to}":
             break
         assert handed.get("error", {}).get("retryable") and attempt < HAND_OVER_ATTEMPTS, handed
-    poll_until(lambda: True if cluster.leader() == to else None, LEADER_TIMEOUT_S, f"node-{to} leading")
+    wait_until(lambda: cluster.leader() == to, LEADER_TIMEOUT_S, what=f"node-{to} leading")
 
 
 def levels(cluster: LocalCluster, indices: list[int] | None = None) -> list[Any]:
@@ -124,6 +123,6 @@ async def snapshot_now(cluster: LocalCluster, i: int) -> int:
     """Node ``i`` writes a snapshot now (POST /v1/admin/snapshot); the format it wrote."""
     before = int(cluster.status(i)["snapshot_count"])
     assert cluster.poll_json(cluster.url(i) + "/v1/admin/snapshot", method="POST", body={})
-    await wait_until(lambda: int(cluster.status(i)["snapshot_count"]) > before, CLUSTER_WAIT_S,
-                     message=f"node-{i}'s snapshot")
+    await async_wait_until(lambda: int(cluster.status(i)["snapshot_count"]) > before, CLUSTER_WAIT_S,
+                           what=f"node-{i}'s snapshot")
     return snapshot_format(cluster, i)

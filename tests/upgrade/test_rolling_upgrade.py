@@ -27,11 +27,10 @@ import pytest
 
 from rcq.client import FeatureLevelRequired, FeatureLevelUnsupported, InvalidRequest, RcqClient
 from rcq.local.cluster import LocalCluster
-from rcq.local.polls import poll_until
 from rcq.local.releases import Release
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX
 from rcq.server.raft.unreadable import UNREADABLE_EXIT_CODE
-from rcq.testing import wait_until
+from rcq.testing import async_wait_until, wait_until
 from rcq.version import rcq_version
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import fresh_queue
@@ -86,7 +85,8 @@ async def headers_refused(client: RcqClient) -> None:
 
 def wait_exit(cluster: LocalCluster, i: int) -> int:
     """The exit code of node ``i``, which is to stop on its own."""
-    code = poll_until(lambda: cluster.unexpected_exits().get(i), CLUSTER_WAIT_S, f"node-{i} to exit")
+    wait_until(lambda: i in cluster.unexpected_exits(), CLUSTER_WAIT_S, what=f"node-{i} to exit")
+    code = cluster.unexpected_exits()[i]  # an exited process keeps its code
     cluster.nodes[i].forget()
     return code
 
@@ -134,8 +134,8 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_new_formats_wait_f
             await headers_refused(client)  # every node reads level 2, but the level is still 1
             assert await client.raise_feature_level(LEVEL_MAX) == \
                 {"level": LEVEL_MAX, "previous": LEVEL_BASE, "changed": True}
-            await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S,
-                             message=f"level {LEVEL_MAX} everywhere")
+            await async_wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S,
+                                   what=f"level {LEVEL_MAX} everywhere")
             await client.enqueue(headed, "h1", headers=HEADERS)  # the feature works now
             await client.enqueue(headed, "h2", headers=HEADERS)
             (item,) = await client.dequeue_items(headed)
@@ -147,8 +147,8 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_new_formats_wait_f
         await asyncio.to_thread(cluster.stop_node, follower)
         await asyncio.to_thread(cluster.start_node, follower)
         # (its log was compacted into the snapshot: the level it applies comes from the snapshot)
-        await wait_until(lambda: levels(cluster, [follower]) == [LEVEL_MAX], CLUSTER_WAIT_S,
-                         message=f"the restarted node at level {LEVEL_MAX}")
+        await async_wait_until(lambda: levels(cluster, [follower]) == [LEVEL_MAX], CLUSTER_WAIT_S,
+                               what=f"the restarted node at level {LEVEL_MAX}")
         await load.commits_more(what="after a restart from a format-4 snapshot")
         # The item with headers went through the snapshot too: the restarted node leads, and gives it.
         await asyncio.to_thread(hand_over, cluster, follower)
@@ -176,8 +176,8 @@ async def test_with_automatic_levels_the_upgraded_cluster_raises_its_level_by_it
     async with client_of(cluster, followers) as client:  # an old member holds the new leader's raise back
         assert (await client.feature_level())["active"] == LEVEL_BASE
     await upgrade(cluster, old_leader)
-    await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, AUTO_RAISE_BOUND, interval_s=0.2,
-                     message="the level raised by the leader once every node reads it")
+    await async_wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, AUTO_RAISE_BOUND, interval_s=0.2,
+                           what="the level raised by the leader once every node reads it")
     async with client_of(cluster) as client:
         assert (await client.feature_level())["raised_by_version"] == rcq_version()
     await round_trip(cluster)
@@ -239,7 +239,7 @@ async def test_the_new_code_held_at_level_1_refuses_the_raise_and_stops_on_level
         await asyncio.to_thread(cluster.restart_node_with, a, test_feature_level_max=None)
         assert (await client.raise_feature_level(LEVEL_MAX))["level"] == LEVEL_MAX
         await round_trip(cluster)
-    await wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S, message=f"level {LEVEL_MAX} everywhere")
+    await async_wait_until(lambda: levels(cluster) == [LEVEL_MAX] * 3, CLUSTER_WAIT_S, what=f"level {LEVEL_MAX} everywhere")
 
     # (b) rolled back below the active level: node a meets the level entry in its journal...
     await asyncio.to_thread(cluster.restart_node_with, a, False, test_feature_level_max=LEVEL_BASE)
@@ -275,7 +275,7 @@ async def test_the_previous_release_on_a_format_4_snapshot_fails_loudly_and_neve
     # rcq 0.1 cannot read the snapshot: pysyncobj logs the error and carries on with an empty state.
     def load_failed() -> bool:
         return "snapshot format 4, expected one of (1, 2, 3)" in cluster.log_tail(old)
-    await wait_until(load_failed, QUIET_CLUSTER_WAIT_S, interval_s=0.1, message="rcq 0.1's failed snapshot load")
+    await async_wait_until(load_failed, QUIET_CLUSTER_WAIT_S, interval_s=0.1, what="rcq 0.1's failed snapshot load")
     assert "ERROR pysyncobj.syncobj: failed to load full dump" in cluster.log_tail(old)
     # It does not exit; it applies nothing after the snapshot, so it never serves and never
     # diverges: its digest stays at applied index 0 while the others move on.
