@@ -14,7 +14,9 @@ The package, by job: :mod:`~rcq.client.client` (:class:`RcqClient`, the API),
 on a thread of its own), :mod:`~rcq.client.loop_thread` (that thread: a private event loop that
 other threads run coroutines on),
 :mod:`~rcq.client.transaction` (:class:`Transaction`), :mod:`~rcq.client.transport`
-(leader tracking, the one retry policy and what is safe to re-send, coalescing),
+(where a request goes, the one retry loop, coalescing), :mod:`~rcq.client.retry` (its rules:
+each kind of request's policy, what is safe to re-send, the backoff),
+:mod:`~rcq.client.leader_tracker` (which node leads, and a new leader when it stops answering),
 :mod:`~rcq.client.coalescer` (the transport's batching helper),
 :mod:`~rcq.client.channel` (the session channel: one WebSocket to a node, requests pipelined on
 it; the transport's default for the hot verbs), :mod:`~rcq.client.exchange` (one HTTP exchange) and

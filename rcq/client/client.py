@@ -1,8 +1,11 @@
 """The public API of the client: :class:`RcqClient`, an rcq cluster seen from one program.
 
+Why over 400 lines: the public API, one short documented method per verb; wire builds the requests, the transport sends them.
+
 Each method builds its request (the REST form and, where the server has one, the
 ``/v1/batch`` form) and hands it to the transport, which chooses between them, finds the
-leader and retries (see :mod:`rcq.client.transport`); answers are decoded by
+leader and retries (see :mod:`rcq.client.transport`, and :mod:`rcq.client.retry` for what is safe to
+re-send); answers are decoded by
 :mod:`rcq.client.wire`. Interactive transactions are :class:`Transaction` handles.
 
 Must not import: rcq.server, pysyncobj, lmdb (``pip install rcq`` has no server).
@@ -21,8 +24,9 @@ import aiohttp
 
 from rcq.client import hooks
 from rcq.client.exchange import tls_context
+from rcq.client.retry import COMMIT, MEMBERSHIP, SAFE, WRITE, Attempts, Request
 from rcq.client.transaction import Transaction, TransactionContext, items_received, received, timeout_s_of
-from rcq.client.transport import COMMIT, MEMBERSHIP, SAFE, WRITE, Attempts, Request, Transport
+from rcq.client.transport import Transport
 from rcq.client.wire import (
     FEATURE_LEVEL_PATH,
     LEADERSHIP_PATH,

@@ -5,7 +5,7 @@ With ``coalesce=True``, :class:`rcq.client.transport.Transport` submits each req
 iteration it cuts what was submitted into batches (bounded in parts and in item bytes), hands
 each batch to the transport's ``send_batch`` (one exchange, no retry) and gives each part's
 outcome back to its caller. It never retries: deciding whether a part is sent again is the
-transport's one retry engine, and a part sent again is simply submitted again.
+transport's one retry loop, and a part sent again is simply submitted again.
 
 Must not import: rcq.client.transport (it is handed its send function, so the transport owns
 the HTTP, the errors and the policy), rcq.server, pysyncobj, lmdb.

@@ -2,7 +2,7 @@
 
 A :class:`Transaction` builds each verb's request (the REST form and, where the server has one,
 the ``/v1/batch`` form) and hands it to :meth:`Transport.request`, which chooses between them
-and retries (see :mod:`rcq.client.transport` for what is safe to re-send, and why).
+and retries (see :mod:`rcq.client.retry` for what is safe to re-send, and why).
 
 Must not import: rcq.client.client (a transaction talks to the transport, never to the
 client's internals), rcq.server, pysyncobj, lmdb.
@@ -18,7 +18,8 @@ from types import TracebackType
 from typing import Any
 
 from rcq.client import hooks
-from rcq.client.transport import COMMIT, ONCE, SAFE, Request, RetryPolicy, Transport
+from rcq.client.retry import COMMIT, ONCE, SAFE, Request, RetryPolicy
+from rcq.client.transport import Transport
 from rcq.client.wire import (
     CommitInfo,
     Item,

@@ -78,9 +78,9 @@ async def test_clients_move_to_the_new_leader_while_the_old_one_is_frozen(channe
 
 
 async def test_without_the_watch_a_frozen_leader_holds_the_client_until_it_thaws(monkeypatch):
-    from rcq.client import transport
+    from rcq.client import leader_tracker
 
-    monkeypatch.setattr(transport, "LEADER_PROBE_AFTER_S", 1e9)  # the client of the first version
+    monkeypatch.setattr(leader_tracker, "LEADER_PROBE_AFTER_S", 1e9)  # the client of the first version
     with running_cluster() as cluster:
         leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
         others = [i for i in range(3) if i != leader]
