@@ -16,7 +16,7 @@ from chaos.cluster import CHAOS_NODE_OVERRIDES, ChaosCluster
 from chaos.netproxy import LinkFault
 from chaos.target import ChaosTarget, client_link, raft_link
 from rcq.testing import wait_until
-from tests.helpers import LEADER_TIMEOUT_S
+from tests.helpers import LEADER_TIMEOUT_S, LOCAL_WAIT_S
 
 
 def connects(url: str) -> bool:
@@ -79,7 +79,7 @@ def test_close_closes_the_proxy_and_keeps_the_logs(tmp_path):
         stats = cluster.proxy.stats()[client_link(0)]
         return (stats["accepted"], stats["open"]) == (1, 0)
 
-    wait_until(handled, 10, what="the proxy closing it")
+    wait_until(handled, LOCAL_WAIT_S, what="the proxy closing it")
     cluster.close()
     assert not connects(url)
     assert cluster.base_dir.exists()

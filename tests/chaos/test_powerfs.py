@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from chaos.powerfs import PowerFSError, PowerMount, fuse_unavailable_reason, is_mounted
 from chaos.powerfs.model import PAGE_BYTES, PowerModel
 from rcq.testing import wait_until
+from tests.helpers import LOCAL_WAIT_S
 
 FUSE_UNAVAILABLE = fuse_unavailable_reason()
 needs_fuse = pytest.mark.skipif(FUSE_UNAVAILABLE is not None, reason=f"powerfs cannot mount here: {FUSE_UNAVAILABLE}")
@@ -346,7 +347,7 @@ def test_a_killed_filesystem_process_leaves_no_mount(tmp_path):
     mount = PowerMount(mountpoint, log_path=tmp_path / "log")
     try:
         os.kill(mount.pid, signal.SIGKILL)
-        wait_until(lambda: not is_mounted(mountpoint), 10.0, what="the mount to go away")
+        wait_until(lambda: not is_mounted(mountpoint), LOCAL_WAIT_S, what="the mount to go away")
     finally:
         mount.close()
     assert not is_mounted(mountpoint)

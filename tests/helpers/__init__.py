@@ -39,12 +39,14 @@ STATUS_PAGE_WAIT_MS = 20_000  # the status page in a browser shows a change (Pla
 # This process: in-process nodes, forked children, local sockets.
 NODE_SERVING_TIMEOUT_S = 5.0  # a node over the in-memory replicator serves (at once, but for the loop)
 LOCAL_WAIT_S = 10.0  # a single node leads, a peer's message arrives, a digest child answers
+LOCAL_RAFT_WAIT_S = 30.0  # real pysyncobj nodes of this process (or its children) elect, replicate, compact, agree
 FORKED_CHILD_WAIT_S = 30.0  # a forked child of this process (a snapshot writer) finishes its work
 GATE_WAIT_S = 60.0  # a forked child held at a test's gate waits for it this long (the test's own waits come first)
 HAND_OVER_SUBMIT_TIMEOUT_S = 30.0  # a proposal held while leadership is handed over
 HAND_OVER_WAIT_S = 30.0  # a hand-over played step by step ends, polls, or reaches a step (tests/integration/test_hand_over.py)
 PROXY_ANSWER_TIMEOUT_S = 5.0  # an answer through the chaos network proxy
 EXPIRING_WAIT_S = 0.2  # a wait a test lets run out on purpose: the timeout is what it checks
+NEVER_WAIT_S = 5.0  # a wait that must run out: what it waits for would have happened by then if it could
 RAW_CASE_LISTEN_S = 0.3  # a fuzz case of raw bytes listens this long for the node's answer, then hangs up
 
 # A scratch install of the package (a venv, pip).

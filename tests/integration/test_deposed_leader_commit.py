@@ -35,6 +35,7 @@ from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft import consumer, patches
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.snapshots import write_snapshot
+from tests.helpers import LOCAL_WAIT_S
 from tests.integration.manual_raft import ManualRaft, config_of
 
 QUEUE = "q"
@@ -129,7 +130,7 @@ async def test_a_deposed_leader_answers_unknown_and_ends_with_the_clusters_state
         await install_snapshot(raft, snapshot, index + 3)
 
         with pytest.raises(CommitOutcomeUnknown):
-            await asyncio.wait_for(commit, 5)
+            await asyncio.wait_for(commit, LOCAL_WAIT_S)
         assert state_machine.values(QUEUE, state_machine.item_ids(QUEUE)) == [b"theirs"]
         assert raft.log()[-1] == (index + 3, NEW_TERM)
 
@@ -150,7 +151,7 @@ async def test_each_layer_alone_prevents_the_false_acknowledgement(tmp_path: Pat
         await install_snapshot(raft, snapshot, index + 3)
 
         with pytest.raises(CommitOutcomeUnknown):
-            await asyncio.wait_for(commit, 5)
+            await asyncio.wait_for(commit, LOCAL_WAIT_S)
 
 
 @pytest.mark.parametrize("how", HOW)
@@ -165,7 +166,7 @@ async def test_without_the_workaround_pysyncobj_acknowledges_the_lost_commit(
 
         await depose(raft, how, index, snapshot)
 
-        result = await asyncio.wait_for(commit, 5)
+        result = await asyncio.wait_for(commit, LOCAL_WAIT_S)
         assert not result.duplicate and result.enqueued == 1  # "committed", acknowledged
         await install_snapshot(raft, snapshot, index + 3)
         assert state_machine.count(QUEUE) == 1  # ...and the cluster's state does not have it

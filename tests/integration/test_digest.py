@@ -63,7 +63,7 @@ async def test_commits_go_on_while_the_digest_child_hashes(tmp_path: Path) -> No
         await async_wait_until(lambda: (gate / "started").exists(), LOCAL_WAIT_S, what="the digest child to start")
 
         # The child holds its copy; applies (and so commits) need the state lock: it is free.
-        indexes = [await asyncio.wait_for(commit(replicator, f"during-{i}", b"x"), 5) for i in range(3)]
+        indexes = [await asyncio.wait_for(commit(replicator, f"during-{i}", b"x"), LOCAL_WAIT_S) for i in range(3)]
         assert not digest.done()
         (gate / "go").touch()
 

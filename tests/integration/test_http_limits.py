@@ -31,6 +31,7 @@ from rcq.server.config import NodeConfig
 from rcq.server.http.connections import ACCEPT_PAUSED, ConnectionLimiter, accept_backlog, connections_max_for
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, async_wait_until, wait_until
+from tests.helpers import LEADER_TIMEOUT_S, LOCAL_WAIT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import wait_settled
 
 StartNode = Callable[..., Awaitable[Node]]
@@ -124,7 +125,7 @@ async def test_connections_past_the_cap_are_refused_while_open_ones_are_still_se
     assert (await read_response(served_reader))[0] == 200
     for _ in range(2):  # idle connections that take the other two places
         await connections(node.port)
-    await async_wait_until(lambda: limiter.open_count == 3, 5, what="3 open connections")
+    await async_wait_until(lambda: limiter.open_count == 3, LOCAL_WAIT_S, what="3 open connections")
 
     for _ in range(3):
         reader, writer = await connections(node.port)
@@ -142,7 +143,7 @@ async def test_connections_past_the_cap_are_refused_while_open_ones_are_still_se
         served_writer.write(HEAD)
         assert (await read_response(served_reader))[0] == 200
     served_writer.close()
-    await async_wait_until(lambda: limiter.open_count == 2, 5, what="a place freed")
+    await async_wait_until(lambda: limiter.open_count == 2, LOCAL_WAIT_S, what="a place freed")
     reader, writer = await connections(node.port)
     writer.write(HEAD)
     assert (await read_response(reader))[0] == 200
@@ -370,7 +371,7 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
         node.nofile_limit = nofile
     flood = Flood()
     with cluster, contextlib.closing(flood), logs_on_failure(cluster):
-        leader = cluster.wait_for_leader(60)
+        leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
         wait_settled(cluster, leader)  # its own entries (level, identity) before the flood, not during it
         before = cluster.statuses()
         term = before[leader]["term"]
@@ -395,8 +396,8 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
             # Log compaction too (a forked child writes the LMDB snapshot).
             snapshots = keepalive_request(client, "GET", "/v1/cluster")[1]["snapshot_count"]
             assert keepalive_request(client, "POST", "/v1/admin/snapshot", {})[0] == 202
-            wait_until(lambda: keepalive_request(client, "GET", "/v1/cluster")[1]["snapshot_count"] > snapshots, 20,
-                       what="the leader's snapshot")
+            wait_until(lambda: keepalive_request(client, "GET", "/v1/cluster")[1]["snapshot_count"] > snapshots,
+                       QUIET_CLUSTER_WAIT_S, what="the leader's snapshot")
             # A follower restarts: its Raft connection to the leader is a new descriptor on the leader.
             # (Its election timeout made longer than the leader's redial period, 0.8 s, so that it
             # hears from the leader before it would stand for election.)
@@ -412,8 +413,8 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
             cluster.start_node(restarted)
 
             followers = [i for i in range(3) if i != leader]
-            wait_until(lambda: all(int(cluster.status(i)["last_applied"]) >= commit_index for i in followers), 20,
-                       what="the followers applying the commits")
+            wait_until(lambda: all(int(cluster.status(i)["last_applied"]) >= commit_index for i in followers),
+                       QUIET_CLUSTER_WAIT_S, what="the followers applying the commits")
             after = {i: cluster.status(i) for i in followers}
             after[leader] = keepalive_request(client, "GET", "/v1/cluster")[1]
             assert {i: (s["term"], s["leader_id"]) for i, s in after.items()} == \
@@ -427,7 +428,7 @@ def test_a_leader_with_few_descriptors_flooded_with_idle_connections_keeps_servi
         assert "cannot accept a connection" not in leader_log, "Raft's listener ran out of descriptors"
         assert "failed _onTick" not in leader_log, "pysyncobj's tick thread failed"
         flood.close()
-        wait_until(lambda: healthy(cluster.url(leader)), 20, what="a new connection served")
+        wait_until(lambda: healthy(cluster.url(leader)), QUIET_CLUSTER_WAIT_S, what="a new connection served")
 
 
 @pytest.mark.cluster
@@ -442,18 +443,18 @@ def test_when_accept_fails_with_emfile_open_connections_are_served_and_accepting
         # Settled first (its level raised, its identity given): an entry committed while the node is
         # out of descriptors would fail the tick thread's store of the log's metadata, as the comment
         # below says of commits.
-        wait_settled(cluster, cluster.wait_for_leader(60))
+        wait_settled(cluster, cluster.wait_for_leader(LEADER_TIMEOUT_S))
         # ... and the log's metadata stored (its commit index is written once a second after it moves).
         committed = cluster.status(0)["commit_index"]
         meta_path = cluster.nodes[0].data_dir / "raft.wal.meta"
-        wait_until(lambda: json.loads(meta_path.read_text()).get("commit_index", 0) >= committed, 20,
+        wait_until(lambda: json.loads(meta_path.read_text()).get("commit_index", 0) >= committed, QUIET_CLUSTER_WAIT_S,
                    what="the log's metadata stored")
         port = cluster.nodes[0].http_port
         client = KeepAliveClient(cluster, port)
         with contextlib.closing(client):
             assert keepalive_request(client, "GET", "/healthz")[0] == 200
             flood.open(port, 58)  # more than the node's free descriptors, within its listen backlog
-            wait_until(lambda: "out of system resource" in cluster.log_tail(0, 200_000), 20,
+            wait_until(lambda: "out of system resource" in cluster.log_tail(0, 200_000), QUIET_CLUSTER_WAIT_S,
                        what="accept() failing with EMFILE")
             assert flood.sort() == 0  # nothing refused: the cap is not what stops them
 
@@ -508,12 +509,12 @@ async def test_a_listener_closed_while_accept_is_paused_logs_no_error(start_node
                 with open_files_capped(headroom=2):
                     for client in clients:
                         client.connect_ex(("127.0.0.1", node.port))
-                    await async_wait_until(lambda: any(c.get("message") == ACCEPT_PAUSED for c in reached), 10,
+                    await async_wait_until(lambda: any(c.get("message") == ACCEPT_PAUSED for c in reached), LOCAL_WAIT_S,
                                            what="the node pausing its accepts")
                     assert node.http_listener is not None
                     node.http_listener.close()  # within the second: asyncio's retry is pending
                 await async_wait_until(lambda: "retry found the HTTP listener closed" in caplog.text
-                                       or any(c.get("message") != ACCEPT_PAUSED for c in reached), 5,
+                                       or any(c.get("message") != ACCEPT_PAUSED for c in reached), LOCAL_WAIT_S,
                                        what="the retry finding the listener closed, or another message")
         assert [c.get("exception") for c in reached if c.get("message") != ACCEPT_PAUSED] == []
     finally:

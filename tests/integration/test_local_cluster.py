@@ -28,7 +28,7 @@ from rcq.local.cluster import LocalCluster
 from rcq.local.nodes import LOW_PORTS_MIN, STOP_TIMEOUT_S, free_ports
 from rcq.local.polls import NodeStartError, converged, deadline_loop, leader_from_views
 from rcq.testing import wait_until
-from tests.helpers import LEADER_TIMEOUT_S
+from tests.helpers import EXPIRING_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import fresh_queue
 
 URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
@@ -217,7 +217,7 @@ def test_a_convergence_wait_on_given_nodes_waits_for_a_paused_one(healthy_cluste
     enqueue(healthy_cluster, leader, fresh_queue("t"), ["p"])
     healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)  # the live nodes agree
     with pytest.raises(TimeoutError, match=r"nodes \[0, 1, 2\] did not converge") as raised:
-        healthy_cluster.wait_for_convergence(0.3, indices=range(3))
+        healthy_cluster.wait_for_convergence(EXPIRING_WAIT_S, indices=range(3))
     assert "paused" in str(raised.value)
     healthy_cluster.resume_node(follower)
     agreed = healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S, indices=range(3))
@@ -243,7 +243,7 @@ def test_wait_for_leader_times_out_without_a_majority_and_shows_what_it_saw(heal
         healthy_cluster.pause_node(i)
     started = time.monotonic()
     with pytest.raises(TimeoutError) as raised:
-        healthy_cluster.wait_for_leader(timeout_s=1.5)
+        healthy_cluster.wait_for_leader(timeout_s=EXPIRING_WAIT_S)
     assert time.monotonic() - started < 10
     message = str(raised.value)
     for i in followers:
@@ -341,7 +341,7 @@ def test_wait_for_convergence_times_out_while_a_live_node_lags_then_succeeds() -
         local_cluster.pause_node(leader)
         local_cluster.start_node(lagging)
         with pytest.raises(TimeoutError, match="did not converge") as raised:
-            local_cluster.wait_for_convergence(timeout_s=0.2)
+            local_cluster.wait_for_convergence(timeout_s=EXPIRING_WAIT_S)
         assert "digest=" in str(raised.value)
         converged_at = local_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
         assert count_on(local_cluster, lagging, queue) == 3

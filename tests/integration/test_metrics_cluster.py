@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rcq.client import RcqClient
 from rcq.testing import async_wait_until
+from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
 from tests.helpers.cluster import running_cluster
 
 pytestmark = pytest.mark.cluster
@@ -29,11 +30,11 @@ def scrape(url: str, headers: dict[str, str]) -> dict[str, float]:
 
 async def test_every_node_reports_raft_and_the_leader_reports_commits():
     with running_cluster() as cluster:
-        leader = cluster.wait_for_leader(30)
+        leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
         async with RcqClient(cluster.urls, retry_timeout_s=20, **cluster.client_options()) as client:
             for i in range(20):
                 await client.enqueue("jobs", f"item-{i}")
-        cluster.wait_for_applied(30)
+        cluster.wait_for_applied(QUIET_CLUSTER_WAIT_S)
         scraped = {i: await asyncio.to_thread(scrape, cluster.url(i), cluster.auth_headers()) for i in range(3)}
         roles = {i: [r for r in ("leader", "follower", "candidate") if s[f'rcq_raft_role{{role="{r}"}}'] == 1]
                  for i, s in scraped.items()}
@@ -51,11 +52,11 @@ async def test_every_node_reports_raft_and_the_leader_reports_commits():
         seen_before = scraped[follower]["rcq_raft_leader_changes_seen_total"]
 
         cluster.kill_node(leader)
-        new_leader = cluster.wait_for_leader(30)
+        new_leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
         assert new_leader != leader
 
         def follower_saw_the_change() -> bool:
             return scrape(cluster.url(follower), cluster.auth_headers())["rcq_raft_leader_changes_seen_total"] > seen_before
 
-        await async_wait_until(lambda: asyncio.to_thread(follower_saw_the_change), 30, interval_s=0.2,
+        await async_wait_until(lambda: asyncio.to_thread(follower_saw_the_change), QUIET_CLUSTER_WAIT_S, interval_s=0.2,
                                what="the surviving follower counting the leader change")

@@ -17,6 +17,7 @@ from rcq.server.config import NodeConfig
 from rcq.server.http.api import create_app
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator
+from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import running_cluster
 
 EXAMPLES_PER_OPERATION = 12  # bounded: the whole fuzz run stays near a minute on 2 cores
@@ -69,7 +70,7 @@ def get_json(url: str, headers: dict[str, str]) -> Any:
 @pytest.mark.cluster
 def test_fuzzing_a_live_cluster_finds_no_server_error_and_rejections_change_nothing() -> None:
     with running_cluster(overrides=FUZZED_NODE_SETTINGS) as cluster:
-        leader_url = cluster.url(cluster.wait_for_leader(30))
+        leader_url = cluster.url(cluster.wait_for_leader(LEADER_TIMEOUT_S))
         headers = cluster.auth_headers()  # the admin token: every route may be fuzzed, the digest read
         spec = get_json(f"{leader_url}/v1/openapi.json", headers)
         assert spec["servers"] == [{"url": leader_url}]
@@ -83,7 +84,7 @@ def test_fuzzing_a_live_cluster_finds_no_server_error_and_rejections_change_noth
             seen = statuses.setdefault(f"{operation.method.upper()} {operation.path}", set())
             fuzz_operation(operation, leader_url, headers, documented, seen)
         print({operation: sorted(codes) for operation, codes in sorted(statuses.items())})
-        cluster.wait_for_convergence(60)
+        cluster.wait_for_convergence(CLUSTER_WAIT_S)
 
 
 def fuzz_operation(operation: Any, leader_url: str, headers: dict[str, str], documented: set[int],

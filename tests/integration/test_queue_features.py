@@ -444,7 +444,7 @@ async def test_concurrent_consumers_take_every_item_once_highest_priority_first(
             await transaction.commit()
             committed.append(items[0].value)
 
-    await asyncio.wait_for(asyncio.gather(*(consume() for _ in range(4))), 120)
+    await asyncio.wait_for(asyncio.gather(*(consume() for _ in range(4))), 2 * CLUSTER_WAIT_S)
 
     assert sorted(committed) == sorted(v.encode() for v in enqueued), "every item exactly once"
     assert Counter(committed).most_common(1)[0][1] == 1
@@ -778,7 +778,7 @@ async def test_a_leader_an_hour_behind_neither_hides_visible_items_nor_brings_ba
             return seen == [b"delayed", b"first"]
 
         try:
-            await async_wait_until(both_visible, 5.0, interval_s=0.1, what="both items visible")
+            await async_wait_until(both_visible, QUIET_CLUSTER_WAIT_S, interval_s=0.1, what="both items visible")
         except TimeoutError:
             stats = await leader_stats(cluster, queue)
             problems.append(f"under the leader an hour behind, the queue shows {seen} "
@@ -819,7 +819,7 @@ async def test_a_leader_an_hour_ahead_expires_ttls_early_by_its_skew_and_time_ne
         await hand_leadership_to_the_skewed_node(cluster)
         await client.wait_for_leader(LEADER_TIMEOUT_S)
         # The documented limit: its clock is an hour ahead, so a 30 min TTL is over at once...
-        await wait_for_count(cluster, dlq, 1, timeout_s=10.0)
+        await wait_for_count(cluster, dlq, 1, timeout_s=QUIET_CLUSTER_WAIT_S)
         dead = await peek_items(client, dlq)
         assert [(d.value, d.dead_letter) for d in dead] == [(b"ttl-30min", DeadLetter("expired", queue, 0))]
         # ...but a 2 h TTL is not lost: it still has about an hour by that clock.

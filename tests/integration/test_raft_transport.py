@@ -60,7 +60,7 @@ from rcq.server.raft.internals import (
 )
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.testing import async_wait_until
-from tests.helpers import LOCAL_WAIT_S
+from tests.helpers import LOCAL_RAFT_WAIT_S, LOCAL_WAIT_S
 from tests.helpers.raft import SECRET
 from tests.helpers.raft_peer import (
     HANDSHAKE_MAX,
@@ -317,7 +317,7 @@ async def test_two_nodes_replicate_a_large_entry_over_the_hardened_transport(
     item = os.urandom(1 << 20)
     async with contextlib.AsyncExitStack() as stack:
         nodes = [await stack.enter_async_context(running_node(config)) for config in pair_of_nodes(tmp_path)]
-        await async_wait_until(lambda: any(n.is_leader() for n in nodes), 30, what="a leader")
+        await async_wait_until(lambda: any(n.is_leader() for n in nodes), LOCAL_RAFT_WAIT_S, what="a leader")
         leader = next(n for n in nodes if n.is_leader())
         follower = next(n for n in nodes if n is not leader)
         batch = CommitBatch(term=leader.term, now_ms=time.time_ns() // 1_000_000, units=(
@@ -327,7 +327,7 @@ async def test_two_nodes_replicate_a_large_entry_over_the_hardened_transport(
         def replicated() -> bool:
             return follower.read(lambda sm: sm.count("q") == 1 and sm.values("q", sm.item_ids("q")) == [item])
 
-        await async_wait_until(replicated, 30, what="the item on the follower")
+        await async_wait_until(replicated, LOCAL_RAFT_WAIT_S, what="the item on the follower")
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 

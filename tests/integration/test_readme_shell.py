@@ -19,7 +19,7 @@ import pytest
 
 from rcq.local.cluster import LocalCluster
 from rcq.testing import WaitTimeout, wait_until
-from tests.helpers import CLUSTER_WAIT_S, LAUNCHER_START_TIMEOUT_S
+from tests.helpers import CLUSTER_WAIT_S, LAUNCHER_START_TIMEOUT_S, LEADER_TIMEOUT_S
 from tests.helpers.launcher import REPO_ROOT, Launcher
 
 pytestmark = pytest.mark.cluster
@@ -46,7 +46,7 @@ def test_the_readme_marks_a_shell_block_that_uses_no_redirect() -> None:
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
 def test_the_readmes_shell_walk_through_runs_against_any_node(cluster: LocalCluster) -> None:
-    leader = cluster.wait_for_leader(30)
+    leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
     assert cluster.token is not None
     followers = [url for i, url in enumerate(cluster.urls) if i != leader]
     bin_dir = str(Path(sys.executable).parent)  # python3 of the README: this interpreter

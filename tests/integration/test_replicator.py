@@ -48,6 +48,7 @@ from rcq.server.raft.journal import CompactionRepair, repair_interrupted_compact
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.snapshots import ForkingSnapshotWriter, SnapshotState
 from rcq.testing import async_wait_until, wait_until
+from tests.helpers import LOCAL_RAFT_WAIT_S, LOCAL_WAIT_S
 from tests.helpers.node_logs import NODE_LOGS
 from tests.helpers.raft import (
     FAST_RAFT,
@@ -85,7 +86,7 @@ async def test_single_node_commits_reports_status_and_stops_cleanly(work_dir: Pa
     replicator.set_apply_listener(lambda index, raw, result: applied.append((index, result)))
     await replicator.start()
     try:
-        await async_wait_until(replicator.is_leader, 10, what="the single node to lead")
+        await async_wait_until(replicator.is_leader, LOCAL_WAIT_S, what="the single node to lead")
         result = await replicator.submit(commit_batch(replicator.term, "t1", b"a", b"b"), timeout_s=5)
 
         assert isinstance(result, BatchResult) and result.outcomes[0].status == "committed"
@@ -96,9 +97,9 @@ async def test_single_node_commits_reports_status_and_stops_cleanly(work_dir: Pa
         assert (status.role, status.leader_raft_address) == ("leader", replicator.leader_raft_address())
         assert status.commit_index >= result.outcomes[0].index and status.has_quorum
         # pysyncobj counts an entry applied only after its callback has run.
-        await async_wait_until(lambda: replicator.status().last_applied >= result.outcomes[0].index, 2,
+        await async_wait_until(lambda: replicator.status().last_applied >= result.outcomes[0].index, LOCAL_WAIT_S,
                                what="last_applied to count the entry")
-        await async_wait_until(lambda: roles and roles[-1] == (True, replicator.term), 2, what="role report")
+        await async_wait_until(lambda: roles and roles[-1] == (True, replicator.term), LOCAL_WAIT_S, what="role report")
     finally:
         await replicator.stop()
     assert all(a != b for a, b in itertools.pairwise(roles)), roles  # once per change
@@ -168,7 +169,7 @@ async def test_journal_is_flushed_periodically_when_configured(work_dir: Path,
         await asyncio.sleep(0)
     assert flushes == []
     async with running(single_node_config(work_dir / "on", durability="os", journal_flush_interval_s=0.05)):
-        await async_wait_until(lambda: len(flushes) >= 3, 5, what="three journal flushes")
+        await async_wait_until(lambda: len(flushes) >= 3, LOCAL_WAIT_S, what="three journal flushes")
     assert min(b - a for a, b in itertools.pairwise(flushes)) >= 0.04
 
 
@@ -214,7 +215,7 @@ async def _build_crash_state(data_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
         term = replicator.term
         await asyncio.gather(*(replicator.submit(commit_batch(term, f"before-{i}", b"b"), 5) for i in range(10)))
         crashed = _crash_right_after_snapshot_rename(monkeypatch)
-        await async_wait_until(crashed.is_set, 10, what="a snapshot")
+        await async_wait_until(crashed.is_set, LOCAL_WAIT_S, what="a snapshot")
         await asyncio.gather(*(replicator.submit(commit_batch(term, f"after-{i}", b"a"), 5) for i in range(10)))
         full_digest = replicator.read(lambda sm: sm.digest())
     monkeypatch.undo()
@@ -226,7 +227,7 @@ async def _restart_and_read(config: NodeConfig) -> tuple[str, int, RaftReplicato
         def caught_up() -> bool:
             status = replicator.status()
             return status.details["ready"] and status.last_applied == status.commit_index
-        await async_wait_until(caught_up, 10, what="the restarted node to apply its log")
+        await async_wait_until(caught_up, LOCAL_WAIT_S, what="the restarted node to apply its log")
         return (replicator.read(lambda sm: sm.digest()), replicator.read(lambda sm: sm.count(QUEUE)),
                 replicator)
 
@@ -439,7 +440,7 @@ class Cluster:
     def live(self) -> list[Node]:
         return [n for n in self.nodes if n.alive and not n.paused]
 
-    def leader(self, among: list[Node] | None = None, timeout_s: float = 15.0) -> Node:
+    def leader(self, among: list[Node] | None = None, timeout_s: float = LOCAL_RAFT_WAIT_S) -> Node:
         """The node every live member (of ``among``) agrees leads."""
         candidates = among if among is not None else self.live()
 
@@ -453,7 +454,7 @@ class Cluster:
 
         return wait_until(agreed_leader, timeout_s, what="one agreed leader")
 
-    def wait_converged(self, nodes: list[Node], timeout_s: float = 20.0) -> dict[str, Any]:
+    def wait_converged(self, nodes: list[Node], timeout_s: float = LOCAL_RAFT_WAIT_S) -> dict[str, Any]:
         """Wait until ``nodes`` applied the same entries; returns one status."""
         def same() -> dict[str, Any] | None:
             statuses = [n.status() for n in nodes]
@@ -530,10 +531,10 @@ def test_cluster_replicates_fails_over_restarts_and_installs_snapshots(
         status = new_leader.status()
         return status["snapshot_count"] > 0 and status["log_length"] < status["commit_index"] - 10
 
-    wait_until(leader_compacted, 15, what="the leader to compact its log")
+    wait_until(leader_compacted, LOCAL_RAFT_WAIT_S, what="the leader to compact its log")
     wiped.config = wiped.config.model_copy(update={"data_dir": cluster.base_dir / "wiped"})
     wiped.start()
-    final = cluster.wait_converged(cluster.nodes, timeout_s=30)
+    final = cluster.wait_converged(cluster.nodes, timeout_s=LOCAL_RAFT_WAIT_S)
     assert final["count"] == 51
     wiped_status = wiped.status()
     assert wiped_status["details"]["snapshots_received"] >= 1 and wiped_status["snapshot_count"] > 0
@@ -562,7 +563,7 @@ def test_a_node_with_the_wrong_secret_never_joins_and_a_cut_off_leader_times_out
     with pytest.raises(CommitOutcomeUnknown):
         leader.call("submit", "cut-off", (b"?",), 0.3)
     # H3: it steps down after leader_fallback_timeout_s instead of leading alone.
-    wait_until(lambda: not leader.status()["is_leader"], 3, what="the cut-off leader to step down")
+    wait_until(lambda: not leader.status()["is_leader"], LOCAL_WAIT_S, what="the cut-off leader to step down")
 
     follower.resume()
     new_leader = cluster.leader(among=good)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rcq.version import rcq_version
-from tests.helpers import STATUS_PAGE_WAIT_MS
+from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S, STATUS_PAGE_WAIT_MS
 from tests.helpers.cluster import running_cluster
 
 pytestmark = pytest.mark.cluster
@@ -36,11 +36,11 @@ def test_the_status_page_shows_the_cluster_and_updates_live(tmp_path: Path) -> N
     from playwright.sync_api import sync_playwright
 
     with running_cluster() as cluster, sync_playwright() as playwright:
-        leader = cluster.wait_for_leader(30)
+        leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
         leader_id = cluster.status(leader)["node_id"]
         follower = next(i for i in range(3) if i != leader)
         post(f"{cluster.url(leader)}/v1/queues/jobs/enqueue", {"items": ["a", "b"]}, cluster.auth_headers())
-        cluster.wait_for_applied(30)
+        cluster.wait_for_applied(QUIET_CLUSTER_WAIT_S)
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
             # The page is for admins: the browser asks for the token (Basic authentication, any user

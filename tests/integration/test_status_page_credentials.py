@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import STATUS_PAGE_WAIT_MS
+from tests.helpers import LEADER_TIMEOUT_S, STATUS_PAGE_WAIT_MS
 from tests.helpers.cluster import running_cluster
 
 pytestmark = pytest.mark.cluster
@@ -25,7 +25,7 @@ def test_the_status_page_opened_with_the_token_in_its_url_polls_with_that_token(
     from playwright.sync_api import sync_playwright
 
     with running_cluster() as cluster, sync_playwright() as playwright:
-        leader = cluster.wait_for_leader(30)
+        leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
         leader_id = cluster.status(leader)["node_id"]
         follower = next(i for i in range(3) if i != leader)
         assert cluster.token is not None

@@ -23,7 +23,7 @@ from rcq.server.raft.internals import connection_private, connections_of, transp
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.wire_seal import Seal, is_sealed, master_key, offering_nonce, offers
 from rcq.testing import async_wait_until
-from tests.helpers import LOCAL_WAIT_S
+from tests.helpers import LOCAL_RAFT_WAIT_S, LOCAL_WAIT_S
 from tests.helpers.raft import SECRET
 from tests.helpers.raft_peer import (
     RaftClient,
@@ -158,14 +158,15 @@ async def test_two_nodes_replicate_with_the_seal_where_both_have_it(
                for config, on in zip(pair_of_nodes(tmp_path), seals, strict=True)]
     async with contextlib.AsyncExitStack() as stack:
         nodes = [await stack.enter_async_context(running_node(config)) for config in configs]
-        await async_wait_until(lambda: any(n.is_leader() for n in nodes), 30, what="a leader")
+        await async_wait_until(lambda: any(n.is_leader() for n in nodes), LOCAL_RAFT_WAIT_S, what="a leader")
         leader = next(n for n in nodes if n.is_leader())
         follower = next(n for n in nodes if n is not leader)
         for i in range(3):
             batch = CommitBatch(term=leader.term, now_ms=time.time_ns() // 1_000_000, units=(
                 CommitUnit((TransactionWrite(f"tx{i}", enqueues=(("q", (b"item %d" % i,)),)),)),))
             await leader.submit(batch, timeout_s=30)
-        await async_wait_until(lambda: follower.read(lambda sm: sm.count("q") == 3), 30, what="the items on the follower")
+        await async_wait_until(lambda: follower.read(lambda sm: sm.count("q") == 3), LOCAL_RAFT_WAIT_S,
+                               what="the items on the follower")
         for node in nodes:
             assert sealed_connections(node) == [all(seals)]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rcq.client import RcqClient
+from tests.helpers import LEADER_TIMEOUT_S
 
 
 def unique_queue(prefix: str) -> str:
@@ -76,7 +77,7 @@ def queue_info(urls: str, token: str | None, queue: str) -> dict[str, Any]:
     """The leader's view: ``count`` and ``locked`` (followers do not know what is locked)."""
 
     async def work(client: RcqClient) -> dict[str, Any]:
-        await client.wait_for_leader(30.0)
+        await client.wait_for_leader(LEADER_TIMEOUT_S)
         return await client.queue_info(queue)
 
     return _run(urls, token, work)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rcq.local.cluster import LocalCluster
-from tests.helpers import SPARK_QUERY_TIMEOUT_S
+from tests.helpers import LEADER_TIMEOUT_S, SPARK_QUERY_TIMEOUT_S
 from tests.spark.helpers import (
     abort_open_transactions,
     duplicates,
@@ -178,14 +178,14 @@ def test_leader_failover_during_a_streaming_read_loses_nothing(
     try:
         for _ in range(2):
             assert batches_done.acquire(timeout=SPARK_QUERY_TIMEOUT_S), "no micro-batch finished"
-        leader = healthy_cluster.wait_for_leader(30)
+        leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
         healthy_cluster.kill_node(leader)
         assert query.awaitTermination(SPARK_QUERY_TIMEOUT_S), "the query did not finish"
         assert query.exception() is None
     finally:
         query.stop()
     healthy_cluster.heal()
-    healthy_cluster.wait_for_leader(60)
+    healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
     values = _read_values(spark, out)
     left = [int(v) for v in take_all(urls, token, queue)]
     missing = set(range(total)) - set(values) - set(left)

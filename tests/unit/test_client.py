@@ -44,6 +44,7 @@ from rcq.client.coalescer import COALESCE_PARTS_MAX
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator, async_wait_until
+from tests.helpers import EXPIRING_WAIT_S, LOCAL_WAIT_S, NODE_SERVING_TIMEOUT_S
 from tests.helpers.nodes import make_config, running_node, url_of
 
 UNKNOWN_TRANSACTION_ID = "1." + "0" * 24
@@ -113,7 +114,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Node, Node]]:
     await b.start()
     try:
         a_replicator.lead(term=1)
-        await async_wait_until(lambda: a.manager.serving, 5, what="a serving")
+        await async_wait_until(lambda: a.manager.serving, NODE_SERVING_TIMEOUT_S, what="a serving")
         yield a, b
     finally:
         await b.stop()
@@ -186,9 +187,9 @@ async def test_a_waiting_dequeue_outlives_the_request_timeout_and_gets_a_later_i
     async with RcqClient(url_of(node), request_timeout_s=0.2) as client, client.transaction() as tx:
         waiting = asyncio.create_task(tx.dequeue("q", wait_ms=10_000))
         started_s = time.monotonic()
-        await async_wait_until(lambda: dequeue_waiters(node, "q") == 1, 5, what="dequeue waiting on the server")
+        await async_wait_until(lambda: dequeue_waiters(node, "q") == 1, LOCAL_WAIT_S, what="dequeue waiting on the server")
         # the point is elapsed time: the item arrives after the plain request timeout
-        await async_wait_until(lambda: time.monotonic() - started_s > 0.3, 5, what="past the request timeout")
+        await async_wait_until(lambda: time.monotonic() - started_s > 0.3, LOCAL_WAIT_S, what="past the request timeout")
         assert not waiting.done()
         await client.enqueue("q", b"late")
         assert await waiting == b"late"
@@ -293,7 +294,7 @@ async def test_closed_transactions_raise_the_matching_409(client: RcqClient):
         await committed.extend(10)
 
     expiring = await client.begin(timeout_s=0.1)
-    await async_wait_until(lambda: expired(client, expiring.transaction_id), 5, what="expired")
+    await async_wait_until(lambda: expired(client, expiring.transaction_id), LOCAL_WAIT_S, what="expired")
     with pytest.raises(TransactionExpired):
         await expiring.dequeue("q")
     assert await expiring.abort() == 0  # aborting an expired transaction is not an error
@@ -438,7 +439,7 @@ async def test_a_follower_redirect_is_followed_and_the_leader_remembered(pair, w
 async def test_wait_for_leader_learns_the_leader_from_a_follower(pair):
     a, b = pair
     async with RcqClient(url_of(b)) as client:
-        assert await client.wait_for_leader(5) == url_of(a)
+        assert await client.wait_for_leader(LOCAL_WAIT_S) == url_of(a)
         assert url_of(a) in client.urls
         assert (await client.cluster())["role"] == "leader"
         assert (await client.cluster(url_of(b)))["role"] == "follower"
@@ -452,7 +453,7 @@ async def test_a_leader_change_aborts_the_open_transaction_and_the_next_one_work
         assert await tx.dequeue("q") == b"committed-before"
         await tx.enqueue("q", b"lost-with-the-leader")
         b.replicator.lead(term=2)  # a is deposed: it aborts every open transaction
-        await async_wait_until(lambda: b.manager.serving, 5, what="b serving")
+        await async_wait_until(lambda: b.manager.serving, NODE_SERVING_TIMEOUT_S, what="b serving")
         with pytest.raises(LeaderChanged):
             await tx.commit()  # a answers 503 (it does not know b's URL): the client rotates to b
         assert tx.state == "aborted"
@@ -468,7 +469,7 @@ async def test_a_dead_leader_is_left_for_the_next_url(pair):
         await client.enqueue("q", b"1")
         assert client.leader_url == url_of(a)
         b.replicator.lead(term=2)
-        await async_wait_until(lambda: b.manager.serving, 5, what="b serving")
+        await async_wait_until(lambda: b.manager.serving, NODE_SERVING_TIMEOUT_S, what="b serving")
         await a.stop()  # connections to a are now refused
         await client.enqueue("q", b"2")
         assert client.leader_url == url_of(b)
@@ -482,7 +483,7 @@ async def test_without_a_leader_requests_give_up_with_no_leader(pair):
         with pytest.raises(NoLeader):
             await client.begin()
         with pytest.raises(NoLeader):
-            await client.wait_for_leader(0.2)
+            await client.wait_for_leader(EXPIRING_WAIT_S)
 
 
 async def test_an_unreachable_cluster_raises_unavailable():

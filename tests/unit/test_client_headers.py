@@ -14,6 +14,7 @@ from rcq.client.wire import Enqueue, enqueue_body, estimated_item_bytes
 from rcq.errors import FeatureLevelRequired, InvalidRequest
 from rcq.server.core.commands import SetLevel, encode
 from rcq.testing import InMemoryReplicator
+from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import running_node, url_of
 
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -30,7 +31,7 @@ def at_level_2() -> InMemoryReplicator:
 async def test_below_level_2_an_enqueue_with_headers_raises_feature_level_required_at_once(tmp_path: Path):
     async with running_node(tmp_path, feature_level_auto=False) as node, RcqClient(url_of(node)) as client:
         with pytest.raises(FeatureLevelRequired) as raised:
-            await asyncio.wait_for(client.enqueue("q", "a", headers=TRACE), 5)  # not retried until a deadline
+            await asyncio.wait_for(client.enqueue("q", "a", headers=TRACE), LOCAL_WAIT_S)  # not retried until a deadline
         assert not raised.value.retryable and raised.value.details["level_required"] == 2
         async with client.transaction() as tx:
             with pytest.raises(FeatureLevelRequired):

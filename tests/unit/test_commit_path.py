@@ -16,7 +16,7 @@ async def test_an_unknown_commit_is_settled_even_when_an_earlier_epochs_settle_w
     manager = TransactionManager(make_config(commit_timeout_s=0.2), replicator, leader_url=lambda: None)
     await manager.start()
     try:
-        await async_wait_until(lambda: manager.serving, 2, what="serving")
+        await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving")
         await enqueue_committed(manager, "q", b"first")
         # Epoch 1: a commit whose outcome is unknown starts a settle, whose fence is held too...
         tx = manager.begin()

@@ -27,6 +27,8 @@ from rcq.testing import InMemoryReplicator, async_wait_until, wait_until
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.imports import imported_modules, top_level
 
+APPLY_EVERY_S = 0.002  # while the digest child hashes, an apply this often (a pace, not a bound)
+
 
 # ------------------------------------------------------------------ helpers
 def apply_one(state_machine: QueueStateMachine, name: str, queue: str = "q") -> None:
@@ -117,7 +119,7 @@ def test_applies_take_the_lock_while_the_child_hashes_a_big_state(
         lock.release()
     (gate / "go").touch()
     applied_while_hashing = 0
-    while not concurrent.futures.wait([running], timeout=0.002).done:
+    while not concurrent.futures.wait([running], timeout=APPLY_EVERY_S).done:
         assert lock.acquire(timeout=0.5), "an apply waited for the digest"
         try:
             apply_one(state_machine, f"while-hashing-{applied_while_hashing}")

@@ -33,6 +33,7 @@ from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.leader.membership import Membership
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, async_wait_until
+from tests.helpers import NODE_SERVING_TIMEOUT_S
 from tests.helpers.nodes import make_config
 
 SELF = "memory:0"  # the in-memory replicator's own Raft address
@@ -136,7 +137,7 @@ async def setup() -> Any:
                                           {"node_id": "n3", "raft_address": "h3:1", "http_url": "http://n3"}])
     manager = TransactionManager(config, replicator, leader_url=lambda: None)
     await manager.start()
-    await async_wait_until(lambda: manager.serving, 2, what="serving")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving")
     probe = Probe()
     yield Membership(config, manager, replicator, probe), replicator, probe
     await manager.stop()

@@ -10,6 +10,7 @@ import pytest
 
 from rcq.client import RcqClient
 from rcq.errors import TransactionNotFound
+from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import running_node, url_of
 
 
@@ -36,7 +37,7 @@ async def test_an_empty_receive_holds_no_transaction_and_a_long_poll_wakes_on_an
         assert await client.transactions() == []
         waiting = asyncio.create_task(client.receive("idle", 1, wait_ms=5000))
         await client.enqueue("idle", b"x")
-        tx = await asyncio.wait_for(waiting, 10)
+        tx = await asyncio.wait_for(waiting, LOCAL_WAIT_S)
         assert tx is not None and [i.value for i in tx.items] == [b"x"]
         await tx.abort()
         assert await client.count("idle") == 1

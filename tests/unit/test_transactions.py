@@ -23,7 +23,7 @@ from rcq.errors import (
 from rcq.server.leader.answers import ClosedTransactions
 from rcq.server.leader.transactions import TransactionManager
 from rcq.testing import InMemoryReplicator, async_wait_until
-from tests.helpers import LOCAL_WAIT_S
+from tests.helpers import LOCAL_WAIT_S, NODE_SERVING_TIMEOUT_S
 from tests.helpers.nodes import drain, enqueue_committed, make_config, skip_loop_time
 
 
@@ -32,7 +32,7 @@ async def setup():
     replicator = InMemoryReplicator()
     manager = TransactionManager(make_config(), replicator, leader_url=lambda: None)
     await manager.start()
-    await async_wait_until(lambda: manager.serving, 2, what="serving")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving")
     yield manager, replicator
     await manager.stop()
 
@@ -45,7 +45,7 @@ async def test_a_new_leader_serves_only_after_its_barrier_is_applied():
     with pytest.raises(NotReady):
         manager.begin()
     replicator.hold_submits = False
-    await async_wait_until(lambda: manager.serving, 3, what="serving after barrier")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving after barrier")
     manager.begin()
     await manager.stop()
 
@@ -103,7 +103,7 @@ async def test_a_waiting_dequeue_wakes_when_a_commit_adds_an_item(setup):
     waiting = asyncio.ensure_future(manager.dequeue(consumer.transaction_id, "q", wait_ms=5000))
     await asyncio.sleep(0)
     await enqueue_committed(manager, "q", b"late")
-    items = await asyncio.wait_for(waiting, 2)
+    items = await asyncio.wait_for(waiting, LOCAL_WAIT_S)
     assert [i.value for i in items] == [b"late"]
 
 
@@ -118,7 +118,7 @@ async def test_an_expired_transaction_returns_its_items(setup):
     await enqueue_committed(manager, "q", b"x")
     tx = manager.begin(timeout_s=0.1)
     assert len(await manager.dequeue(tx.transaction_id, "q")) == 1
-    await async_wait_until(lambda: manager.open_count == 0, 3, what="expiry")
+    await async_wait_until(lambda: manager.open_count == 0, LOCAL_WAIT_S, what="expiry")
     with pytest.raises(TransactionExpired):
         await manager.commit(tx.transaction_id)
     assert await drain(manager, "q") == [b"x"]
@@ -213,7 +213,7 @@ async def test_losing_leadership_aborts_open_transactions_and_frees_their_items(
     with pytest.raises(NoLeader):
         manager.begin()
     replicator.elect()
-    await async_wait_until(lambda: manager.serving, 2, what="serving again")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving again")
     with pytest.raises(LeaderChanged):
         await manager.commit(tx.transaction_id)
     assert manager.describe(tx.transaction_id)["state"] == "aborted"
@@ -226,7 +226,7 @@ async def test_a_transaction_of_an_earlier_term_is_reported_aborted_by_a_new_lea
     manager.enqueue(tx.transaction_id, "q", [b"x"])
     replicator.depose()
     replicator.elect()
-    await async_wait_until(lambda: manager.serving, 2, what="serving again")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving again")
     manager._leader.closed = ClosedTransactions(remembered_max=10)  # a different node never saw it
     with pytest.raises(LeaderChanged):
         await manager.commit(tx.transaction_id)
@@ -279,7 +279,7 @@ async def test_back_pressure_refuses_transactions_over_the_limit():
     replicator = InMemoryReplicator()
     manager = TransactionManager(make_config(transactions_open_max=2), replicator, leader_url=lambda: None)
     await manager.start()
-    await async_wait_until(lambda: manager.serving, 2, what="serving")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving")
     manager.begin()
     manager.begin()
     with pytest.raises(TooManyTransactions):
@@ -315,7 +315,7 @@ async def test_a_fenced_entry_of_a_deposed_leader_does_not_free_items_this_leade
     await enqueue_committed(manager, "q", b"x")
     replicator.depose()
     replicator.elect()
-    await async_wait_until(lambda: manager.serving, 2, what="serving in the new term")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving in the new term")
     holder = manager.begin()
     [item] = await manager.dequeue(holder.transaction_id, "q")
     # The old leader's commit of the same item reaches the log after the new barrier: fenced.
@@ -348,7 +348,7 @@ async def test_a_commit_many_over_the_entry_limit_is_refused_and_changes_nothing
     config = make_config(commit_unit_bytes_max=8 << 20, transaction_bytes_max=4 << 20, item_bytes_max=1 << 20)
     manager = TransactionManager(config, replicator, leader_url=lambda: None)
     await manager.start()
-    await async_wait_until(lambda: manager.serving, 2, what="serving")
+    await async_wait_until(lambda: manager.serving, NODE_SERVING_TIMEOUT_S, what="serving")
     transactions = [manager.begin() for _ in range(3)]
     for tx in transactions:
         manager.enqueue(tx.transaction_id, "q", [b"x" * (1 << 20)] * 3)
