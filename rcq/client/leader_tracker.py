@@ -15,8 +15,8 @@ there, with the same keys: a one-request transaction carries its idempotency key
 transaction id (the new leader answers ``duplicate`` if it applied, ``leader_changed`` if it never
 can), a transactional verb meets ``leader_changed`` (its transaction died with the old leader).
 
-Must not import: rcq.client.transport, rcq.client.channel, rcq.client.client (the transport builds
-on this, not the reverse), rcq.server, pysyncobj, lmdb.
+Must not import: rcq.client.transport, rcq.client.client (the transport builds on this, not the
+reverse), rcq.server, pysyncobj, lmdb.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from rcq.client.channel import Abandon
 from rcq.client.exchange import Answer, ExchangeFailed, exchange, normalize_url
 from rcq.client.retry import Failure, failed_exchange
 from rcq.errors import InvalidRequest, NoLeader, Unavailable
@@ -35,8 +36,6 @@ from rcq.errors import InvalidRequest, NoLeader, Unavailable
 LEADER_PROBE_AFTER_S = 1.0  # an attempt with no answer after this (beyond its own wait) is overdue
 LEADER_PROBE_INTERVAL_S = 0.25  # how often the other nodes are asked while attempts are overdue
 LEADER_PROBE_TIMEOUT_S = 0.5
-
-Abandon = Callable[[BaseException], bool]  # gives an overdue attempt up; False: it had ended already
 
 
 class Abandoned(Exception):
