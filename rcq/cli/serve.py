@@ -54,6 +54,8 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--http-port", type=int)
     serve.add_argument("--advertise-url")
     serve.add_argument("--raft-address", help="host:port for Raft traffic")
+    serve.add_argument("--raft-bind-address",
+                       help="host:port the Raft listener binds to (default --raft-address; in a container 0.0.0.0:PORT)")
     serve.add_argument("--peer", action="append", type=_peer, default=None,
                        help="another node as node_id=raft_host:port=http_url[=peer_url] (repeat): http_url is "
                             "what clients are given for it; peer_url, if the nodes cannot use that, where this "
@@ -112,7 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from rcq.server.node import run_node
     config = load_config(
         args.config, node_id=args.node_id, http_host=args.http_host, http_port=args.http_port,
-        advertise_url=args.advertise_url, raft_address=args.raft_address,
+        advertise_url=args.advertise_url, raft_address=args.raft_address, raft_bind_address=args.raft_bind_address,
         **split_peers(args.peer),
         data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure,
         cluster_secrets_previous=[read_private(path, "previous cluster secret") for path in args.previous_secret_file]

@@ -127,6 +127,15 @@ class NodeConfig(BaseModel):
     peers: tuple[PeerConfig, ...] = Field(
         (), description="the other nodes when this node starts (2 or 4 for a 3- or 5-node cluster); afterwards "
         "membership changes, replicated, decide (docs/membership.md)")
+    raft_bind_address: str | None = Field(
+        None, pattern=HOST_PORT_PATTERN, description="host:port the Raft listener binds to; default raft_address "
+        "(its host resolved once, at start). In a container, 0.0.0.0:PORT: a container whose network is "
+        "reconnected gets a new address, and a listener bound to the old one hears no peer again")
+    raft_dns_cache_s: float = Field(
+        5.0, gt=0, description="a peer's Raft host name, once resolved, is dialled at that address this long before "
+                               "it is resolved again (pysyncobj keeps it 600 s): a peer that comes back at a new "
+                               "address (a container restarted or recreated) is reached within this. Names are "
+                               "resolved only when a connection is made, on the Raft tick thread")
     raft_dial_addresses: dict[str, Annotated[str, Field(pattern=HOST_PORT_PATTERN)]] = Field(
         default_factory=dict, description="peer Raft address -> host:port to connect to it at (a tunnel or "
         "proxy); the peer is still known by its own address")

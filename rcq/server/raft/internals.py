@@ -7,7 +7,7 @@ entry (to answer those a snapshot skipped, H7), the proposals not yet appended (
 acknowledgement leaves, H8), the parts of a large entry received so far (H14, H20), and its
 message handler, follower delete and leader start (patched, H5, H6, H8); and the TCP
 transport's connections, listener and methods (H13..H15: frame caps, linear buffers, a listener
-that survives EMFILE). Reaching in anywhere else is a bug;
+that survives EMFILE; H21: a dial nobody answers). Reaching in anywhere else is a bug;
 a pysyncobj upgrade is checked here first. The methods that *replace* pysyncobj's own
 (rcq.server.raft.patches, transport_patches, reassembly, membership, and the FileJournal subclass
 of rcq.server.raft.wal) run as pysyncobj's objects and read their ``self``'s state as pysyncobj's
@@ -306,6 +306,21 @@ def log_entries_after(sync_obj: SyncObj, index: int) -> list[tuple[Any, int, int
     first = int(journal[0][1])
     start = max(0, index + 1 - first)
     return [journal[i] for i in range(start, len(journal))]
+
+
+def drop_unanswered_dial(transport: Any, node: Any) -> bool:
+    """H21: disconnect the transport's dial to ``node`` if it has been connecting (no answer to its
+    SYN) for longer than the connection timeout; True if it did. pysyncobj checks a connection's
+    timeout only when its socket has an event, and an unanswered SYN has none until the kernel
+    gives up on it (about 2 minutes)."""
+    connection = transport._connections.get(node)
+    started = transport._lastConnectAttempt.get(node)
+    if connection is None or started is None or connection.state != CONNECTION_STATE.CONNECTING:
+        return False
+    if transport_module.monotonicTime() - started <= transport._syncObj.conf.connectionTimeout:
+        return False
+    connection.disconnect()
+    return True
 
 
 def connect_node(transport: Any, node: Any, host: str, port: int) -> bool:

@@ -158,7 +158,7 @@ class RaftReplicator:
             raise RuntimeError("a RaftReplicator starts once; make a new one to restart")
         self._loop = asyncio.get_running_loop()
         self._to_loop.bind(self._loop)
-        _check_bindable(self._config.raft_address)
+        _check_bindable(self._config.raft_bind_address or self._config.raft_address)
         self._writer = ForkingSnapshotWriter(self._state_machine, self._config.snapshot_path, self._lock,
                                              self._config.node_id)
         conf = build_conf(self._config, self._writer, auto_tick=self._auto_tick and not self._ticks_on_loop,

@@ -33,7 +33,11 @@ def build_conf(config: NodeConfig, writer: ForkingSnapshotWriter, *, auto_tick: 
                on_state_changed: Callable[[int, int], None]) -> SyncObjConf:
     conf = SyncObjConf(
         password=config.cluster_secret,  # H10: encrypts and authenticates peers
-        bindAddress=config.raft_address,  # pysyncobj would otherwise bind 0.0.0.0
+        bindAddress=config.raft_bind_address or config.raft_address,  # pysyncobj would otherwise bind 0.0.0.0
+        # A peer's name is resolved again after this (pysyncobj: 600 s), so that one that came back
+        # at a new address (a container) is dialled there; a failed lookup is retried as soon.
+        dnsCacheTime=config.raft_dns_cache_s,
+        dnsFailCacheTime=config.raft_dns_cache_s,
         autoTick=auto_tick,
         autoTickPeriod=config.auto_tick_period_s,
         # Mandatory: without it acked writes and terms are lost (the unsafe option exists

@@ -13,7 +13,8 @@ Why over 400 lines: the fixes wrap the same few methods of pysyncobj's TCP trans
 
 Not fixes but costs and features: frames are compressed at level 1, and sealed with AES-GCM between
 nodes that both offer it (``raft_fast_seal``, rcq.server.raft.wire_seal; Fernet otherwise);
-``raft_dial_addresses`` (:func:`set_dial_addresses`) lets a node reach
+H21: a dial nobody answers is dropped after the connection timeout and made again (pysyncobj's
+stays connecting until the kernel gives up on it). ``raft_dial_addresses`` (:func:`set_dial_addresses`) lets a node reach
 a peer at another ``host:port`` (a tunnel, a sidecar, the chaos harness's fault proxy) while the
 peer keeps its one Raft address as its identity in the cluster's membership (docs/membership.md).
 
@@ -47,6 +48,7 @@ from rcq.server.raft.internals import (
     Replaced,
     connect_node,
     connection_private,
+    drop_unanswered_dial,
     replace_method,
     server_private,
     set_connection_private,
@@ -75,6 +77,10 @@ def set_dial_addresses(conf: Any, addresses: dict[str, str]) -> None:
 
 def _dialling_configured_addresses(original: Callable[..., Any]) -> Callable[..., Any]:
     def connect_if_necessary_single(self: Any, node: Any) -> Any:
+        # H21: a dial left unanswered (a peer's old address, gone with its container) is dropped
+        # after the connection timeout, so that this attempt dials the peer where it is now.
+        if drop_unanswered_dial(self, node):
+            logger.info("Raft: no answer from %s within the connection timeout; dialling it again", node)
         dial = getattr(transport_conf(self), _DIAL_ADDRESSES, {}).get(getattr(node, "address", None))
         if dial is None:
             return original(self, node)
