@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from chaos.executor import make_client
 from chaos.history import HistoryWriter
-from chaos.workload import drain, empty_for_good, make_client
+from chaos.workload import drain, empty_for_good
 from rcq.local.cluster import LocalCluster
 from rcq.testing import async_wait_until
 from tests.helpers import LEADER_TIMEOUT_S, QUIET_CLUSTER_WAIT_S
