@@ -2,6 +2,12 @@
 
     python -m cluster up [--nodes N] [--base-port P] [--data-dir DIR] [--insecure] [--no-auth] [--tls]
                          [--restore BACKUP] [--keep] [--demo [--stay]] [--log-level LEVEL]
+    python -m cluster image [--engine auto|docker|podman] [--base IMAGE]     # rcq:local (cluster/image.py)
+    python -m cluster compose [--engine auto|docker|podman] ARGS...          # docker-compose.yml's cluster
+
+``image`` builds the node image docker-compose.yml runs, with no network inside the build;
+``compose`` runs ``docker compose`` or ``podman-compose`` on docker-compose.yml with what the
+engine needs in its environment (:mod:`cluster.engine`): ``python -m cluster compose up -d``.
 
 Starts N node processes (a :class:`rcq.local.cluster.LocalCluster`), waits for a
 serving leader, prints every node's URL and pid and which one leads, then runs
@@ -35,6 +41,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from cluster.engine import COMPOSE_FILE, ENGINES, EngineCommandFailed, EngineUnavailable, choose_engine
+from cluster.image import build_image
 from rcq.client import RcqClient
 from rcq.errors import RcqError
 from rcq.local.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
@@ -237,6 +245,31 @@ def cmd_up(args: argparse.Namespace) -> int:
             say("stopped")
 
 
+def cmd_image(args: argparse.Namespace) -> int:
+    try:
+        engine = choose_engine(args.engine)
+        say(f"engine: {engine.version}")
+        built = build_image(engine, base=args.base)
+    except (EngineUnavailable, EngineCommandFailed) as exc:
+        say(f"cluster image: {exc}")
+        return 1
+    steps = ", ".join(f"{name.removesuffix('_s')} {value:.0f} s" for name, value in built.seconds.items())
+    say(f"built {built.image} on {built.base}: {built.size_bytes / 1e6:.0f} MB ({steps})")
+    for name, value in engine.env.items():
+        say(f"for the engine's own commands: export {name}={value}")
+    return 0
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    try:
+        engine = choose_engine(args.engine)
+    except (EngineUnavailable, EngineCommandFailed) as exc:
+        say(f"cluster compose: {exc}")
+        return 1
+    command = [*engine.compose, "-f", str(COMPOSE_FILE), *args.compose_args]
+    os.execvpe(command[0], command, engine.environment())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cluster", description="run an rcq cluster on 127.0.0.1")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -259,12 +292,25 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")
     up.add_argument("--log-level", default="INFO", help="the nodes' log level (default INFO)")
     up.set_defaults(func=cmd_up)
+    image = commands.add_parser("image", help="build the node image of docker-compose.yml (rcq:local)")
+    image.add_argument("--engine", choices=ENGINES, default="auto",
+                       help="docker (an engine and its compose plugin), podman (with podman-compose), or auto: "
+                            "docker when it answers, else podman")
+    image.add_argument("--base", metavar="IMAGE",
+                       help="the base image, with Python 3.11 (default $RCQ_BASE_IMAGE or python:3.11-slim; made "
+                            "from the Debian archive with debootstrap when it cannot be pulled)")
+    image.set_defaults(func=cmd_image)
+    compose = commands.add_parser("compose", help="docker compose / podman-compose on docker-compose.yml")
+    compose.add_argument("--engine", choices=ENGINES, default="auto", help="as for image")
+    compose.add_argument("compose_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                         help="what compose is given, e.g. up -d, ps, down -v")
+    compose.set_defaults(func=cmd_compose)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.stay and not args.demo:
+    if getattr(args, "stay", False) and not args.demo:
         build_parser().error("--stay needs --demo")
     return int(args.func(args))
 

@@ -163,6 +163,7 @@ def test_docker_compose_defines_a_consistent_three_node_cluster():
         flags = dict(flag[2:].split("=", 1) for flag in service["command"] if not flag.startswith("--peer="))
         peers = [flag.split("=", 1)[1] for flag in service["command"] if flag.startswith("--peer=")]
         assert flags["node-id"] == name and flags["raft-address"] == f"{name}:7100"
+        assert flags["raft-bind-address"] == "0.0.0.0:7100"  # a reconnected container's new address too
         assert sorted(p.split("=")[0] for p in peers) == sorted(set(services) - {name})
         (port_mapping,) = service["ports"]
         assert port_mapping.startswith("127.0.0.1:") and port_mapping.endswith(":7000")
