@@ -1,9 +1,11 @@
-"""Suite-wide hooks: the node-log check, and assertion rewriting in the shared helpers.
+"""Suite-wide hooks: the node-log check, and assertion rewriting in the shared helpers; the
+fixtures of more than one folder.
 
 **Node logs**: after each test, the ERROR lines and tracebacks that the node logs of its real
 clusters gained (:mod:`tests.helpers.node_logs`) fail it, but for those its
 ``@pytest.mark.expected_log_errors(pattern, ...)`` declares. A test that failed already gets them
-as a report section instead, beside its own failure.
+as a report section instead, beside its own failure. A failed test's report also shows the tail
+of each node log of the clusters it used.
 
 **Parallel workers** (pytest-xdist, ``./run tests`` runs ``--dist loadgroup``): each worker picks
 the loopback ports of its clusters in its own slice (:data:`rcq.local.nodes.PORT_SLICE_ENV`), so
@@ -11,6 +13,10 @@ two workers never race for one port; tests of a module that share a module- or c
 fixture (a module's cluster) run on one worker, in one group; the Spark tests share one worker (one
 driver JVM and one cluster for all of them); tests marked ``fixed_ports`` (ports no other test may
 bind at the same time) share one worker too. Without xdist, nothing of this changes anything.
+
+**Fixtures**: ``wire``, an aiohttp session that records every request it sends
+(:class:`tests.helpers.fakes.Wire`), for a client given ``session=`` (of a fake node in the unit
+tests, of a real cluster in the integration tests).
 
 **Helpers**: the shared helpers (:mod:`tests.helpers`, ``tests/spark/helpers.py``,
 ``tests/integration/workload.py``) hold assertions; pytest rewrites them as it does the tests',
@@ -22,16 +28,18 @@ Must not import: a test module or another conftest.
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 pytest.register_assert_rewrite("tests.helpers", "tests.integration.workload", "tests.spark.helpers")
 
 from rcq.local.nodes import PORT_SLICE_ENV  # noqa: E402
 from tests.helpers import node_logs  # noqa: E402  (after the rewrite is registered)
+from tests.helpers.fakes import Wire  # noqa: E402
 
 _FAILED = pytest.StashKey[bool]()
 _monkeypatch = pytest.MonkeyPatch()
@@ -93,4 +101,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
         elif errors:
             report.outcome = "failed"
             report.longrepr = node_logs.report(errors)
+    node_logs.add_log_tails(item, report)
     return report
+
+
+@pytest.fixture
+async def wire() -> AsyncIterator[tuple[Wire, aiohttp.ClientSession]]:
+    recorder = Wire()
+    async with aiohttp.ClientSession(middlewares=[recorder]) as session:
+        yield recorder, session

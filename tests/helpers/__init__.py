@@ -12,6 +12,7 @@ a test module or a conftest: ``tests/unit/test_suite_rules.py`` checks both rule
 * :mod:`tests.helpers.cli`: the ``rcq`` command run in a thread;
 * :mod:`tests.helpers.state`: one replica's state machine fed encoded commands, and views of it;
 * :mod:`tests.helpers.raft`: real pysyncobj nodes in this process;
+* :mod:`tests.helpers.manual_raft`: one real node whose Raft a test steps by hand, playing its peers;
 * :mod:`tests.helpers.cluster`: real multi-process clusters (``running_cluster``);
 * :mod:`tests.helpers.node_logs`: no ERROR line or traceback in a cluster's node logs but those
   a test declares it causes (``@pytest.mark.expected_log_errors``);

@@ -2,7 +2,8 @@
 
 Every cluster the suite starts (here or with :class:`LocalCluster` directly) has its node logs
 checked after each test (:mod:`tests.helpers.node_logs`); the failure report of a test that used
-one shows the tail of each node's log (the conftest of the folder adds it).
+one shows the tail of each node's log (the suite's report hook, in tests/conftest.py, adds it).
+``healed``: a cluster a test may have broken, whole again.
 
 Must not import: a test module or a conftest; rcq.server (nodes are separate processes).
 """
@@ -49,6 +50,14 @@ def wait_settled(cluster: LocalCluster, leader: int) -> None:
     wait_until(settled, LEADER_TIMEOUT_S, what="the cluster's feature level and identity")
 
 
+def healed(cluster: LocalCluster) -> LocalCluster:
+    """``cluster`` with every node resumed or restarted and a serving leader found again (the
+    ``healthy_cluster`` fixtures: for tests that kill, pause or stop nodes)."""
+    cluster.heal()
+    cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    return cluster
+
+
 def fresh_queue(name: str = "q") -> str:
     """A queue name no other test uses: tests sharing a cluster keep out of each other's way."""
     return f"{name}-{uuid.uuid4().hex[:10]}"
@@ -66,16 +75,6 @@ async def drain_until_empty(client: RcqClient, queue: str, timeout_s: float = CL
 
     await async_wait_until(empty, timeout_s, interval_s=0.05, what=f"{queue} to drain")
     return drained
-
-
-def add_node_logs(item: Any, report: Any) -> None:
-    """For a failed test's report: the tail of every node log of each LocalCluster the test used
-    (the ``pytest_runtest_makereport`` hooks of the cluster folders' conftests call it)."""
-    if not report.failed:
-        return
-    clusters = {id(v): v for v in getattr(item, "funcargs", {}).values() if isinstance(v, LocalCluster)}
-    for value in clusters.values():
-        report.sections.append((f"rcq node logs ({value.base_dir}, {report.when})", value.dump_logs()))
 
 
 def restored_cluster(backup: Any) -> LocalCluster:

@@ -23,6 +23,9 @@ it is an error when its level is ERROR or CRITICAL, or when it holds a traceback
 nodes' format (``rcq serve``: time, level, logger) and the replicator tests' (time, thread,
 logger, level).
 
+A test that fails also gets the tail of every node log of each cluster it used
+(:func:`add_log_tails`, called by the same report hook), beside its own failure.
+
 Must not import: a test module or a conftest; rcq.server (nodes are separate processes).
 """
 
@@ -133,6 +136,16 @@ def watch_local_clusters(monkeypatch: pytest.MonkeyPatch, logs: NodeLogs = NODE_
 
     monkeypatch.setattr(LocalCluster, "start_node", watched_start_node)
     monkeypatch.setattr(LocalCluster, "_remove_owned_dir", releasing_remove_owned_dir)
+
+
+def add_log_tails(item: pytest.Item, report: pytest.TestReport) -> None:
+    """For a failed test's report: the tail of every node log of each LocalCluster among the
+    fixture values of ``item`` (one section per cluster)."""
+    if not report.failed:
+        return
+    clusters = {id(v): v for v in getattr(item, "funcargs", {}).values() if isinstance(v, LocalCluster)}
+    for cluster in clusters.values():
+        report.sections.append((f"rcq node logs ({cluster.base_dir}, {report.when})", cluster.dump_logs()))
 
 
 def expected_patterns(item: pytest.Item) -> list[re.Pattern[str]]:

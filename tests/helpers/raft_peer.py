@@ -24,8 +24,8 @@ from rcq.server.config import NodeConfig, PeerConfig
 from rcq.server.core.state_machine import QueueStateMachine
 from rcq.server.raft.replicator import RaftReplicator
 from tests.helpers import LOCAL_WAIT_S
+from tests.helpers.manual_raft import config_of
 from tests.helpers.raft import SECRET, free_port
-from tests.integration.manual_raft import config_of
 
 HANDSHAKE_MAX = 4096  # raft_handshake_frame_bytes_max in these tests (its default is 64 KiB)
 

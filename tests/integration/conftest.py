@@ -1,34 +1,32 @@
 """Fixtures for tests against real multi-process rcq clusters.
 
 ``cluster``: one 3-node :class:`~rcq.local.cluster.LocalCluster` per test
-module, with a serving leader. ``healthy_cluster``: the same cluster, with every
-node resumed or restarted and a leader found again before the test, for tests
-that kill, pause or stop nodes.
+module, with a serving leader (a module may override it with a cluster of other
+node settings). ``healthy_cluster``: the module's ``cluster``, with every node
+resumed or restarted and a leader found again before the test, for tests that
+kill, pause or stop nodes. ``own_cluster``: a 3-node cluster of one test's own,
+which it may break; its ``request.param`` (indirect parametrization) is
+NodeConfig overrides. ``own_client``: a client of ``own_cluster`` that retries
+through a failover.
 
 When a test that used a LocalCluster fails, the tail of every node's log is
-added to its report (section "rcq node logs"). Helpers for clusters a test
-starts itself are in :mod:`tests.helpers.cluster`.
+added to its report (section "rcq node logs", by the hook of tests/conftest.py).
+Helpers for clusters a test starts itself are in :mod:`tests.helpers.cluster`.
 
 Must not import: a test module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
-from tests.helpers import LEADER_TIMEOUT_S
-from tests.helpers.cluster import add_node_logs, running_cluster
+from tests.helpers import CLUSTER_WAIT_S
+from tests.helpers.cluster import healed, running_cluster
 from tests.helpers.launcher import Launcher
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
-    outcome = yield
-    add_node_logs(item, outcome.get_result())
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +37,20 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def healthy_cluster(cluster: LocalCluster) -> LocalCluster:
-    cluster.heal()
-    cluster.wait_for_leader(LEADER_TIMEOUT_S)
-    return cluster
+    return healed(cluster)
+
+
+@pytest.fixture
+def own_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    with running_cluster(overrides=getattr(request, "param", None)) as local_cluster:
+        yield local_cluster
+
+
+@pytest.fixture
+async def own_client(own_cluster: LocalCluster) -> AsyncIterator[RcqClient]:
+    async with RcqClient(own_cluster.urls, request_timeout_s=10.0, retry_timeout_s=CLUSTER_WAIT_S,
+                         **own_cluster.client_options()) as client:
+        yield client
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ import itertools
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ from rcq.local.cluster import LocalCluster
 from rcq.server.core.state_machine import ITEM_OVERHEAD_BYTES, QUEUES_MAX
 from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, FLOOD_REQUEST_TIMEOUT_S
-from tests.helpers.cluster import running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -288,45 +287,38 @@ class Arena:
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    """A 3-node cluster of this test's own; ``request.param`` (indirect): NodeConfig overrides."""
-    with running_cluster(overrides=getattr(request, "param", None)) as local_cluster:
-        yield local_cluster
-
-
-@pytest.fixture
 def tolerated() -> tuple[type[RcqError], ...]:
     """Errors the bystander counts as refusals rather than failures (overridden by parametrize)."""
     return ()
 
 
 @pytest.fixture
-async def arena(cluster: LocalCluster, tolerated: tuple[type[RcqError], ...]) -> AsyncIterator[Arena]:
+async def arena(own_cluster: LocalCluster, tolerated: tuple[type[RcqError], ...]) -> AsyncIterator[Arena]:
     started = time.monotonic()
-    attacker_token = cluster.add_token("attacker", admin=True, wait=False)
-    bystander_token = cluster.add_token("bystander", grants=[{"queues": "*", "actions": ["produce", "consume"]}],
+    attacker_token = own_cluster.add_token("attacker", admin=True, wait=False)
+    bystander_token = own_cluster.add_token("bystander", grants=[{"queues": "*", "actions": ["produce", "consume"]}],
                                         wait=False)
-    await asyncio.to_thread(cluster.wait_for_token, [attacker_token, bystander_token], True)
-    baseline = await asyncio.to_thread(take_baseline, cluster)
+    await asyncio.to_thread(own_cluster.wait_for_token, [attacker_token, bystander_token], True)
+    baseline = await asyncio.to_thread(take_baseline, own_cluster)
     async with contextlib.AsyncExitStack() as stack:
         attacker = await stack.enter_async_context(session_from(ATTACKER_ADDRESS, attacker_token))
         bystander_session = await stack.enter_async_context(session_from(BYSTANDER_ADDRESS, bystander_token))
         # A refused (retryable) answer is retried by the client for retry_timeout_s: keep it short
         # when refusals are expected, so they are counted rather than waited out.
         client = await stack.enter_async_context(RcqClient(
-            cluster.urls, request_timeout_s=FLOOD_REQUEST_TIMEOUT_S, retry_timeout_s=3.0 if tolerated else CLUSTER_WAIT_S,
+            own_cluster.urls, request_timeout_s=FLOOD_REQUEST_TIMEOUT_S, retry_timeout_s=3.0 if tolerated else CLUSTER_WAIT_S,
             session=bystander_session, token=bystander_token))
         bystander = Bystander(client, "bystander", tolerated)
         bystander.start()
         try:
             await bystander.wait_for_progress(what="before the attack")
-            yield Arena(cluster, baseline, attacker, bystander, bystander_session, started)
+            yield Arena(own_cluster, baseline, attacker, bystander, bystander_session, started)
         finally:
             await bystander.stop()
 
 
 # ======================================================================= attacks
-@pytest.mark.parametrize("cluster", [{"storage_bytes_max": 64 << 20}], indirect=True)
+@pytest.mark.parametrize("own_cluster", [{"storage_bytes_max": 64 << 20}], indirect=True)
 @pytest.mark.parametrize("tolerated", [(StorageFull,)])
 async def test_a_flood_of_empty_items_fills_the_budget_then_gets_507_while_dequeues_keep_working(
         arena: Arena) -> None:
@@ -402,7 +394,7 @@ async def test_a_flood_of_empty_items_fills_the_budget_then_gets_507_while_deque
     assert (storage["items"], storage["storage_bytes"]) == (10_000, 10_000 * ITEM_OVERHEAD_BYTES), storage
 
 
-@pytest.mark.parametrize("cluster", [{"dequeue_answer_bytes_max": 4 << 20}], indirect=True)
+@pytest.mark.parametrize("own_cluster", [{"dequeue_answer_bytes_max": 4 << 20}], indirect=True)
 async def test_a_dequeue_of_10000_huge_items_answers_at_most_the_answer_budget_and_leaves_the_rest(
         arena: Arena) -> None:
     budget = 4 << 20
@@ -485,7 +477,7 @@ LIFETIME_S = 4.0
 TIMEOUT_MAX_S = 2.0
 
 
-@pytest.mark.parametrize("cluster", [{"transaction_lifetime_max_s": LIFETIME_S, "transaction_timeout_max_s": TIMEOUT_MAX_S,
+@pytest.mark.parametrize("own_cluster", [{"transaction_lifetime_max_s": LIFETIME_S, "transaction_timeout_max_s": TIMEOUT_MAX_S,
                                       "transaction_timeout_default_s": TIMEOUT_MAX_S}], indirect=True)
 async def test_a_transaction_extended_for_ever_hits_its_lifetime_and_its_items_come_back(arena: Arena) -> None:
     values = [f"held-{i}" for i in range(5)]
@@ -675,7 +667,7 @@ async def test_an_unauthenticated_raft_frame_of_2_gib_is_refused_on_its_header(a
     await arena.check_unharmed()
 
 
-@pytest.mark.parametrize("cluster", [{"log_compaction_entries_min": 1_000_000}], indirect=True)
+@pytest.mark.parametrize("own_cluster", [{"log_compaction_entries_min": 1_000_000}], indirect=True)
 async def test_digests_of_a_million_items_do_not_stall_replication(arena: Arena) -> None:
     """The digest is computed by a forked child: hammering every node's digest with 1M items queued
     neither stalls commits nor costs the leader its leadership."""

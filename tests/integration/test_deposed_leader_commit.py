@@ -36,7 +36,7 @@ from rcq.server.raft import consumer, patches
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.snapshots import write_snapshot
 from tests.helpers import LOCAL_WAIT_S
-from tests.integration.manual_raft import ManualRaft, config_of
+from tests.helpers.manual_raft import ManualRaft, config_of
 
 QUEUE = "q"
 OLD_TERM, NEW_TERM = 5, 6

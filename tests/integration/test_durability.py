@@ -20,7 +20,7 @@ from rcq.server.raft import patches
 from rcq.server.raft.internals import journal_of, transport_of
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.server.raft.wal import DurableJournal
-from tests.integration.manual_raft import ManualRaft, config_of
+from tests.helpers.manual_raft import ManualRaft, config_of
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,28 +28,13 @@ from rcq.client import (
 from rcq.local.cluster import LocalCluster
 from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
-from tests.helpers.cluster import drain_until_empty, running_cluster
+from tests.helpers.cluster import drain_until_empty
 from tests.integration.workload import History, check_nothing_lost, consumer, producer
 
 pytestmark = pytest.mark.cluster
 
 PRODUCERS = 4
 CONSUMERS = 2
-
-
-@pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    """A 3-node cluster of this test's own (it will be broken), with a serving leader;
-    ``request.param`` (indirect parametrization): NodeConfig overrides."""
-    with running_cluster(overrides=getattr(request, "param", None)) as local_cluster:
-        yield local_cluster
-
-
-@pytest.fixture
-async def client(cluster: LocalCluster) -> AsyncIterator[RcqClient]:
-    async with RcqClient(cluster.urls, request_timeout_s=10.0, retry_timeout_s=CLUSTER_WAIT_S,
-                         **cluster.client_options()) as rcq_client:
-        yield rcq_client
 
 
 async def kill_the_leader(cluster: LocalCluster, client: RcqClient, history: History,
@@ -87,19 +71,19 @@ async def kill_the_leader(cluster: LocalCluster, client: RcqClient, history: His
 
 
 async def test_killing_the_leader_under_load_loses_no_acknowledged_enqueue_and_the_client_carries_on(
-        cluster: LocalCluster, client: RcqClient) -> None:
+        own_cluster: LocalCluster, own_client: RcqClient) -> None:
     queue = f"load-{uuid.uuid4().hex[:8]}"
     history = History()
     stop = asyncio.Event()
     witnesses: list[tuple[Transaction, str]] = []
-    tasks = [asyncio.create_task(producer(client, queue, f"p{i}", history, stop)) for i in range(PRODUCERS)]
-    tasks += [asyncio.create_task(consumer(client, queue, f"c{i}", history, stop)) for i in range(CONSUMERS)]
+    tasks = [asyncio.create_task(producer(own_client, queue, f"p{i}", history, stop)) for i in range(PRODUCERS)]
+    tasks += [asyncio.create_task(consumer(own_client, queue, f"c{i}", history, stop)) for i in range(CONSUMERS)]
     try:
         for round_number in (1, 2):
             acknowledged = len(history.acknowledged)
             await async_wait_until(lambda n=acknowledged: len(history.acknowledged) >= n + 40, CLUSTER_WAIT_S,
                                    what="the workload to get going")
-            witnesses.append(await kill_the_leader(cluster, client, history, round_number))
+            witnesses.append(await kill_the_leader(own_cluster, own_client, history, round_number))
         assert len(history.consumed) > 0
     finally:
         stop.set()
@@ -111,30 +95,31 @@ async def test_killing_the_leader_under_load_loses_no_acknowledged_enqueue_and_t
         with pytest.raises(TransactionAborted):
             await witness.commit()
         assert (await witness.status())["state"] == "aborted"
-        assert await drain_until_empty(client, witness_queue) == [f"w-item-{round_number}"]
+        assert await drain_until_empty(own_client, witness_queue) == [f"w-item-{round_number}"]
 
-    await check_nothing_lost(client, queue, history)
-    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
+    await check_nothing_lost(own_client, queue, history)
+    await asyncio.to_thread(own_cluster.wait_for_convergence, CLUSTER_WAIT_S)
 
 
 async def test_a_killed_leader_restarted_rejoins_as_a_follower_and_converges(
-        cluster: LocalCluster, client: RcqClient) -> None:
+        own_cluster: LocalCluster, own_client: RcqClient) -> None:
     queue = f"rejoin-{uuid.uuid4().hex[:8]}"
-    await client.enqueue(queue, *[f"before-{i}" for i in range(20)])
-    old_leader = await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
-    await asyncio.to_thread(cluster.kill_node, old_leader)
-    new_leader = await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
+    await own_client.enqueue(queue, *[f"before-{i}" for i in range(20)])
+    old_leader = await asyncio.to_thread(own_cluster.wait_for_leader, LEADER_TIMEOUT_S)
+    await asyncio.to_thread(own_cluster.kill_node, old_leader)
+    new_leader = await asyncio.to_thread(own_cluster.wait_for_leader, LEADER_TIMEOUT_S)
     assert new_leader != old_leader
     for i in range(20):
-        await client.enqueue(queue, f"after-{i}")
-    assert len(await client.dequeue(queue, max_items=5)) == 5
+        await own_client.enqueue(queue, f"after-{i}")
+    assert len(await own_client.dequeue(queue, max_items=5)) == 5
 
-    await asyncio.to_thread(cluster.start_node, old_leader)
-    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
-    status = cluster.status(old_leader)
-    assert (status["role"], status["leader_url"]) == ("follower", cluster.url(new_leader))
-    assert cluster.status(new_leader)["role"] == "leader"
-    async with RcqClient(cluster.url(old_leader), **cluster.client_options()) as rejoined:  # learns the leader from the follower
+    await asyncio.to_thread(own_cluster.start_node, old_leader)
+    await asyncio.to_thread(own_cluster.wait_for_convergence, CLUSTER_WAIT_S)
+    status = own_cluster.status(old_leader)
+    assert (status["role"], status["leader_url"]) == ("follower", own_cluster.url(new_leader))
+    assert own_cluster.status(new_leader)["role"] == "leader"
+    # The client learns the leader from the follower.
+    async with RcqClient(own_cluster.url(old_leader), **own_cluster.client_options()) as rejoined:
         assert await rejoined.count(queue) == 35
         assert await rejoined.peek(queue) is not None
 
@@ -183,36 +168,36 @@ async def status_on(cluster: LocalCluster, url: str, transaction_id: str) -> dic
         return await one.transaction_status(transaction_id)
 
 
-@pytest.mark.parametrize("cluster", [SHORT_COMMITS], ids=["short-commits"], indirect=True)
+@pytest.mark.parametrize("own_cluster", [SHORT_COMMITS], ids=["short-commits"], indirect=True)
 async def test_an_unknown_commit_whose_leader_dies_is_reported_aborted_everywhere_and_changes_nothing(
-        cluster: LocalCluster, client: RcqClient) -> None:
-    leader, followers, queue, transaction_id = await commit_with_followers_paused(cluster)
-    await asyncio.to_thread(cluster.kill_node, leader)  # the only log holding the entry is gone
+        own_cluster: LocalCluster, own_client: RcqClient) -> None:
+    leader, followers, queue, transaction_id = await commit_with_followers_paused(own_cluster)
+    await asyncio.to_thread(own_cluster.kill_node, leader)  # the only log holding the entry is gone
     for i in followers:
-        cluster.resume_node(i)
-    await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S)
-    await asyncio.to_thread(cluster.start_node, leader)
-    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
+        own_cluster.resume_node(i)
+    await asyncio.to_thread(own_cluster.wait_for_leader, LEADER_TIMEOUT_S)
+    await asyncio.to_thread(own_cluster.start_node, leader)
+    await asyncio.to_thread(own_cluster.wait_for_convergence, CLUSTER_WAIT_S)
 
-    for url in cluster.urls:
-        assert (await status_on(cluster, url, transaction_id))["state"] == "aborted", url
+    for url in own_cluster.urls:
+        assert (await status_on(own_cluster, url, transaction_id))["state"] == "aborted", url
     with pytest.raises(TransactionAborted):  # a retry with the same id never applies it
-        await client.attach(transaction_id).commit()
-    assert sorted(await drain_until_empty(client, queue)) == ["kept", "moved"]
+        await own_client.attach(transaction_id).commit()
+    assert sorted(await drain_until_empty(own_client, queue)) == ["kept", "moved"]
 
 
-@pytest.mark.parametrize("cluster", [SHORT_COMMITS], ids=["short-commits"], indirect=True)
+@pytest.mark.parametrize("own_cluster", [SHORT_COMMITS], ids=["short-commits"], indirect=True)
 async def test_an_unknown_commit_completed_by_its_reelected_leader_is_reported_committed_everywhere(
-        cluster: LocalCluster, client: RcqClient) -> None:
-    leader, followers, queue, transaction_id = await commit_with_followers_paused(cluster)
+        own_cluster: LocalCluster, own_client: RcqClient) -> None:
+    leader, followers, queue, transaction_id = await commit_with_followers_paused(own_cluster)
     # With one follower back, only the old leader can win (its log is longer): the entry commits.
-    cluster.resume_node(followers[0])
-    assert await asyncio.to_thread(cluster.wait_for_leader, LEADER_TIMEOUT_S) == leader
-    cluster.resume_node(followers[1])
-    await asyncio.to_thread(cluster.wait_for_convergence, CLUSTER_WAIT_S)
+    own_cluster.resume_node(followers[0])
+    assert await asyncio.to_thread(own_cluster.wait_for_leader, LEADER_TIMEOUT_S) == leader
+    own_cluster.resume_node(followers[1])
+    await asyncio.to_thread(own_cluster.wait_for_convergence, CLUSTER_WAIT_S)
 
-    states = {url: (await status_on(cluster, url, transaction_id))["state"] for url in cluster.urls}
-    assert cluster.status(leader)["open_transactions"] == 0, states
+    states = {url: (await status_on(own_cluster, url, transaction_id))["state"] for url in own_cluster.urls}
+    assert own_cluster.status(leader)["open_transactions"] == 0, states
     assert set(states.values()) == {"committed"}, states
-    assert (await client.attach(transaction_id).commit()).duplicate  # a retry never applies twice
-    assert sorted(await drain_until_empty(client, queue)) == ["added", "moved"]
+    assert (await own_client.attach(transaction_id).commit()).duplicate  # a retry never applies twice
+    assert sorted(await drain_until_empty(own_client, queue)) == ["added", "moved"]

@@ -1,5 +1,5 @@
 """Leadership hand-over holds new proposals (docs/raft-hazards.md, H19), played step by step on one
-real node whose two peers the test plays (tests/integration/manual_raft.py).
+real node whose two peers the test plays (tests/helpers/manual_raft.py).
 
 While the node hands leadership over, a proposal is neither appended nor refused: it waits. What
 it becomes depends on how the hand-over ends: refused as not executed once another node leads,
@@ -33,7 +33,7 @@ from rcq.server.raft.internals import journal_of, transport_of
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.testing import async_wait_until
 from tests.helpers import HAND_OVER_SUBMIT_TIMEOUT_S, HAND_OVER_WAIT_S
-from tests.integration.manual_raft import ManualRaft, config_of
+from tests.helpers.manual_raft import ManualRaft, config_of
 
 TERM = 4
 

@@ -20,14 +20,12 @@ import base64
 import os
 import random
 import struct
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
 
 from rcq.local.cluster import LocalCluster
 from tests.helpers import QUIET_CLUSTER_WAIT_S, RAW_CASE_LISTEN_S
-from tests.helpers.cluster import running_cluster
 from tests.helpers.node_logs import error_entries
 
 pytestmark = pytest.mark.cluster
@@ -132,12 +130,6 @@ async def fuzz(ports: list[int], token: str) -> list[bytes]:
 
     await asyncio.gather(*(one(n, data) for n, data in enumerate(cases)))
     return cases
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with running_cluster() as local_cluster:
-        yield local_cluster
 
 
 async def test_no_bytes_from_the_network_make_a_node_log_an_error_or_a_traceback(cluster: LocalCluster) -> None:

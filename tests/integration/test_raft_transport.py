@@ -61,6 +61,7 @@ from rcq.server.raft.internals import (
 from rcq.server.raft.replicator import RaftReplicator
 from rcq.testing import async_wait_until
 from tests.helpers import LOCAL_RAFT_WAIT_S, LOCAL_WAIT_S
+from tests.helpers.manual_raft import ManualRaft, config_of
 from tests.helpers.raft import SECRET
 from tests.helpers.raft_peer import (
     HANDSHAKE_MAX,
@@ -71,7 +72,6 @@ from tests.helpers.raft_peer import (
     pair_of_nodes,
     running_node,
 )
-from tests.integration.manual_raft import ManualRaft, config_of
 
 FRAME_MAX = 1 << 20  # raft_frame_bytes_max in the cap tests (its smallest allowed value)
 PART_BYTES = 1 << 16  # pysyncobj's appendEntriesBatchSizeBytes: a larger entry travels in parts of this size

@@ -10,10 +10,9 @@ session (the upgrade is a GET of ``/v1/session``; every other request a POST or 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
-import aiohttp
 import pytest
 
 from rcq.client import RcqClient
@@ -26,13 +25,6 @@ from tests.helpers.fakes import Wire
 from tests.integration.workload import History, check_nothing_lost, consumer, producer
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-async def wire() -> AsyncIterator[tuple[Wire, aiohttp.ClientSession]]:
-    recorder = Wire()
-    async with aiohttp.ClientSession(middlewares=[recorder]) as session:
-        yield recorder, session
 
 
 def port_of(url: str) -> int | None:

@@ -28,6 +28,7 @@ import pytest
 from bench.spark_standalone import SparkStandalone
 from rcq.local.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S
+from tests.helpers.cluster import healed
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_MASTER = "local[2,3]"  # two cores, and up to 3 attempts per task so retries happen
@@ -59,13 +60,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    """A failed test's report gets the Spark standalone logs (the rcq node logs come from the
+    suite's hook, in tests/conftest.py)."""
     outcome = yield
     report = outcome.get_result()
-    funcargs = getattr(item, "funcargs", {})
-    cluster = funcargs.get("rcq_cluster")
-    if report.failed and isinstance(cluster, LocalCluster):
-        report.sections.append((f"rcq node logs ({report.when})", cluster.dump_logs()))
-    standalone = funcargs.get("spark_standalone")
+    standalone = getattr(item, "funcargs", {}).get("spark_standalone")
     if report.failed and isinstance(standalone, SparkStandalone):
         report.sections.append((f"Spark standalone logs ({report.when})", standalone.dump_logs()))
 
@@ -173,15 +172,14 @@ def rcq_cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def healthy_cluster(rcq_cluster: LocalCluster) -> LocalCluster:
-    rcq_cluster.heal()
-    rcq_cluster.wait_for_leader(LEADER_TIMEOUT_S)
-    return rcq_cluster
+def healthy_rcq_cluster(rcq_cluster: LocalCluster) -> LocalCluster:
+    """``rcq_cluster`` with every node resumed or restarted and a serving leader again."""
+    return healed(rcq_cluster)
 
 
 @pytest.fixture
-def urls(healthy_cluster: LocalCluster) -> str:
-    return ",".join(healthy_cluster.urls)
+def urls(healthy_rcq_cluster: LocalCluster) -> str:
+    return ",".join(healthy_rcq_cluster.urls)
 
 
 @pytest.fixture

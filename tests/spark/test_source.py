@@ -160,7 +160,7 @@ def test_a_replayed_batch_whose_transactions_are_gone_reads_nothing_rather_than_
 
 
 def test_leader_failover_during_a_streaming_read_loses_nothing(
-        spark: Any, urls: str, token: str, healthy_cluster: LocalCluster, tmp_path: Path) -> None:
+        spark: Any, urls: str, token: str, healthy_rcq_cluster: LocalCluster, tmp_path: Path) -> None:
     queue, consumer = unique_queue("src-failover"), unique_queue("consumer")
     total = 3000
     enqueue_values(urls, token, queue, [str(i) for i in range(total)])
@@ -178,14 +178,14 @@ def test_leader_failover_during_a_streaming_read_loses_nothing(
     try:
         for _ in range(2):
             assert batches_done.acquire(timeout=SPARK_QUERY_TIMEOUT_S), "no micro-batch finished"
-        leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
-        healthy_cluster.kill_node(leader)
+        leader = healthy_rcq_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        healthy_rcq_cluster.kill_node(leader)
         assert query.awaitTermination(SPARK_QUERY_TIMEOUT_S), "the query did not finish"
         assert query.exception() is None
     finally:
         query.stop()
-    healthy_cluster.heal()
-    healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    healthy_rcq_cluster.heal()
+    healthy_rcq_cluster.wait_for_leader(LEADER_TIMEOUT_S)
     values = _read_values(spark, out)
     left = [int(v) for v in take_all(urls, token, queue)]
     missing = set(range(total)) - set(values) - set(left)

@@ -189,7 +189,7 @@ def test_stream_sink_replayed_batch_adds_nothing_twice(
 
 
 def test_streaming_source_loses_nothing_when_the_executor_dies_mid_batch(
-        standalone_spark: Any, spark_standalone: SparkStandalone, healthy_cluster: LocalCluster, urls: str,
+        standalone_spark: Any, spark_standalone: SparkStandalone, healthy_rcq_cluster: LocalCluster, urls: str,
         token: str, tmp_path: Path) -> None:
     app_id = standalone_spark.sparkContext.applicationId
     source, target = unique_queue("standalone-src"), unique_queue("standalone-dst")
@@ -197,7 +197,7 @@ def test_streaming_source_loses_nothing_when_the_executor_dies_mid_batch(
     enqueue_values(urls, token, source, [str(i) for i in range(ITEMS)])
     markers, checkpoint = tmp_path / "markers", tmp_path / "checkpoint"
     markers.mkdir()
-    term = _term(healthy_cluster)
+    term = _term(healthy_rcq_cluster)
     started_ms = int(time.time() * 1000)
     stream = (standalone_spark.readStream.format("rcq").option("url", urls).option("token", token)
               .option("queue", source).option("consumerId", consumer).option("valueType", "string")
@@ -209,7 +209,7 @@ def test_streaming_source_loses_nothing_when_the_executor_dies_mid_batch(
              .trigger(availableNow=True).start())
     try:
         pid = _held_pid(markers, lambda: bool(query.isActive))
-        if _term(healthy_cluster) == term:  # (an election would have aborted the open transactions)
+        if _term(healthy_rcq_cluster) == term:  # (an election would have aborted the open transactions)
             # Mid-stream: the batches before the held one are in the target queue, the held one is
             # not, and the held task's transaction has its items locked. (The source's offsets and
             # Spark's batch ids both count from 0: Spark's batch n ends at the source's offset n + 1.)
@@ -223,7 +223,7 @@ def test_streaming_source_loses_nothing_when_the_executor_dies_mid_batch(
     finally:
         (markers / "release").touch()
         query.stop()
-    new_terms = _term(healthy_cluster) - term
+    new_terms = _term(healthy_rcq_cluster) - term
     values = [int(v) for v in take_all(urls, token, target)]
     print(f"stream: executor {killed} killed in batch {HELD_BATCH}, {replacement} took over; {len(values)} items "
           f"delivered, {len(duplicates(values))} twice; {new_terms} leader elections")

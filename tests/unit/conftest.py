@@ -1,8 +1,9 @@
 """Fixtures shared by the unit tests.
 
 ``fake``: a recording fake node serving HTTP (:class:`tests.helpers.fakes.FakeNode`): what the
-client and the ``rcq`` command send, exactly. ``wire``: an aiohttp session that records every
-request it sends (:class:`tests.helpers.fakes.Wire`), for a client given ``session=``.
+client and the ``rcq`` command send, exactly. ``client``: an RcqClient of ``fake`` that retries
+for 2 s (a module whose client is of another node defines its own). ``wire``, a session that
+records what it sends, is the whole suite's (tests/conftest.py).
 
 Must not import: a test module.
 """
@@ -11,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 
-from tests.helpers.fakes import FakeNode, Wire, serving_fake
+from rcq.client import RcqClient
+from tests.helpers.fakes import FakeNode, serving_fake
 
 
 @pytest.fixture
@@ -24,7 +25,6 @@ async def fake() -> AsyncIterator[FakeNode]:
 
 
 @pytest.fixture
-async def wire() -> AsyncIterator[tuple[Wire, aiohttp.ClientSession]]:
-    recorder = Wire()
-    async with aiohttp.ClientSession(middlewares=[recorder]) as session:
-        yield recorder, session
+async def client(fake: FakeNode) -> AsyncIterator[RcqClient]:
+    async with RcqClient(fake.url, retry_timeout_s=2) as rcq_client:
+        yield rcq_client

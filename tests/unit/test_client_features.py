@@ -8,7 +8,6 @@ A fake, not a real node: the point is the exact request bodies of the wire contr
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
 from typing import Any
 from unittest.mock import ANY
 
@@ -30,12 +29,6 @@ from tests.helpers.fakes import COMMITTED, FULL_ITEM, OLD_ITEM, FakeNode, Wire
 
 TX = "tx-1"
 TX_PATH = f"/v1/transactions/{TX}"
-
-
-@pytest.fixture
-async def client(fake: FakeNode) -> AsyncIterator[RcqClient]:
-    async with RcqClient(fake.url, retry_timeout_s=2) as client:
-        yield client
 
 
 PARSED_FULL = Item(17, "jobs.dlq", b"job", delivery_count=2, priority=5, enqueued_at_ms=1795000000000,

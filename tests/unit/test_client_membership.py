@@ -65,12 +65,6 @@ async def other() -> AsyncIterator[FakeNode]:
         yield node
 
 
-@pytest.fixture
-async def client(fake: FakeNode) -> AsyncIterator[RcqClient]:
-    async with RcqClient(fake.url, retry_timeout_s=2) as client:
-        yield client
-
-
 # The three changes, each as (method, path, the fake's success answer, the call).
 Change = Callable[[RcqClient], Awaitable[dict[str, Any]]]
 CHANGES: dict[str, tuple[str, str, dict[str, Any], Change]] = {

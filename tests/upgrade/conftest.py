@@ -9,7 +9,7 @@ fails, saying so: these tests never skip. ``previous_cluster``: a started 3-node
 its nodes into other releases), closed after it.
 
 When a test that used a LocalCluster fails, the tail of every node's log is added to its report
-(section "rcq node logs"), as for the integration tests.
+(section "rcq node logs"), as for every test (the hook of tests/conftest.py).
 
 Must not import: a test module or another conftest.
 """
@@ -22,21 +22,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rcq.local.cluster import LocalCluster
 from rcq.local.releases import PREVIOUS_RELEASE, PREVIOUS_RELEASE_NAME, Release, materialise
-from tests.helpers.cluster import add_node_logs
 
 log = logging.getLogger(__name__)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
-    outcome = yield
-    add_node_logs(item, outcome.get_result())
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@ step (RaftReplicator(auto_tick=False)), and whose two peers the test plays with 
 
 For deterministic tests of exact Raft sequences; no timing decides anything (election and
 fallback timeouts are set far beyond a test's length).
+
+Must not import: a test module or a conftest.
 """
 
 from __future__ import annotations
