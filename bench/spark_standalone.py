@@ -60,6 +60,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
+from bench.proc_table import Process, alive, cmdline, descendants, processes, read_process
 from rcq.local.nodes import HOST, LOG_TAIL_BYTES, STOP_TIMEOUT_S, free_ports, read_tail
 from rcq.local.polls import deadline_loop, http_json
 from rcq.local.waits import wait_until
@@ -94,16 +95,6 @@ class Executor:
     executor_id: str
 
 
-@dataclasses.dataclass(frozen=True)
-class _Process:
-    """A process as /proc shows it; ``started`` (clock ticks after boot) tells a reused pid apart."""
-
-    pid: int
-    ppid: int
-    started: int
-    state: str
-
-
 def spark_home() -> Path:
     """Where Spark's ``bin`` and ``jars`` are: ``$SPARK_HOME`` if set (as pyspark itself decides),
     else the installed pyspark package, which ships both."""
@@ -117,53 +108,6 @@ def spark_home() -> Path:
     if not (home / "bin" / "spark-class").exists():
         raise SparkStandaloneError(f"{home} has no bin/spark-class: set SPARK_HOME to a Spark distribution")
     return home
-
-
-# ------------------------------------------------------------------ /proc
-def _read_process(pid: int) -> _Process | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # "pid (comm) state ppid ... starttime ...": comm may hold spaces and parentheses.
-    fields = stat[stat.rindex(")") + 2:].split()
-    return _Process(pid, int(fields[1]), int(fields[19]), fields[0])
-
-
-def _processes() -> dict[int, _Process]:
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            process = _read_process(int(entry.name))
-            if process is not None:
-                table[process.pid] = process
-    return table
-
-
-def _descendants(root: int, table: dict[int, _Process]) -> list[_Process]:
-    children: dict[int, list[_Process]] = {}
-    for process in table.values():
-        children.setdefault(process.ppid, []).append(process)
-    found: list[_Process] = []
-    pending = [root]
-    while pending:
-        for child in children.get(pending.pop(), []):
-            found.append(child)
-            pending.append(child.pid)
-    return found
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return []
-
-
-def _alive(process: _Process) -> bool:
-    """The same process (not a reuse of its pid) still exists and is not a zombie."""
-    now = _read_process(process.pid)
-    return now is not None and now.started == process.started and now.state != "Z"
 
 
 def _argument(argv: list[str], name: str) -> str | None:
@@ -196,7 +140,7 @@ class SparkStandalone:
         self.base_dir = Path(tempfile.mkdtemp(prefix="rcq-spark-standalone-")) if base_dir is None else Path(base_dir)
         self.master: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
-        self._seen: dict[int, _Process] = {}  # every process seen under the daemons or a killed executor
+        self._seen: dict[int, Process] = {}  # every process seen under the daemons or a killed executor
         self._closed = False
 
     # ------------------------------------------------------------- views
@@ -335,20 +279,20 @@ class SparkStandalone:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def _remember_trees(self, roots: Iterable[int] | None = None) -> None:
-        table = _processes()
+        table = processes()
         for root in (p.pid for p in self._daemons().values()) if roots is None else roots:
-            for process in _descendants(root, table):
+            for process in descendants(root, table):
                 self._seen.setdefault(process.pid, process)
 
     def _kill_remembered(self) -> None:
         """SIGKILL every process seen under the cluster that still lives (Python workers of a lost
         executor end on their own when its pipe closes; this is for those that did not)."""
-        left = [p for p in self._seen.values() if _alive(p)]
+        left = [p for p in self._seen.values() if alive(p)]
         for process in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(process.pid, signal.SIGKILL)
         for _ in deadline_loop(STOP_TIMEOUT_S, POLL_INTERVAL_S):
-            left = [p for p in left if _alive(p)]
+            left = [p for p in left if alive(p)]
             if not left:
                 return
         log.warning("processes %s of the Spark standalone cluster outlived SIGKILL", [p.pid for p in left])
@@ -359,8 +303,8 @@ class SparkStandalone:
         if self.worker is None:
             return []
         found = []
-        for process in _descendants(self.worker.pid, _processes()):
-            argv = _cmdline(process.pid)
+        for process in descendants(self.worker.pid, processes()):
+            argv = cmdline(process.pid)
             if process.state == "Z" or not any(cls in argv for cls in EXECUTOR_CLASSES):
                 continue
             executor = Executor(process.pid, _argument(argv, "--app-id") or "?", _argument(argv, "--executor-id") or "?")
@@ -371,7 +315,7 @@ class SparkStandalone:
     def executor_of(self, pid: int) -> Executor | None:
         """The executor JVM that ``pid`` (a Python worker, say) runs under, or is; None if none of ours."""
         ours = {e.pid: e for e in self.executors()}
-        table = _processes()
+        table = processes()
         seen: set[int] = set()
         while pid in table and pid not in seen:
             if pid in ours:
@@ -399,10 +343,10 @@ class SparkStandalone:
         if executor not in self.executors():
             raise ValueError(f"{executor} is not a running executor of this cluster")
         self._remember_trees([executor.pid])
-        target = _read_process(executor.pid)
+        target = read_process(executor.pid)
         os.kill(executor.pid, signal.SIGKILL)
         if target is not None:
-            wait_until(lambda: not _alive(target), timeout_s, what=f"executor pid {executor.pid} gone after SIGKILL",
+            wait_until(lambda: not alive(target), timeout_s, what=f"executor pid {executor.pid} gone after SIGKILL",
                        interval_s=POLL_INTERVAL_S)
 
     # ------------------------------------------------------------ logs
