@@ -97,6 +97,28 @@ def run_command(command: Sequence[str], timeout_s: float, env: Mapping[str, str]
     return done
 
 
+# ------------------------------------------------------------------ a compose project's objects
+PROJECT_LABEL = "com.docker.compose.project"  # docker compose and podman-compose both set it
+SERVICE_LABEL = "com.docker.compose.service"
+
+
+def project_containers(engine: Engine, project: str, service: str | None = None,
+                       timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The ids of compose project ``project``'s containers (of ``service`` only, if given), stopped ones too."""
+    filters = ["--filter", f"label={PROJECT_LABEL}={project}"]
+    if service is not None:
+        filters += ["--filter", f"label={SERVICE_LABEL}={service}"]
+    return engine.run(["ps", "-a", "-q", *filters], timeout_s).stdout.split()
+
+
+def project_leftovers(engine: Engine, project: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, list[str]]:
+    """What of compose project ``project`` exists: containers, volumes and networks (by its label)."""
+    label = f"label={PROJECT_LABEL}={project}"
+    return {"containers": project_containers(engine, project, timeout_s=timeout_s),
+            "volumes": engine.run(["volume", "ls", "-q", "--filter", label], timeout_s).stdout.split(),
+            "networks": engine.run(["network", "ls", "-q", "--filter", label], timeout_s).stdout.split()}
+
+
 # ------------------------------------------------------------------ podman's configuration
 def container_ulimits(pid_max_file: Path = PID_MAX_FILE, nr_open_file: Path = NR_OPEN_FILE) -> dict[str, int]:
     """The ulimits containers get: this process's hard limits of open files and processes (no

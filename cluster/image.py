@@ -3,11 +3,12 @@
 Three steps, each said as it runs (and timed):
 
 1. **The base image.** ``BASE`` (``--base``, ``$RCQ_BASE_IMAGE``, default ``python:3.11-slim``) if the
-   engine has it or can pull it. Otherwise (no registry reachable) :data:`DEBIAN_BASE`, made here
-   once from the Debian archive: ``debootstrap --variant=minbase --include=python3,python3-venv,
-   ca-certificates bookworm`` (bookworm's Python is 3.11) from the mirror the host's apt uses
-   (``$RCQ_DEBIAN_MIRROR`` to choose another), trimmed (no apt lists, docs, man pages, translations) and
-   imported. Needs root and debootstrap; about 30 s and 2 minutes on a small machine.
+   engine has it or can pull it. Otherwise (no registry reachable; and without pulling again once it
+   exists, unless a base is named) :data:`DEBIAN_BASE`, made here once from the Debian archive:
+   ``debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm``
+   (bookworm's Python is 3.11) from the mirror the host's apt uses (``$RCQ_DEBIAN_MIRROR`` to
+   choose another), trimmed (no apt lists, docs, man pages, translations) and imported. Needs root
+   and debootstrap; 30 s to 2 minutes (100 s on a busy 2-core machine).
 2. **The wheels**, made on the host by this Python's pip with pip's own configuration (its index,
    proxy and CA bundle: nothing of them is written here) into ``build/image/wheels``: ``deps/``,
    the dependencies of ``rcq[server]`` (made again only when pyproject.toml changes), and ``rcq/``,
@@ -57,6 +58,11 @@ BUILD_TIMEOUT_S = 900.0
 INSPECT_TIMEOUT_S = 60.0
 
 Say = Callable[[str], None]
+
+
+class BaseImageUnavailable(EngineCommandFailed):
+    """No base image here, none can be pulled, and none can be made on this host (no debootstrap, no
+    root, no Debian mirror known): the message says which, and what to do."""
 
 
 def say_on_stderr(message: str) -> None:
@@ -112,14 +118,14 @@ def apt_mirror(apt_dir: Path = APT_SOURCES) -> str | None:
 def build_debian_base(engine: Engine, say: Say, name: str = DEBIAN_BASE) -> None:
     """``name`` from the Debian archive (see the module docstring)."""
     if shutil.which("debootstrap") is None:
-        raise EngineCommandFailed("no base image and no debootstrap to make one (Debian: apt-get install debootstrap; "
+        raise BaseImageUnavailable("no base image and no debootstrap to make one (Debian: apt-get install debootstrap; "
                                   "or pass --base IMAGE, an image with Python 3.11 the engine has)")
     if os.geteuid() != 0:
-        raise EngineCommandFailed("no base image, and debootstrap needs root: run `python -m cluster image` as root "
+        raise BaseImageUnavailable("no base image, and debootstrap needs root: run `python -m cluster image` as root "
                                   "once, or pass --base IMAGE (docs/deploy.md)")
     mirror = os.environ.get(MIRROR_ENV) or apt_mirror()
     if not mirror:
-        raise EngineCommandFailed(f"no Debian mirror in the host's apt sources: set {MIRROR_ENV}")
+        raise BaseImageUnavailable(f"no Debian mirror in the host's apt sources: set {MIRROR_ENV}")
     WORK_DIR.mkdir(parents=True, exist_ok=True)
     rootfs = Path(tempfile.mkdtemp(prefix="rootfs-", dir=WORK_DIR))
     try:
@@ -143,19 +149,22 @@ def build_debian_base(engine: Engine, say: Say, name: str = DEBIAN_BASE) -> None
 
 
 def ensure_base(engine: Engine, wanted: str | None, say: Say) -> tuple[str, bool]:
-    """(the base image to build on, whether it was made now by debootstrap)."""
-    base = wanted or os.environ.get(BASE_ENV) or BASE_DEFAULT
+    """(the base image to build on, whether it was made now by debootstrap). One named (``wanted``,
+    ``$RCQ_BASE_IMAGE``) is used or pulled, never replaced; the default is used when here, else the
+    Debian base made earlier, else pulled, else the Debian base is made."""
+    named = wanted or os.environ.get(BASE_ENV)
+    base = named or BASE_DEFAULT
     if image_exists(engine, base):
         return base, False
+    if not named and image_exists(engine, DEBIAN_BASE):
+        say(f"base: {DEBIAN_BASE}, made earlier from the Debian archive ({base} is not here)")
+        return DEBIAN_BASE, False
     say(f"base: pulling {base}")
     pulled = engine.run(["pull", base], PULL_TIMEOUT_S, check=False)
     if pulled.returncode == 0:
         return base, False
-    if wanted or os.environ.get(BASE_ENV):  # asked for by name: no substitute
-        raise EngineCommandFailed(f"base image {base} is not here and cannot be pulled: {pulled.stderr.strip()[-500:]}")
-    if image_exists(engine, DEBIAN_BASE):
-        say(f"base: {base} cannot be pulled; using {DEBIAN_BASE}, made earlier from the Debian archive")
-        return DEBIAN_BASE, False
+    if named:  # asked for by name: no substitute
+        raise BaseImageUnavailable(f"base image {base} is not here and cannot be pulled: {pulled.stderr.strip()[-500:]}")
     say(f"base: {base} cannot be pulled ({(pulled.stderr.strip().splitlines() or ['?'])[-1][:200]})")
     build_debian_base(engine, say)
     return DEBIAN_BASE, True

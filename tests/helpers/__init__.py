@@ -50,6 +50,15 @@ EXPIRING_WAIT_S = 0.2  # a wait a test lets run out on purpose: the timeout is w
 NEVER_WAIT_S = 5.0  # a wait that must run out: what it waits for would have happened by then if it could
 RAW_CASE_LISTEN_S = 0.3  # a fuzz case of raw bytes listens this long for the node's answer, then hangs up
 
+# Containers: docker-compose.yml's cluster on Docker or Podman (tests/integration/test_compose.py,
+# the chaos harness's docker target). The image's own build steps have their bounds in cluster/image.py.
+COMPOSE_COMMAND_TIMEOUT_S = 120.0  # one compose or engine command (up, kill, start, down: seconds each here)
+COMPOSE_READY_TIMEOUT_S = 90.0  # every node of a project started (or started again) answers /readyz
+COMPOSE_FAILOVER_TIMEOUT_S = 30.0  # the leader's container killed: another leader, and a commit (about 3 s here)
+COMPOSE_CONVERGED_TIMEOUT_S = 60.0  # a container started again has its peers' state digest (seconds here)
+COMPOSE_HEALTHY_TIMEOUT_S = 60.0  # Docker reports a node's container healthy (its healthcheck: every 5 s)
+CURL_TIMEOUT_S = 10.0  # one curl request to a published port
+
 # A scratch install of the package (a venv, pip).
 INSTALL_TIMEOUT_S = 240.0  # a venv with pip, then build and install, on a loaded 2-core machine
 INSTALLED_COMMAND_TIMEOUT_S = 60.0  # a command of the installed package

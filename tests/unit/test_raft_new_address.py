@@ -17,7 +17,7 @@ from rcq.server.raft import internals, transport_patches
 from rcq.server.raft.settings import build_conf
 from tests.helpers.nodes import make_config
 
-CONNECTION_TIMEOUT_S = 3.5
+PEER_CONNECTION_S = 3.5  # the fake transport's connectionTimeout (a setting, not a wait)
 
 
 class Dial:
@@ -32,7 +32,7 @@ class Dial:
 
 def transport(dial: Dial, dialled_at: float) -> Any:
     return SimpleNamespace(_connections={"peer": dial}, _lastConnectAttempt={"peer": dialled_at},
-                           _syncObj=SimpleNamespace(conf=SimpleNamespace(connectionTimeout=CONNECTION_TIMEOUT_S)))
+                           _syncObj=SimpleNamespace(conf=SimpleNamespace(connectionTimeout=PEER_CONNECTION_S)))
 
 
 @pytest.fixture
@@ -43,12 +43,12 @@ def now(monkeypatch: pytest.MonkeyPatch) -> float:
 
 def test_a_dial_unanswered_past_the_connection_timeout_is_dropped(now: float) -> None:
     dial = Dial(CONNECTION_STATE.CONNECTING)
-    assert internals.drop_unanswered_dial(transport(dial, now - CONNECTION_TIMEOUT_S - 0.1), "peer")
+    assert internals.drop_unanswered_dial(transport(dial, now - PEER_CONNECTION_S - 0.1), "peer")
     assert (dial.disconnects, dial.state) == (1, CONNECTION_STATE.DISCONNECTED)
 
 
 @pytest.mark.parametrize(("state", "age_s"), [
-    (CONNECTION_STATE.CONNECTING, CONNECTION_TIMEOUT_S - 0.1),  # still within the timeout
+    (CONNECTION_STATE.CONNECTING, PEER_CONNECTION_S - 0.1),  # still within the timeout
     (CONNECTION_STATE.CONNECTED, 3600.0),  # answered: pysyncobj's own read timeout watches it
     (CONNECTION_STATE.DISCONNECTED, 3600.0),
 ])
