@@ -2,12 +2,15 @@
 
     python -m chaos --nodes 5 --time-limit-s 600 --nemesis all --seed 42 --out DIR
     python -m chaos --nemesis kill,pause,partition --time-limit-s 60
-    python -m chaos --target docker      # needs a Docker engine; says so plainly if there is none
+    python -m chaos --target docker      # docker-compose.yml on Docker or Podman; says so plainly if neither runs
+    python -m chaos --target docker --engine podman --nemesis kill,pause,partition,wipe --seed 7 --time-limit-s 60
     python -m chaos --nemesis power      # power failures: each data directory on its own powerfs mount
 
 ``--target docker`` runs docker-compose.yml's 3 nodes as a compose project and
-injects faults with the docker CLI (kill, pause, whole-node network partitions,
-wipe, snapshot; see chaos.docker_cluster): no proxy, so one-way, client-partition,
+injects faults with the engine's CLI (kill, pause, whole-node network partitions,
+wipe, snapshot; see chaos.docker_cluster). ``--engine`` (default auto) picks Docker only when
+``docker version`` reaches an engine and ``docker compose version`` answers, else Podman with
+podman-compose (cluster.engine). No proxy there, so one-way, client-partition,
 delay and loss are refused there, as are membership (its nodes advertise host ports the leader
 cannot probe from its container), --node-override and --nodes other than 3.
 
@@ -26,7 +29,7 @@ made durable in memory, so the ``power`` nemesis can drop them. With it, ``all``
 refuses to start, saying why, when FUSE cannot work here.
 
 Exit status: 0 valid, 1 invalid (lost, duplicated, unexpected items, divergence...),
-2 the run could not be made (no Docker engine, bad arguments).
+2 the run could not be made (no container engine, bad arguments).
 
 Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness
 (chaos.powerfs says why FUSE cannot work).
@@ -37,19 +40,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from chaos.docker_cluster import COMPOSE_NODES, DockerError, docker_compose_error
+from chaos.docker_cluster import COMPOSE_NODES, DockerError
 from chaos.nemesis import DOCKER_KINDS, KINDS, check_target, parse_kinds
 from chaos.powerfs import fuse_unavailable_reason
 from chaos.runner import Progress, RunConfig, run
+from cluster.engine import ENGINES, EngineUnavailable, choose_engine
 from rcq.local.releases import ReleaseUnavailable
-
-DOCKER_INFO_TIMEOUT_S = 20.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--queues", type=int, default=3, help="queues the workload uses (default 3)")
     p.add_argument("--target", choices=("local", "docker"), default="local",
                    help="local processes (default) or the docker-compose cluster")
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="with --target docker: docker (an engine and its compose plugin), podman (with podman-compose), "
+                        "or auto (default): docker when both answer, else podman")
     p.add_argument("--node-override", action="append", default=[], metavar="FIELD=JSON",
                    help="extra NodeConfig field for every node, e.g. unsafe_memory_journal=true")
     p.add_argument("--log-level", default="INFO", help="the nodes' log level (local target only)")
@@ -74,19 +77,6 @@ def parser() -> argparse.ArgumentParser:
                         "with it, 'all' includes power)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
-
-
-def docker_engine_error() -> str | None:
-    """None when a Docker engine answers; otherwise why not, in plain words."""
-    if shutil.which("docker") is None:
-        return "no Docker engine: the docker command is not installed"
-    try:
-        done = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=DOCKER_INFO_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"no Docker engine: `docker info` failed: {exc}"
-    if done.returncode != 0:
-        return f"no Docker engine: `docker info` failed: {(done.stderr or done.stdout).strip()[:300]}"
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,23 +106,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.target == "docker":
-        error = docker_engine_error() or docker_compose_error()
-        if error is not None:
-            print(f"{error}\nThe docker target needs a Docker engine with the compose plugin (docker compose up, "
-                  "docker kill / pause / network disconnect); use --target local (the default) here.", file=sys.stderr)
+        try:
+            engine = choose_engine(args.engine)
+        except EngineUnavailable as exc:
+            print(f"{exc}\nThe docker target needs Docker with its compose plugin, or Podman with podman-compose "
+                  "(docs/deploy.md); use --target local (the default) here.", file=sys.stderr)
             return 2
+        print(f"engine: {engine.version}", file=sys.stderr)
         if args.log_level.upper() != "INFO":
             print("note: --log-level is ignored with --target docker (the compose nodes log at INFO)", file=sys.stderr)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix=f"rcq-chaos-{seed}-"))
     config = RunConfig(nodes=args.nodes, time_limit_s=args.time_limit_s, nemesis=kinds, seed=seed, out=out,
                        workers=args.workers, queues=args.queues, node_overrides=overrides, log_level=args.log_level,
-                       target=args.target, power_fs=args.power_fs)
+                       target=args.target, power_fs=args.power_fs, engine=args.engine)
     print(f"chaos run: seed {seed}, output in {out}", file=sys.stderr, flush=True)
     try:
         document = run(config, Progress(quiet=args.quiet))
     except DockerError as exc:  # the compose project could not be run or driven as needed
-        print(f"error: docker: {exc}", file=sys.stderr)
+        print(f"error: {args.engine if args.engine != 'auto' else 'container engine'}: {exc}", file=sys.stderr)
         return 2
     except ReleaseUnavailable as exc:  # --nemesis upgrade without the previous release in the history
         print(f"error: the upgrade nemesis needs the previous release of rcq: {exc}", file=sys.stderr)

@@ -1,96 +1,109 @@
-"""The cluster under test as a docker-compose project: ``docker-compose.yml``'s three nodes.
+"""The cluster under test as a compose project: ``docker-compose.yml``'s three nodes, on Docker or Podman.
 
-Everything goes through the ``docker`` CLI (every call bounded by a timeout; a
-failure raises :class:`DockerError` naming the command and its stderr). Each
-compose call gets ``-f docker-compose.yml -p <project>``, a cluster secret
-generated for the run in ``RCQ_CLUSTER_SECRET`` and an admin token generated for
-the run in ``RCQ_ADMIN_TOKEN`` (the file refuses to parse without them, so even
-``kill`` and ``logs`` need them; neither is ever on a command line). The harness's
-polls and the workload's clients send that token (:attr:`DockerCluster.token`).
+The engine is :mod:`cluster.engine`'s (``--engine auto|docker|podman``; auto: Docker only when
+``docker version`` reaches an engine and ``docker compose version`` answers, else Podman with
+podman-compose and the containers.conf written for the host). The image (``rcq:local``) is built
+from this checkout by :func:`cluster.image.build_image` when the cluster starts: no network inside
+the build, and an unchanged checkout reuses the image. Every command is bounded by a timeout; a
+failure raises :class:`DockerError` naming the command and its stderr. Each compose call gets
+``-f docker-compose.yml -p <project>``, a cluster secret generated for the run in
+``RCQ_CLUSTER_SECRET`` and an admin token generated for the run in ``RCQ_ADMIN_TOKEN`` (the file
+refuses to parse without them, so even ``kill`` and ``logs`` need them; neither is ever on a
+command line). The harness's polls and the workload's clients send that token
+(:attr:`DockerCluster.token`).
 
-How each harness action maps to docker (``S`` is the service ``node-i``, ``C``
-its container id from ``docker compose ps -a -q S``, ``P`` the project):
+How each harness action maps (``S`` is the service ``node-i``, ``C`` its container id, ``P`` the
+project; ``E`` is ``docker`` or ``podman``; compose is ``docker compose`` or ``podman-compose``):
 
-* start the cluster: ``docker compose down -v`` (leftovers of a run with the
-  same project), ``docker compose up -d --build``, then ``ps -a -q`` per node;
-* kill -9: ``docker compose kill -s SIGKILL S`` (``restart: "no"``: it stays down);
-* restart: ``docker compose start S`` (``up -d --no-deps --no-build S`` after a wipe);
-* pause / resume: ``docker pause C`` / ``docker unpause C`` (cgroup freezer, like SIGSTOP);
-* partition: ``docker network disconnect P_raft C``; heal:
-  ``docker network connect --alias S P_raft C`` (the alias is how peers resolve
-  ``node-i:7100``: a plain reconnect would lose compose's service alias);
-* wipe: ``docker compose rm -f -s -v S`` and ``docker volume rm -f P_node-i-data``
-  (then restarted with ``up``);
-* logs: ``docker compose logs --no-color S`` (saved to ``<base_dir>/node-i.log`` at close);
-* close: ``docker unpause`` of paused nodes, then ``docker compose down -v``
-  (containers, network and volumes go; the logs stay).
+======================  =======================================  ===========================================
+action                  Docker                                   Podman
+======================  =======================================  ===========================================
+the container ``C``     ``compose ps -a -q S``                   ``podman ps -a -q`` by the project's and
+                                                                 the service's compose labels
+start the cluster       ``compose down -v``, build, ``compose up -d``, then ``C`` per node (both)
+kill -9                 ``compose kill -s SIGKILL S``            ``podman kill --signal KILL C``
+restart                 ``compose start S``                      ``podman start C``
+pause / resume          ``E pause C`` / ``E unpause C`` (cgroup freezer, like SIGSTOP)
+partition / heal        ``E network disconnect P_raft C`` / ``E network connect --alias S P_raft C``
+wipe                    ``compose rm -f -s -v S``,               ``podman rm -f -v C``,
+                        ``docker volume rm -f P_node-i-data``    ``podman volume rm -f P_node-i-data``
+restart after a wipe    ``compose up -d --no-deps --no-build S`` (both)
+logs                    ``compose logs --no-color S``            ``podman logs C`` (its stdout and stderr)
+exits                   ``E inspect --format '{{.State.Status}} {{.State.ExitCode}}' C...``
+close                   ``E unpause`` of paused nodes, then ``compose down -v`` (containers, network and
+                        volumes go; the logs, saved to ``<base_dir>/node-i.log``, stay)
+======================  =======================================  ===========================================
 
-**Partitions on docker are whole-node.** A container is either on the compose
-network ``raft`` or off it, so the only cut is isolating nodes from every other
-node (the isolated nodes also lose each other). Per-link cuts (a non-transitive
-ring, one-way drops), delay and loss and client-only partitions need the
-harness's proxy, which this target does not have: the nemesis refuses those
-kinds. And since a published port lives on the container's network endpoint,
-an isolated node's HTTP port (127.0.0.1:700(i+1)) is gone too while it is cut
-off: a docker partition also cuts that node from clients and from the harness's
-status polls (it counts as not live meanwhile and is not waited for).
+The reconnect names the service alias because that is how peers resolve ``node-i:7100`` (a plain
+reconnect would lose compose's alias). A restarted, recreated or reconnected container comes back
+at a new address: the nodes bind Raft to 0.0.0.0 and re-resolve their peers' names
+(docs/raft-hazards.md, H21).
 
-Nodes run with the compose file's configuration (no ``--node-override``) on
-the fixed host ports 127.0.0.1:7001..7003, so one such project runs at a time.
+**Partitions here are whole-node.** A container is either on the compose network ``raft`` or off
+it, so the only cut is isolating nodes from every other node (the isolated nodes also lose each
+other). Per-link cuts (a non-transitive ring, one-way drops), delay and loss and client-only
+partitions need the harness's proxy, which this target does not have: the nemesis refuses those
+kinds. And since a published port lives on the container's network endpoint, an isolated node's
+HTTP port (127.0.0.1:700(i+1)) is gone too while it is cut off: a partition also cuts that node
+from clients and from the harness's status polls (it counts as not live meanwhile and is not
+waited for).
+
+Nodes run with the compose file's configuration (no ``--node-override``) on the fixed host ports
+127.0.0.1:7001..7003, so one such project runs at a time.
 
 The HTTP views and bounded waits are the cluster harness's own
-(:class:`rcq.local.polls.PolledCluster`, asking the published ports); this
-module adds only the docker CLI behind each action. It implements
-:class:`chaos.target.ChaosTarget` with whole-node isolation and no per-link faults.
+(:class:`rcq.local.polls.PolledCluster`, asking the published ports); this module adds only the
+engine's commands behind each action. It implements :class:`chaos.target.ChaosTarget` with
+whole-node isolation and no per-link faults.
 
-Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness.
+Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness; of
+the product's cluster package, only the engine and the image builder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import secrets
-import shlex
 import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from chaos.target import TARGET_START_TIMEOUT_S
+from cluster.engine import (
+    COMPOSE_FILE,
+    Engine,
+    EngineCommandFailed,
+    EngineUnavailable,
+    choose_engine,
+    project_containers,
+    run_command,
+)
+from cluster.image import build_image
 from rcq.local.polls import PolledCluster
 from rcq.tokens import new_token
 
-COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 COMPOSE_NODES = 3  # the services docker-compose.yml defines: node-0..node-2
 HTTP_BASE_PORT = 7001  # node-i publishes its HTTP API on 127.0.0.1:7001+i
 NETWORK = "raft"
-UP_TIMEOUT_S = 900.0  # includes building the image (and pulling its base) the first time
+UP_TIMEOUT_S = 900.0  # compose up; the first build of the image (and its base) is bounded in cluster/image.py
 COMMAND_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 120.0
 LOG_TAIL_BYTES = 4000
 
 
-class DockerError(RuntimeError):
-    """A docker command failed or timed out; the message names it and quotes its stderr."""
+class DockerError(EngineCommandFailed):
+    """An engine or compose command failed or timed out; the message names it and quotes its stderr."""
 
 
 def run_docker(args: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``docker *args``; raises :class:`DockerError` unless it exits 0 within ``timeout_s``."""
-    command = ["docker", *args]
-    shown = shlex.join(command)
+               env: dict[str, str] | None = None, program: Sequence[str] = ("docker",)) -> subprocess.CompletedProcess[str]:
+    """``program *args`` (``docker`` unless told); :class:`DockerError` unless it exits 0 within ``timeout_s``."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False,
-                              stdin=subprocess.DEVNULL, env=env)
-    except subprocess.TimeoutExpired as exc:
-        raise DockerError(f"`{shown}` timed out after {timeout_s:.0f} s") from exc
-    except OSError as exc:
-        raise DockerError(f"`{shown}` could not run: {exc}") from exc
-    if done.returncode != 0:
-        stderr = (done.stderr or done.stdout or "").strip()
-        raise DockerError(f"`{shown}` exited {done.returncode}: {stderr[-2000:]}")
-    return done
+        return run_command([*program, *args], timeout_s, env)
+    except EngineCommandFailed as exc:
+        raise DockerError(str(exc)) from exc
 
 
 def docker_compose_error() -> str | None:
@@ -100,6 +113,10 @@ def docker_compose_error() -> str | None:
     except DockerError as exc:
         return f"no docker compose plugin: {exc}"
     return None
+
+
+def say_image(line: str) -> None:
+    print(f"[image] {line}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -139,18 +156,27 @@ class DockerNode:
 
 
 class DockerCluster(PolledCluster[DockerNode]):
-    """docker-compose.yml's three nodes as the compose project ``project`` (see the module docstring)."""
+    """docker-compose.yml's three nodes as the compose project ``project`` (see the module docstring).
+
+    ``engine``: an :class:`~cluster.engine.Engine`, or what :func:`~cluster.engine.choose_engine`
+    takes (``auto``, ``docker``, ``podman``). ``build``: build the image when the cluster starts
+    (False: ``rcq:local`` is there already)."""
 
     target = "docker"
     start_timeout_s = TARGET_START_TIMEOUT_S
 
     def __init__(self, nodes: int = COMPOSE_NODES, base_dir: Path | None = None, project: str = "rcq-chaos",
-                 compose_file: Path = COMPOSE_FILE) -> None:
+                 compose_file: Path = COMPOSE_FILE, engine: Engine | str = "auto", build: bool = True) -> None:
         if nodes != COMPOSE_NODES:
             raise ValueError(f"the docker target runs docker-compose.yml's {COMPOSE_NODES} nodes, not {nodes}; "
                              "use --target local for other sizes")
+        try:
+            self.engine = choose_engine(engine) if isinstance(engine, str) else engine
+        except (EngineUnavailable, EngineCommandFailed) as exc:
+            raise DockerError(str(exc)) from exc
         self.project = project
         self.compose_file = Path(compose_file)
+        self.build = build
         self.base_dir = Path(base_dir) if base_dir is not None else Path.cwd() / f"{project}-logs"
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._secret = secrets.token_urlsafe(32)
@@ -162,6 +188,10 @@ class DockerCluster(PolledCluster[DockerNode]):
 
     # ----------------------------------------------------------- commands
     @property
+    def podman(self) -> bool:
+        return self.engine.name == "podman"
+
+    @property
     def network(self) -> str:
         return f"{self.project}_{NETWORK}"
 
@@ -169,30 +199,47 @@ class DockerCluster(PolledCluster[DockerNode]):
         return f"{self.project}_node-{i}-data"
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "RCQ_CLUSTER_SECRET": self._secret, "RCQ_ADMIN_TOKEN": self._admin_token}
+        return self.engine.environment({"RCQ_CLUSTER_SECRET": self._secret, "RCQ_ADMIN_TOKEN": self._admin_token})
 
     def compose(self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        return run_docker(["compose", "-f", str(self.compose_file), "-p", self.project, *args], timeout_s, self._env())
+        return run_docker(["-f", str(self.compose_file), "-p", self.project, *args], timeout_s, self._env(),
+                          program=self.engine.compose)
 
     def docker(self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        return run_docker(list(args), timeout_s)
+        """The engine's own CLI (``docker`` or ``podman``)."""
+        return run_docker(list(args), timeout_s, self.engine.environment(), program=self.engine.cli)
 
     def _container(self, i: int) -> str:
         node = self.nodes[i]
         if node.container is None:
-            found = self.compose("ps", "-a", "-q", node.service).stdout.split()
+            if self.podman:  # podman-compose's ps takes no service
+                try:
+                    found = project_containers(self.engine, self.project, node.service, COMMAND_TIMEOUT_S)
+                except EngineCommandFailed as exc:
+                    raise DockerError(str(exc)) from exc
+            else:
+                found = self.compose("ps", "-a", "-q", node.service).stdout.split()
             if not found:
                 raise DockerError(f"no container for {node.service} in compose project {self.project}")
             node.container = found[0]
         return node.container
 
     # ---------------------------------------------------------- processes
+    def build_image(self) -> None:
+        """``rcq:local`` from this checkout (cluster.image; an unchanged checkout reuses the image)."""
+        try:
+            build_image(self.engine, say=say_image)
+        except EngineCommandFailed as exc:
+            raise DockerError(f"the image could not be built: {exc}") from exc
+
     def start(self, timeout_s: float | None = None) -> None:
         if self._closed:
             raise RuntimeError("the cluster is closed")
         self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S)  # a same-named project's leftovers
+        if self.build:
+            self.build_image()
         self._started = True
-        self.compose("up", "-d", "--build", timeout_s=UP_TIMEOUT_S)
+        self.compose("up", "-d", timeout_s=UP_TIMEOUT_S)
         for node in self.nodes:
             node.container = None
             self._container(node.index)
@@ -210,6 +257,8 @@ class DockerCluster(PolledCluster[DockerNode]):
             self.compose("up", "-d", "--no-deps", "--no-build", node.service, timeout_s=UP_TIMEOUT_S)
             node.isolated = False
             self._container(i)
+        elif self.podman:
+            self.docker("start", node.container)
         else:
             self.compose("start", node.service)
         node.state, node.paused = "running", False
@@ -225,7 +274,10 @@ class DockerCluster(PolledCluster[DockerNode]):
             return
         if node.paused:  # a frozen container takes SIGKILL only once thawed
             self.resume_node(i)
-        self.compose("kill", "-s", "SIGKILL", node.service)
+        if self.podman:
+            self.docker("kill", "--signal", "KILL", self._container(i))
+        else:
+            self.compose("kill", "-s", "SIGKILL", node.service)
         node.state, node.paused = "stopped", False
 
     def pause_node(self, i: int) -> None:
@@ -245,7 +297,10 @@ class DockerCluster(PolledCluster[DockerNode]):
         node = self.nodes[i]
         if node.running():
             raise RuntimeError(f"stop {node.node_id} before wiping it")
-        self.compose("rm", "-f", "-s", "-v", node.service)
+        if self.podman:
+            self.docker("rm", "-f", "-v", self._container(i))
+        else:
+            self.compose("rm", "-f", "-s", "-v", node.service)
         self.docker("volume", "rm", "-f", self.volume(i))
         node.container, node.state, node.isolated = None, "absent", False
 
@@ -345,6 +400,9 @@ class DockerCluster(PolledCluster[DockerNode]):
 
     # --------------------------------------------------------------- logs
     def logs(self, i: int) -> str:
+        if self.podman:  # rcq logs to stderr, which podman logs keeps apart
+            done = self.docker("logs", self._container(i))
+            return done.stdout + done.stderr
         return self.compose("logs", "--no-color", self.nodes[i].service).stdout
 
     def log_tail(self, i: int, tail_bytes: int = LOG_TAIL_BYTES) -> str:

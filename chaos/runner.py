@@ -86,6 +86,7 @@ class RunConfig:
     convergence_timeout_s: float = 60.0
     log_level: str = "INFO"
     target: str = "local"  # or "docker": docker-compose.yml's 3 nodes (chaos.docker_cluster)
+    engine: str = "auto"  # with target "docker": auto, docker or podman (cluster.engine)
     # Each node's data directory on its own powerfs mount (local target; implied by the power nemesis).
     power_fs: bool = False
     # A callback between phase 2 and the heal; tests use it to crash nodes on purpose.
@@ -141,7 +142,7 @@ def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosT
             raise ValueError("powerfs and the power nemesis need the local target (each node's data directory a FUSE mount)")
         if config.node_overrides:
             raise ValueError("the docker target runs docker-compose.yml's node configuration: no node overrides")
-        docker = DockerCluster(config.nodes, base_dir, project=f"rcq-chaos-{config.seed}")
+        docker = DockerCluster(config.nodes, base_dir, project=f"rcq-chaos-{config.seed}", engine=config.engine)
         progress(f"starting compose project {docker.project} ({config.nodes} nodes); logs in {docker.base_dir}")
         return docker
     if config.target != "local":

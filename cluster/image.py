@@ -12,7 +12,7 @@ Three steps, each said as it runs (and timed):
 2. **The wheels**, made on the host by this Python's pip with pip's own configuration (its index,
    proxy and CA bundle: nothing of them is written here) into ``build/image/wheels``: ``deps/``,
    the dependencies of ``rcq[server]`` (made again only when pyproject.toml changes), and ``rcq/``,
-   this checkout's wheel (every build).
+   this checkout's wheel (every build, reproducibly: an unchanged checkout makes the same wheel).
 3. **The image**: ``ENGINE build --network none --build-arg BASE_IMAGE=... -t rcq:local`` from the
    repository root (``.dockerignore`` lets only the wheels in). The Dockerfile installs the wheels
    with ``pip --no-index`` into a venv, then removes pip: what is installed is ``rcq[server]`` and
@@ -56,6 +56,7 @@ IMPORT_TIMEOUT_S = 300.0
 WHEELS_TIMEOUT_S = 900.0  # the dependencies' wheels, downloaded (or from pip's cache)
 BUILD_TIMEOUT_S = 900.0
 INSPECT_TIMEOUT_S = 60.0
+REPRODUCIBLE_EPOCH = "315532800"  # 1980-01-01, the earliest time a zip entry can have
 
 Say = Callable[[str], None]
 
@@ -189,8 +190,12 @@ def build_wheels(say: Say, work_dir: Path = WORK_DIR) -> None:
         stamp.write_text(dependencies_stamp())
     say("wheels: rcq, from this checkout")
     shutil.rmtree(own, ignore_errors=True)
-    run_command([*pip, "--no-deps", "--wheel-dir", str(own), str(ROOT)], WHEELS_TIMEOUT_S)
-    shutil.rmtree(ROOT / "build" / "lib", ignore_errors=True)  # setuptools' leftovers, not the wheels
+    shutil.rmtree(ROOT / "build" / "lib", ignore_errors=True)  # setuptools packs what it finds there: no stale module
+    # The same source makes the same bytes (zip times from SOURCE_DATE_EPOCH): its layer's cache then
+    # holds, and a second build of an unchanged checkout (another test module, a chaos run) reuses the image.
+    run_command([*pip, "--no-deps", "--wheel-dir", str(own), str(ROOT)], WHEELS_TIMEOUT_S,
+                {**os.environ, "SOURCE_DATE_EPOCH": REPRODUCIBLE_EPOCH})
+    shutil.rmtree(ROOT / "build" / "lib", ignore_errors=True)
 
 
 # ------------------------------------------------------------------ 3. the image

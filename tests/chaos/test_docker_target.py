@@ -1,8 +1,9 @@
-"""The docker target, against a FAKE ``docker`` executable first on PATH: it records every
-command line (and whether the cluster secret and the admin token came in its environment) and answers like a
-Docker engine with the compose plugin would. Checks the exact docker commands behind every
-harness action, the faults refused on docker, and the plain "no engine" answer. No real
-compose cluster is run (there is no engine here)."""
+"""The docker target, against FAKE ``docker``, ``podman`` and ``podman-compose`` executables first on
+PATH: they record every command line (and whether the cluster secret and the admin token came in
+its environment) and answer like Docker with the compose plugin, or Podman with podman-compose,
+would. Checks the exact commands behind every harness action on each engine, the faults refused on
+docker, the engine ``--engine`` picks, and the plain "no engine" answer. A real compose cluster
+runs in tests/chaos/test_docker_run.py."""
 
 from __future__ import annotations
 
@@ -19,27 +20,35 @@ import chaos.__main__ as chaos_main
 from chaos.docker_cluster import COMPOSE_FILE, DockerCluster, DockerError, run_docker
 from chaos.nemesis import DOCKER_KINDS, KINDS, Nemesis, check_target
 from chaos.target import ChaosTarget
+from cluster.engine import Engine
 from rcq.local.polls import PolledCluster
 
 PROJECT = "rcq-chaos-test"
 PREFIX = ["compose", "-f", str(COMPOSE_FILE), "-p", PROJECT]
 NETWORK = f"{PROJECT}_raft"
+DOCKER = Engine("docker", ("docker",), ("docker", "compose"), {}, "Docker (fake)")
 
 FAKE_DOCKER = textwrap.dedent("""\
     import json, os, sys, time
-    argv = sys.argv[1:]
+    prog, argv = os.path.basename(sys.argv[0]), sys.argv[1:]
+    if prog == "podman-compose":  # as `docker compose`: the same arguments after the program
+        argv = ["compose", *argv]
     with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
-        log.write(json.dumps({"argv": argv, "secret": os.environ.get("RCQ_CLUSTER_SECRET"),
-                              "token": os.environ.get("RCQ_ADMIN_TOKEN")}) + "\\n")
-    line = " ".join(argv)
+        log.write(json.dumps({"prog": prog, "argv": argv, "secret": os.environ.get("RCQ_CLUSTER_SECRET"),
+                              "token": os.environ.get("RCQ_ADMIN_TOKEN"),
+                              "conf": os.environ.get("CONTAINERS_CONF")}) + "\\n")
+    line = " ".join([prog, *argv])
     fail = os.environ.get("FAKE_DOCKER_FAIL")
     if fail and fail in line:
-        sys.stderr.write("boom: fake docker refuses " + line + "\\n")
+        sys.stderr.write("boom: fake docker refuses " + " ".join(argv) + "\\n")
         sys.exit(1)
     if os.environ.get("FAKE_DOCKER_SLEEP"):
         time.sleep(float(os.environ["FAKE_DOCKER_SLEEP"]))
-    if argv == ["info"]:
-        print("Server Version: 0.0-fake")
+    services = [a.rpartition("=")[2] for a in argv if a.startswith("label=com.docker.compose.service=")]
+    if argv[:1] == ["version"]:
+        print("0.0-fake")
+    elif argv[:1] == ["ps"] and services:  # podman ps -a -q --filter label=...
+        print("cid-" + services[0])
     elif argv[:1] == ["compose"] and "version" in argv:
         print("Docker Compose version v2.0-fake")
     elif argv[:1] == ["compose"] and "ps" in argv:
@@ -64,10 +73,13 @@ class Fake:
 
     def calls(self) -> list[list[str]]:
         """Every command since the last call, compose ones shortened to ``["compose", *args]``
-        (after checking their -f / -p prefix and that the secret and the token came in the environment)."""
+        (after checking their -f / -p prefix and that the secret and the token came in the environment);
+        podman's and podman-compose's headed by their name."""
         shown = []
         for record in self.records():
             argv = record["argv"]
+            if record["prog"] != "docker":
+                assert record["conf"], "podman runs with the containers.conf written for it"
             if argv[:1] == ["compose"] and argv[1:2] != ["version"]:
                 assert argv[:5] == PREFIX, argv
                 assert record["secret"] and len(record["secret"]) >= 16, "compose needs RCQ_CLUSTER_SECRET"
@@ -75,6 +87,8 @@ class Fake:
                 assert record["token"] and record["token"].startswith("rcq_"), "compose needs RCQ_ADMIN_TOKEN"
                 assert record["token"] not in " ".join(argv), "the token is never on a command line"
                 argv = ["compose", *argv[5:]]
+            if record["prog"] != "docker":
+                argv = [record["prog"], *(argv[1:] if argv[:1] == ["compose"] else argv)]
             shown.append(argv)
         self.log.unlink(missing_ok=True)
         return shown
@@ -84,10 +98,11 @@ class Fake:
 def fake(tmp_path, monkeypatch) -> Fake:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    script = bin_dir / "docker"
-    script.write_text(f"#!{sys.executable}\n" + FAKE_DOCKER)
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    for name in ("docker", "podman", "podman-compose", "runc"):
+        script = bin_dir / name
+        script.write_text(f"#!{sys.executable}\n" + FAKE_DOCKER)
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))  # the fakes only: no real engine is ever asked
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "docker-calls.jsonl"))
     monkeypatch.delenv("FAKE_DOCKER_FAIL", raising=False)
     monkeypatch.delenv("RCQ_CLUSTER_SECRET", raising=False)
@@ -106,7 +121,7 @@ def http_waits(monkeypatch) -> list[list[int]]:
 
 @pytest.fixture
 def cluster(fake, http_waits, tmp_path) -> DockerCluster:
-    started = DockerCluster(3, tmp_path / "cluster", project=PROJECT)
+    started = DockerCluster(3, tmp_path / "cluster", project=PROJECT, engine=DOCKER, build=False)
     started.start()
     fake.calls()
     http_waits.clear()
@@ -115,13 +130,13 @@ def cluster(fake, http_waits, tmp_path) -> DockerCluster:
 
 # ------------------------------------------------------------------- commands
 def test_start_brings_the_compose_project_up_and_waits_for_every_node(fake, http_waits, tmp_path):
-    cluster = DockerCluster(3, tmp_path / "cluster", project=PROJECT)
+    cluster = DockerCluster(3, tmp_path / "cluster", project=PROJECT, engine=DOCKER, build=False)
     cluster.start()
     # Every compose call has the run's admin token, the one the harness's polls and clients send.
     assert {record["token"] for record in fake.records()} == {cluster.token}
     assert fake.calls() == [
         ["compose", "down", "-v", "--remove-orphans"],
-        ["compose", "up", "-d", "--build"],
+        ["compose", "up", "-d"],  # the image is built before (cluster.image), not by compose
         ["compose", "ps", "-a", "-q", "node-0"],
         ["compose", "ps", "-a", "-q", "node-1"],
         ["compose", "ps", "-a", "-q", "node-2"],
@@ -252,7 +267,64 @@ def test_it_is_a_chaos_target_with_whole_node_isolation_and_no_link_faults(clust
 
 def test_only_the_compose_files_three_nodes(tmp_path):
     with pytest.raises(ValueError, match="3 nodes, not 5"):
-        DockerCluster(5, tmp_path)
+        DockerCluster(5, tmp_path, engine=DOCKER)
+
+
+# --------------------------------------------------------------------- podman
+def podman_engine(tmp_path) -> Engine:
+    return Engine("podman", ("podman",), ("podman-compose",),
+                  {"CONTAINERS_CONF": str(tmp_path / "containers.conf"), "BUILDAH_FORMAT": "docker"}, "Podman (fake)")
+
+
+def by_labels(service: str) -> list[str]:
+    return ["podman", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}",
+            "--filter", f"label=com.docker.compose.service={service}"]
+
+
+@pytest.fixture
+def on_podman(fake, http_waits, tmp_path) -> DockerCluster:
+    started = DockerCluster(3, tmp_path / "cluster", project=PROJECT, engine=podman_engine(tmp_path), build=False)
+    started.start()
+    assert fake.calls() == [["podman-compose", "down", "-v", "--remove-orphans"], ["podman-compose", "up", "-d"],
+                            by_labels("node-0"), by_labels("node-1"), by_labels("node-2")]
+    http_waits.clear()
+    return started
+
+
+def test_on_podman_kill_restart_pause_and_logs_go_to_the_container(on_podman, fake):
+    on_podman.kill_node(1)
+    on_podman.start_node(1)
+    on_podman.pause_node(0)
+    on_podman.resume_node(0)
+    assert "a log line of" not in on_podman.log_tail(2)  # podman's own logs, not compose's
+    assert fake.calls() == [["podman", "kill", "--signal", "KILL", "cid-node-1"], ["podman", "start", "cid-node-1"],
+                            ["podman", "pause", "cid-node-0"], ["podman", "unpause", "cid-node-0"],
+                            ["podman", "logs", "cid-node-2"]]
+
+
+def test_on_podman_a_partition_and_a_wipe_use_podmans_network_volume_and_compose(on_podman, fake, http_waits):
+    on_podman.isolate_nodes([2])
+    on_podman.reconnect_nodes([2])
+    on_podman.kill_node(1)
+    on_podman.wipe_node(1)
+    on_podman.start_node(1)
+    assert fake.calls() == [
+        ["podman", "network", "disconnect", NETWORK, "cid-node-2"],
+        ["podman", "network", "connect", "--alias", "node-2", NETWORK, "cid-node-2"],
+        ["podman", "kill", "--signal", "KILL", "cid-node-1"],
+        ["podman", "rm", "-f", "-v", "cid-node-1"],
+        ["podman", "volume", "rm", "-f", f"{PROJECT}_node-1-data"],
+        ["podman-compose", "up", "-d", "--no-deps", "--no-build", "node-1"],
+        by_labels("node-1"),
+    ]
+    assert http_waits == [[1]]
+
+
+def test_on_podman_close_takes_the_project_down_with_podman_compose(on_podman, fake):
+    on_podman.close()
+    calls = fake.calls()
+    assert calls[:3] == [["podman", "logs", f"cid-node-{i}"] for i in range(3)]
+    assert calls[3:] == [["podman-compose", "down", "-v", "--remove-orphans"]]
 
 
 # -------------------------------------------------------------------- nemesis
@@ -340,7 +412,18 @@ def test_the_cli_runs_the_docker_target_when_an_engine_and_compose_answer(fake, 
     assert chaos_main.main(["--target", "docker", "--nemesis", "all", "--seed", "3", "--out", str(tmp_path / "o")]) == 0
     (config,) = configs
     assert config.target == "docker" and config.nodes == 3 and config.nemesis == list(DOCKER_KINDS)
-    assert fake.calls() == [["info"], ["compose", "version"]]
+    assert config.engine == "auto"
+    server_version = ["version", "--format", "{{.Server.Version}}"]  # the engine's, not the client's
+    assert fake.calls() == [server_version, ["compose", "version"], server_version, ["compose", "version", "--short"]]
+    assert "engine: Docker 0.0-fake" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fail", ["docker version", "docker compose version"])
+def test_auto_takes_podman_when_docker_has_no_engine_or_no_compose_plugin(fake, monkeypatch, tmp_path, capsys, fail):
+    monkeypatch.setenv("FAKE_DOCKER_FAIL", fail)  # this machine's case: a docker client, no engine, no plugin
+    monkeypatch.setattr(chaos_main, "run", lambda config, progress: {"valid": True})
+    assert chaos_main.main(["--target", "docker", "--out", str(tmp_path / "o")]) == 0
+    assert "engine: Podman 0.0-fake" in capsys.readouterr().err
 
 
 def test_a_docker_failure_during_the_run_exits_2_with_the_command(fake, monkeypatch, tmp_path, capsys):
@@ -353,21 +436,24 @@ def test_a_docker_failure_during_the_run_exits_2_with_the_command(fake, monkeypa
 
 
 def test_no_engine_is_said_plainly(fake, monkeypatch, capsys):
-    monkeypatch.setenv("FAKE_DOCKER_FAIL", "info")
-    assert chaos_main.main(["--target", "docker", "--time-limit-s", "1"]) == 2
+    monkeypatch.setenv("FAKE_DOCKER_FAIL", "docker version")
+    assert chaos_main.main(["--target", "docker", "--engine", "docker", "--time-limit-s", "1"]) == 2
     err = capsys.readouterr().err
-    assert "no Docker engine: `docker info` failed: boom" in err and "use --target local" in err
+    assert "Docker: `docker version` reaches no engine: `docker version --format '{{.Server.Version}}'` exited 1: boom" in err
+    assert "use --target local" in err and "Podman" not in err.splitlines()[0]  # asked for docker: only docker said
 
 
-def test_no_docker_command_is_said_plainly(tmp_path, monkeypatch, capsys):
+def test_no_engine_command_is_said_plainly(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("cluster.engine.podman_compose_command", lambda: None)  # nor the one beside this Python
     assert chaos_main.main(["--target", "docker"]) == 2
-    assert "no Docker engine: the docker command is not installed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Docker: the docker command is not installed" in err and "Podman: podman is not installed" in err
 
 
 def test_no_compose_plugin_is_said_plainly(fake, monkeypatch, capsys):
-    monkeypatch.setenv("FAKE_DOCKER_FAIL", "compose version")
-    assert chaos_main.main(["--target", "docker"]) == 2
+    monkeypatch.setenv("FAKE_DOCKER_FAIL", "docker compose version")
+    assert chaos_main.main(["--target", "docker", "--engine", "docker"]) == 2
     assert "no docker compose plugin" in capsys.readouterr().err
 
 
