@@ -40,6 +40,8 @@ STATUS_PAGE_WAIT_MS = 20_000  # the status page in a browser shows a change (Pla
 # This process: in-process nodes, forked children, local sockets.
 NODE_SERVING_TIMEOUT_S = 5.0  # a node over the in-memory replicator serves (at once, but for the loop)
 LOCAL_WAIT_S = 10.0  # a single node leads, a peer's message arrives, a digest child answers
+FLOOD_PAUSE_WAIT_S = 60.0  # an in-process node stops reading a client that floods it and reads nothing
+# (about 1.5 s alone; several times that beside the suite's other workers on 2 cores)
 LOCAL_RAFT_WAIT_S = 30.0  # real pysyncobj nodes of this process (or its children) elect, replicate, compact, agree
 FORKED_CHILD_WAIT_S = 30.0  # a forked child of this process (a snapshot writer) finishes its work
 GATE_WAIT_S = 60.0  # a forked child held at a test's gate waits for it this long (the test's own waits come first)

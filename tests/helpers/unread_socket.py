@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rcq.testing import async_wait_until
-from tests.helpers import LOCAL_WAIT_S
+from tests.helpers import FLOOD_PAUSE_WAIT_S, LOCAL_WAIT_S
 
 RECEIVE_BUFFER_BYTES = 4096  # the kernel doubles it; loopback then holds little of what the node sends
 FRAMES_MAX = 200_000  # a flood's bound: far more than a node may read of a client that does not read
@@ -131,7 +131,7 @@ async def flood_until_paused(channels: Collection[Any], flood: UnreadSocket) -> 
     no answer read, until the node stops reading it; the channel and how many frames were written."""
     await async_wait_until(lambda: channels, LOCAL_WAIT_S, what="the node opening the channel", interval_s=0.01)
     (channel,) = channels
-    async with asyncio.timeout(LOCAL_WAIT_S):
+    async with asyncio.timeout(FLOOD_PAUSE_WAIT_S):
         for frame_id in range(1, FRAMES_MAX + 1):
             flood.writer.write(status_frame(frame_id))
             if frame_id % 100:
