@@ -3,7 +3,7 @@
     python -m cluster up [--nodes N] [--base-port P] [--data-dir DIR] [--insecure] [--no-auth] [--tls]
                          [--restore BACKUP] [--keep] [--demo [--stay]] [--log-level LEVEL]
     python -m cluster image [--engine auto|docker|podman] [--base IMAGE]     # rcq:local (cluster/image.py)
-    python -m cluster compose [--engine auto|docker|podman] ARGS...          # docker-compose.yml's cluster
+    python -m cluster compose [--engine auto|docker|podman] [--file FILE] ARGS...   # docker-compose.yml's cluster
 
 ``image`` builds the node image docker-compose.yml runs, with no network inside the build;
 ``compose`` runs ``docker compose`` or ``podman-compose`` on docker-compose.yml with what the
@@ -266,7 +266,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
     except (EngineUnavailable, EngineCommandFailed) as exc:
         say(f"cluster compose: {exc}")
         return 1
-    command = [*engine.compose, "-f", str(COMPOSE_FILE), *args.compose_args]
+    command = [*engine.compose, "-f", str(args.file), *args.compose_args]
     os.execvpe(command[0], command, engine.environment())
 
 
@@ -302,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     image.set_defaults(func=cmd_image)
     compose = commands.add_parser("compose", help="docker compose / podman-compose on docker-compose.yml")
     compose.add_argument("--engine", choices=ENGINES, default="auto", help="as for image")
+    compose.add_argument("--file", type=Path, default=COMPOSE_FILE, metavar="FILE",
+                         help="the compose file (default docker-compose.yml; docker-compose.5-nodes.yml: 5 nodes)")
     compose.add_argument("compose_args", nargs=argparse.REMAINDER, metavar="ARGS",
                          help="what compose is given, e.g. up -d, ps, down -v")
     compose.set_defaults(func=cmd_compose)

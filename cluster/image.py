@@ -21,12 +21,17 @@ Three steps, each said as it runs (and timed):
 The host's Python must be 3.11 (rcq's) on a glibc no newer than bookworm's, so that the wheels pip
 picks here install in the image. Engines: :mod:`cluster.engine` (Docker or Podman).
 
-Must not import: any rcq module (it builds the package, it does not run it).
+Two builds of one checkout at once (two terminals, two test processes) take turns: each holds
+``build/image/build.lock`` while it writes the wheels and builds.
+
+Must not import: any rcq module but rcq.local.waits (it builds the package, it does not run it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import os
 import shutil
@@ -34,10 +39,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 from cluster.engine import ROOT, Engine, EngineCommandFailed, run_command
+from rcq.local.waits import WaitTimeout, wait_until
 
 IMAGE = "rcq:local"  # what docker-compose.yml's services run
 BASE_DEFAULT = "python:3.11-slim"
@@ -56,6 +63,8 @@ IMPORT_TIMEOUT_S = 300.0
 WHEELS_TIMEOUT_S = 900.0  # the dependencies' wheels, downloaded (or from pip's cache)
 BUILD_TIMEOUT_S = 900.0
 INSPECT_TIMEOUT_S = 60.0
+BUILD_LOCK_TIMEOUT_S = 1800.0  # another build of this checkout finishes (a first one, debootstrap included)
+BUILD_LOCK_POLL_S = 1.0
 REPRODUCIBLE_EPOCH = "315532800"  # 1980-01-01, the earliest time a zip entry can have
 
 Say = Callable[[str], None]
@@ -199,6 +208,33 @@ def build_wheels(say: Say, work_dir: Path = WORK_DIR) -> None:
 
 
 # ------------------------------------------------------------------ 3. the image
+def _locked(handle: IO[str]) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def build_lock(say: Say) -> Iterator[None]:
+    """This checkout's build lock (see the module docstring), waited for within BUILD_LOCK_TIMEOUT_S."""
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    path = WORK_DIR / "build.lock"
+    with open(path, "a") as handle:
+        if not _locked(handle):
+            say("waiting for another build of this checkout to finish")
+            try:
+                wait_until(lambda: _locked(handle), BUILD_LOCK_TIMEOUT_S, what=f"the build lock {path.name}",
+                           interval_s=BUILD_LOCK_POLL_S)
+            except WaitTimeout as exc:
+                raise EngineCommandFailed(str(exc)) from exc
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def wheels_digest(directory: Path) -> str:
     """One SHA-256 over the wheels of ``directory`` (names and bytes): the cache key of their layer."""
     digest = hashlib.sha256()
@@ -213,6 +249,11 @@ def image_size_bytes(engine: Engine, image: str = IMAGE) -> int:
 
 def build_image(engine: Engine, base: str | None = None, image: str = IMAGE, say: Say = say_on_stderr) -> ImageBuild:
     """The three steps of the module docstring; raises :class:`~cluster.engine.EngineCommandFailed`."""
+    with build_lock(say):
+        return _build_image(engine, base, image, say)
+
+
+def _build_image(engine: Engine, base: str | None, image: str, say: Say) -> ImageBuild:
     seconds: dict[str, float] = {}
     started = time.monotonic()
     base_image, base_built = ensure_base(engine, base, say)

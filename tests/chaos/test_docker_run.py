@@ -14,7 +14,7 @@ import pytest
 from chaos.history import read_history
 from chaos.runner import Progress, RunConfig, run
 from cluster.engine import project_leftovers
-from tests.helpers.containers import engine_or_skip, node_image
+from tests.helpers.containers import engine_or_skip, fixed_ports_lock, node_image
 
 pytestmark = [pytest.mark.fixed_ports, pytest.mark.chaos]
 
@@ -23,13 +23,14 @@ FAULTS = ("kill", "pause", "partition", "wipe")
 SAFETY_CHECKERS = ("total_queue", "atomicity", "aborted_return", "convergence")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # the host's compose ports' lock may be waited for first
 def test_a_short_seeded_run_through_containers_with_kill_pause_disconnect_and_wipe_is_valid(tmp_path):
     engine = engine_or_skip()
     node_image(engine)  # built once per process; the run's own build then reuses it
     config = RunConfig(target="docker", engine=engine.name, nodes=3, time_limit_s=40, nemesis=list(FAULTS),
                        seed=DOCKER_SEED, out=tmp_path, workers=4)
-    document = run(config, Progress())
+    with fixed_ports_lock(f"chaos seed {DOCKER_SEED}"):
+        document = run(config, Progress())
     results = document["results"]
     described = document["summary"] + "\nruntime: " + json.dumps(results.get("runtime", {}), default=str)[:3000]
     started = {line["f"] for line in read_history(tmp_path / "history.jsonl")

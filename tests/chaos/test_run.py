@@ -153,10 +153,16 @@ def read_block_yaml(text: str):
     return document
 
 
-def test_docker_compose_defines_a_consistent_three_node_cluster():
-    compose = read_block_yaml((ROOT / "docker-compose.yml").read_text())
+@pytest.mark.parametrize(("file", "project", "nodes"), [("docker-compose.yml", "rcq", 3),
+                                                     ("docker-compose.5-nodes.yml", "rcq5", 5)])
+def test_docker_compose_defines_a_consistent_cluster(file, project, nodes):
+    compose = read_block_yaml((ROOT / file).read_text())
     services = compose["services"]
-    assert sorted(services) == ["node-0", "node-1", "node-2"]
+    assert compose["name"] == project and sorted(services) == [f"node-{i}" for i in range(nodes)]
+    three = read_block_yaml((ROOT / "docker-compose.yml").read_text())["services"]["node-0"]
+    for service in services.values():  # the 5-node variant is docker-compose.yml with two more nodes
+        assert {key: value for key, value in service.items() if key not in ("hostname", "command", "ports", "volumes")} \
+            == {key: value for key, value in three.items() if key not in ("hostname", "command", "ports", "volumes")}
     assert (ROOT / services["node-0"]["build"]["dockerfile"]).is_file()
     host_ports = set()
     for name, service in services.items():
@@ -181,7 +187,7 @@ def test_docker_compose_defines_a_consistent_three_node_cluster():
         assert service["networks"] == ["raft"] and "raft" in compose["networks"]
         assert service["build"]["args"] == {"BASE_IMAGE": "${RCQ_BASE_IMAGE:-python:3.11-slim}"}
         assert service["healthcheck"]["test"][:3] == ["CMD", "python", "-c"] and "/healthz" in service["healthcheck"]["test"][3]
-    assert len(host_ports) == 3
+    assert host_ports == {str(7001 + i) for i in range(nodes)}
     dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
     assert "ARG BASE_IMAGE=python:3.11-slim\nFROM ${BASE_IMAGE}" in dockerfile and "(3, 11)" in dockerfile  # 3.11 checked
     assert '"rcq", "serve"' in dockerfile and "USER rcq" in dockerfile

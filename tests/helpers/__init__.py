@@ -60,6 +60,7 @@ COMPOSE_FAILOVER_TIMEOUT_S = 30.0  # the leader's container killed: another lead
 COMPOSE_CONVERGED_TIMEOUT_S = 60.0  # a container started again has its peers' state digest (seconds here)
 COMPOSE_HEALTHY_TIMEOUT_S = 60.0  # Docker reports a node's container healthy (its healthcheck: every 5 s)
 CURL_TIMEOUT_S = 10.0  # one curl request to a published port
+COMPOSE_PORTS_LOCK_TIMEOUT_S = 420.0  # another process's compose tests or docker chaos run release the fixed ports
 
 # A scratch install of the package (a venv, pip).
 INSTALL_TIMEOUT_S = 240.0  # a venv with pip, then build and install, on a loaded 2-core machine

@@ -3,21 +3,30 @@ process, and a compose project driven as an operator would (compose commands, th
 
 The image is built once per process (:func:`node_image`): the tests that use it are marked
 ``fixed_ports`` (the compose file publishes 127.0.0.1:7001..7003), so one parallel worker runs
-all of them, and the suite builds it once. Where no engine can run it (no Docker engine with its
-compose plugin, no Podman with podman-compose), or no base image can be had, the tests skip and
-say why; a build that fails otherwise fails them.
+all of them, and the suite builds it once. They also hold :func:`fixed_ports_lock` while a
+project is up: a lock of the whole host, so that two test processes (workers the grouping failed
+to keep together, or two people's suites on one machine) never bring the fixed ports up at once.
+
+Where no engine can run it (no Docker engine with its compose plugin, no Podman with
+podman-compose), or no base image can be had, the tests skip and say why; a build that fails
+otherwise fails them.
 
 Must not import: a test module or a conftest.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
@@ -31,11 +40,14 @@ from cluster.engine import (
     run_command,
 )
 from cluster.image import BaseImageUnavailable, ImageBuild, build_image
+from rcq.testing import wait_until
 from rcq.tokens import new_token
-from tests.helpers import COMPOSE_COMMAND_TIMEOUT_S, CURL_TIMEOUT_S
+from tests.helpers import COMPOSE_COMMAND_TIMEOUT_S, COMPOSE_PORTS_LOCK_TIMEOUT_S, CURL_TIMEOUT_S
 
 HTTP_BASE_PORT = 7001  # node-i publishes its HTTP API on 127.0.0.1:7001+i (docker-compose.yml)
 NODES = 3
+PORTS_LOCK_NAME = "rcq-compose-ports.lock"  # in the system's temporary directory: one for the host
+LOCK_POLL_S = 1.0  # between two tries for the ports' lock
 
 _engine: list[Engine | str] = []
 _images: dict[str, ImageBuild] = {}
@@ -64,6 +76,26 @@ def node_image(engine: Engine) -> ImageBuild:
             pytest.skip(f"no base image for rcq:local here: {exc}")
         print(f"[image] built in {time.monotonic() - started:.0f} s", flush=True)
     return _images[engine.name]
+
+
+def _locked(handle: IO[str]) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def fixed_ports_lock(what: str) -> Iterator[None]:
+    """The host's lock of the compose files' fixed ports, held while ``what`` runs (waited for, bounded)."""
+    with open(Path(tempfile.gettempdir()) / PORTS_LOCK_NAME, "a") as handle:
+        wait_until(lambda: _locked(handle), COMPOSE_PORTS_LOCK_TIMEOUT_S, what=f"the compose ports' lock, for {what}",
+                   interval_s=LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class ComposeProject:
