@@ -2,7 +2,7 @@
 channel (the upgrade and masked text frames written by hand) or pipelined HTTP requests. The
 node's answers pile up on its side, which is what the back-pressure tests need to see.
 
-``frames`` reads the node's side of a channel back (unmasked frames) once the test reads;
+``split_frames`` reads the node's side of a channel back (unmasked frames) once the test reads;
 ``flood_until_paused`` writes ``status`` frames to an in-process node's channel until the node
 stops reading it.
 
@@ -24,7 +24,12 @@ from typing import Any
 from rcq.testing import async_wait_until
 from tests.helpers import FLOOD_PAUSE_WAIT_S, LOCAL_WAIT_S
 
-RECEIVE_BUFFER_BYTES = 4096  # the kernel doubles it; loopback then holds little of what the node sends
+# The client's receive buffer: small, so that loopback holds little of what the node sends, but not
+# below two of loopback's segments (MSS ~64 KiB): a receiver whose window can open by less than a
+# segment sends no window update when it reads at last, and the node learns of the room only from
+# its zero-window probes, which back off to seconds apart: a client that reads late could then
+# miss the grace the node gives its close (seen beside the suite's parallel workers).
+RECEIVE_BUFFER_BYTES = 128 << 10  # the kernel doubles it
 FRAMES_MAX = 200_000  # a flood's bound: far more than a node may read of a client that does not read
 STALLED_S = 0.2  # a write the node has not taken for this long: look whether it stopped reading
 OPCODE_TEXT, OPCODE_CLOSE = 0x1, 0x8
@@ -44,8 +49,8 @@ def masked_text_frame(text: str) -> bytes:
     return head + mask + (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(length, "big")
 
 
-def frames(data: bytes) -> list[tuple[int, bytes]]:
-    """The (opcode, payload) of each whole unmasked frame in ``data``, as a node sends them."""
+def split_frames(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
+    """The whole unmasked frames at the start of ``data``, and how many bytes they take."""
     out, position = [], 0
     while position + 2 <= len(data):
         opcode, length = data[position] & 0x0F, data[position + 1] & 0x7F
@@ -54,12 +59,12 @@ def frames(data: bytes) -> list[tuple[int, bytes]]:
             break
         if extended:
             length = int.from_bytes(data[position + 2:position + 2 + extended], "big")
-        position += 2 + extended
-        if position + length > len(data):
+        start = position + 2 + extended
+        if start + length > len(data):
             break
-        out.append((opcode, data[position:position + length]))
-        position += length
-    return out
+        out.append((opcode, data[start:start + length]))
+        position = start + length
+    return out, position
 
 
 @dataclass
@@ -108,14 +113,18 @@ class UnreadSocket:
 
     async def read_until_close(self, timeout_s: float) -> list[tuple[int, bytes]]:
         """The frames the node sends, up to and including its close frame (or the connection's end)."""
-        data = b""
+        # Parsed as they come (only the bytes not yet parsed): a node may have megabytes queued for a
+        # client that read nothing, and the node's close waits for them only so long.
+        received: list[tuple[int, bytes]] = []
+        pending = b""
         async with asyncio.timeout(timeout_s):
-            while chunk := await self.reader.read(1 << 16):
-                data += chunk
-                received = frames(data)
+            while chunk := await self.reader.read(1 << 18):
+                parsed, used = split_frames(pending + chunk)
+                pending = (pending + chunk)[used:]
+                received += parsed
                 if received and received[-1][0] == OPCODE_CLOSE:
                     return received
-        return frames(data)
+        return received
 
     def abort(self) -> None:
         self.writer.transport.abort()
