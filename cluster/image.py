@@ -243,6 +243,11 @@ def wheels_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
+def image_id(engine: Engine, image: str) -> str | None:
+    done = engine.run(["image", "inspect", "--format", "{{.Id}}", image], INSPECT_TIMEOUT_S, check=False)
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
 def image_size_bytes(engine: Engine, image: str = IMAGE) -> int:
     return int(engine.run(["image", "inspect", "--format", "{{.Size}}", image], INSPECT_TIMEOUT_S).stdout.strip())
 
@@ -264,10 +269,14 @@ def _build_image(engine: Engine, base: str | None, image: str, say: Say) -> Imag
     mark = time.monotonic()
     say(f"image: {engine.name} build {image} on {base_image} (no network inside)")
     wheels = WORK_DIR / "wheels"
+    previous = image_id(engine, image)
     engine.run(["build", "--network", "none", "--build-arg", f"BASE_IMAGE={base_image}",
                 "--build-arg", f"DEPENDENCY_WHEELS_SHA256={wheels_digest(wheels / 'deps')}",
                 "--build-arg", f"RCQ_WHEEL_SHA256={wheels_digest(wheels / 'rcq')}",
                 "-f", str(DOCKERFILE), "-t", image, str(ROOT)], BUILD_TIMEOUT_S)
+    if previous is not None and previous != image_id(engine, image):
+        # the image it replaced, now untagged: removed unless a container still uses it
+        engine.run(["rmi", previous], INSPECT_TIMEOUT_S, check=False)
     seconds["build_s"] = time.monotonic() - mark
     seconds["total_s"] = time.monotonic() - started
     return ImageBuild(engine.name, image, base_image, base_built, image_size_bytes(engine, image), seconds)
