@@ -9,10 +9,9 @@ of each node log of the clusters it used.
 
 **Parallel workers** (pytest-xdist, ``./run tests`` runs ``--dist loadgroup``): each worker picks
 the loopback ports of its clusters in its own slice (:data:`rcq.local.nodes.PORT_SLICE_ENV`), so
-two workers never race for one port; tests of a module that share a module- or class-scoped
-fixture (a module's cluster) run on one worker, in one group; the Spark tests share one worker (one
-driver JVM and one cluster for all of them); tests marked ``fixed_ports`` (ports no other test may
-bind at the same time) share one worker too. Without xdist, nothing of this changes anything.
+two workers never race for one port; tests that share a module's cluster, the Spark tests, and the
+tests marked ``fixed_ports`` each run on one worker (:mod:`tests.helpers.worker_groups`, whose
+scheduler replaces xdist's for ``--dist loadgroup``). Without xdist, none of this changes anything.
 
 **Fixtures**: ``wire``, an aiohttp session that records every request it sends
 (:class:`tests.helpers.fakes.Wire`), for a client given ``session=`` (of a fake node in the unit
@@ -28,6 +27,8 @@ Must not import: a test module or another conftest.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,11 @@ import pytest
 pytest.register_assert_rewrite("tests.helpers", "tests.integration.workload", "tests.spark.helpers")
 
 from rcq.local.nodes import PORT_SLICE_ENV  # noqa: E402
-from tests.helpers import node_logs  # noqa: E402  (after the rewrite is registered)
+from tests.helpers import node_logs, worker_groups  # noqa: E402  (after the rewrite is registered)
 from tests.helpers.fakes import Wire  # noqa: E402
 
 _FAILED = pytest.StashKey[bool]()
+_GROUPS_DIR = pytest.StashKey[Path]()
 _monkeypatch = pytest.MonkeyPatch()
 
 
@@ -52,40 +54,39 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fixed_ports: binds ports no other test may bind at the same time (one parallel worker runs "
                    "every such test)")
-    # pytest-xdist registers it too; registered here so that the suite also runs without xdist
-    config.addinivalue_line("markers", "xdist_group(name): tests a parallel worker runs together")
     node_logs.watch_local_clusters(_monkeypatch)
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker and workers:  # "gw3" of 4
         _monkeypatch.setenv(PORT_SLICE_ENV, f"{int(worker.removeprefix('gw'))}/{workers}")
-
-
-SHARED_SCOPES = frozenset({"module", "class", "package"})
-SPARK_FOLDER = Path(__file__).parent / "spark"
-
-
-def worker_group(item: pytest.Item) -> str | None:
-    """The parallel worker group ``item`` must share with others (None: any worker may run it)."""
-    if item.get_closest_marker("fixed_ports") is not None:
-        return "fixed-ports"
-    if SPARK_FOLDER in item.path.parents:
-        return "spark"
-    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    if any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions.values()):
-        return item.path.relative_to(Path(__file__).parent.parent).as_posix()
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = worker_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    elif config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "loadgroup":
+        config.stash[_GROUPS_DIR] = Path(tempfile.mkdtemp(prefix="rcq-worker-groups-"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _monkeypatch.undo()
+    if _GROUPS_DIR in config.stash:
+        shutil.rmtree(config.stash[_GROUPS_DIR], ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, on the controller: each worker is told where to write its tests' groups."""
+    if _GROUPS_DIR in node.config.stash:
+        node.workerinput[worker_groups.WORKER_INPUT_KEY] = str(node.config.stash[_GROUPS_DIR])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist, on the controller: ``--dist loadgroup`` keeps each group on one worker."""
+    if _GROUPS_DIR not in config.stash:
+        return None
+    return worker_groups.make_scheduler(config, log, config.stash[_GROUPS_DIR])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    directory = getattr(config, "workerinput", {}).get(worker_groups.WORKER_INPUT_KEY)
+    if directory is not None:
+        worker_groups.write_groups(items, Path(directory), config.workerinput["workerid"])
 
 
 @pytest.hookimpl(wrapper=True)
