@@ -1,4 +1,5 @@
 """The cluster under test as a compose project: ``docker-compose.yml``'s three nodes, on Docker or Podman.
+Why over 400 lines: one class maps every harness action onto two engines' commands; the table below is the mapping.
 
 The engine is :mod:`cluster.engine`'s (``--engine auto|docker|podman``; auto: Docker only when
 ``docker version`` reaches an engine and ``docker compose version`` answers, else Podman with
