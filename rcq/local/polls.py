@@ -38,6 +38,11 @@ from typing import Any, Generic, Protocol, TypeVar
 T = TypeVar("T")
 
 POLL_TIMEOUT_S = 1.0  # socket timeout of one poll: a stuck node must not stall a wait
+# A digest is computed over the node's whole state (in a forked child): a state of 100,000s of
+# items or idempotency keys takes seconds on a loaded machine, and a digest asked again after a
+# 1 s timeout only queues another one behind it (the abuse suite's 120k keys never converged
+# beside the suite's parallel workers).
+DIGEST_TIMEOUT_S = 20.0
 POLL_INTERVAL_S = 0.05
 START_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 30.0
@@ -211,7 +216,7 @@ class PolledCluster(Generic[N]):
         """Node ``i``'s GET /v1/cluster (raises OSError if it does not answer)."""
         return self.poll_json(self.poll_url(i) + "/v1/cluster", timeout_s)
 
-    def digest(self, i: int, timeout_s: float = POLL_TIMEOUT_S) -> dict[str, Any]:
+    def digest(self, i: int, timeout_s: float = DIGEST_TIMEOUT_S) -> dict[str, Any]:
         """Node ``i``'s GET /v1/cluster/digest: ``digest`` and ``applied_index``."""
         return self.poll_json(self.poll_url(i) + "/v1/cluster/digest", timeout_s)
 
