@@ -54,6 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fixed_ports: binds ports no other test may bind at the same time (one parallel worker runs "
                    "every such test)")
+    config.addinivalue_line(
+        "markers", "one_worker(name): tests that load the machine so that two at once would starve each other's "
+                   "clusters; one parallel worker runs the tests of one name, one after another")
     node_logs.watch_local_clusters(_monkeypatch)
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker and workers:  # "gw3" of 4

@@ -3,7 +3,9 @@
 A group is a set of tests that share something expensive or exclusive: the tests of a module that
 share a module- or class-scoped fixture (the module's cluster), every Spark test (one driver JVM
 and one rcq cluster for all of them), every test marked ``fixed_ports`` (ports no other test may
-bind at the same time). Every other test is a group of its own: any worker may run it.
+bind at the same time), every test marked ``one_worker(name)`` with the same name (tests that load
+the machine so that two at once would starve each other's clusters: the abuse suite's floods).
+Every other test is a group of its own: any worker may run it.
 
 Why not xdist's own ``--dist loadgroup``: it groups by a suffix it writes into each item's
 ``_nodeid`` on the workers, and pytest 9.2 computes ``nodeid`` from another attribute, so the
@@ -35,6 +37,8 @@ def worker_group(item: pytest.Item) -> str | None:
     """The group ``item`` must share a worker with (None: a group of its own)."""
     if item.get_closest_marker("fixed_ports") is not None:
         return FIXED_PORTS_GROUP
+    if (marker := item.get_closest_marker("one_worker")) is not None:
+        return f"one-worker:{marker.args[0]}"
     if SPARK_FOLDER in item.path.parents:
         return SPARK_GROUP
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})

@@ -48,7 +48,9 @@ from rcq.server.core.state_machine import ITEM_OVERHEAD_BYTES, QUEUES_MAX
 from rcq.testing import async_wait_until
 from tests.helpers import CLUSTER_WAIT_S, FLOOD_REQUEST_TIMEOUT_S
 
-pytestmark = pytest.mark.cluster
+# Each test floods its own cluster and checks that nothing else suffered: two at once on a small
+# machine starve each other's clusters, so one parallel worker runs them in turn.
+pytestmark = [pytest.mark.cluster, pytest.mark.one_worker("floods")]
 
 ATTACKER_ADDRESS = "127.0.0.1"
 BYSTANDER_ADDRESS = "127.0.0.2"

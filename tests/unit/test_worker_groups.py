@@ -22,10 +22,11 @@ from tests.helpers.worker_groups import (
 )
 
 
-def fake_item(path: Path, nodeid: str, scopes: tuple[str, ...] = (), marker: str | None = None) -> Any:
+def fake_item(path: Path, nodeid: str, scopes: tuple[str, ...] = (), marker: str | None = None,
+              *marker_args: str) -> Any:
     definitions = {f"fixture{i}": [SimpleNamespace(scope=scope)] for i, scope in enumerate(scopes)}
     return SimpleNamespace(path=path, nodeid=nodeid, _fixtureinfo=SimpleNamespace(name2fixturedefs=definitions),
-                           get_closest_marker=lambda name: object() if name == marker else None)
+                           get_closest_marker=lambda name: SimpleNamespace(args=marker_args) if name == marker else None)
 
 
 INTEGRATION = TESTS_ROOT / "integration" / "test_x.py"
@@ -39,7 +40,8 @@ CONTROLLER_CONFIG: Any = SimpleNamespace(getvalue=lambda name: ["2*popen"] if na
     (fake_item(INTEGRATION, "c", ("function", "session")), None),
     (fake_item(INTEGRATION, "d"), None),
     (fake_item(TESTS_ROOT / "spark" / "test_y.py", "e"), SPARK_GROUP),
-    (fake_item(INTEGRATION, "f", ("module",), marker="fixed_ports"), FIXED_PORTS_GROUP),
+    (fake_item(INTEGRATION, "f", ("module",), "fixed_ports"), FIXED_PORTS_GROUP),
+    (fake_item(INTEGRATION, "g", ("function",), "one_worker", "floods"), "one-worker:floods"),
 ])
 def test_a_test_is_grouped_by_what_it_shares(item: Any, group: str | None) -> None:
     assert worker_group(item) == group
