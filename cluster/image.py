@@ -208,7 +208,8 @@ def build_wheels(say: Say, work_dir: Path = WORK_DIR) -> None:
 
 
 # ------------------------------------------------------------------ 3. the image
-def _locked(handle: IO[str]) -> bool:
+def try_lock(handle: IO[str]) -> bool:
+    """Whether this process now holds the exclusive lock of the open file ``handle`` (never waits)."""
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -222,10 +223,10 @@ def build_lock(say: Say) -> Iterator[None]:
     WORK_DIR.mkdir(parents=True, exist_ok=True)
     path = WORK_DIR / "build.lock"
     with open(path, "a") as handle:
-        if not _locked(handle):
+        if not try_lock(handle):
             say("waiting for another build of this checkout to finish")
             try:
-                wait_until(lambda: _locked(handle), BUILD_LOCK_TIMEOUT_S, what=f"the build lock {path.name}",
+                wait_until(lambda: try_lock(handle), BUILD_LOCK_TIMEOUT_S, what=f"the build lock {path.name}",
                            interval_s=BUILD_LOCK_POLL_S)
             except WaitTimeout as exc:
                 raise EngineCommandFailed(str(exc)) from exc

@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -39,7 +39,7 @@ from cluster.engine import (
     project_leftovers,
     run_command,
 )
-from cluster.image import BaseImageUnavailable, ImageBuild, build_image
+from cluster.image import BaseImageUnavailable, ImageBuild, build_image, try_lock
 from rcq.testing import wait_until
 from rcq.tokens import new_token
 from tests.helpers import COMPOSE_COMMAND_TIMEOUT_S, COMPOSE_PORTS_LOCK_TIMEOUT_S, CURL_TIMEOUT_S
@@ -78,19 +78,11 @@ def node_image(engine: Engine) -> ImageBuild:
     return _images[engine.name]
 
 
-def _locked(handle: IO[str]) -> bool:
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
 @contextlib.contextmanager
 def fixed_ports_lock(what: str) -> Iterator[None]:
     """The host's lock of the compose files' fixed ports, held while ``what`` runs (waited for, bounded)."""
     with open(Path(tempfile.gettempdir()) / PORTS_LOCK_NAME, "a") as handle:
-        wait_until(lambda: _locked(handle), COMPOSE_PORTS_LOCK_TIMEOUT_S, what=f"the compose ports' lock, for {what}",
+        wait_until(lambda: try_lock(handle), COMPOSE_PORTS_LOCK_TIMEOUT_S, what=f"the compose ports' lock, for {what}",
                    interval_s=LOCK_POLL_S)
         try:
             yield
