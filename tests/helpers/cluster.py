@@ -11,9 +11,12 @@ Must not import: a test module or a conftest; rcq.server (nodes are separate pro
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
+
+import aiohttp
 
 from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
@@ -90,3 +93,13 @@ def restored_cluster(backup: Any) -> LocalCluster:
         restored.close()
         raise
     return restored
+
+
+async def ask(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None
+              ) -> tuple[int, Any, dict[str, str]]:
+    """(status, body decoded if JSON else bytes, headers) of one request to ``url``, no redirect followed."""
+    async with aiohttp.ClientSession() as session, session.request(
+            method, url, json=body, headers=headers or {}, allow_redirects=False) as response:
+        raw = await response.read()
+        payload = json.loads(raw) if raw and response.content_type == "application/json" else raw
+        return response.status, payload, dict(response.headers)

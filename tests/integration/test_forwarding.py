@@ -29,7 +29,7 @@ from rcq.server.http.forwarding import FORWARD_PROOF, FORWARDED_AT, FORWARDED_BY
 from rcq.server.node import Node
 from rcq.testing import InMemoryReplicator
 from tests.helpers import LEADER_TIMEOUT_S, NODE_SERVING_TIMEOUT_S
-from tests.helpers.cluster import running_cluster
+from tests.helpers.cluster import ask, running_cluster
 from tests.helpers.nodes import make_config, url_of
 
 SECRET = "forwarding-test-secret-0123456789"
@@ -56,15 +56,6 @@ async def follower_of(stub: Stub, **overrides: Any) -> AsyncIterator[str]:
     finally:
         await node.stop()
         await leader.close()
-
-
-async def ask(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None
-              ) -> tuple[int, Any, dict[str, str]]:
-    async with aiohttp.ClientSession() as session, session.request(
-            method, url, json=body, headers=headers or {}, allow_redirects=False) as response:
-        raw = await response.read()
-        payload = json.loads(raw) if raw and response.content_type == "application/json" else raw
-        return response.status, payload, dict(response.headers)
 
 
 def code(payload: Any) -> str | None:

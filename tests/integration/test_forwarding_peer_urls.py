@@ -10,18 +10,15 @@ reach the leader: the case the compose cluster was in.
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Iterator
-from typing import Any
 
-import aiohttp
 import pytest
 
 from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
 from tests.helpers import LEADER_TIMEOUT_S
-from tests.helpers.cluster import wait_settled
+from tests.helpers.cluster import ask, wait_settled
 
 pytestmark = pytest.mark.cluster
 
@@ -53,15 +50,6 @@ def cluster() -> Iterator[AdvertisedElsewhere]:
             print(local_cluster.dump_logs())
             raise
         yield local_cluster
-
-
-async def ask(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None
-              ) -> tuple[int, Any, dict[str, str]]:
-    async with aiohttp.ClientSession() as session, session.request(
-            method, url, json=body, headers=headers or {}, allow_redirects=False) as response:
-        raw = await response.read()
-        payload = json.loads(raw) if raw and response.content_type == "application/json" else raw
-        return response.status, payload, dict(response.headers)
 
 
 def leader_and_follower(cluster: LocalCluster) -> tuple[int, int]:
