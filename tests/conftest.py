@@ -55,6 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "fixed_ports: binds ports no other test may bind at the same time (one parallel worker runs "
                    "every such test)")
     config.addinivalue_line(
+        "markers", "cluster_overrides(**settings): NodeConfig settings of every own_cluster of the tests it marks "
+                   "(an indirect parameter's settings win over them)")
+    config.addinivalue_line(
         "markers", "one_worker(name): tests that load the machine so that two at once would starve each other's "
                    "clusters; one parallel worker runs the tests of one name, one after another")
     node_logs.watch_local_clusters(_monkeypatch)

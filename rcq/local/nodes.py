@@ -16,6 +16,7 @@ Must not import: rcq.server (a node is a separate process), pysyncobj, lmdb, aio
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -56,6 +57,10 @@ LOW_PORTS_MIN_SPAN = 2_000  # fewer ports than this below the range: bind port 0
 # Children inherit it (a launcher's nodes pick in their parent's slice).
 PORT_SLICE_ENV = "RCQ_LOCAL_PORT_SLICE"
 PORT_SLICE_MIN = 500  # ports in a slice, at least: a cluster test takes a few dozen at a time
+# A port handed out is not bound by its user at once (a config is written first, a node started
+# later), so calls one after another could pick the same one (seen in a CI run: two peers of one
+# test's config on one port). The last ports handed out in this process are never picked again.
+_handed_out: collections.deque[int] = collections.deque(maxlen=PORT_SLICE_MIN // 2)
 
 
 def ephemeral_low(range_file: Path = EPHEMERAL_RANGE_FILE) -> int | None:
@@ -100,12 +105,21 @@ def low_ports(range_file: Path = EPHEMERAL_RANGE_FILE, slice_text: str | None = 
 def free_ports(count: int, range_file: Path = EPHEMERAL_RANGE_FILE) -> list[int]:
     """``count`` distinct loopback ports nothing listens on, all bound at once while picked (so no
     repeats), below the ephemeral range when it leaves room (else ports the OS picks), in this
-    process's slice of them (:data:`PORT_SLICE_ENV`)."""
+    process's slice of them (:data:`PORT_SLICE_ENV`), none of the last ones this process handed out."""
+    ports = _pick_ports(count, range_file)
+    _handed_out.extend(ports)
+    return ports
+
+
+def _pick_ports(count: int, range_file: Path) -> list[int]:
     candidates = low_ports(range_file)
+    recent = set(_handed_out)
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
         if candidates is not None:
             for port in random.sample(candidates, min(len(candidates), 50 * count + 100)):
+                if port in recent:
+                    continue
                 sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
                 try:
                     sock.bind((HOST, port))
@@ -117,7 +131,9 @@ def free_ports(count: int, range_file: Path = EPHEMERAL_RANGE_FILE) -> list[int]
         while len(ports) < count:
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             sock.bind((HOST, 0))
-            ports.append(sock.getsockname()[1])
+            port = sock.getsockname()[1]
+            if port not in recent:
+                ports.append(port)
         return ports
 
 

@@ -6,7 +6,7 @@ node settings). ``healthy_cluster``: the module's ``cluster``, with every node
 resumed or restarted and a leader found again before the test, for tests that
 kill, pause or stop nodes. ``own_cluster``: a 3-node cluster of one test's own,
 which it may break; its ``request.param`` (indirect parametrization) is
-NodeConfig overrides. ``own_client``: a client of ``own_cluster`` that retries
+NodeConfig overrides, on top of a ``cluster_overrides`` marker's. ``own_client``: a client of ``own_cluster`` that retries
 through a failover.
 
 When a test that used a LocalCluster fails, the tail of every node's log is
@@ -42,7 +42,9 @@ def healthy_cluster(cluster: LocalCluster) -> LocalCluster:
 
 @pytest.fixture
 def own_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    with running_cluster(overrides=getattr(request, "param", None)) as local_cluster:
+    marked = request.node.get_closest_marker("cluster_overrides")
+    overrides = {**(marked.kwargs if marked else {}), **(getattr(request, "param", None) or {})}
+    with running_cluster(overrides=overrides) as local_cluster:
         yield local_cluster
 
 

@@ -40,6 +40,18 @@ def test_free_ports_stay_in_the_slice_the_environment_names(range_file: Path,
     assert len(set(ports)) == 12 and all(port in allowed for port in ports), ports
 
 
+
+def test_ports_picked_one_call_at_a_time_never_repeat_while_their_users_have_not_bound_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config takes its ports one free_ports(1) at a time and binds none of them yet (a CI run
+    once got two peers on one port): 240 picks among 2,000 ports would repeat one almost surely."""
+    path = tmp_path / "ip_local_port_range"
+    path.write_text(f"{LOW_PORTS_MIN + 2_000}\t60999\n")
+    monkeypatch.delenv(PORT_SLICE_ENV, raising=False)
+    picks = [free_ports(1, path)[0] for _ in range(nodes.PORT_SLICE_MIN // 2 - 10)]
+    assert len(set(picks)) == len(picks)
+    assert all(LOW_PORTS_MIN <= port < LOW_PORTS_MIN + 2_000 for port in picks)
+
 @pytest.mark.parametrize("value, message", [
     ("3", "expected K/N"), ("a/4", "expected K/N"), ("1/2/3", "expected K/N"),
     ("4/4", "less than N"), ("-1/4", "at least 0"), ("0/0", "less than N"),
