@@ -25,6 +25,7 @@ from chaos.nemesis import DOCKER_KINDS, KINDS, Nemesis, check_target, parse_kind
 from chaos.powerfs import fuse_unavailable_reason, is_mounted
 from chaos.runner import Progress, RunConfig, every_node_exited, open_target, run
 from chaos.target import ChaosTarget
+from tests.helpers.chaos_runs import describe, require_valid
 
 FUSE_UNAVAILABLE = fuse_unavailable_reason()
 needs_fuse = pytest.mark.skipif(FUSE_UNAVAILABLE is not None, reason=f"powerfs cannot mount here: {FUSE_UNAVAILABLE}")
@@ -158,10 +159,6 @@ def test_every_node_exited_waits_for_each_start_to_end_and_says_whether_any_node
 
 
 # ------------------------------------------------------------------ whole runs (issue 9)
-def describe(document: dict[str, Any]) -> str:
-    return document["summary"] + "\nruntime: " + json.dumps(document["results"].get("runtime", {}), default=str)[:3000]
-
-
 def nemesis_starts(out: Path, prefix: str) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
     return [line["value"] for line in lines if line.get("process") == "nemesis" and str(line.get("f")).startswith(prefix)
@@ -224,4 +221,4 @@ def test_with_durability_fsync_power_failures_lose_nothing(tmp_path, seed):
     results = document["results"]
     assert results["stats"]["client_ops"] > 100, describe(document)
     assert results["runtime"]["drain"]["complete"], describe(document)
-    assert document["valid"], describe(document)
+    require_valid(document)

@@ -10,15 +10,12 @@ import pytest
 from chaos.__main__ import main
 from chaos.runner import Progress, RunConfig, run
 from cluster.engine import docker_problem
+from tests.helpers.chaos_runs import describe, require_valid
 
 pytestmark = pytest.mark.chaos
 
 CI_SEED = 20240603
 SAFETY_CHECKERS = ("total_queue", "atomicity", "aborted_return", "convergence")
-
-
-def describe(document) -> str:
-    return document["summary"] + "\nruntime: " + json.dumps(document["results"].get("runtime", {}), default=str)[:3000]
 
 
 @pytest.mark.timeout(420)
@@ -34,9 +31,7 @@ def test_a_short_seeded_run_with_kill_pause_partition_client_drops_and_upgrades_
     assert results["stats"]["client_ops"] > 100, describe(document)
     assert results["stats"]["one_request_enqueues_by_type"].get("ok", 0) > 10, describe(document)  # retry keys
     assert results["runtime"]["drain"]["complete"], describe(document)
-    for name in SAFETY_CHECKERS:
-        assert results[name]["valid"], describe(document)
-    assert document["valid"], describe(document)
+    require_valid(document, SAFETY_CHECKERS)
 
 
 def nemesis_lines(out, f: str, phase: str) -> list[dict]:
@@ -60,9 +55,7 @@ def test_a_leader_deposed_with_commits_in_flight_and_healed_into_a_snapshot_inst
     assert any(stop.get("snapshot_installed") for stop in stops), stops
     assert results["stats"]["client_ops"] > 100, describe(document)
     assert results["runtime"]["drain"]["complete"], describe(document)
-    for name in SAFETY_CHECKERS:
-        assert results[name]["valid"], describe(document)
-    assert document["valid"], describe(document)
+    require_valid(document, SAFETY_CHECKERS)
 
 
 @pytest.mark.timeout(480)
@@ -77,9 +70,7 @@ def test_membership_changes_during_faults_lose_nothing_and_every_node_ends_a_vot
     assert membership["removals_count"] >= 1, describe(document)
     assert sum(membership["readds"].values()) >= 1, describe(document)
     assert membership["final"]["checked"] and membership["final"]["members_count"] == 5, describe(document)
-    for name in (*SAFETY_CHECKERS, "membership"):
-        assert results[name]["valid"], describe(document)
-    assert document["valid"], describe(document)
+    require_valid(document, (*SAFETY_CHECKERS, "membership"))
 
 
 @pytest.mark.timeout(300)
