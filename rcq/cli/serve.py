@@ -1,5 +1,8 @@
 """``rcq serve``: run one node. Needs the server extra (``pip install 'rcq[server]'``), imported when it runs.
 
+A partition process is ``rcq serve`` too, started by its node's supervisor with a private
+config file (docs/partitions.md): it dies with its node (rcq.server.partitions.child).
+
 Secrets never reach an argument list, an error message or a child process: the cluster secret
 comes from a private file or ``RCQ_CLUSTER_SECRET`` and an admin token from ``RCQ_ADMIN_TOKEN``;
 both variables leave the environment, and the node creates its files private (umask 077).
@@ -105,6 +108,9 @@ def read_cluster_secret(secret_file: Path | None) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     os.umask(0o077)  # the data dir, journal, snapshot and logs this node creates are its user's only
+    with _server_extra():
+        from rcq.server.partitions.child import die_with_parent
+    die_with_parent()  # a partition process started by its node's supervisor dies with that node
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     secret = read_cluster_secret(args.secret_file)

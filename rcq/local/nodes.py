@@ -137,6 +137,29 @@ def _pick_ports(count: int, range_file: Path) -> list[int]:
         return ports
 
 
+def free_port_range(size: int, range_file: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """``size`` consecutive loopback ports nothing listens on, as (first, last), picked as
+    :func:`free_ports` picks (below the ephemeral range, in this process's slice, none handed out
+    lately): a node's ``partition_ports``."""
+    candidates = low_ports(range_file)
+    if candidates is None or len(candidates) < 4 * size:
+        raise OSError(f"no room below the ephemeral range for {size} consecutive ports")
+    recent = set(_handed_out)
+    for start in random.sample(candidates[:len(candidates) - size], min(len(candidates) - size, 200)):
+        ports = range(start, start + size)
+        if recent.intersection(ports):
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in ports:
+                    stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)).bind((HOST, port))
+            except OSError:
+                continue
+        _handed_out.extend(ports)
+        return start, start + size - 1
+    raise OSError(f"found no {size} consecutive free ports in 200 tries")
+
+
 def check_ports_free(ports: Iterable[int]) -> None:
     """Raise OSError naming the first port something listens on (TIME_WAIT leftovers are fine:
     the nodes bind with SO_REUSEADDR too)."""

@@ -95,6 +95,28 @@ def default_storage_bytes() -> int:
     return max(total // 4, 64 << 20) if total else 1 << 30
 
 
+def _port_range(value: Any) -> tuple[int, int]:
+    """``"START-END"`` (or a pair) as (START, END): ports 1 to 65535, START <= END, two at least."""
+    if isinstance(value, str):
+        start_text, dash, end_text = value.partition("-")
+        if not dash or not start_text.strip().isdigit() or not end_text.strip().isdigit():
+            raise PydanticCustomError("port_range", "expected START-END, e.g. 7010-7049")
+        value = (int(start_text), int(end_text))
+    if (not isinstance(value, tuple | list) or len(value) != 2
+            or not all(isinstance(port, int) and not isinstance(port, bool) for port in value)):
+        raise PydanticCustomError("port_range", "expected START-END, e.g. 7010-7049")
+    start, end = value
+    if not 1 <= start < end <= 65535:
+        raise PydanticCustomError("port_range", "ports must be 1 to 65535, START below END")
+    return start, end
+
+
+# A range of ports, written "START-END" (both included).
+PortRange = Annotated[tuple[int, int], PlainValidator(_port_range),
+                      PlainSerializer(lambda value: f"{value[0]}-{value[1]}"),
+                      WithJsonSchema({"type": "string", "pattern": r"^[0-9]{1,5}-[0-9]{1,5}$"})]
+
+
 class PeerConfig(BaseModel):
     """Another node of the cluster."""
 
@@ -145,6 +167,13 @@ class NodeConfig(BaseModel):
         "forwards to the leader, the feature-level survey and the status page's peer views go there, while "
         "clients are still given the advertised URL. Node-local, never replicated; an entry naming this node "
         "itself is ignored (one map may serve every node)")
+    partition_ports: PortRange | None = Field(
+        None, description="START-END: the ports this node's partition processes bind (docs/partitions.md): "
+                          "partition k (p1 is 1) serves HTTP on START+2(k-1) and Raft on the port after; a range "
+                          "of 2n ports holds n partitions. None: this node runs p0 only")
+    partition_advertise_ports: PortRange | None = Field(
+        None, description="START-END: partition_ports as clients and the other nodes reach them, where they differ "
+                          "(a container's published ports); same size as partition_ports. Default: partition_ports")
     data_dir: Path = Field(description="Raft journal, its meta file and the LMDB snapshot live here")
 
     # --- security
@@ -368,6 +397,7 @@ class NodeConfig(BaseModel):
                              "commit is one Raft entry")
         if self.commit_entry_bytes_max > self.commit_unit_bytes_max:
             raise ValueError("commit_entry_bytes_max must not exceed commit_unit_bytes_max")
+        self._check_partition_ports()
         ids = [self.node_id, *(p.node_id for p in self.peers)]
         if len(set(ids)) != len(ids):
             raise ValueError("node_id and peers[].node_id must all differ")
@@ -375,6 +405,21 @@ class NodeConfig(BaseModel):
         if len(set(addresses)) != len(addresses):
             raise ValueError("raft_address and peers[].raft_address must all differ")
         return self
+
+    def _check_partition_ports(self) -> None:
+        ports, advertised = self.partition_ports, self.partition_advertise_ports
+        if advertised is not None and ports is None:
+            raise ValueError("partition_advertise_ports needs partition_ports")
+        if ports is None:
+            return
+        if (ports[1] - ports[0] + 1) % 2:
+            raise ValueError("partition_ports must hold an even number of ports (HTTP and Raft for each partition)")
+        if advertised is not None and advertised[1] - advertised[0] != ports[1] - ports[0]:
+            raise ValueError("partition_advertise_ports must hold as many ports as partition_ports")
+        raft_port = int((self.raft_bind_address or self.raft_address).rsplit(":", 1)[1])
+        for name, port in (("http_port", self.http_port), ("raft_address's port", raft_port)):
+            if ports[0] <= port <= ports[1]:
+                raise ValueError(f"partition_ports must not hold {name} ({port}): p0 serves there")
 
     @property
     def url(self) -> str:

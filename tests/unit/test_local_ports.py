@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rcq.local import nodes
-from rcq.local.nodes import LOW_PORTS_MIN, PORT_SLICE_ENV, free_ports, low_ports, port_slice
+from rcq.local.nodes import LOW_PORTS_MIN, PORT_SLICE_ENV, free_port_range, free_ports, low_ports, port_slice
 
 
 @pytest.fixture
@@ -67,3 +67,13 @@ def test_no_room_below_the_range_leaves_the_choice_to_the_os(tmp_path: Path) -> 
     path.write_text(f"{LOW_PORTS_MIN + 100}\t60999\n")
     assert low_ports(path, slice_text="0/4") is None
     assert port_slice("1/4") == (1, 4) and nodes.PORT_SLICE_MIN <= (32768 - LOW_PORTS_MIN) // 4
+
+
+def test_a_range_of_consecutive_ports_is_free_in_the_slice_and_not_handed_out_again(
+        range_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PORT_SLICE_ENV, "1/4")
+    allowed = low_ports(range_file)
+    assert allowed is not None
+    first, last = free_port_range(10, range_file)
+    assert last - first == 9 and first in allowed and last in allowed
+    assert not set(range(first, last + 1)) & set(free_ports(200, range_file))

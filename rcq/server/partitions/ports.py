@@ -1,0 +1,113 @@
+"""Where a partition is served: its ports on each member node, and its process's NodeConfig.
+
+Partition number k (p1 is 1) takes two ports of a node's ``partition_ports``: HTTP at
+``start + 2(k-1)``, Raft at the next one (docs/partitions.md). Clients and the other nodes reach it
+at the same offsets of ``partition_advertise_ports`` (default: the same ports). No port is chosen
+at random, so a partition's addresses survive restarts, and every member can work out every
+other's from a :class:`MemberPorts`.
+
+:func:`partition_config` derives a partition process's NodeConfig from its node's: the node's
+identity, secrets, tokens, TLS and tuning; the partition's ports, data directory
+(``<data_dir>/partitions/<name>``) and members.
+
+Must not import: pysyncobj, lmdb, aiohttp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from rcq.server.config import NodeConfig, PeerConfig
+
+PARTITIONS_DIR = "partitions"
+
+
+class PartitionPortsExhausted(ValueError):
+    """The node's partition_ports range holds no ports for this partition number."""
+
+
+def partitions_max(ports: tuple[int, int]) -> int:
+    """How many partitions (beyond p0) a range of ports can serve."""
+    return (ports[1] - ports[0] + 1) // 2
+
+
+def ports_of(ports: tuple[int, int], number: int, node_id: str = "this node") -> tuple[int, int]:
+    """(HTTP port, Raft port) of partition ``number`` in ``ports``."""
+    if number < 1:
+        raise ValueError(f"partition number {number}: p0 is served by the node itself")
+    if number > partitions_max(ports):
+        raise PartitionPortsExhausted(
+            f"partition number {number} needs ports {ports[0] + 2 * (number - 1)}-{ports[0] + 2 * number - 1}; "
+            f"{node_id}'s partition_ports {ports[0]}-{ports[1]} hold {partitions_max(ports)} partitions")
+    http_port = ports[0] + 2 * (number - 1)
+    return http_port, http_port + 1
+
+
+def with_port(url: str, port: int) -> str:
+    """``url`` with its port replaced (scheme, host and path kept)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit((parts.scheme, f"{host}:{port}", parts.path, parts.query, parts.fragment))
+
+
+def host_of(address: str) -> str:
+    """The host of ``host:port``."""
+    return address.rsplit(":", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberPorts:
+    """Where one node serves its partitions, as the other nodes need to know it."""
+
+    node_id: str
+    raft_host: str  # the host of its raft_address
+    url: str  # the URL it advertises for p0
+    partition_ports: tuple[int, int]
+    partition_advertise_ports: tuple[int, int]
+
+    @classmethod
+    def of(cls, config: NodeConfig) -> MemberPorts:
+        if config.partition_ports is None:
+            raise PartitionPortsExhausted(f"{config.node_id} has no partition_ports: it runs p0 only")
+        return cls(config.node_id, host_of(config.raft_address), config.url, config.partition_ports,
+                   config.partition_advertise_ports or config.partition_ports)
+
+    def advertised(self, number: int) -> tuple[str, str]:
+        """(HTTP URL, Raft address) of partition ``number`` on this node, as others reach it."""
+        http_port, raft_port = ports_of(self.partition_advertise_ports, number, self.node_id)
+        return with_port(self.url, http_port), f"{self.raft_host}:{raft_port}"
+
+
+def partition_config(node: NodeConfig, name: str, number: int, members: Sequence[MemberPorts]) -> NodeConfig:
+    """The NodeConfig of partition ``name`` (number ``number``) on ``node``, whose members (this
+    node among them) are ``members``."""
+    own = [m for m in members if m.node_id == node.node_id]
+    if len(own) != 1:
+        raise ValueError(f"{node.node_id} is not a member of partition {name}")
+    if len({m.node_id for m in members}) != len(members):
+        raise ValueError(f"partition {name} names a member twice")
+    me = MemberPorts.of(node)
+    http_port, raft_port = ports_of(me.partition_ports, number, node.node_id)
+    url, raft_address = me.advertised(number)
+    bind_host = host_of(node.raft_bind_address or node.raft_address)
+    peers = []
+    peer_urls = {}
+    for member in members:
+        if member.node_id == node.node_id:
+            continue
+        peer_url, peer_raft = member.advertised(number)
+        peers.append(PeerConfig(node_id=member.node_id, raft_address=peer_raft, http_url=peer_url))
+        if member.node_id in node.peer_urls:  # reached between nodes at the ports it binds
+            peer_urls[member.node_id] = with_port(node.peer_urls[member.node_id],
+                                                  ports_of(member.partition_ports, number, member.node_id)[0])
+    fields = node.model_dump(exclude={"partition_ports", "partition_advertise_ports", "peers", "peer_urls",
+                                      "raft_dial_addresses", "raft_bind_address", "advertise_url"})
+    bind_address = f"{bind_host}:{raft_port}"
+    fields.update(
+        http_port=http_port, advertise_url=url, raft_address=raft_address,
+        raft_bind_address=bind_address if bind_address != raft_address else None,
+        peers=peers, peer_urls=peer_urls, data_dir=node.data_dir / PARTITIONS_DIR / name)
+    return NodeConfig.model_validate(fields)
