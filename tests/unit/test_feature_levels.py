@@ -30,6 +30,7 @@ from rcq.server.core.commands import (
     decode,
     encode,
 )
+from rcq.server.core.directory import NodePorts, PartitionChange, QueuePlacement
 from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, UnreadableLevel
 from rcq.server.core.state_machine import QueueStateMachine
 from tests.helpers.state import Node, replicated_state
@@ -160,6 +161,12 @@ def sample_commands(level: int) -> list[Any]:
         commands.append(CommitBatch(1, 1_008, (CommitUnit((TransactionWrite("t5", enqueues=(("q", (b"j",)),)),),
                                                           "rcq-retry:0123456789abcdef0123456789abcdef"),),
                                     Limits(10**9, 10**6, 10**9)))
+    if level >= 4:
+        # The partition directory (level 4): two nodes' ports, a partition of both, a queue placed in it.
+        commands += [NodePorts(1, 1_009, "n1", "10.0.0.1", "http://10.0.0.1:8000", (7010, 7019), (7110, 7119)),
+                     NodePorts(1, 1_009, "n2", "10.0.0.2", "http://10.0.0.2:8000", (7010, 7019), (7010, 7019)),
+                     PartitionChange(1, 1_010, "create", "p1", 1, ("n1", "n2"), "n2"),
+                     QueuePlacement(1, 1_011, "placed", ("p1",))]
     return commands
 
 

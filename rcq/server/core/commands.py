@@ -19,6 +19,7 @@ from dataclasses import field
 from typing import Any, Literal
 
 from rcq.immutable import immutable
+from rcq.server.core.directory import DirectoryCommand, DirectoryResult, decode_directory, encode_directory
 
 COMMAND_VERSION = 1
 
@@ -225,7 +226,7 @@ class SetIdentity:
     cluster_id: str
 
 
-Command = CommitBatch | Barrier | QueueChange | MemberRecord | SetLevel | SetIdentity
+Command = CommitBatch | Barrier | QueueChange | MemberRecord | SetLevel | SetIdentity | DirectoryCommand
 
 
 @immutable
@@ -332,7 +333,7 @@ class ApplyFailed:
 
 
 ApplyResult = (BatchResult | BarrierResult | QueueChangeResult | MemberRecordResult | SetLevelResult
-               | SetIdentityResult | ApplyFailed)
+               | SetIdentityResult | DirectoryResult | ApplyFailed)
 
 
 def encode(command: Command) -> tuple[Any, ...]:
@@ -349,6 +350,8 @@ def encode(command: Command) -> tuple[Any, ...]:
         return (COMMAND_VERSION, KIND_LEVEL, command.term, command.now_ms, command.level, command.writer_version)
     if isinstance(command, SetIdentity):
         return (COMMAND_VERSION, KIND_IDENTITY, command.term, command.now_ms, command.cluster_id)
+    if not isinstance(command, CommitBatch):  # the partition directory's (feature level 4)
+        return encode_directory(command, COMMAND_VERSION)
     units = tuple(_encode_unit(unit) for unit in command.units)
     if command.limits is None:
         return (COMMAND_VERSION, KIND_COMMIT, command.term, command.now_ms, units)
@@ -424,6 +427,9 @@ def decode(raw: Any) -> Command:
             if not _str(cluster_id) or len(cluster_id) > CLUSTER_ID_CHARS_MAX:
                 raise ValueError(f"bad cluster id {cluster_id!r}")
             return SetIdentity(term=_int(term), now_ms=_int(now_ms), cluster_id=cluster_id)
+        directory_command = decode_directory(raw)  # feature level 4 (rcq.server.core.directory)
+        if directory_command is not None:
+            return directory_command
     except (TypeError, ValueError) as exc:
         raise MalformedCommand(f"bad {kind} command: {exc}") from exc
     if isinstance(kind, str):  # a kind a newer version writes

@@ -40,6 +40,8 @@ LEVELS: tuple[Level, ...] = (
     Level(3, "retry-keys", "idempotency keys beginning with 'rcq-retry:' (the client library's own) are kept 10 "
           "minutes (at least 2) in a table of their own, the snapshot's retry_keys, instead of a day (at least "
           "15 minutes)", "0.2.0"),
+    Level(4, "partitions", "the partition directory (docs/partitions.md): 'partition', 'node_ports' and "
+          "'placement' entries, kept in the snapshot's meta as directory", "0.3.0"),
 )
 # What each level writes, hashed (tests/unit/test_feature_levels.py: a sample entry of every kind,
 # and the snapshot of their state). A released level's fingerprint never changes; level 1's is
@@ -48,6 +50,7 @@ FORMAT_FINGERPRINTS: dict[int, str] = {
     1: "da4356bbe87287b9781b42f6d2081063a530a2a41072a1857249e2b2318909c3",
     2: "0f7151842fd2beabf1123cf79e89d03f7d476cbd9b1420d30fae5e218e544357",
     3: "0e47cbe59bb9f0ffb546709ef1255660bf42d397368968b68a0f0dd2c6c2893c",
+    4: "dc6e2ea872f97752908f44f9198ab7c1e832a03c39d8f223145db0000ffb93ee",
 }
 LEVEL_BASE = 1  # a cluster that never raised its level (every rcq 0.1 cluster) runs at this one
 LEVEL_MAX = LEVELS[-1].number  # the highest level this code reads and writes
@@ -55,6 +58,7 @@ LEVEL_OF_SNAPSHOT_FORMAT_4 = 2
 LEVEL_OF_CLUSTER_IDENTITY = 2  # a leader gives the cluster its identity once the cluster runs at it
 LEVEL_OF_ITEM_HEADERS = 2  # an enqueue with headers is refused below it (rcq.server.leader.open_transactions)
 LEVEL_OF_RETRY_KEYS = 3  # retry keys have their own table from it on (rcq.server.core.outcomes)
+LEVEL_OF_PARTITIONS = 4  # the partition directory's entries apply from it on (rcq.server.core.directory)
 
 
 def level_max_read(held_at: int | None) -> int:

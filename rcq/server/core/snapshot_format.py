@@ -38,7 +38,7 @@ Members = dict[str, tuple[str, str]]  # node id -> (Raft address, HTTP URL)
 
 def encode_meta(ledger: Ledger, records: TransactionRecords, last_index: int, barrier_term: int,
                 members: Members, level: int = LEVEL_BASE, level_writer: str | None = None,
-                cluster_id: str | None = None) -> dict[str, Any]:
+                cluster_id: str | None = None, directory: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything but the items, as plain values."""
     leveled = level >= LEVEL_OF_SNAPSHOT_FORMAT_4
     return {
@@ -70,6 +70,8 @@ def encode_meta(ledger: Ledger, records: TransactionRecords, last_index: int, ba
         **({"level": level, "level_writer": level_writer} if leveled else {}),
         # The cluster's identity (format 4 only: it exists from level 2 on), once a leader gave one.
         **({"cluster_id": cluster_id} if leveled and cluster_id is not None else {}),
+        # The partition directory (feature level 4; rcq.server.core.directory), once it holds anything.
+        **({"directory": directory} if directory else {}),
     }
 
 
@@ -106,6 +108,7 @@ class Decoded:
     level: int
     level_writer: str | None
     cluster_id: str | None
+    directory: dict[str, Any] | None
 
 
 def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]], level_max: int = LEVEL_MAX) -> Decoded:
@@ -138,6 +141,7 @@ def decode(meta: dict[str, Any], items: Iterable[tuple[str, int, bytes]], level_
         level=level,
         level_writer=meta.get("level_writer"),
         cluster_id=meta.get("cluster_id"),
+        directory=meta.get("directory"),
     )
 
 

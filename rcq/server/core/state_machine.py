@@ -17,6 +17,7 @@ This class decodes an entry, hands it to the job that applies it, and answers th
   dead-letter, reject, redrive; docs/queue-features.md);
 * :mod:`~rcq.server.core.queue_admin`: configure, purge, delete;
 * the directory of members (docs/membership.md), here: a membership change records where a node is;
+* :mod:`~rcq.server.core.directory`: the partition directory (feature level 4, docs/partitions.md);
 * :mod:`~rcq.server.core.ledger` keeps the queues and their totals, :mod:`~rcq.server.core.outcomes`
   what is remembered of committed units, :mod:`~rcq.server.core.snapshot_format` the snapshot's
   content, :mod:`~rcq.server.core.view_seed` what a new leader's views start from.
@@ -58,7 +59,8 @@ from rcq.server.core.commands import (
     decode,
 )
 from rcq.server.core.commits import apply_batch
-from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_CLUSTER_IDENTITY, LEVEL_OF_RETRY_KEYS
+from rcq.server.core.directory import Directory, DirectoryResult, NodePorts, PartitionChange, QueuePlacement
+from rcq.server.core.features import LEVEL_BASE, LEVEL_MAX, LEVEL_OF_CLUSTER_IDENTITY, LEVEL_OF_PARTITIONS, LEVEL_OF_RETRY_KEYS
 from rcq.server.core.ledger import ITEM_OVERHEAD_BYTES, Ledger, item_cost
 from rcq.server.core.outcomes import KeyRecord, Retention, TransactionOutcome, TransactionRecords, id_term
 from rcq.server.core.queue import ItemMeta, Queue
@@ -115,6 +117,8 @@ class QueueStateMachine:
         # The cluster's identity (feature level 2; docs/backup.md): set once by an 'identity' entry,
         # renewed only by a restore (a new cluster). None: a level-1 cluster, or not given yet.
         self._cluster_id: str | None = None
+        # The partition directory (feature level 4; docs/partitions.md): empty until used.
+        self._directory = Directory()
 
     @property
     def _queues(self) -> dict[str, Queue]:
@@ -154,6 +158,10 @@ class QueueStateMachine:
                 result: ApplyResult = BarrierResult(term=command.term)
             elif isinstance(command, QueueChange):
                 result = apply_queue_change(ledger, command, self._barrier_term, QUEUES_MAX)
+                if command.action == "delete" and command.queue not in ledger.queues:
+                    self._directory.forget_queue(command.queue)
+            elif isinstance(command, PartitionChange | NodePorts | QueuePlacement):
+                result = self._apply_directory(command)
             elif isinstance(command, MemberRecord):
                 result = self._apply_member_record(command)
             elif isinstance(command, SetLevel):
@@ -179,6 +187,16 @@ class QueueStateMachine:
                     del self._members[node_id]  # the address now belongs to another node
             self._members[record.node_id] = (record.raft_address, record.http_url)
         return MemberRecordResult("done", record.node_id)
+
+    def _apply_directory(self, command: PartitionChange | NodePorts | QueuePlacement) -> DirectoryResult:
+        if self._level < LEVEL_OF_PARTITIONS:
+            return DirectoryResult("rejected", "level_too_low")
+        return self._directory.apply(command, self._barrier_term, self._ledger.queues.__contains__)
+
+    @property
+    def directory(self) -> Directory:
+        """The partition directory (read it only under the replicator's lock, as every read)."""
+        return self._directory
 
     # ----------------------------------------------------------- feature level
     def _apply_set_level(self, command: SetLevel) -> SetLevelResult:
@@ -359,7 +377,8 @@ class QueueStateMachine:
     def snapshot_meta(self) -> dict[str, Any]:
         """Everything but the items, as plain values (lists, tuples, ints, str)."""
         return snapshot_format.encode_meta(self._ledger, self._records, self._last_index, self._barrier_term,
-                                           self._members, self._level, self._level_writer, self._cluster_id)
+                                           self._members, self._level, self._level_writer, self._cluster_id,
+                                           None if self._directory.empty else self._directory.to_meta())
 
     def snapshot_items(self) -> Iterator[tuple[str, int, bytes]]:
         """Every item as (queue, item id, value), sorted by queue then id."""
@@ -376,3 +395,4 @@ class QueueStateMachine:
         self._members = decoded.members
         self._set_level(decoded.level, decoded.level_writer)
         self._cluster_id = decoded.cluster_id
+        self._directory = Directory.from_meta(decoded.directory)

@@ -1,0 +1,279 @@
+"""The partition directory: which partitions exist, where nodes serve them, where queues live.
+
+Part of p0's replicated state from feature level 4 (docs/partitions.md). Three commands change it,
+each one log entry:
+
+* :class:`PartitionChange` creates a partition (a name, a number, its members and preferred
+  leader) or deletes one that holds no queue;
+* :class:`NodePorts` records where a node serves partitions: its ``partition_ports``, the ports as
+  others reach them, its Raft host and its URL (a node records its own when it serves);
+* :class:`QueuePlacement` places a queue in partitions, once.
+
+Numbers are never reused: a partition's ports derive from its number, and a deleted partition's
+processes may still hold them. p0 is never in ``partitions``: its members are Raft's own
+membership. Applying never raises; a refusal is a :class:`DirectoryResult` with a reason, the same
+on every replica.
+
+Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Literal
+
+from rcq.immutable import immutable
+
+KIND_PARTITION = "partition"
+KIND_NODE_PORTS = "node_ports"
+KIND_PLACEMENT = "placement"
+PARTITION_ACTIONS = ("create", "delete")
+P0 = "p0"
+# Safe in a path, a metric label, a transaction id and a URL; p0 is the cluster's own.
+PARTITION_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+PARTITION_MEMBERS_MAX = 9
+PLACEMENT_PARTITIONS_MAX = 1  # one partition per queue until queues are spread (a later feature)
+
+
+def partition_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a new partition, or None."""
+    if not isinstance(name, str) or not PARTITION_NAME_PATTERN.match(name):
+        return "a partition name is 1 to 32 of a-z, 0-9, '_' and '-', starting with a letter"
+    if name == P0:
+        return "p0 is the partition every cluster has"
+    return None
+
+
+@immutable
+class PartitionChange:
+    term: int
+    now_ms: int
+    action: Literal["create", "delete"]
+    name: str
+    number: int = 0  # create: the partition's number (its ports derive from it)
+    members: tuple[str, ...] = ()  # create: node ids
+    preferred_leader: str | None = None
+
+
+@immutable
+class NodePorts:
+    term: int
+    now_ms: int
+    node_id: str
+    raft_host: str
+    url: str  # the URL the node advertises for p0
+    partition_ports: tuple[int, int]
+    partition_advertise_ports: tuple[int, int]
+
+
+@immutable
+class QueuePlacement:
+    term: int
+    now_ms: int
+    queue: str
+    partitions: tuple[str, ...]
+
+
+DirectoryCommand = PartitionChange | NodePorts | QueuePlacement
+
+
+@immutable
+class DirectoryResult:
+    status: Literal["done", "rejected"]
+    reason: str | None = None
+    # stale_leader, level_too_low, partition_exists, partition_not_found, partition_not_empty,
+    # node_has_no_partition_ports, partition_ports_exhausted, queue_placement_fixed,
+    # queue_spread_unsupported, invalid
+    details: tuple[tuple[str, Any], ...] = ()
+
+
+@immutable
+class Partition:
+    name: str
+    number: int
+    members: tuple[str, ...]
+    preferred_leader: str | None
+
+
+def _refused(reason: str, **details: Any) -> DirectoryResult:
+    return DirectoryResult("rejected", reason, tuple(sorted(details.items())))
+
+
+class Directory:
+    """The directory's state; :meth:`apply` is called by the state machine for its entries."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[str, Partition] = {}
+        self.node_ports: dict[str, NodePorts] = {}
+        self.placement: dict[str, tuple[str, ...]] = {}
+        self.next_number = 1
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, command: DirectoryCommand, barrier_term: int, queue_exists: Callable[[str], bool]
+              ) -> DirectoryResult:
+        if command.term < barrier_term:
+            return _refused("stale_leader")
+        if isinstance(command, NodePorts):
+            self.node_ports[command.node_id] = command
+            return DirectoryResult("done")
+        if isinstance(command, QueuePlacement):
+            return self._place(command, queue_exists)
+        if command.action == "create":
+            return self._create(command)
+        return self._delete(command)
+
+    def _create(self, command: PartitionChange) -> DirectoryResult:
+        problem = partition_name_problem(command.name)
+        if problem is not None:
+            return _refused("invalid", problem=problem)
+        if command.name in self.partitions:
+            return _refused("partition_exists", partition=command.name)
+        if not command.members or len(set(command.members)) != len(command.members) \
+                or len(command.members) > PARTITION_MEMBERS_MAX:
+            return _refused("invalid", problem=f"1 to {PARTITION_MEMBERS_MAX} distinct members")
+        if command.preferred_leader is not None and command.preferred_leader not in command.members:
+            return _refused("invalid", problem="the preferred leader must be a member")
+        if command.number < self.next_number:
+            return _refused("invalid", problem=f"partition numbers are never reused: the next is {self.next_number}")
+        missing = [m for m in command.members if m not in self.node_ports]
+        if missing:
+            return _refused("node_has_no_partition_ports", nodes=tuple(missing))
+        full = [m for m in command.members if _partitions_max(self.node_ports[m].partition_ports) < command.number]
+        if full:
+            return _refused("partition_ports_exhausted", nodes=tuple(full), number=command.number)
+        self.partitions[command.name] = Partition(command.name, command.number, command.members,
+                                                  command.preferred_leader)
+        self.next_number = command.number + 1
+        return DirectoryResult("done")
+
+    def _delete(self, command: PartitionChange) -> DirectoryResult:
+        if command.name not in self.partitions:
+            return _refused("partition_not_found", partition=command.name)
+        queues = sorted(q for q, where in self.placement.items() if command.name in where)
+        if queues:
+            return _refused("partition_not_empty", partition=command.name, queues=tuple(queues[:10]))
+        del self.partitions[command.name]
+        return DirectoryResult("done")
+
+    def _place(self, command: QueuePlacement, queue_exists: Callable[[str], bool]) -> DirectoryResult:
+        wanted = command.partitions
+        if not wanted or len(set(wanted)) != len(wanted):
+            return _refused("invalid", problem="a placement names one or more distinct partitions")
+        unknown = [p for p in wanted if p != P0 and p not in self.partitions]
+        if unknown:
+            return _refused("partition_not_found", partition=unknown[0])
+        if len(wanted) > PLACEMENT_PARTITIONS_MAX:
+            return _refused("queue_spread_unsupported", partitions=wanted)
+        placed = self.placed(command.queue)
+        if placed == wanted:
+            return DirectoryResult("done")
+        if command.queue in self.placement or queue_exists(command.queue):
+            return _refused("queue_placement_fixed", queue=command.queue, partitions=placed)
+        self.placement[command.queue] = wanted
+        return DirectoryResult("done")
+
+    # ---------------------------------------------------------------- queries
+    def placed(self, queue: str) -> tuple[str, ...]:
+        """The partitions ``queue`` lives in (p0 unless placed elsewhere)."""
+        return self.placement.get(queue, (P0,))
+
+    def forget_queue(self, queue: str) -> None:
+        """A deleted queue's placement goes with it (re-created, it may be placed anew)."""
+        self.placement.pop(queue, None)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.partitions or self.node_ports or self.placement) and self.next_number == 1
+
+    # --------------------------------------------------------------- snapshot
+    def to_meta(self) -> dict[str, Any]:
+        """The snapshot's ``directory`` (plain JSON values, sorted)."""
+        return {
+            "next_number": self.next_number,
+            "partitions": [[p.name, p.number, list(p.members), p.preferred_leader]
+                           for p in sorted(self.partitions.values(), key=lambda p: p.number)],
+            "node_ports": [[n.node_id, n.raft_host, n.url, list(n.partition_ports), list(n.partition_advertise_ports),
+                            n.term, n.now_ms] for _, n in sorted(self.node_ports.items())],
+            "placement": [[queue, list(where)] for queue, where in sorted(self.placement.items())],
+        }
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any] | None) -> Directory:
+        directory = cls()
+        if not meta:
+            return directory
+        directory.next_number = int(meta["next_number"])
+        for name, number, members, preferred in meta["partitions"]:
+            directory.partitions[name] = Partition(name, int(number), tuple(members), preferred)
+        for node_id, raft_host, url, ports, advertised, term, now_ms in meta["node_ports"]:
+            directory.node_ports[node_id] = NodePorts(int(term), int(now_ms), node_id, raft_host, url,
+                                                      _pair(ports), _pair(advertised))
+        for queue, where in meta["placement"]:
+            directory.placement[queue] = tuple(where)
+        return directory
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    first, second = value
+    return int(first), int(second)
+
+
+def _partitions_max(ports: tuple[int, int]) -> int:
+    return (ports[1] - ports[0] + 1) // 2
+
+
+# ------------------------------------------------------------------ the codec
+def encode_directory(command: DirectoryCommand, version: int) -> tuple[Any, ...]:
+    if isinstance(command, PartitionChange):
+        return (version, KIND_PARTITION, command.term, command.now_ms, command.action, command.name, command.number,
+                command.members, command.preferred_leader)
+    if isinstance(command, NodePorts):
+        return (version, KIND_NODE_PORTS, command.term, command.now_ms, command.node_id, command.raft_host,
+                command.url, command.partition_ports, command.partition_advertise_ports)
+    return (version, KIND_PLACEMENT, command.term, command.now_ms, command.queue, command.partitions)
+
+
+def decode_directory(raw: Any) -> DirectoryCommand | None:
+    """The directory command of ``raw`` (a tuple whose version was checked), None for another kind;
+    ValueError/TypeError when malformed."""
+    kind = raw[1]
+    if kind == KIND_PARTITION:
+        _, _, term, now_ms, action, name, number, members, preferred = raw
+        if action not in PARTITION_ACTIONS:
+            raise ValueError(f"unknown partition action {action!r}")
+        return PartitionChange(_int(term), _int(now_ms), action, _str(name), _int(number),
+                               tuple(_str(m) for m in _tuple(members)), None if preferred is None else _str(preferred))
+    if kind == KIND_NODE_PORTS:
+        _, _, term, now_ms, node_id, raft_host, url, ports, advertised = raw
+        return NodePorts(_int(term), _int(now_ms), _str(node_id), _str(raft_host), _str(url),
+                         _port_pair(ports), _port_pair(advertised))
+    if kind == KIND_PLACEMENT:
+        _, _, term, now_ms, queue, partitions = raw
+        return QueuePlacement(_int(term), _int(now_ms), _str(queue), tuple(_str(p) for p in _tuple(partitions)))
+    return None
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected int, got {type(value).__name__}")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected str, got {type(value).__name__}")
+    return value
+
+
+def _tuple(value: Any) -> tuple[Any, ...]:
+    if not isinstance(value, tuple):
+        raise TypeError(f"expected a tuple, got {type(value).__name__}")
+    return value
+
+
+def _port_pair(value: Any) -> tuple[int, int]:
+    first, second = _tuple(value)
+    if not 1 <= _int(first) < _int(second) <= 65535:
+        raise ValueError(f"bad port range {value!r}")
+    return first, second

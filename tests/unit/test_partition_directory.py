@@ -1,0 +1,167 @@
+"""The partition directory in p0's state machine (rcq.server.core.directory; docs/partitions.md):
+its entries apply only at feature level 4, refuse what cannot be (the same on every replica), and
+survive a snapshot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rcq.server.core.commands import (
+    Barrier,
+    CommitBatch,
+    CommitUnit,
+    MalformedCommand,
+    QueueChange,
+    SetLevel,
+    TransactionWrite,
+    decode,
+    encode,
+)
+from rcq.server.core.directory import (
+    P0,
+    Directory,
+    DirectoryResult,
+    NodePorts,
+    PartitionChange,
+    QueuePlacement,
+    partition_name_problem,
+)
+from rcq.server.core.features import LEVEL_OF_PARTITIONS
+from rcq.server.core.state_machine import QueueStateMachine
+from tests.helpers.state import Node
+
+
+def ports(node_id: str, first: int = 7010, last: int = 7019, term: int = 1) -> NodePorts:
+    return NodePorts(term, 1_000, node_id, f"10.0.0.{node_id[-1]}", f"http://10.0.0.{node_id[-1]}:8000",
+                     (first, last), (first, last))
+
+
+def create(name: str, number: int, members: tuple[str, ...] = ("n1", "n2", "n3"), term: int = 1,
+           preferred: str | None = None) -> PartitionChange:
+    return PartitionChange(term, 1_000, "create", name, number, members, preferred)
+
+
+def reason(result: Any) -> str | None:
+    assert isinstance(result, DirectoryResult), result
+    return result.reason
+
+
+@pytest.fixture
+def node() -> Node:
+    """A replica at level 4 whose three nodes recorded their partition ports."""
+    replica = Node()
+    replica.apply_raw(encode(SetLevel(1, 1_000, LEVEL_OF_PARTITIONS, "0.3.0")))
+    for node_id in ("n1", "n2", "n3"):
+        assert replica.apply_raw(encode(ports(node_id))) == DirectoryResult("done")
+    return replica
+
+
+def apply(node: Node, command: Any) -> Any:
+    return node.apply_raw(encode(command))
+
+
+def test_below_level_4_every_directory_entry_is_refused_and_nothing_changes() -> None:
+    replica = Node()
+    replica.apply_raw(encode(SetLevel(1, 1_000, 3, "0.2.0")))
+    def state() -> dict[str, Any]:
+        return {k: v for k, v in replica.sm.snapshot_meta().items() if k != "last_index"}
+
+    before = state()
+    for command in (ports("n1"), create("p1", 1), QueuePlacement(1, 1_000, "q", ("p0",))):
+        assert reason(apply(replica, command)) == "level_too_low"
+    assert state() == before and replica.sm.directory.empty
+    assert "directory" not in replica.sm.snapshot_meta()
+
+
+def test_a_partition_is_created_once_with_a_new_number_among_nodes_that_recorded_ports(node: Node) -> None:
+    assert apply(node, create("p1", 1, preferred="n2")) == DirectoryResult("done")
+    assert node.sm.directory.partitions["p1"].members == ("n1", "n2", "n3")
+    assert reason(apply(node, create("p1", 2))) == "partition_exists"
+    assert reason(apply(node, create("p2", 1))) == "invalid"  # numbers are never reused
+    assert reason(apply(node, create("p2", 2, members=("n1", "n4")))) == "node_has_no_partition_ports"
+    assert reason(apply(node, create("p2", 6))) == "partition_ports_exhausted"  # 7010-7019 holds 5
+    assert reason(apply(node, create("p2", 2, preferred="n9"))) == "invalid"
+    assert reason(apply(node, create("p2", 2, members=("n1", "n1")))) == "invalid"
+    assert apply(node, create("p2", 2, members=("n3",))) == DirectoryResult("done")
+    assert node.sm.directory.next_number == 3
+
+
+@pytest.mark.parametrize("name", ["p0", "P1", "1p", "", "p" * 33, "p/1", "p 1", "p.1"])
+def test_names_unsafe_in_paths_labels_or_ids_and_p0_are_refused(node: Node, name: str) -> None:
+    assert partition_name_problem(name) is not None
+    assert reason(apply(node, create(name, 1))) == "invalid"
+    assert node.sm.directory.partitions == {}
+
+
+def test_a_queue_is_placed_once_and_never_moves(node: Node) -> None:
+    apply(node, create("p1", 1))
+    assert apply(node, QueuePlacement(1, 1_000, "jobs", ("p1",))) == DirectoryResult("done")
+    assert apply(node, QueuePlacement(1, 1_000, "jobs", ("p1",))) == DirectoryResult("done")  # the same: fine
+    assert reason(apply(node, QueuePlacement(1, 1_000, "jobs", ("p0",)))) == "queue_placement_fixed"
+    assert reason(apply(node, QueuePlacement(1, 1_000, "other", ("p9",)))) == "partition_not_found"
+    assert reason(apply(node, QueuePlacement(1, 1_000, "other", ("p0", "p1")))) == "queue_spread_unsupported"
+    assert node.sm.directory.placed("jobs") == ("p1",) and node.sm.directory.placed("never-placed") == (P0,)
+
+
+def test_a_queue_that_exists_in_p0_cannot_be_placed_elsewhere_until_it_is_deleted(node: Node) -> None:
+    apply(node, create("p1", 1))
+    node.commit(CommitUnit((TransactionWrite("t1", enqueues=(("old", (b"x",)),)),)))
+    assert reason(apply(node, QueuePlacement(1, 1_000, "old", ("p1",)))) == "queue_placement_fixed"
+    assert apply(node, QueuePlacement(1, 1_000, "old", ("p0",))) == DirectoryResult("done")
+    apply(node, QueueChange(1, 1_000, "old", "delete"))
+    assert node.sm.directory.placed("old") == (P0,) and "old" not in node.sm.directory.placement
+    assert apply(node, QueuePlacement(1, 1_000, "old", ("p1",))) == DirectoryResult("done")
+
+
+def test_a_partition_holding_a_queue_cannot_be_deleted(node: Node) -> None:
+    apply(node, create("p1", 1))
+    apply(node, QueuePlacement(1, 1_000, "jobs", ("p1",)))
+    assert reason(apply(node, PartitionChange(1, 1_000, "delete", "p1"))) == "partition_not_empty"
+    assert reason(apply(node, PartitionChange(1, 1_000, "delete", "p7"))) == "partition_not_found"
+    apply(node, QueueChange(1, 1_000, "jobs", "delete"))
+    assert apply(node, PartitionChange(1, 1_000, "delete", "p1")) == DirectoryResult("done")
+    assert reason(apply(node, create("p1", 1))) == "invalid"  # its number stays used
+    assert apply(node, create("p1", 2)) == DirectoryResult("done")
+
+
+def test_a_deposed_leaders_directory_entries_are_refused(node: Node) -> None:
+    apply(node, Barrier(5, 1_000))
+    assert reason(apply(node, create("p1", 1, term=4))) == "stale_leader"
+    assert reason(apply(node, ports("n1", 7100, 7109, term=4))) == "stale_leader"
+    assert node.sm.directory.partitions == {} and node.sm.directory.node_ports["n1"].partition_ports == (7010, 7019)
+
+
+def test_the_directory_survives_a_snapshot_and_replicas_agree(node: Node) -> None:
+    apply(node, create("p1", 1, preferred="n1"))
+    apply(node, create("p2", 2, members=("n2", "n3")))
+    apply(node, QueuePlacement(1, 1_000, "jobs", ("p2",)))
+    restored = QueueStateMachine()
+    restored.restore(node.sm.snapshot_meta(), list(node.sm.snapshot_items()))
+    assert restored.digest() == node.sm.digest()
+    directory = restored.directory
+    assert directory.partitions == node.sm.directory.partitions and directory.next_number == 3
+    assert directory.placed("jobs") == ("p2",) and directory.node_ports == node.sm.directory.node_ports
+    assert Directory.from_meta(None).empty
+
+
+@pytest.mark.parametrize("raw", [
+    (1, "partition", 1, 1_000, "rename", "p1", 1, ("n1",), None),
+    (1, "partition", 1, 1_000, "create", "p1", "1", ("n1",), None),
+    (1, "partition", 1, 1_000, "create", "p1", 1, ["n1"], None),
+    (1, "node_ports", 1, 1_000, "n1", "h", "http://h:1", (7019, 7010), (7010, 7019)),
+    (1, "node_ports", 1, 1_000, "n1", "h", "http://h:1", (7010, 7019)),
+    (1, "placement", 1, 1_000, "q", "p1"),
+])
+def test_a_malformed_directory_entry_is_only_malformed(raw: tuple[Any, ...]) -> None:
+    with pytest.raises(MalformedCommand):
+        decode(raw)
+    assert QueueStateMachine().apply(raw, 1).reason == "malformed_command"
+
+
+def test_every_directory_command_decodes_back() -> None:
+    for command in (ports("n1"), create("p1", 1, preferred="n2"), PartitionChange(2, 5, "delete", "p1"),
+                    QueuePlacement(1, 1_000, "q", ("p1",))):
+        assert decode(encode(command)) == command
+    assert isinstance(decode(encode(CommitBatch(1, 1, ()))), CommitBatch)
