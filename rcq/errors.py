@@ -333,6 +333,42 @@ class FeatureLevelUnsupported(RcqError):
     http_status = 409
 
 
+class PartitionExists(RcqError):
+    """A partition of this name exists; nothing was changed."""
+
+    code = "partition_exists"
+    http_status = 409
+
+
+class PartitionNotFound(RcqError):
+    """No partition has this name (docs/partitions.md)."""
+
+    code = "partition_not_found"
+    http_status = 404
+
+
+class PartitionNotEmpty(RcqError):
+    """A queue is placed in this partition: delete its queues first; nothing was changed."""
+
+    code = "partition_not_empty"
+    http_status = 409
+
+
+class NodeHasNoPartitionPorts(RcqError):
+    """A node the partition needs has no partition ports recorded: set partition_ports on it
+    (docs/partitions.md); nothing was changed."""
+
+    code = "node_has_no_partition_ports"
+    http_status = 409
+
+
+class PartitionPortsExhausted(RcqError):
+    """A member's partition_ports range holds no ports for another partition: widen it; nothing was changed."""
+
+    code = "partition_ports_exhausted"
+    http_status = 409
+
+
 def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:
     found: list[type[RcqError]] = []
     for sub in cls.__subclasses__():

@@ -74,6 +74,7 @@ from rcq.local.nodes import (
     STOP_TIMEOUT_S,
     LocalNode,
     check_ports_free,
+    free_port_range,
     free_ports,
     read_tail,
 )
@@ -101,6 +102,7 @@ class LocalCluster(PolledCluster[LocalNode]):
     ``tls_client_certificates``: they also require a client certificate signed by the cluster's
     CA (one is made: :attr:`client_cert`, which the harness's polls present too). ``release``:
     every node runs that release instead of the code under test (nodes added later too).
+    ``partitions_max``: each node gets ``partition_ports`` for that many partitions besides p0.
     """
 
     token: str | None  # the admin token (None: auth is off)
@@ -112,7 +114,7 @@ class LocalCluster(PolledCluster[LocalNode]):
                  node_overrides: dict[str, Any] | None = None, log_level: str = "INFO", *,
                  keep: bool = False, insecure: bool = False, base_port: int | None = None,
                  auth: bool = True, tls: bool = False, tls_client_certificates: bool = False,
-                 admin_token: str | None = None, release: Release | None = None) -> None:
+                 admin_token: str | None = None, release: Release | None = None, partitions_max: int = 0) -> None:
         if nodes < 1:
             raise ValueError("nodes must be at least 1")
         if tls_client_certificates and not tls:
@@ -151,6 +153,9 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.base_dir = Path(tempfile.mkdtemp(prefix="rcq-cluster-")) if base_dir is None else Path(base_dir)
         self.nodes = [LocalNode(i, f"node-{i}", http_ports[i], raft_ports[i], self.base_dir / f"node-{i}",
                                 tls=tls, release=release) for i in range(nodes)]
+        for i in range(nodes if partitions_max > 0 else 0):  # each node's own range (docs/partitions.md)
+            first, last = free_port_range(2 * partitions_max)
+            self.node_settings[i] = {"partition_ports": f"{first}-{last}"}
         try:
             self.base_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             if self.token is not None:

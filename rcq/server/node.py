@@ -1,7 +1,8 @@
 """The composition root: config -> state machine -> replicator -> transactions -> HTTP app.
 
 ``Node`` owns the lifetime of one rcq node: it starts Raft, the transaction
-manager and the HTTP server, and stops them in reverse order. ``run_node``
+manager and the HTTP server (and, with ``partition_ports``, the host of its other partitions'
+processes), and stops them in reverse order. ``run_node``
 runs one until SIGINT/SIGTERM.
 
 A stopping leader first hands leadership to its most caught-up follower (clients wait tens of
@@ -31,6 +32,7 @@ from rcq.server.http.api import create_app
 from rcq.server.http.connections import HttpListener, runner_options
 from rcq.server.http.membership_routes import MEMBERSHIP
 from rcq.server.leader.transactions import TransactionManager
+from rcq.server.partitions.host import PartitionHost
 from rcq.server.raft.protocol import Replicator, known_nodes
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class Node:
         self.replicator = replicator
         self.manager = TransactionManager(config, replicator, leader_url=self.leader_url)
         self.app = create_app(config, self.manager, replicator)
+        # The node's other partitions, one child process each (docs/partitions.md), when it has ports for them.
+        self.partition_host = PartitionHost(config, replicator) if config.partition_ports is not None else None
         self._runner: web.AppRunner | None = None
         self.http_listener: HttpListener | None = None  # the HTTP socket and its connection limits
         self.port: int | None = None
@@ -80,6 +84,8 @@ class Node:
         log.info("node %s serving HTTP%s on %s:%s, Raft on %s", self.config.node_id,
                  "S" if self.config.tls_cert_file is not None else "", self.config.http_host, self.port,
                  self.config.raft_address)
+        if self.partition_host is not None:
+            self.partition_host.start()
         if not self.config.auth_enabled:
             exposed = not is_loopback(self.config.http_host)
             (log.warning if exposed else log.info)(
@@ -87,6 +93,8 @@ class Node:
                 self.port, " (insecure_http; never do this outside development)" if exposed else " (loopback only)")
 
     async def stop(self) -> None:
+        if self.partition_host is not None:  # the partitions stop first (each hands its leadership over)
+            await self.partition_host.stop()
         if self.http_listener is not None:
             self.http_listener.close()  # accept no more connections
         if self._runner is not None:

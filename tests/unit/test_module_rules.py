@@ -67,7 +67,7 @@ BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.diges
 CONFIG = "rcq/server/config.py"
 # The server's layers, lowest first: a module may import its own layer and the ones below.
 SERVER_LAYERS = ("rcq.server.config", "rcq.server.security", "rcq.server.core", "rcq.server.raft",
-                 "rcq.server.leader", "rcq.server.http", "rcq.server.partitions", "rcq.server.node")
+                 "rcq.server.partitions", "rcq.server.leader", "rcq.server.http", "rcq.server.node")
 
 
 # ====================================================================== the checker

@@ -182,6 +182,13 @@ class Directory:
         """A deleted queue's placement goes with it (re-created, it may be placed anew)."""
         self.placement.pop(queue, None)
 
+    def copy(self) -> Directory:
+        """A copy to read outside the replicator's lock (its entries are immutable)."""
+        copied = Directory()
+        copied.partitions, copied.node_ports = dict(self.partitions), dict(self.node_ports)
+        copied.placement, copied.next_number = dict(self.placement), self.next_number
+        return copied
+
     @property
     def empty(self) -> bool:
         return not (self.partitions or self.node_ports or self.placement) and self.next_number == 1

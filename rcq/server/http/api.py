@@ -41,8 +41,10 @@ from rcq.server.http.forwarding import Forwarder
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, TOKENS, Handler, error_response
 from rcq.server.http.membership_routes import MEMBERSHIP, make_probe
 from rcq.server.http.metrics import NodeMetrics
+from rcq.server.http.partition_routes import PARTITION_DIRECTORY, add_partition_routes
 from rcq.server.leader.feature_levels import FeatureLevels
 from rcq.server.leader.membership import Membership
+from rcq.server.leader.partition_directory import PartitionDirectory
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator, known_nodes
 from rcq.server.security.tls import peer_context
@@ -115,10 +117,16 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
                                  make_probe(peer_tls, lambda: replicator.read(lambda sm: sm.level),
                                             lambda: replicator.read(lambda sm: sm.cluster_id)))
     app[FEATURE_LEVELS] = FeatureLevels(config, manager, replicator, app[MEMBERSHIP], make_survey(app, peer_tls))
+    membership = app[MEMBERSHIP]
+    directory = PartitionDirectory(config, replicator, manager.entry_stamp,
+                                   lambda: [m.node_id for m in membership.members()], app[FEATURE_LEVELS].active)
+    app[PARTITION_DIRECTORY] = directory
+    app[FEATURE_LEVELS].on_turn.append(directory.record_ports)
     cluster_routes.add_routes(app)
     membership_routes.add_routes(app)
     feature_level_routes.add_routes(app)
     transaction_routes.add_routes(app)
     queue_routes.add_routes(app)
     session_channel.add_routes(app)
+    add_partition_routes(app, peer_tls)
     return app

@@ -22,6 +22,7 @@ from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, admin
 from rcq.server.http.membership_routes import MEMBERSHIP
 from rcq.server.http.openapi import openapi_spec
 from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
+from rcq.server.leader.partition_directory import partition_ports_of
 from rcq.server.security.tls import peer_context
 from rcq.version import rcq_version
 
@@ -122,9 +123,12 @@ async def healthz(request: web.Request) -> web.Response:
     # or adding a member (rcq.server.leader.feature_levels), and the identity of the cluster whose
     # state it holds (None: a fresh node, or a level-1 cluster): a leader refuses to add a node of
     # another cluster (rcq.server.http.membership_routes).
-    return json_response({"ok": True, "node_id": request.app[CONFIG].node_id, "version": rcq_version(),
-                          "feature_level_max": level_max_read(request.app[CONFIG].test_feature_level_max),
-                          "cluster_id": request.app[REPLICATOR].read(lambda sm: sm.cluster_id)})
+    # Where the node serves partitions (docs/partitions.md), when it does: the leader records it.
+    config = request.app[CONFIG]
+    return json_response({"ok": True, "node_id": config.node_id, "version": rcq_version(),
+                          "feature_level_max": level_max_read(config.test_feature_level_max),
+                          "cluster_id": request.app[REPLICATOR].read(lambda sm: sm.cluster_id),
+                          **({"partition_ports": partition_ports_of(config)} if config.partition_ports else {})})
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -48,7 +48,9 @@ class HealthSurvey:
         version, level_max = body.get("version"), body.get("feature_level_max", LEVEL_BASE)  # rcq 0.1: neither
         if not isinstance(level_max, int) or level_max < LEVEL_BASE:
             return f"/healthz states feature_level_max {level_max!r}"
-        return NodeLevels(version=version if isinstance(version, str) else None, level_max=level_max)
+        ports = body.get("partition_ports")
+        return NodeLevels(version=version if isinstance(version, str) else None, level_max=level_max,
+                          partition_ports=ports if isinstance(ports, dict) else None)
 
     async def close(self, app: web.Application) -> None:
         if self._session is not None:

@@ -373,6 +373,15 @@ class AddMemberRequest(_Model):
     catch_up_timeout_s: float = Field(60.0, ge=0, le=600, description="how long to wait for it to catch up")
 
 
+class CreatePartitionRequest(_Model):
+    """POST /v1/cluster/partitions: create a partition (docs/partitions.md)."""
+
+    name: str = Field(max_length=32, description="1 to 32 of a-z, 0-9, '_' and '-', starting with a letter; not p0")
+    replicas: int | None = Field(None, ge=1, le=9, description="how many members (default min(3, nodes)), chosen "
+                                                              "among the nodes with the fewest partitions")
+    nodes: list[NodeId] | None = Field(None, min_length=1, max_length=9, description="the members, by node id")
+
+
 class RaiseFeatureLevelRequest(_Model):
     """POST /v1/cluster/feature-level: raise the cluster's feature level (docs/upgrades.md)."""
 

@@ -36,6 +36,7 @@ from rcq.server.config import NodeConfig
 from rcq.server.core.commands import SetIdentity, SetIdentityResult, SetLevel, SetLevelResult
 from rcq.server.core.features import LEVEL_OF_CLUSTER_IDENTITY, LEVELS, describe, level_max_read
 from rcq.server.leader.membership import Membership
+from rcq.server.leader.partition_directory import partition_ports_of
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator
 from rcq.version import rcq_version
@@ -52,6 +53,7 @@ class NodeLevels:
 
     version: str | None  # None: a release before versions were reported (rcq 0.1)
     level_max: int
+    partition_ports: dict[str, Any] | None = None  # where it serves partitions (partition_directory.partition_ports_of)
 
 
 # url -> what the node there reads, or why it could not be asked
@@ -65,6 +67,7 @@ class MemberLevels:
     version: str | None
     level_max: int | None  # None: unknown (unreachable)
     problem: str | None = None
+    partition_ports: dict[str, Any] | None = None  # what it states on /healthz (None: nothing, or not asked)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +84,9 @@ class FeatureLevels:
         self._level_max = level_max_read(config.test_feature_level_max)  # what this node reads
         self._raising = asyncio.Lock()
         self._auto_task: asyncio.Task[None] | None = None
+        self._own_ports = partition_ports_of(config) if config.partition_ports else None
+        # Called at every turn of the loop, with the members' answers (the partition directory's upkeep).
+        self.on_turn: list[Callable[[list[MemberLevels]], Awaitable[None]]] = []
 
     # ---------------------------------------------------------------- reading
     def active(self) -> int:
@@ -101,7 +107,8 @@ class FeatureLevels:
         found = []
         for member in self._membership.members():
             if member.self:
-                found.append(MemberLevels(member.node_id, member.url, rcq_version(), self._level_max))
+                found.append(MemberLevels(member.node_id, member.url, rcq_version(), self._level_max,
+                                          partition_ports=self._own_ports))
                 continue
             if member.url is None:
                 found.append(MemberLevels(member.node_id, None, None, None, "no HTTP URL known"))
@@ -110,7 +117,8 @@ class FeatureLevels:
             if isinstance(answer, str):
                 found.append(MemberLevels(member.node_id, member.url, None, None, answer))
             else:
-                found.append(MemberLevels(member.node_id, member.url, answer.version, answer.level_max))
+                found.append(MemberLevels(member.node_id, member.url, answer.version, answer.level_max,
+                                          partition_ports=answer.partition_ports))
         return found
 
     async def report(self) -> dict[str, Any]:
@@ -200,6 +208,15 @@ class FeatureLevels:
             log.debug("cluster identity not given: %s", exc)
         except Exception:
             log.exception("giving the cluster its identity failed")
+        if self.on_turn:
+            members = await self.members()
+            for call in self.on_turn:
+                try:
+                    await call(members)
+                except RcqError as exc:  # not leading any more, or an outcome unknown: next turn
+                    log.debug("a feature-level turn's follow-up failed: %s", exc)
+                except Exception:
+                    log.exception("a feature-level turn's follow-up failed")
 
     # ---------------------------------------------------------------- identity
     async def give_identity(self) -> str | None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from rcq.server.config import NodeConfig, PeerConfig
+from rcq.server.core.directory import NodePorts
 
 PARTITIONS_DIR = "partitions"
 
@@ -111,3 +112,27 @@ def partition_config(node: NodeConfig, name: str, number: int, members: Sequence
         raft_bind_address=bind_address if bind_address != raft_address else None,
         peers=peers, peer_urls=peer_urls, data_dir=node.data_dir / PARTITIONS_DIR / name)
     return NodeConfig.model_validate(fields)
+
+
+def member_ports(entry: NodePorts) -> MemberPorts:
+    """A member's ports as the directory recorded them."""
+    return MemberPorts(entry.node_id, entry.raft_host, entry.url, entry.partition_ports, entry.partition_advertise_ports)
+
+
+def reach_url(node: NodeConfig, member: MemberPorts, number: int) -> str:
+    """Where ``node`` reaches partition ``number``'s HTTP on ``member``: on itself, at the address
+    it binds (loopback when it binds every address); on a peer, at its ``peer_urls`` entry's host
+    with the port the peer binds, else at the URL the peer advertises."""
+    http_port = ports_of(member.partition_ports, number, member.node_id)[0]
+    if member.node_id == node.node_id:
+        host = "127.0.0.1" if node.http_host in ("0.0.0.0", "::", "") else node.http_host
+        scheme = "https" if node.tls_cert_file is not None else "http"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{http_port}"
+    if member.node_id in node.peer_urls:
+        return with_port(node.peer_urls[member.node_id], http_port)
+    return member.advertised(number)[0]
+
+
+def partition_urls(node: NodeConfig, number: int, entries: Sequence[NodePorts]) -> list[str]:
+    """Where ``node`` reaches partition ``number`` on each member (``entries``: their recorded ports)."""
+    return [reach_url(node, member_ports(entry), number) for entry in entries]

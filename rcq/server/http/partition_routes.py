@@ -1,0 +1,101 @@
+"""The partition routes (docs/partitions.md): ``GET /v1/cluster/partitions`` on any node for any
+valid token, ``POST /v1/cluster/partitions`` (admin) on p0's serving leader (others redirect).
+
+A listing names each partition's leader as its members' processes see it: each member of a
+partition other than p0 is asked for the public part of its ``/v1/cluster``, at the address this
+node reaches it by (rcq.server.partitions.ports.reach_url), with the caller's credentials;
+``leader_id`` and ``leader_url`` are null while none of them names one.
+
+Must not import: pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from rcq.server.http.cluster_routes import cluster_status
+from rcq.server.http.handlers import CONFIG, MANAGER, REPLICATOR, admin_only, json_response, read_model
+from rcq.server.http.models import CreatePartitionRequest
+from rcq.server.leader.partition_directory import PartitionDirectory
+from rcq.server.partitions.ports import partition_urls
+
+PARTITION_DIRECTORY = web.AppKey("partition_directory", PartitionDirectory)
+LEADER_ASK_TIMEOUT_S = 2.0
+
+
+class LeaderAsker:
+    """Asks a partition's members who leads it (one HTTP session, closed with the app)."""
+
+    def __init__(self, peer_tls: ssl.SSLContext | None) -> None:
+        self._peer_tls = peer_tls
+        self._session: aiohttp.ClientSession | None = None
+
+    async def leader(self, urls: list[str], authorization: str | None) -> tuple[str | None, str | None]:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._peer_tls if self._peer_tls is not None else True)
+            self._session = aiohttp.ClientSession(connector=connector)
+        headers = {"Authorization": authorization} if authorization else {}
+        answers = await asyncio.gather(*(self._ask(url, headers) for url in urls))
+        for answer in answers:
+            if answer and answer.get("leader_id"):
+                return answer["leader_id"], answer.get("leader_url")
+        return None, None
+
+    async def _ask(self, url: str, headers: dict[str, str]) -> dict[str, Any] | None:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{url}/v1/cluster", headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=LEADER_ASK_TIMEOUT_S)) as response:
+                if response.status != 200:
+                    return None
+                body = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
+            return None
+        return body if isinstance(body, dict) else None
+
+    async def close(self, app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+LEADER_ASKER = web.AppKey("partition_leader_asker", LeaderAsker)
+
+
+async def list_partitions(request: web.Request) -> web.Response:
+    app = request.app
+    config = app[CONFIG]
+    own = app[MANAGER]
+    rows = app[PARTITION_DIRECTORY].listing()
+    node_ports = app[REPLICATOR].read(lambda sm: dict(sm.directory.node_ports))  # a copy, under the lock
+    status = cluster_status(app)  # the p0 row: this node's own view
+    authorization = request.headers.get("Authorization")
+
+    async def with_leader(row: dict[str, Any]) -> dict[str, Any]:
+        if row["name"] == "p0":
+            return {**row, "leader_id": status["leader_id"], "leader_url": status["leader_url"],
+                    "serving": own.serving if status["role"] == "leader" else None}
+        urls = partition_urls(config, row["number"], [node_ports[m] for m in row["members"] if m in node_ports])
+        leader_id, leader_url = await app[LEADER_ASKER].leader(urls, authorization)
+        return {**row, "leader_id": leader_id, "leader_url": leader_url}
+
+    return json_response({"partitions": list(await asyncio.gather(*(with_leader(row) for row in rows)))})
+
+
+async def create_partition(request: web.Request) -> web.Response:
+    body = await read_model(request, CreatePartitionRequest)
+    request.app[MANAGER].require_serving()
+    created = await request.app[PARTITION_DIRECTORY].create(body.name, body.replicas, body.nodes)
+    return json_response({**created, "leader_id": None, "leader_url": None}, status=201)
+
+
+def add_partition_routes(app: web.Application, peer_tls: ssl.SSLContext | None) -> None:
+    asker = LeaderAsker(peer_tls)
+    app[LEADER_ASKER] = asker
+    app.on_cleanup.append(asker.close)
+    app.router.add_get("/v1/cluster/partitions", list_partitions)
+    app.router.add_post("/v1/cluster/partitions", admin_only("create a partition", create_partition))

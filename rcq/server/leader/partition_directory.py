@@ -1,0 +1,198 @@
+"""The partition directory, as p0's serving leader keeps it (docs/partitions.md).
+
+* **Node ports.** Each node states on ``/healthz`` where it serves partitions
+  (:func:`partition_ports_of`); at every turn of the feature-level loop, the leader records, with a
+  ``node_ports`` entry, each voting member whose statement differs from the directory.
+* **Creating a partition.** :meth:`PartitionDirectory.create` checks what it can before proposing
+  (the level, the name, the members) and maps what the state machine refuses to rcq's errors.
+  Members are chosen among the voting members with ports recorded, those holding the fewest
+  partitions first (then by node id), unless the caller names them; the preferred leader is the
+  member that is preferred for the fewest partitions.
+
+Must not import: aiohttp, pysyncobj, lmdb.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from rcq.errors import (
+    FeatureLevelRequired,
+    InvalidRequest,
+    NodeHasNoPartitionPorts,
+    PartitionExists,
+    PartitionNotEmpty,
+    PartitionNotFound,
+    PartitionPortsExhausted,
+    Unavailable,
+)
+from rcq.server.config import NodeConfig
+from rcq.server.core.directory import (
+    P0,
+    PARTITION_MEMBERS_MAX,
+    Directory,
+    DirectoryResult,
+    NodePorts,
+    PartitionChange,
+    partition_name_problem,
+)
+from rcq.server.core.features import LEVEL_OF_PARTITIONS
+from rcq.server.raft.protocol import Replicator
+
+log = logging.getLogger(__name__)
+
+PARTITION_REPLICAS_DEFAULT = 3
+
+
+def partition_ports_of(config: NodeConfig) -> dict[str, Any]:
+    """What a node states on /healthz of where it serves partitions (it has partition_ports)."""
+    assert config.partition_ports is not None
+    return {"raft_host": config.raft_address.rsplit(":", 1)[0], "url": config.url,
+            "partition_ports": list(config.partition_ports),
+            "partition_advertise_ports": list(config.partition_advertise_ports or config.partition_ports)}
+
+
+def stated_ports(node_id: str, stated: dict[str, Any], term: int, now_ms: int) -> NodePorts | None:
+    """The ``node_ports`` entry for what ``node_id`` stated (None: a statement that makes no sense)."""
+    try:
+        ports, advertised = stated["partition_ports"], stated["partition_advertise_ports"]
+        entry = NodePorts(term, now_ms, node_id, str(stated["raft_host"]), str(stated["url"]),
+                          (int(ports[0]), int(ports[1])), (int(advertised[0]), int(advertised[1])))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    valid = all(1 <= pair[0] < pair[1] <= 65535 for pair in (entry.partition_ports, entry.partition_advertise_ports))
+    return entry if valid else None
+
+
+def same_ports(recorded: NodePorts | None, entry: NodePorts) -> bool:
+    return recorded is not None and (recorded.raft_host, recorded.url, recorded.partition_ports,
+                                     recorded.partition_advertise_ports) == (
+        entry.raft_host, entry.url, entry.partition_ports, entry.partition_advertise_ports)
+
+
+REFUSALS = {
+    "partition_exists": PartitionExists,
+    "partition_not_found": PartitionNotFound,
+    "partition_not_empty": PartitionNotEmpty,
+    "node_has_no_partition_ports": NodeHasNoPartitionPorts,
+    "partition_ports_exhausted": PartitionPortsExhausted,
+    "invalid": InvalidRequest,
+}
+
+
+class PartitionDirectory:
+    """p0's leader's side of the directory. ``stamp`` gives (term, now_ms) for an entry of the
+    serving leader (raising NotLeader elsewhere); ``voting`` the voting members' node ids."""
+
+    def __init__(self, config: NodeConfig, replicator: Replicator, stamp: Any, voting: Any, active_level: Any) -> None:
+        self._config = config
+        self._replicator = replicator
+        self._stamp = stamp
+        self._voting = voting
+        self._active_level = active_level
+
+    def _read(self) -> Directory:
+        return self._replicator.read(lambda sm: sm.directory.copy())
+
+    def _require_level(self, feature: str) -> None:
+        active = self._active_level()
+        if active < LEVEL_OF_PARTITIONS:
+            raise FeatureLevelRequired(
+                f"{feature} needs feature level {LEVEL_OF_PARTITIONS}; the cluster runs at {active}. Upgrade "
+                f"every member to rcq 0.3.0 or later, then raise the level (docs/upgrades.md)",
+                details={"feature": feature, "level_required": LEVEL_OF_PARTITIONS, "level_active": active})
+
+    # --------------------------------------------------------------- node ports
+    async def record_ports(self, members: list[Any]) -> int:
+        """Record each member's stated ports that the directory lacks or has otherwise; how many."""
+        if self._active_level() < LEVEL_OF_PARTITIONS:
+            return 0
+        recorded = 0
+        for member in members:
+            if member.partition_ports is None:
+                continue
+            term, now_ms = self._stamp()
+            entry = stated_ports(member.node_id, member.partition_ports, term, now_ms)
+            if entry is None:
+                log.warning("node %s states partition ports that make no sense: %r", member.node_id,
+                            member.partition_ports)
+                continue
+            if same_ports(self._read().node_ports.get(member.node_id), entry):
+                continue
+            result = await self._replicator.submit(entry, self._config.commit_timeout_s)
+            if result == DirectoryResult("done"):
+                recorded += 1
+                log.info("partition ports of %s recorded: %d-%d", member.node_id, *entry.partition_ports)
+        return recorded
+
+    # --------------------------------------------------------------- creating
+    async def create(self, name: str, replicas: int | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
+        """Create partition ``name`` on ``nodes`` (or ``replicas`` nodes chosen); its listing entry."""
+        self._require_level("creating a partition")
+        problem = partition_name_problem(name)
+        if problem is not None:
+            raise InvalidRequest(f"partition {name!r}: {problem}")
+        directory = self._read()
+        if name in directory.partitions:
+            raise PartitionExists(f"partition {name} exists", details={"partition": name})
+        members = self._choose(directory, replicas, nodes)
+        preferred = min(members, key=lambda m: (sum(p.preferred_leader == m for p in directory.partitions.values()),
+                                                m))
+        term, now_ms = self._stamp()
+        result = await self._replicator.submit(
+            PartitionChange(term, now_ms, "create", name, directory.next_number, tuple(members), preferred),
+            self._config.commit_timeout_s)
+        self._raise_refusal(result, f"partition {name}")
+        log.info("partition %s created on %s", name, ", ".join(members))
+        return self.listing(name)[0]
+
+    def _choose(self, directory: Directory, replicas: int | None, nodes: list[str] | None) -> list[str]:
+        voting = list(self._voting())
+        with_ports = [n for n in voting if n in directory.node_ports]
+        if nodes is not None:
+            strangers = [n for n in nodes if n not in voting]
+            if strangers:
+                raise InvalidRequest(f"not voting members of the cluster: {', '.join(strangers)}",
+                                     details={"nodes": strangers})
+            if len(set(nodes)) != len(nodes) or not 1 <= len(nodes) <= PARTITION_MEMBERS_MAX:
+                raise InvalidRequest(f"a partition has 1 to {PARTITION_MEMBERS_MAX} distinct members")
+            if replicas is not None and replicas != len(nodes):
+                raise InvalidRequest(f"replicas {replicas} but {len(nodes)} nodes named")
+            without = [n for n in nodes if n not in directory.node_ports]
+            if without:
+                raise NodeHasNoPartitionPorts(
+                    f"no partition ports are recorded for {', '.join(without)}: set partition_ports on them "
+                    "(docs/partitions.md); a node's ports are recorded within seconds of its start",
+                    details={"nodes": without})
+            return list(nodes)
+        wanted = replicas if replicas is not None else min(PARTITION_REPLICAS_DEFAULT, len(voting))
+        if not 1 <= wanted <= PARTITION_MEMBERS_MAX:
+            raise InvalidRequest(f"replicas must be 1 to {PARTITION_MEMBERS_MAX}")
+        if len(with_ports) < wanted:
+            raise NodeHasNoPartitionPorts(
+                f"a partition of {wanted} needs {wanted} nodes with partition ports recorded; the cluster has "
+                f"{len(with_ports)} ({', '.join(with_ports) or 'none'}): set partition_ports on them "
+                "(docs/partitions.md)", details={"nodes": [n for n in voting if n not in with_ports]})
+        load = Counter(m for p in directory.partitions.values() for m in p.members)
+        return sorted(sorted(with_ports, key=lambda n: (load[n], n))[:wanted])
+
+    @staticmethod
+    def _raise_refusal(result: Any, what: str) -> None:
+        if result == DirectoryResult("done"):
+            return
+        if not isinstance(result, DirectoryResult) or result.reason in ("stale_leader", "level_too_low"):
+            raise Unavailable(f"{what}: the entry was not applied ({result!r}); retry")
+        details = dict(result.details)
+        error = REFUSALS.get(result.reason or "", InvalidRequest)
+        raise error(f"{what}: {result.reason}" + (f" ({details})" if details else ""), details=details)
+
+    # ---------------------------------------------------------------- reading
+    def listing(self, only: str | None = None) -> list[dict[str, Any]]:
+        """Every partition (p0 first, then by number) with its members and preferred leader."""
+        directory = self._read()
+        rows = [{"name": P0, "number": 0, "members": sorted(self._voting()), "preferred_leader": None}]
+        rows += [{"name": p.name, "number": p.number, "members": list(p.members), "preferred_leader": p.preferred_leader}
+                 for p in sorted(directory.partitions.values(), key=lambda p: p.number)]
+        return [row for row in rows if only is None or row["name"] == only]

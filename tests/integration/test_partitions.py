@@ -1,0 +1,129 @@
+"""Partitions created online in a running cluster (docs/partitions.md): nodes with partition_ports
+record them, p0's leader creates a partition in the directory, each member node starts its process,
+the partition elects and commits on its own ports, and the listing names its leader on any node.
+A node killed -9 takes its partition processes with it; restarted, it starts them again."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcq.client import RcqClient
+from rcq.local.cluster import LocalCluster
+from rcq.testing import wait_until
+from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
+from tests.helpers.cluster import wait_settled
+
+pytestmark = pytest.mark.cluster
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3, partitions_max=4) as local:
+        leader = local.wait_for_leader(LEADER_TIMEOUT_S)
+        wait_settled(local, leader)
+        yield local
+
+
+def listing(cluster: LocalCluster, i: int = 0) -> list[dict[str, Any]]:
+    return cluster.poll_json(cluster.url(i) + "/v1/cluster/partitions")["partitions"]
+
+
+def create(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
+    """POST /v1/cluster/partitions to the leader: the created partition, or the error body."""
+    leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    return cluster.poll_json(cluster.url(leader) + "/v1/cluster/partitions", method="POST", body=body)
+
+
+def created(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
+    """Create a partition once every node's ports are recorded (the leader records them within a
+    turn of its feature-level loop, 5 s); its listing entry."""
+    def attempt() -> dict[str, Any] | None:
+        answer = create(cluster, body)
+        if answer.get("error", {}).get("code") == "node_has_no_partition_ports":
+            return None
+        assert "error" not in answer, answer
+        return answer
+
+    return wait_until(attempt, CLUSTER_WAIT_S, what=f"partition {body['name']} created")
+
+
+def led(cluster: LocalCluster, name: str, i: int) -> dict[str, Any]:
+    def row() -> dict[str, Any] | None:
+        found = {r["name"]: r for r in listing(cluster, i)}[name]
+        return found if found["leader_url"] else None
+
+    return wait_until(row, LEADER_TIMEOUT_S, what=f"{name} led, as node-{i} lists it")
+
+
+async def test_a_partition_created_online_runs_on_its_members_and_commits(cluster: LocalCluster) -> None:
+    p1 = created(cluster, {"name": "p1", "replicas": 3})
+    assert (p1["name"], p1["number"], sorted(p1["members"])) == ("p1", 1, ["node-0", "node-1", "node-2"])
+    row = led(cluster, "p1", 2)
+    assert [r["name"] for r in listing(cluster, 1)] == ["p0", "p1"]
+    assert row["leader_url"] not in cluster.urls  # its own process, on its own port
+    async with RcqClient([row["leader_url"]], retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
+        await client.enqueue("in-p1", "x")
+        assert await client.dequeue("in-p1") == [b"x"]
+    # p0 never saw that queue: the partition has its own log and state.
+    status = cluster.poll_json(cluster.url(0) + "/v1/queues")
+    assert "in-p1" not in [q["queue"] for q in status["queues"]]
+
+
+def test_refusals_name_what_is_wrong_and_create_nothing(cluster: LocalCluster) -> None:
+    created(cluster, {"name": "p2", "nodes": ["node-0"]})
+
+    def with_p2() -> list[dict[str, Any]] | None:
+        rows = listing(cluster)
+        return rows if "p2" in [r["name"] for r in rows] else None
+
+    before = wait_until(with_p2, CLUSTER_WAIT_S, what="node-0 listing p2")
+    for body, code in [({"name": "p0"}, "invalid_request"), ({"name": "p2"}, "partition_exists"),
+                       ({"name": "Bad/Name"}, "invalid_request"), ({"name": "p3", "nodes": ["node-7"]}, "invalid_request"),
+                       ({"name": "p3", "replicas": 4}, "node_has_no_partition_ports")]:
+        assert create(cluster, body)["error"]["code"] == code, body
+    assert [r["name"] for r in listing(cluster)] == [r["name"] for r in before]
+
+
+def test_a_node_killed_alone_takes_its_partition_processes_and_a_restart_brings_them_back(
+        cluster: LocalCluster) -> None:
+    created(cluster, {"name": "p4", "replicas": 3})
+    led(cluster, "p4", 0)
+    node = 1
+    pid = cluster.nodes[node].pid
+    assert pid is not None
+    children = wait_until(lambda: children_of(pid) if len(children_of(pid)) >= 2 else None, CLUSTER_WAIT_S,
+                          what="node-1 running its partition processes")
+    os.kill(pid, signal.SIGKILL)  # the node's process alone, not its group: the children must follow
+    wait_until(lambda: not any(pid_alive(child) for child in children), CLUSTER_WAIT_S,
+               what="node-1's partition processes gone with it")
+    cluster.kill_node(node)  # reaps it
+    cluster.start_node(node)
+    new_pid = cluster.nodes[node].pid
+    assert new_pid is not None
+    wait_until(lambda: len(children_of(new_pid)) >= 2, CLUSTER_WAIT_S, what="node-1's partitions started again")
+    for name in ("p1", "p4"):
+        led(cluster, name, node)
