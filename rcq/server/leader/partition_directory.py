@@ -105,11 +105,10 @@ class PartitionDirectory:
                 details={"feature": feature, "level_required": LEVEL_OF_PARTITIONS, "level_active": active})
 
     # --------------------------------------------------------------- node ports
-    async def record_ports(self, members: list[Any]) -> int:
-        """Record each member's stated ports that the directory lacks or has otherwise; how many."""
+    async def record_ports(self, members: list[Any]) -> None:
+        """Record each member's stated ports that the directory lacks or has otherwise."""
         if self._active_level() < LEVEL_OF_PARTITIONS:
-            return 0
-        recorded = 0
+            return
         for member in members:
             if member.partition_ports is None:
                 continue
@@ -123,9 +122,7 @@ class PartitionDirectory:
                 continue
             result = await self._replicator.submit(entry, self._config.commit_timeout_s)
             if result == DirectoryResult("done"):
-                recorded += 1
                 log.info("partition ports of %s recorded: %d-%d", member.node_id, *entry.partition_ports)
-        return recorded
 
     # --------------------------------------------------------------- creating
     async def create(self, name: str, replicas: int | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
