@@ -72,6 +72,9 @@ def _install_signal_handlers() -> threading.Event:
     return shutting_down
 
 
+PARTITIONS_ROOM = 4  # partitions a launched cluster has ports for beyond those --partitions asks for
+
+
 def say(text: str = "") -> None:
     print(text, flush=True)
 
@@ -101,9 +104,11 @@ def open_cluster(args: argparse.Namespace) -> LocalCluster:
     # RCQ_ADMIN_TOKEN, as for docker-compose: a token chosen beforehand (a benchmark harness that
     # starts the launcher can then hand it to its clients); otherwise one is made.
     admin_token = os.environ.pop("RCQ_ADMIN_TOKEN", None) or None
+    # Partitions beyond p0 need ports on every node: those asked for, and room for four more.
+    partitions_max = args.partitions - 1 + PARTITIONS_ROOM if args.partitions > 1 else 0
     cluster = LocalCluster(nodes, base_dir=args.data_dir, log_level=args.log_level, keep=args.keep,
                            insecure=args.insecure, base_port=args.base_port, auth=not args.no_auth, tls=args.tls,
-                           admin_token=None if args.no_auth else admin_token)
+                           admin_token=None if args.no_auth else admin_token, partitions_max=partitions_max)
     if args.restore is not None:
         try:  # a new cluster (new secret, new token) whose state is the backup's (docs/backup.md)
             cluster.restore_from(args.restore)
@@ -220,7 +225,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster = open_cluster(args)
         cluster.start()
         leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
+        partitions = cluster.ensure_partitions(args.partitions, LEADER_TIMEOUT_S) if args.partitions > 1 else []
         print_nodes(cluster, leader, stops_after_demo=args.demo and not args.stay)
+        for row in partitions:
+            say(f"  {row['name']}  members {','.join(row['members'])}  leader {row['leader_id']} {row['leader_url']}")
         say("ready")
         if args.demo:
             asyncio.run(run_demo(cluster, leader))
@@ -287,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--tls", action="store_true", help="HTTPS, with certificates of a CA made for the cluster")
     up.add_argument("--restore", type=Path, metavar="BACKUP",
                     help="start a NEW cluster whose state is this backup's (rcq backup; docs/backup.md)")
+    up.add_argument("--partitions", type=int, choices=range(1, 17), default=1, metavar="N",
+                    help="partitions p0 ... p{N-1} (docs/partitions.md; default 1: p0 alone); 'ready' once each "
+                         "has a serving leader")
     up.add_argument("--keep", action="store_true", help="keep the temporary data dir on exit")
     up.add_argument("--demo", action="store_true", help="run a short demonstration, then stop")
     up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")

@@ -81,6 +81,7 @@ from rcq.local.nodes import (
 from rcq.local.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
 from rcq.local.releases import Release
 from rcq.local.tls import CA_NAME, CertFiles
+from rcq.local.waits import wait_until
 from rcq.private_files import read_private, write_private
 from rcq.tokens import Grant, new_token
 
@@ -474,6 +475,38 @@ class LocalCluster(PolledCluster[LocalNode]):
     def auth_headers(self) -> dict[str, str]:
         """The admin token as an ``Authorization`` header, for raw HTTP requests (empty without auth)."""
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    # ----------------------------------------------------------- partitions
+    def partitions(self, i: int | None = None) -> list[dict[str, Any]]:
+        """GET /v1/cluster/partitions of node ``i`` (default: the leader)."""
+        i = self.wait_for_leader() if i is None else i
+        return list(self.poll_json(self.url(i) + "/v1/cluster/partitions")["partitions"])
+
+    def ensure_partitions(self, count: int, timeout_s: float = WAIT_TIMEOUT_S) -> list[dict[str, Any]]:
+        """Partitions p0 ... p{count-1}, the missing ones created (docs/partitions.md), once each
+        names a leader; their listing. Needs ``partitions_max`` of at least ``count - 1``."""
+        deadline = time.monotonic() + timeout_s
+        for number in range(1, count):
+            name = f"p{number}"
+            while name not in [row["name"] for row in self.partitions()]:
+                answer = self.poll_json(self.url(self.wait_for_leader()) + "/v1/cluster/partitions", method="POST",
+                                        body={"name": name})
+                code = answer.get("error", {}).get("code")
+                # A new cluster raises its level to 4, and records every node's ports, within a turn
+                # or two of its leader's feature-level loop (5 s): until then creating is refused.
+                if code not in (None, "partition_exists", "node_has_no_partition_ports", "feature_level_required",
+                                "not_leader", "no_leader"):
+                    raise RuntimeError(f"creating partition {name}: {answer['error']}")
+                if code is not None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"partition {name} not created within {timeout_s} s: {answer['error']}")
+                    time.sleep(self.poll_interval_s)  # pace: the leader records the nodes' ports at its next turn
+
+        def led() -> list[dict[str, Any]] | None:
+            rows = self.partitions()
+            return rows if all(row["leader_url"] for row in rows[:count]) else None
+
+        return wait_until(led, max(deadline - time.monotonic(), 1.0), what=f"{count} partitions led")
 
     # ----------------------------------------------------------- views
     @property

@@ -39,10 +39,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# The previous release: the last commit before feature levels (rcq 0.1.0). When a release is cut,
-# this becomes that release's commit (docs/upgrades.md, "Testing against the previous release").
-PREVIOUS_RELEASE = "e9ecd8eac3fc2a6a637f8e105a8aba6d9111220e"
-PREVIOUS_RELEASE_NAME = "0.1.0"
+# The previous release: rcq 0.2.0 (tag v0.2.0), the last commit before partitions. When a release
+# is cut, this becomes that release's commit (docs/upgrades.md, "Testing against the previous release").
+PREVIOUS_RELEASE = "e78735ce1469c774df8e76a867ef7e97b9924c57"
+PREVIOUS_RELEASE_NAME = "0.2.0"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # rcq/local/releases.py -> the checkout
 PTH_NAME = "rcq-release.pth"

@@ -95,7 +95,7 @@ def test_each_fault_restarts_a_node_into_the_other_version_and_the_cluster_stays
         assert fault.outcome["versions"] == {**before, name: fault.details["to"]}
         assert list(fault.outcome["versions"].values()).count(PREVIOUS_RELEASE_NAME) <= 1
         levels = fault.outcome["feature_levels"]
-        assert levels == {n: (1 if v == "current" else None) for n, v in fault.outcome["versions"].items()}, levels
+        assert levels == dict.fromkeys(fault.outcome["versions"], 1), levels  # rcq 0.2.0 reports its level too
         seen.append(fault.f)
         cluster.wait_for_leader(LEADER_TIMEOUT_S)
         if {"upgrade", "downgrade"} <= set(seen):

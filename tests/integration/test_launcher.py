@@ -95,3 +95,30 @@ async def test_a_restart_on_the_same_data_dir_keeps_the_nodes_and_their_queues(
     assert {u for _, u, _, _ in first.nodes()} == {u for _, u, _, _ in second.nodes()}
     assert "count(demo) = 4" in second.output  # 2 left by the first demo, +3 -1 by the second
     assert f"export RCQ_TOKEN=$(cat {data_dir}/admin.token)" in second.output  # the same token, kept
+
+
+PARTITION_LINE = re.compile(r"^  (p\d+)  members (\S+)  leader (node-\d+) (https?://127\.0\.0\.1:\d+)$")
+
+
+async def test_partitions_are_created_led_and_reopened_before_ready(launchers: list[Launcher], tmp_path: Path) -> None:
+    """--partitions 3: p0, p1 and p2 each with a leader before 'ready'; p1 and p2 in processes of
+    their own (other URLs than the nodes'); the same partitions again on the same --data-dir."""
+    data_dir = tmp_path / "cluster"
+    for run in range(2):
+        launcher = Launcher("up", "--partitions", "3", "--data-dir", str(data_dir))
+        launchers.append(launcher)
+        await async_wait_until(lambda started=launcher: "ready" in started.lines or started.process.poll() is not None,
+                               LAUNCHER_START_TIMEOUT_S, interval_s=0.1, what="the launcher printing ready")
+        assert launcher.process.poll() is None, launcher.output
+        nodes = check_nodes_printed(launcher, 3)
+        ready_at = launcher.lines.index("ready")
+        rows = [m for m in map(PARTITION_LINE.match, launcher.lines[:ready_at]) if m]
+        assert [m[1] for m in rows] == ["p0", "p1", "p2"], launcher.output
+        node_urls = {url for _, url, _, _ in nodes}
+        assert rows[0][4] in node_urls and not {m[4] for m in rows[1:]} & node_urls, launcher.output
+        assert all(sorted(m[2].split(",")) == ["node-0", "node-1", "node-2"] for m in rows), launcher.output
+        launcher.process.send_signal(signal.SIGTERM)
+        assert launcher.wait(LAUNCHER_EXIT_TIMEOUT_S) == 0, launcher.output
+        for _, _, pid, _ in nodes:
+            assert not is_rcq_node(pid), f"node pid {pid} outlived the launcher"
+        assert ("reopening the 3-node cluster" in launcher.output) == (run == 1), launcher.output

@@ -126,3 +126,21 @@ async def snapshot_now(cluster: LocalCluster, i: int) -> int:
     await async_wait_until(lambda: int(cluster.status(i)["snapshot_count"]) > before, CLUSTER_WAIT_S,
                            what=f"node-{i}'s snapshot")
     return snapshot_format(cluster, i)
+
+
+def create_partition(cluster: LocalCluster, name: str, indices: list[int] | None = None) -> dict[str, Any]:
+    """POST /v1/cluster/partitions to whichever of ``indices`` leads (any node: the leader): the
+    new partition's entry, or the error body."""
+    leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    assert indices is None or leader in indices, f"node-{leader} leads, not one of {indices}"
+    return cluster.poll_json(cluster.url(leader) + "/v1/cluster/partitions", method="POST", body={"name": name})
+
+
+def partition_led(cluster: LocalCluster, name: str, i: int) -> dict[str, Any]:
+    """Partition ``name``'s entry in node ``i``'s listing once it names a leader."""
+    def row() -> dict[str, Any] | None:
+        rows = {r["name"]: r for r in cluster.poll_json(cluster.url(i) + "/v1/cluster/partitions")["partitions"]}
+        found = rows.get(name)
+        return found if found is not None and found["leader_url"] else None
+
+    return wait_until(row, LEADER_TIMEOUT_S, what=f"{name} led, as node-{i} lists it")
