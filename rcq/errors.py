@@ -1,5 +1,7 @@
 """The one exception hierarchy of rcq, shared by the server and the client.
 
+Why over 400 lines: one class per error code, each with its docstring as its message: the codes in one place by design.
+
 Every error carries a stable machine-readable ``code``, the HTTP status the
 server answers with, whether retrying can help (``retryable``) and whether the
 operation may nevertheless have taken effect (``maybe_committed``). Each
@@ -367,6 +369,28 @@ class PartitionPortsExhausted(RcqError):
 
     code = "partition_ports_exhausted"
     http_status = 409
+
+
+class CrossPartitionTransaction(RcqError):
+    """A transaction lives in one partition, and this queue lives in another (docs/partitions.md);
+    nothing was changed and the transaction is still usable."""
+
+    code = "cross_partition_transaction"
+    http_status = 409
+
+
+class QueuePlacementFixed(RcqError):
+    """A queue's partitions are fixed when it is created (docs/partitions.md); nothing was changed."""
+
+    code = "queue_placement_fixed"
+    http_status = 409
+
+
+class QueueSpreadUnsupported(InvalidRequest):
+    """A queue lives in one partition; spreading one over several is not supported yet."""
+
+    code = "queue_spread_unsupported"
+    http_status = 400
 
 
 def _all_subclasses(cls: type[RcqError]) -> list[type[RcqError]]:

@@ -174,6 +174,9 @@ class NodeConfig(BaseModel):
     partition_advertise_ports: PortRange | None = Field(
         None, description="START-END: partition_ports as clients and the other nodes reach them, where they differ "
                           "(a container's published ports); same size as partition_ports. Default: partition_ports")
+    partition_name: str | None = Field(
+        None, description="set by a node for the partition processes it starts (docs/partitions.md): the partition "
+                          "this process serves. None: p0, the node's own process")
     data_dir: Path = Field(description="Raft journal, its meta file and the LMDB snapshot live here")
 
     # --- security

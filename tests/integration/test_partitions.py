@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rcq.client import RcqClient
+from rcq.client import CrossPartitionTransaction, QueueNotFound, RcqClient
 from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
@@ -79,18 +79,43 @@ def led(cluster: LocalCluster, name: str, i: int) -> dict[str, Any]:
     return wait_until(row, LEADER_TIMEOUT_S, what=f"{name} led, as node-{i} lists it")
 
 
-async def test_a_partition_created_online_runs_on_its_members_and_commits(cluster: LocalCluster) -> None:
+def put_queue(cluster: LocalCluster, url: str, queue: str, body: dict[str, Any]) -> dict[str, Any]:
+    return cluster.poll_json(f"{url}/v1/queues/{queue}", method="PUT", body=body)
+
+
+async def test_a_partition_created_online_runs_on_its_members_and_holds_the_queues_placed_in_it(
+        cluster: LocalCluster) -> None:
     p1 = created(cluster, {"name": "p1", "replicas": 3})
     assert (p1["name"], p1["number"], sorted(p1["members"])) == ("p1", 1, ["node-0", "node-1", "node-2"])
     row = led(cluster, "p1", 2)
     assert [r["name"] for r in listing(cluster, 1)] == ["p0", "p1"]
     assert row["leader_url"] not in cluster.urls  # its own process, on its own port
+    leader = cluster.url(cluster.wait_for_leader(LEADER_TIMEOUT_S))
+
+    # Placed through p0's leader: p1's leader creates the queue in p1's log.
+    placed = put_queue(cluster, leader, "in-p1", {"partitions": ["p1"], "max_items": 10})
+    assert placed["settings"]["partitions"] == ["p1"] and placed["settings"]["max_items"] == 10, placed
+    assert put_queue(cluster, leader, "in-p1", {"max_items": 20})["settings"]["max_items"] == 20  # kept in p1
     async with RcqClient([row["leader_url"]], retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
         await client.enqueue("in-p1", "x")
         assert await client.dequeue("in-p1") == [b"x"]
-    # p0 never saw that queue: the partition has its own log and state.
-    status = cluster.poll_json(cluster.url(0) + "/v1/queues")
-    assert "in-p1" not in [q["queue"] for q in status["queues"]]
+        # A queue never placed in p1 is not created by a first enqueue there.
+        with pytest.raises(QueueNotFound, match="is not in partition p1"):
+            await client.enqueue("stray", "y")
+    # p0 holds no such queue, and refuses a transaction of its own on it.
+    assert "in-p1" not in [q["queue"] for q in cluster.poll_json(leader + "/v1/queues")["queues"]]
+    async with RcqClient(cluster.urls, retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
+        with pytest.raises(CrossPartitionTransaction, match="lives in partition p1") as refused:
+            await client.enqueue("in-p1", "z")
+        assert refused.value.details == {"queue": "in-p1", "queue_partitions": ["p1"], "transaction_partition": "p0"}
+        assert await client.count("in-p1") == 0
+    # A placement is fixed; a partition takes no queue behind p0's back.
+    assert put_queue(cluster, leader, "in-p1", {"partitions": ["p0"]})["error"]["code"] == "queue_placement_fixed"
+    assert put_queue(cluster, leader, "other", {"partitions": ["p9"]})["error"]["code"] == "partition_not_found"
+    assert put_queue(cluster, leader, "other", {"partitions": ["p0", "p1"]})["error"]["code"] == \
+        "queue_spread_unsupported"
+    assert put_queue(cluster, row["leader_url"], "sneaky", {})["error"]["code"] == "queue_not_found"
+    assert put_queue(cluster, leader, "in-p0", {"partitions": ["p0"]})["settings"]["partitions"] == ["p0"]
 
 
 def test_refusals_name_what_is_wrong_and_create_nothing(cluster: LocalCluster) -> None:
@@ -113,10 +138,11 @@ def test_a_node_killed_alone_takes_its_partition_processes_and_a_restart_brings_
     created(cluster, {"name": "p4", "replicas": 3})
     led(cluster, "p4", 0)
     node = 1
+    hosted = [r["name"] for r in listing(cluster) if r["name"] != "p0" and "node-1" in r["members"]]
     pid = cluster.nodes[node].pid
-    assert pid is not None
-    children = wait_until(lambda: children_of(pid) if len(children_of(pid)) >= 2 else None, CLUSTER_WAIT_S,
-                          what="node-1 running its partition processes")
+    assert pid is not None and "p4" in hosted
+    children = wait_until(lambda: children_of(pid) if len(children_of(pid)) == len(hosted) else None,
+                          CLUSTER_WAIT_S, what=f"node-1 running a process for each of {hosted}")
     os.kill(pid, signal.SIGKILL)  # the node's process alone, not its group: the children must follow
     wait_until(lambda: not any(pid_alive(child) for child in children), CLUSTER_WAIT_S,
                what="node-1's partition processes gone with it")
@@ -124,6 +150,7 @@ def test_a_node_killed_alone_takes_its_partition_processes_and_a_restart_brings_
     cluster.start_node(node)
     new_pid = cluster.nodes[node].pid
     assert new_pid is not None
-    wait_until(lambda: len(children_of(new_pid)) >= 2, CLUSTER_WAIT_S, what="node-1's partitions started again")
-    for name in ("p1", "p4"):
+    wait_until(lambda: len(children_of(new_pid)) == len(hosted), CLUSTER_WAIT_S,
+               what="node-1's partitions started again")
+    for name in hosted:
         led(cluster, name, node)

@@ -48,7 +48,7 @@ async def test_queue_settings_purge_and_delete_through_the_client(tmp_path: Path
         answer = await client.configure_queue("jobs", max_items=3)
         assert answer["settings"] == {"max_items": 3, "max_bytes": None, "max_deliveries": None,
                                       "dead_letter_queue": None, "default_ttl_s": None, "default_delay_s": None,
-                                      "max_priority": None}
+                                      "max_priority": None, "partitions": ["p0"]}
         info = await client.queue_info("jobs")
         assert info["exists"] and info["limits"]["max_items"] == 3 and info["count"] == 0
         await client.enqueue("jobs", b"1", b"2", b"3")

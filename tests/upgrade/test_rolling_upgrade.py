@@ -71,9 +71,13 @@ async def upgrade(cluster: LocalCluster, i: int) -> None:
     await asyncio.to_thread(cluster.wait_for_applied, CLUSTER_WAIT_S)
 
 
-async def round_trip(cluster: LocalCluster, urls: list[str] | None = None) -> None:
-    """One enqueue and its dequeue, committed."""
+async def round_trip(cluster: LocalCluster, urls: list[str] | None = None, placed_in: str | None = None) -> None:
+    """One enqueue and its dequeue, committed (in a queue placed in ``placed_in`` first, through p0)."""
     queue = fresh_queue("trip")
+    if placed_in is not None:
+        leader = cluster.url(cluster.wait_for_leader(LEADER_TIMEOUT_S))
+        placed = cluster.poll_json(f"{leader}/v1/queues/{queue}", method="PUT", body={"partitions": [placed_in]})
+        assert placed["settings"]["partitions"] == [placed_in], placed
     async with RcqClient(urls or cluster.urls, request_timeout_s=10.0, retry_timeout_s=CLUSTER_WAIT_S,
                          channel=False, **cluster.client_options()) as client:
         await client.enqueue(queue, "x")
@@ -149,7 +153,7 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_partitions_wait_fo
                              == "node_has_no_partition_ports" else a, CLUSTER_WAIT_S, what="p1 created")
         assert created["name"] == "p1" and len(created["members"]) == 3, created
         p1 = partition_led(cluster, "p1", 0)
-        await round_trip(cluster, [p1["leader_url"]])
+        await round_trip(cluster, [p1["leader_url"]], placed_in="p1")
         await load.commits_more(what="at level 4")
         # The directory goes through a snapshot: a follower restarted from one still lists p1.
         follower = next(i for i in range(3) if i != cluster.wait_for_leader(LEADER_TIMEOUT_S))

@@ -246,6 +246,9 @@ class QueueSettingsRequest(_Model):
     default_ttl_s: float | None = Field(None, gt=0, le=TTL_MAX_S, description="time to live of items without ttl_s")
     default_delay_s: float | None = Field(None, ge=0, le=DELAY_MAX_S, description="delay of items without delay_s")
     max_priority: int | None = Field(None, ge=0, le=PRIORITY_MAX, description="the highest priority an enqueue may give")
+    partitions: list[Annotated[str, Field(max_length=32)]] | None = Field(
+        None, min_length=1, max_length=16, description="where the queue lives, fixed when it is created (feature "
+        "level 4, docs/partitions.md); absent: kept (p0 for a new queue)")
 
     def features(self) -> QueueSettings:
         return QueueSettings(

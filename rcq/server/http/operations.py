@@ -217,7 +217,8 @@ def queue_settings_body(manager: TransactionManager, queue: str) -> dict[str, An
     settings, (max_items, max_bytes), features = manager.queue_limits(queue)
     own_items, own_bytes = settings or (None, None)
     return {"queue": queue, "exists": settings is not None,
-            "settings": {"max_items": own_items, "max_bytes": own_bytes, **features_body(features)},
+            "settings": {"max_items": own_items, "max_bytes": own_bytes, **features_body(features),
+                         "partitions": manager.queue_partitions(queue)},
             "limits": {"max_items": max_items, "max_bytes": max_bytes}}
 
 

@@ -18,10 +18,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from rcq.errors import PartitionNotFound, Unavailable
 from rcq.server.http.cluster_routes import cluster_status
 from rcq.server.http.handlers import CONFIG, MANAGER, REPLICATOR, admin_only, json_response, read_model
-from rcq.server.http.models import CreatePartitionRequest
+from rcq.server.http.models import CreatePartitionRequest, QueueSettingsRequest
 from rcq.server.leader.partition_directory import PartitionDirectory
+from rcq.server.leader.placement import PLACEMENT_HEADER, placement_token
 from rcq.server.partitions.ports import partition_urls
 
 PARTITION_DIRECTORY = web.AppKey("partition_directory", PartitionDirectory)
@@ -58,12 +60,56 @@ class LeaderAsker:
             return None
         return body if isinstance(body, dict) else None
 
+    async def put(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
+        """PUT ``body`` to ``url``: (status, answer), None when it could not be asked."""
+        assert self._session is not None
+        try:
+            async with self._session.put(url, json=body, headers=headers, allow_redirects=False,
+                                         timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
+                answer = await response.json()
+                return response.status, answer if isinstance(answer, dict) else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
+            return None
+
     async def close(self, app: web.Application) -> None:
         if self._session is not None:
             await self._session.close()
 
 
 LEADER_ASKER = web.AppKey("partition_leader_asker", LeaderAsker)
+
+
+FORWARD_TIMEOUT_S = 30.0  # a partition's leader found and its answer back, for a PUT placed there
+
+
+async def forward_configure(request: web.Request, partition: str, queue: str, body: QueueSettingsRequest
+                            ) -> tuple[int, dict[str, Any]]:
+    """PUT the queue's settings to ``partition``'s leader, signed as placed there by p0 (the
+    caller's credentials with it); its answer."""
+    app = request.app
+    config = app[CONFIG]
+    row = next((r for r in app[PARTITION_DIRECTORY].listing(partition)), None)
+    if row is None:
+        raise PartitionNotFound(f"partition {partition} is not in the directory", details={"partition": partition})
+    node_ports = app[REPLICATOR].read(lambda sm: dict(sm.directory.node_ports))
+    urls = partition_urls(config, row["number"], [node_ports[m] for m in row["members"] if m in node_ports])
+    authorization = request.headers.get("Authorization")
+    headers = {PLACEMENT_HEADER: placement_token(config, partition, queue),
+               **({"Authorization": authorization} if authorization else {})}
+    settings = body.model_dump(exclude={"partitions"}, mode="json")
+    deadline = asyncio.get_running_loop().time() + FORWARD_TIMEOUT_S
+    while True:
+        leader_id, _leader_url = await app[LEADER_ASKER].leader(urls, authorization)
+        target = next((u for u, m in zip(urls, [m for m in row["members"] if m in node_ports], strict=True)
+                       if m == leader_id), None)
+        if target is not None:
+            answer = await app[LEADER_ASKER].put(f"{target}/v1/queues/{queue}", settings, headers)
+            if answer is not None and answer[0] not in (307, 421, 503):
+                return answer
+        if asyncio.get_running_loop().time() > deadline:
+            raise Unavailable(f"partition {partition} has no leader that answered within {FORWARD_TIMEOUT_S:.0f} s; "
+                              "retry", details={"partition": partition})
+        await asyncio.sleep(0.2)  # pace: a partition electing a leader takes about a second
 
 
 async def list_partitions(request: web.Request) -> web.Response:

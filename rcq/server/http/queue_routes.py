@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from rcq.errors import QueueNotFound
 from rcq.names import check_queue_name
+from rcq.server.core.directory import P0
 from rcq.server.core.queue import QueueStats
 from rcq.server.http import operations
 from rcq.server.http.auth import principal_of
@@ -26,6 +28,8 @@ from rcq.server.http.models import (
     ReceiveRequest,
     RedriveRequest,
 )
+from rcq.server.http.partition_routes import PARTITION_DIRECTORY, forward_configure
+from rcq.server.leader.placement import PLACEMENT_HEADER, placement_allowed
 from rcq.server.leader.transactions import TransactionManager
 
 
@@ -112,11 +116,30 @@ async def redrive(request: web.Request) -> web.Response:
 
 
 async def configure_queue(request: web.Request) -> web.Response:
+    """PUT /v1/queues/{queue}. With ``partitions`` (or a queue already placed elsewhere), p0's leader
+    places it in the directory and has that partition's leader create or configure it there."""
     queue = check_queue_name(request.match_info["queue"])
     principal_of(request).require("manage", queue)
-    status, body = await operations.configure_queue(request.app[MANAGER], queue,
-                                                    await read_model(request, QueueSettingsRequest))
-    return json_response(body, status)
+    body = await read_model(request, QueueSettingsRequest)
+    app = request.app
+    config = app[CONFIG]
+    if config.partition_name is not None:  # a partition process: its queues come placed by p0
+        exists = app[REPLICATOR].read(lambda sm: sm.queue_stats(queue) is not None)
+        if body.partitions not in (None, [config.partition_name]) or not (
+                exists or placement_allowed(config, queue, request.headers.get(PLACEMENT_HEADER))):
+            raise QueueNotFound(
+                f"queue {queue!r} is not in partition {config.partition_name}: create a queue in a partition "
+                f"through p0 (PUT /v1/queues/{queue} with {{\"partitions\": [\"{config.partition_name}\"]}} "
+                "to any node's own port)", details={"queue": queue, "partition": config.partition_name})
+    else:
+        directory = app[PARTITION_DIRECTORY]
+        placed = await directory.place(queue, body.partitions) if body.partitions is not None \
+            else directory.placed(queue)
+        if placed != [P0]:
+            status, answer = await forward_configure(request, placed[0], queue, body)
+            return json_response(answer, status)
+    status, answer = await operations.configure_queue(app[MANAGER], queue, body)
+    return json_response(answer, status)
 
 
 async def purge_queue(request: web.Request) -> web.Response:

@@ -22,6 +22,7 @@ from rcq.server.core.commands import ItemsAction, ItemsOutcome
 from rcq.server.leader.clock import LeaderClock
 from rcq.server.leader.group_commit import GroupCommitter
 from rcq.server.leader.leader_state import LeaderState
+from rcq.server.leader.placement import Placement
 from rcq.server.leader.session import AnswerBudget, DeadLetter, DequeuedItem, Session, State
 from rcq.server.raft.protocol import Replicator
 
@@ -34,6 +35,7 @@ class Dequeuer:
         self._config = config
         self._leader = leader
         self._replicator = replicator
+        self._placement = Placement(config, replicator)
         self._committer = committer
         self._clock = clock
 
@@ -47,6 +49,7 @@ class Dequeuer:
         transaction = leader.get_open(transaction_id)
         budget = budget if budget is not None else self.answer_budget()
         check_queue_name(queue)
+        self._placement.check(queue, creates=False)
         if max_items > self._config.dequeue_items_max:
             raise InvalidRequest(f"max_items {max_items} is over the limit {self._config.dequeue_items_max}")
         if wait_ms > self._config.dequeue_wait_max_ms:

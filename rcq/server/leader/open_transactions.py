@@ -33,6 +33,7 @@ from rcq.server.core.ledger import headers_bytes
 from rcq.server.leader.admission import Admission, merge_growth
 from rcq.server.leader.deadlines import DeadlineReaper
 from rcq.server.leader.leader_state import LeaderState
+from rcq.server.leader.placement import Placement
 from rcq.server.leader.session import RandomHex, Session, State
 from rcq.server.raft.protocol import Replicator
 
@@ -43,6 +44,7 @@ class OpenTransactions:
         self._leader = leader
         self._replicator = replicator
         self._admission = admission
+        self._placement = Placement(config, replicator)
         self._random_ids = RandomHex(12)
         # Started, stopped and cleared (on a new epoch) by the TransactionManager.
         self.deadlines = DeadlineReaper(find=leader.open_session, expire=self.expire,
@@ -141,6 +143,7 @@ class OpenTransactions:
         a caller that commits at once (its commit checks the same growth against the same state)."""
         transaction = self._leader.get_open(transaction_id)
         check_queue_name(queue)
+        self._placement.check(queue, creates=True)
         if headers is not None:
             headers = [h or None for h in headers]  # empty headers are none
             if not any(headers):

@@ -26,6 +26,8 @@ from rcq.errors import (
     PartitionNotEmpty,
     PartitionNotFound,
     PartitionPortsExhausted,
+    QueuePlacementFixed,
+    QueueSpreadUnsupported,
     Unavailable,
 )
 from rcq.server.config import NodeConfig
@@ -36,6 +38,7 @@ from rcq.server.core.directory import (
     DirectoryResult,
     NodePorts,
     PartitionChange,
+    QueuePlacement,
     partition_name_problem,
 )
 from rcq.server.core.features import LEVEL_OF_PARTITIONS
@@ -78,6 +81,8 @@ REFUSALS = {
     "partition_not_empty": PartitionNotEmpty,
     "node_has_no_partition_ports": NodeHasNoPartitionPorts,
     "partition_ports_exhausted": PartitionPortsExhausted,
+    "queue_placement_fixed": QueuePlacementFixed,
+    "queue_spread_unsupported": QueueSpreadUnsupported,
     "invalid": InvalidRequest,
 }
 
@@ -174,6 +179,38 @@ class PartitionDirectory:
                 "(docs/partitions.md)", details={"nodes": [n for n in voting if n not in with_ports]})
         load = Counter(m for p in directory.partitions.values() for m in p.members)
         return sorted(sorted(with_ports, key=lambda n: (load[n], n))[:wanted])
+
+    # --------------------------------------------------------------- placing
+    def placed(self, queue: str) -> list[str]:
+        return list(self._replicator.read(lambda sm: sm.directory.placed(queue)))
+
+    async def place(self, queue: str, partitions: list[str]) -> list[str]:
+        """Place ``queue`` in ``partitions`` (fixed once: the same placement again is fine)."""
+        if partitions == self.placed(queue):
+            return partitions
+        self._require_level("placing a queue in a partition")
+        # What the state machine would refuse is refused here first: a refusal writes no entry.
+        directory = self._read()
+        unknown = [p for p in partitions if p != P0 and p not in directory.partitions]
+        if len(set(partitions)) != len(partitions):
+            raise InvalidRequest("partitions names a partition twice", details={"partitions": partitions})
+        if unknown:
+            raise PartitionNotFound(f"no partition {unknown[0]!r} (GET /v1/cluster/partitions lists them)",
+                                    details={"partition": unknown[0]})
+        if len(partitions) > 1:
+            raise QueueSpreadUnsupported(f"queue {queue!r}: a queue lives in one partition; spreading one over "
+                                         "several is not supported yet", details={"partitions": partitions})
+        exists_in_p0 = self._replicator.read(lambda sm: sm.queue_stats(queue) is not None)
+        if queue in directory.placement or exists_in_p0:
+            raise QueuePlacementFixed(
+                f"queue {queue!r} lives in {', '.join(directory.placed(queue))}: a queue's partitions are fixed "
+                "when it is created (delete it first to place it anew)",
+                details={"queue": queue, "partitions": list(directory.placed(queue))})
+        term, now_ms = self._stamp()
+        result = await self._replicator.submit(QueuePlacement(term, now_ms, queue, tuple(partitions)),
+                                               self._config.commit_timeout_s)
+        self._raise_refusal(result, f"queue {queue!r}")
+        return partitions
 
     @staticmethod
     def _raise_refusal(result: Any, what: str) -> None:

@@ -329,6 +329,12 @@ class TransactionManager:
     def queue_limits(self, queue: str) -> QueueLimits:
         return self._queues.queue_limits(queue)
 
+    def queue_partitions(self, queue: str) -> list[str]:
+        """The partitions ``queue`` lives in: this process's own, or (in p0) where the directory places it."""
+        if self._config.partition_name is not None:
+            return [self._config.partition_name]
+        return list(self._replicator.read(lambda sm: sm.directory.placed(queue)))
+
     async def change_queue(self, queue: str, action: str, max_items: int | None = None,
                            max_bytes: int | None = None, settings: QueueSettings | None = None) -> QueueChangeResult:
         return await self._queues.change_queue(queue, action, max_items, max_bytes, settings)

@@ -110,7 +110,7 @@ def partition_config(node: NodeConfig, name: str, number: int, members: Sequence
     fields.update(
         http_port=http_port, advertise_url=url, raft_address=raft_address,
         raft_bind_address=bind_address if bind_address != raft_address else None,
-        peers=peers, peer_urls=peer_urls, data_dir=node.data_dir / PARTITIONS_DIR / name)
+        peers=peers, peer_urls=peer_urls, data_dir=node.data_dir / PARTITIONS_DIR / name, partition_name=name)
     return NodeConfig.model_validate(fields)
 
 
