@@ -4,7 +4,8 @@ node, each with the NodeConfig that rcq.server.partitions.ports derives from its
 killed -9 is started again by its supervisor and catches up from its own data directory.
 
 The nodes' own processes (p0) are not started here: what is tested is that a partition stands on
-its derived configuration alone.
+its derived configuration alone. The test creates the queue as p0's leader would: with a PUT signed
+with the cluster secret (an unsigned one is refused).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from rcq.local.nodes import free_port_range, free_ports
 from rcq.local.polls import http_json
 from rcq.private_files import write_private
 from rcq.server.config import NodeConfig
+from rcq.server.leader.placement import PLACEMENT_HEADER, placement_token
 from rcq.server.partitions.ports import MemberPorts, partition_config
 from rcq.server.partitions.supervisor import ChildSpec, Supervisor, SupervisorTimes
 from rcq.testing import async_wait_until
@@ -124,6 +127,13 @@ async def test_a_partition_of_three_processes_elects_commits_and_survives_a_memb
         partition: Partition) -> None:
     [leader] = await async_wait_until(lambda: [i] if (i := partition.leader()) is not None else None,
                                       LEADER_TIMEOUT_S, what="p1 electing a serving leader")
+    # The queue is created as p0's leader would create it there: a PUT signed with the secret.
+    url = f"{partition.urls[leader]}/v1/queues/jobs"
+    assert http_json(url, 5.0, "PUT", body={})["error"]["code"] == "queue_not_found"  # unsigned: refused
+    signed = urllib.request.Request(url, method="PUT", data=b"{}", headers={
+        "Content-Type": "application/json", PLACEMENT_HEADER: placement_token(partition.configs[leader], "p1", "jobs")})
+    with urllib.request.urlopen(signed, timeout=5.0) as answer:
+        assert json.loads(answer.read())["settings"]["partitions"] == ["p1"]
     async with RcqClient(partition.urls, retry_timeout_s=CLUSTER_WAIT_S) as client:
         await client.enqueue("jobs", "a")
         await client.enqueue("jobs", "b")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,26 +17,9 @@ from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cluster import wait_settled
+from tests.helpers.processes import children_of, process_alive
 
 pytestmark = pytest.mark.cluster
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(p) for p in (task / "children").read_text().split()]
-        except FileNotFoundError:
-            continue
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +126,7 @@ def test_a_node_killed_alone_takes_its_partition_processes_and_a_restart_brings_
     children = wait_until(lambda: children_of(pid) if len(children_of(pid)) == len(hosted) else None,
                           CLUSTER_WAIT_S, what=f"node-1 running a process for each of {hosted}")
     os.kill(pid, signal.SIGKILL)  # the node's process alone, not its group: the children must follow
-    wait_until(lambda: not any(pid_alive(child) for child in children), CLUSTER_WAIT_S,
+    wait_until(lambda: not any(process_alive(child) for child in children), CLUSTER_WAIT_S,
                what="node-1's partition processes gone with it")
     cluster.kill_node(node)  # reaps it
     cluster.start_node(node)

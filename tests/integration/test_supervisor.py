@@ -18,6 +18,7 @@ from rcq.server.partitions.child import die_with_parent
 from rcq.server.partitions.supervisor import PARENT_PID_ENV, ChildSpec, Supervisor, SupervisorTimes
 from rcq.testing import async_wait_until, wait_until
 from tests.helpers import LOCAL_WAIT_S
+from tests.helpers.processes import process_alive
 
 FAST = SupervisorTimes(backoff_min_s=0.05, backoff_max_s=0.2, healthy_after_s=2.0, stop_timeout_s=1.0)
 
@@ -55,14 +56,6 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 def pids_written(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
@@ -91,11 +84,11 @@ async def test_children_run_until_stopped_and_a_child_no_longer_wanted_stops(chi
         assert supervisor.pids() == {"p1": first, "p2": second}
 
         await supervisor.want({"p1": spec(child_script, tmp_path, "wait", "p1")})
-        assert not alive(second) and alive(first)
+        assert not process_alive(second) and process_alive(first)
         assert supervisor.status()["p1"]["starts"] == 1 and list(supervisor.status()) == ["p1"]
     finally:
         await supervisor.close()
-    assert not alive(first)
+    assert not process_alive(first)
     assert supervisor.status() == {}
 
 
@@ -113,7 +106,7 @@ async def test_a_child_that_exits_is_started_again_with_a_growing_back_off(child
                                what="the back-off at its cap")
     finally:
         await supervisor.close()
-    assert all(not alive(pid) for pid in pids_written(tmp_path / "p1.pids"))
+    assert all(not process_alive(pid) for pid in pids_written(tmp_path / "p1.pids"))
 
 
 async def test_a_child_killed_from_outside_is_replaced(child_script: Path, tmp_path: Path) -> None:
@@ -126,7 +119,7 @@ async def test_a_child_killed_from_outside_is_replaced(child_script: Path, tmp_p
         await async_wait_until(lambda: supervisor.pids().get("p1", first) != first, LOCAL_WAIT_S,
                                what="another process for the child")
         assert supervisor.status()["p1"]["last_exit"] == -signal.SIGKILL
-        assert not alive(first)
+        assert not process_alive(first)
     finally:
         await supervisor.close()
 
@@ -139,7 +132,7 @@ async def test_a_child_that_ignores_sigterm_is_killed_after_the_stop_timeout(chi
     pid = pids_written(tmp_path / "p1.pids")[0]
     started = asyncio.get_running_loop().time()
     await supervisor.close()
-    assert not alive(pid)
+    assert not process_alive(pid)
     assert asyncio.get_running_loop().time() - started >= FAST.stop_timeout_s
 
 
@@ -155,7 +148,7 @@ def test_killing_the_supervising_process_with_sigkill_leaves_no_orphan(child_scr
                        what="the child past die_with_parent")
             parent.kill()
             parent.wait(LOCAL_WAIT_S)
-            wait_until(lambda: not alive(child), LOCAL_WAIT_S, what="the child gone with its parent")
+            wait_until(lambda: not process_alive(child), LOCAL_WAIT_S, what="the child gone with its parent")
         finally:
             if parent.poll() is None:
                 parent.kill()

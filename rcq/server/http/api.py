@@ -119,7 +119,8 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     app[FEATURE_LEVELS] = FeatureLevels(config, manager, replicator, app[MEMBERSHIP], make_survey(app, peer_tls))
     membership = app[MEMBERSHIP]
     directory = PartitionDirectory(config, replicator, manager.entry_stamp,
-                                   lambda: [m.node_id for m in membership.members()], app[FEATURE_LEVELS].active)
+                                   lambda: [m.node_id for m in membership.members()], app[FEATURE_LEVELS].active,
+                                   app[FEATURE_LEVELS].require)
     app[PARTITION_DIRECTORY] = directory
     app[FEATURE_LEVELS].on_turn.append(directory.record_ports)
     cluster_routes.add_routes(app)

@@ -19,7 +19,6 @@ from collections import Counter
 from typing import Any
 
 from rcq.errors import (
-    FeatureLevelRequired,
     InvalidRequest,
     NodeHasNoPartitionPorts,
     PartitionExists,
@@ -89,25 +88,24 @@ REFUSALS = {
 
 class PartitionDirectory:
     """p0's leader's side of the directory. ``stamp`` gives (term, now_ms) for an entry of the
-    serving leader (raising NotLeader elsewhere); ``voting`` the voting members' node ids."""
+    serving leader (raising NotLeader elsewhere); ``voting`` the voting members' node ids;
+    ``active_level`` the cluster's level and ``require_level`` the feature levels' gate
+    (rcq.server.leader.feature_levels)."""
 
-    def __init__(self, config: NodeConfig, replicator: Replicator, stamp: Any, voting: Any, active_level: Any) -> None:
+    def __init__(self, config: NodeConfig, replicator: Replicator, stamp: Any, voting: Any, active_level: Any,
+                 require_level: Any) -> None:
         self._config = config
         self._replicator = replicator
         self._stamp = stamp
         self._voting = voting
         self._active_level = active_level
+        self._require = require_level
 
     def _read(self) -> Directory:
         return self._replicator.read(lambda sm: sm.directory.copy())
 
     def _require_level(self, feature: str) -> None:
-        active = self._active_level()
-        if active < LEVEL_OF_PARTITIONS:
-            raise FeatureLevelRequired(
-                f"{feature} needs feature level {LEVEL_OF_PARTITIONS}; the cluster runs at {active}. Upgrade "
-                f"every member to rcq 0.3.0 or later, then raise the level (docs/upgrades.md)",
-                details={"feature": feature, "level_required": LEVEL_OF_PARTITIONS, "level_active": active})
+        self._require(LEVEL_OF_PARTITIONS, feature)
 
     # --------------------------------------------------------------- node ports
     async def record_ports(self, members: list[Any]) -> None:
