@@ -20,7 +20,7 @@ from rcq.errors import InvalidRequest
 
 # The flags of ``rcq queue ACTION`` by action (the attribute names; the flag is ``--`` and dashes).
 QUEUE_SETTINGS = ("max_items", "max_bytes", "max_deliveries", "dead_letter_queue", "default_ttl_s",
-                  "default_delay_s", "max_priority")
+                  "default_delay_s", "max_priority", "partitions")
 QUEUE_FLAGS = {"configure": QUEUE_SETTINGS, "set": QUEUE_SETTINGS, "redrive": ("max_items", "source_queue")}
 
 
@@ -88,6 +88,9 @@ def _add_queue_parser(commands: Any, common: argparse.ArgumentParser) -> None:
                        help="with configure: an item is invisible this long after its enqueue")
     queue.add_argument("--max-priority", type=int, default=None,
                        help="with configure: the highest priority an enqueue may give, 0 to 255")
+    queue.add_argument("--partitions", type=lambda text: [p for p in text.split(",") if p], default=None,
+                       metavar="P[,P...]", help="with configure: the partition a new queue lives in, fixed once it "
+                                                "exists (docs/partitions.md); absent: kept")
     queue.add_argument("--source-queue", default=None, metavar="QUEUE",
                        help="with redrive: only the dead items that came from this queue")
     queue.set_defaults(func=cmd_queue)

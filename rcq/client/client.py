@@ -301,15 +301,17 @@ class RcqClient:
     async def configure_queue(self, queue: str, *, max_items: int | None = None, max_bytes: int | None = None,
                               max_deliveries: int | None = None, dead_letter_queue: str | None = None,
                               default_ttl_s: float | None = None, default_delay_s: float | None = None,
-                              max_priority: int | None = None) -> dict[str, Any]:
+                              max_priority: int | None = None, partitions: list[str] | None = None) -> dict[str, Any]:
         """Create ``queue`` if needed and replace **all** its settings (None: unset; the limits fall back
         to the node's defaults); replicated. Answers ``settings`` and ``limits``; a bad setting (an
         unknown dead-letter queue, the queue itself, a cycle) raises InvalidRequest and changes nothing.
-        See docs/queue-features.md for what each setting does."""
+        See docs/queue-features.md for what each setting does. ``partitions`` places a new queue in
+        a partition (docs/partitions.md); None keeps where it lives."""
         if dead_letter_queue is not None:
             check_queue_name(dead_letter_queue)
         newer = {"max_deliveries": max_deliveries, "dead_letter_queue": dead_letter_queue,
-                 "default_ttl_s": default_ttl_s, "default_delay_s": default_delay_s, "max_priority": max_priority}
+                 "default_ttl_s": default_ttl_s, "default_delay_s": default_delay_s, "max_priority": max_priority,
+                 "partitions": None if partitions is None else list(partitions)}
         # The limits are always sent, as before; the newer settings only when given: the server takes
         # an absent one as null, and one that predates them refuses fields it does not know.
         body = {"max_items": max_items, "max_bytes": max_bytes,

@@ -277,11 +277,11 @@ class SyncClient:
     def configure_queue(self, queue: str, *, max_items: int | None = None, max_bytes: int | None = None,
                         max_deliveries: int | None = None, dead_letter_queue: str | None = None,
                         default_ttl_s: float | None = None, default_delay_s: float | None = None,
-                        max_priority: int | None = None) -> dict[str, Any]:
+                        max_priority: int | None = None, partitions: list[str] | None = None) -> dict[str, Any]:
         return self._runner.run(self._client.configure_queue(
             queue, max_items=max_items, max_bytes=max_bytes, max_deliveries=max_deliveries,
             dead_letter_queue=dead_letter_queue, default_ttl_s=default_ttl_s, default_delay_s=default_delay_s,
-            max_priority=max_priority))
+            max_priority=max_priority, partitions=partitions))
 
     def redrive(self, dlq: str, *, max_items: int | None = None, source_queue: str | None = None) -> dict[str, Any]:
         return self._runner.run(self._client.redrive(dlq, max_items=max_items, source_queue=source_queue))

@@ -5,6 +5,7 @@ A node killed -9 takes its partition processes with it; restarted, it starts the
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -12,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from rcq.client import CrossPartitionTransaction, QueueNotFound, RcqClient
+from rcq.client import CrossPartitionTransaction, QueueNotFound, QueuePlacementFixed, RcqClient
 from rcq.local.cluster import LocalCluster
 from rcq.testing import wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
+from tests.helpers.cli import rcq
 from tests.helpers.cluster import wait_settled
 from tests.helpers.processes import children_of, process_alive
 
@@ -136,3 +138,23 @@ def test_a_node_killed_alone_takes_its_partition_processes_and_a_restart_brings_
                what="node-1's partitions started again")
     for name in hosted:
         led(cluster, name, node)
+
+
+async def test_the_client_and_the_cli_place_a_queue_and_a_second_placement_is_refused(
+        cluster: LocalCluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    created(cluster, {"name": "p5", "replicas": 2})
+    row = led(cluster, "p5", 0)
+    async with RcqClient(cluster.urls, retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
+        answer = await client.configure_queue("by-client", max_items=5, partitions=["p5"])
+        assert answer["settings"]["partitions"] == ["p5"] and answer["settings"]["max_items"] == 5, answer
+        with pytest.raises(QueuePlacementFixed, match="fixed when it is created"):
+            await client.configure_queue("by-client", partitions=["p0"])
+    assert cluster.token is not None
+    monkeypatch.setenv("RCQ_TOKEN", cluster.token)
+    code, out, err = await rcq(capsys, "queue", "configure", "by-cli", "--partitions", "p5", "--json",
+                               *(arg for url in cluster.urls for arg in ("--url", url)))
+    assert code == 0 and json.loads(out)["settings"]["partitions"] == ["p5"], (out, err)
+    async with RcqClient([row["leader_url"]], retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
+        for queue in ("by-client", "by-cli"):
+            await client.enqueue(queue, "v")
+            assert await client.count(queue) == 1
