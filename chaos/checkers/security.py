@@ -28,6 +28,10 @@ apart (``not_held``) and accepted only when the history shows a leader change co
 the code is ``leader_changed``, or a leader of a later term than the transaction's (an id is
 ``"<term in hex>.<random>"``) was sampled by the time the answer came (plus the sampling's
 slack). From the leader that began the transaction the same answer would be a leak: invalid.
+Likewise an ``intrude-unread`` flood that ran to its end (``ok``) while a leader of a later term
+than the one leading at its start was sampled: its node stopped serving and closed the channel,
+and while aiohttp waits for the client's close frame it reads and drops what comes (bounded in
+time, nothing kept), so the flood is taken to its end. Counted ``not_held``, not allowed.
 
 Counts, per kind: attempts, refused as expected, no answer, not sent, not held, allowed,
 unexpected. Hijacks are also counted by whether they targeted a transaction still open — the
@@ -84,7 +88,7 @@ def check_security(model: QueueModel, history: list[dict[str, Any]]) -> dict[str
         return {"valid": True, "checked": False, "skipped": "no intruder in this history"}
     if intruder is not None and intruder.get("skipped"):
         return {"valid": True, "checked": False, "skipped": str(intruder["skipped"])}
-    later_leader = _later_leader_seen(history)
+    later_leader, term_at = _later_leader_seen(history), _term_seen_at(history)
     victims = {str(op.value["transaction_id"]): op for op in model.ops
                if op.f not in SECURITY_FS and isinstance(op.value, dict) and op.value.get("transaction_id")}
     by_kind = {f: dict.fromkeys(("attempts", *OUTCOMES), 0) for f in INTRUSION_FS}
@@ -100,7 +104,7 @@ def check_security(model: QueueModel, history: list[dict[str, Any]]) -> dict[str
                 guest["refused"] += 1
                 samples["unexpected"].append(_sample(op, value))
             continue
-        outcome = _judge(op, value, later_leader)
+        outcome = _judge(op, value, later_leader, term_at)
         by_kind[op.f]["attempts"] += 1
         by_kind[op.f][outcome] += 1
         if outcome in samples:
@@ -140,12 +144,16 @@ def check_security(model: QueueModel, history: list[dict[str, Any]]) -> dict[str
     }
 
 
-def _judge(op: PairedOp, value: dict[str, Any], later_leader: Callable[[int, float], bool]) -> str:
+def _judge(op: PairedOp, value: dict[str, Any], later_leader: Callable[[int, float], bool],
+           term_at: Callable[[float], int | None] = lambda _: None) -> str:
     """One of OUTCOMES for an intrusion attempt."""
     if op.type == "ok":
         duplicate_commit = value.get("verb") == "commit" and value.get("duplicate") is True
-        return "not_held" if op.f == "intrude-hijack" and duplicate_commit and _explained(op, value, later_leader) \
-            else "allowed"
+        if op.f == "intrude-hijack" and duplicate_commit and _explained(op, value, later_leader):
+            return "not_held"
+        if op.f == "intrude-unread" and _leadership_changed_during(op, later_leader, term_at):
+            return "not_held"
+        return "allowed"
     if value.get("step") == "begin":
         return "not_sent"
     code = op.error
@@ -157,6 +165,16 @@ def _judge(op: PairedOp, value: dict[str, Any], later_leader: Callable[[int, flo
             code == "leader_changed" or _explained(op, value, later_leader)):
         return "not_held"
     return "unexpected"
+
+
+def _leadership_changed_during(op: PairedOp, later_leader: Callable[[int, float], bool],
+                               term_at: Callable[[float], int | None]) -> bool:
+    """Whether a leader of a later term than the one leading at the flood's start was seen by its
+    end: the channel's node stopped serving meanwhile, and closed the channel; while aiohttp waits
+    for the client's close frame it reads and drops what comes (bounded in time, nothing kept)."""
+    start = term_at(op.invoke_time_s)
+    ended_s = op.complete_time_s if op.complete_time_s is not None else op.invoke_time_s
+    return start is not None and later_leader(start, ended_s + LEADER_SAMPLE_SLACK_S)
 
 
 def _explained(op: PairedOp, value: dict[str, Any], later_leader: Callable[[int, float], bool]) -> bool:
@@ -174,9 +192,9 @@ def _term_of(transaction_id: Any) -> int | None:
         return None
 
 
-def _later_leader_seen(history: list[dict[str, Any]]) -> Callable[[int, float], bool]:
-    """``seen(term, by_s)``: was a leader of a term above ``term`` sampled at or before ``by_s``?"""
-    first_seen_s: dict[int, float] = {}  # term -> when a leader of it was first sampled
+def _leader_terms(history: list[dict[str, Any]]) -> dict[int, float]:
+    """term -> when a leader of it was first sampled."""
+    first_seen_s: dict[int, float] = {}
     for op in history:
         if op.get("process") != CHECKER_INPUT_PROCESS or op.get("f") != "leaders" or not isinstance(op.get("value"), list):
             continue
@@ -184,11 +202,23 @@ def _later_leader_seen(history: list[dict[str, Any]]) -> Callable[[int, float], 
             if isinstance(sample, dict) and "time_s" in sample and sample.get("term") is not None:
                 term, time_s = int(sample["term"]), float(sample["time_s"])
                 first_seen_s[term] = min(time_s, first_seen_s.get(term, time_s))
+    return first_seen_s
+
+
+def _later_leader_seen(history: list[dict[str, Any]]) -> Callable[[int, float], bool]:
+    """``seen(term, by_s)``: was a leader of a term above ``term`` sampled at or before ``by_s``?"""
+    first_seen_s = _leader_terms(history)
 
     def seen(term: int, by_s: float) -> bool:
         return any(later > term and time_s <= by_s for later, time_s in first_seen_s.items())
 
     return seen
+
+
+def _term_seen_at(history: list[dict[str, Any]]) -> Callable[[float], int | None]:
+    """``at(time_s)``: the highest term whose leader had been sampled by then (None: none yet)."""
+    first_seen_s = _leader_terms(history)
+    return lambda time_s: max((term for term, seen_s in first_seen_s.items() if seen_s <= time_s), default=None)
 
 
 def _running_at(op: PairedOp, index: int) -> bool:

@@ -226,6 +226,22 @@ def test_an_outcome_answered_to_a_hijack_needs_a_later_leader_to_explain_it(late
         assert (result["allowed_count"], result["unexpected_count"]) == (1, 1)
 
 
+@pytest.mark.parametrize("later_term_at_s, valid", [(0.25, True), (None, False), (30.0, False)])
+def test_an_unread_flood_taken_to_its_end_is_explained_only_by_a_leader_change_during_it(
+        later_term_at_s: float | None, valid: bool) -> None:
+    """A node that stops serving closes the channel, and aiohttp reads and drops what comes while
+    it waits for the client's close frame: the flood is taken to its end, and nothing is kept."""
+    h = SecurityHistory().intruder()
+    h.attempt("intrude-unread", "ok", frames_max=1000, flood_s=1.0, step="flood", taken=1000)  # 0.2 to 0.3 s
+    samples = [{"time_s": 0.0, "node": "node-0", "term": 5}]
+    if later_term_at_s is not None:
+        samples.append({"time_s": later_term_at_s, "node": "node-0", "term": 6})
+    h.checker_input("leaders", samples)
+    result = security(h)
+    assert result["valid"] is valid, result
+    assert (result["not_held_count"], result["allowed_count"]) == ((1, 0) if valid else (0, 1))
+
+
 def test_a_guest_op_refused_by_its_own_grant_is_invalid() -> None:
     h = SecurityHistory().intruder()
     h.attempt("guest-enqueue", "fail", "forbidden", queue=GUEST_QUEUE, values=["intruder-1"], step="enqueue")
