@@ -166,6 +166,8 @@ class Executor:
         return await handler(spec, state)
 
     def _began(self, tx: Transaction, state: dict[str, Any]) -> None:
+        if tx.transaction_id is None:  # opened at its first verb (a partitioned cluster): not known yet
+            return
         state["transaction_id"] = tx.transaction_id
         if self.registry is not None:
             self.registry.add(tx.transaction_id, self.process, state["f"])

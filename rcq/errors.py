@@ -379,6 +379,23 @@ class CrossPartitionTransaction(RcqError):
     http_status = 409
 
 
+class WrongPartition(RcqError):
+    """This request belongs to another partition's leader and was not run (docs/partitions.md,
+    "Routing"): ``details.partition`` names it, and ``leader_url`` its leader when known."""
+
+    code = "wrong_partition"
+    http_status = 421
+    retryable = True
+
+
+class DeadLetterPartitionMismatch(RcqError):
+    """A dead-letter queue must live in its source queue's partition (docs/partitions.md); nothing
+    was changed."""
+
+    code = "dead_letter_partition_mismatch"
+    http_status = 409
+
+
 class QueuePlacementFixed(RcqError):
     """A queue's partitions are fixed when it is created (docs/partitions.md); nothing was changed."""
 

@@ -22,3 +22,32 @@ def check_queue_name(name: str) -> str:
     if not isinstance(name, str) or not _QUEUE_NAME_RE.match(name) or name in DOT_SEGMENTS:
         raise InvalidQueueName(f"bad queue name {name!r}: use 1 to 128 characters of [A-Za-z0-9._-], not . or ..")
     return name
+
+
+# ---------------------------------------------------------------- transaction ids
+# A transaction id is ``<term hex>.<24 random hex>`` in p0 (as before partitions) and
+# ``<partition>.<term hex>.<24 random hex>`` in any other partition (docs/partitions.md,
+# "Transactions"): a partition name has no dot, so the count of dots tells them apart, and any
+# node can tell from an id alone which partition's leader holds the transaction.
+P0 = "p0"
+TRANSACTION_ID_PATTERN = r"^(?:[a-z][a-z0-9_-]{0,31}\.)?[0-9a-f]{1,16}\.[0-9a-f]{24}$"
+
+
+def transaction_partition(transaction_id: str) -> str:
+    """The partition a transaction id names (p0 for an id without a partition)."""
+    head, dot, rest = transaction_id.partition(".")
+    return head if dot and "." in rest else P0
+
+
+def transaction_term(transaction_id: str) -> int | None:
+    """The term encoded in a transaction id, None if it has none."""
+    parts = transaction_id.split(".")
+    try:
+        return int(parts[-2], 16) if len(parts) in (2, 3) else None
+    except ValueError:
+        return None
+
+
+def new_transaction_id(partition: str, term: int, random_hex: str) -> str:
+    """The id of a transaction opened in ``partition`` at ``term``."""
+    return f"{term:x}.{random_hex}" if partition == P0 else f"{partition}.{term:x}.{random_hex}"

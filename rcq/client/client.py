@@ -52,6 +52,7 @@ from rcq.client.wire import (
 )
 from rcq.errors import (
     CommitOutcomeUnknown,
+    CrossPartitionTransaction,
     FeatureLevelUnsupported,
     InvalidRequest,
     RouteNotFound,
@@ -59,7 +60,7 @@ from rcq.errors import (
     TransactionCommitted,
     Unavailable,
 )
-from rcq.names import check_queue_name
+from rcq.names import P0, check_queue_name, transaction_partition
 
 PEEK_TIMEOUT_S = 10.0  # how long a peeked item stays locked if the peek's abort is lost
 DEFAULT_CATCH_UP_TIMEOUT_S = 60.0  # how long an add waits, by default, for the new node to catch up
@@ -123,13 +124,25 @@ class RcqClient:
         return TransactionContext(lambda: self.begin(seconds, label))
 
     async def begin(self, timeout_s: float | None = None, label: str | None = None, *,
-                    timeout: float | None = None) -> Transaction:
+                    timeout: float | None = None, partition: str | None = None) -> Transaction:
         """Open a transaction whose deadline is ``timeout_s`` seconds away (node default if None).
-        ``timeout``: the deprecated name of ``timeout_s``."""
+        ``timeout``: the deprecated name of ``timeout_s``. ``partition``: the partition it lives in
+        (docs/partitions.md); None: the partition of the queue of its first verb. In a cluster the
+        client knows to have several partitions the server's transaction is opened at that verb
+        (``transaction_id`` is None until then); otherwise now, in p0."""
         body = begin_body(timeout_s_of(timeout_s, timeout, "begin"), label)
+        if partition is None and self._transport.routes.single() is False:
+            return Transaction(self._transport, None, label=label, begin=body)
+        # Opened now: in p0 while the client knows of no other partition (then a first verb refused
+        # for its queue's partition opens it again there, and the client learns the partitions).
+        named, partition = partition is not None, partition or P0
+        sent = {**body, "partition": partition} if partition != P0 else body
         answer = await self._transport.request(
-            Request("POST", "/v1/transactions", body, SAFE, batch_operation={"op": "begin", **body}))
-        return Transaction(self._transport, answer["transaction_id"], label=answer.get("label"))
+            Request("POST", "/v1/transactions", sent, SAFE, batch_operation={"op": "begin", **sent},
+                    partition=partition))
+        # begun for a partition named here, it stays there; else its first verb may move it (Transaction)
+        return Transaction(self._transport, answer["transaction_id"], label=answer.get("label"),
+                           begin=None if named else body)
 
     async def receive(self, queue: str, max_items: int = 1, wait_ms: int = 0, timeout_s: float | None = None,
                       label: str | None = None) -> Transaction | None:
@@ -152,7 +165,8 @@ class RcqClient:
     async def _receive(self, queue: str, body: dict[str, Any], wait_ms: int, label: str | None) -> Transaction | None:
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "receive"), body, SAFE,
-                    batch_operation={"op": "receive", "queue": queue, **body}, wait_ms=wait_ms))
+                    batch_operation={"op": "receive", "queue": queue, **body}, wait_ms=wait_ms,
+                    partition=self._transport.routes.placed(queue)))
         return received(self._transport, answer, label)
 
     def attach(self, transaction_id: str, label: str | None = None) -> Transaction:
@@ -163,7 +177,15 @@ class RcqClient:
                           idempotency_key: str | None = None) -> CommitInfo:
         """Commit several open transactions atomically, as one unit."""
         handles = list(transactions_or_ids)
-        ids = [handle.transaction_id if isinstance(handle, Transaction) else str(handle) for handle in handles]
+        for handle in handles:
+            if isinstance(handle, Transaction):
+                await handle.open()  # one opened at its first verb and never used: opened now (in p0)
+        ids = [handle.opened_id if isinstance(handle, Transaction) else str(handle) for handle in handles]
+        partitions = sorted({transaction_partition(i) for i in ids})
+        if len(partitions) > 1:
+            raise CrossPartitionTransaction(
+                f"these transactions live in partitions {', '.join(partitions)}: one commit covers the transactions "
+                "of one partition (docs/partitions.md); nothing was sent", details={"transaction_partitions": partitions})
         body: dict[str, Any] = {"transaction_ids": ids}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
@@ -186,7 +208,9 @@ class RcqClient:
         attempts = Attempts()
         try:
             # not coalesced, as before the client was split up
-            answer = await self._transport.request(Request("POST", "/v1/commit", body, COMMIT), attempts=attempts)
+            answer = await self._transport.request(
+                Request("POST", "/v1/commit", body, COMMIT, partition=transaction_partition(ids[0]) if ids else None),
+                attempts=attempts)
         except TransactionCommitted as exc:
             # /v1/commit answers a retry with 409 transaction_committed instead of "duplicate"
             if attempts.ambiguous:
@@ -227,7 +251,8 @@ class RcqClient:
         rest_body["idempotency_key"] = key
         batch_operation = {"op": "execute", "idempotency_key": key, "operations": [operation]}
         answer = await self._transport.request(
-            Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE, batch_operation=batch_operation))
+            Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE, batch_operation=batch_operation,
+                    partition=self._transport.routes.placed(queue)))
         return commit_info(answer)
 
     async def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[bytes]:
@@ -251,7 +276,7 @@ class RcqClient:
         batch_operation = {"op": "execute", "operations": [dequeue]}
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "dequeue"), {"max_items": max_items, "wait_ms": wait_ms}, WRITE,
-                    batch_operation=batch_operation, wait_ms=wait_ms))
+                    batch_operation=batch_operation, wait_ms=wait_ms, partition=self._transport.routes.placed(queue)))
         return [item for result in execute_result(answer).results for item in result.items]
 
     async def execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]],
@@ -268,9 +293,12 @@ class RcqClient:
     async def _execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]], key: str) -> ExecuteResult:
         bodies = [operation_body(operation) for operation in operations]
         body = {"operations": bodies, "idempotency_key": key}
+        # Where its queues all live, if the client knows; else p0, which has the directory and sends
+        # it on (421) or refuses queues of two partitions (409 cross_partition_transaction).
+        placed = {self._transport.routes.placed(str(b.get("queue"))) for b in bodies}
         answer = await self._transport.request(
             Request("POST", "/v1/execute", body, WRITE, batch_operation={"op": "execute", **body},
-                    wait_ms=operations_wait_ms(bodies)))
+                    wait_ms=operations_wait_ms(bodies), partition=placed.pop() if len(placed) == 1 else None))
         return execute_result(answer)
 
     # ------------------------------------------------------------- queues
@@ -316,7 +344,11 @@ class RcqClient:
         # an absent one as null, and one that predates them refuses fields it does not know.
         body = {"max_items": max_items, "max_bytes": max_bytes,
                 **{name: value for name, value in newer.items() if value is not None}}
-        return dict(await self._transport.request(Request("PUT", queue_path(queue), body)))
+        answer = dict(await self._transport.request(Request("PUT", queue_path(queue), body)))
+        placed = (answer.get("settings") or {}).get("partitions")
+        if placed:
+            self._transport.routes.learn(queue, str(placed[0]))
+        return answer
 
     async def redrive(self, dlq: str, *, max_items: int | None = None,
                       source_queue: str | None = None) -> dict[str, Any]:

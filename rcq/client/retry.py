@@ -103,7 +103,9 @@ MEMBERSHIP = RetryPolicy(maybe_committed=True, resend_ambiguous=False,
 @immutable  # built for every request: no frozen __init__ (see rcq.immutable)
 class Request:
     """One request. ``batch_operation``: the same request as a sub-request of ``POST /v1/batch``
-    (None: it is never coalesced). ``wait_ms``: how long the server may hold it before answering."""
+    (None: it is never coalesced). ``wait_ms``: how long the server may hold it before answering.
+    ``partition``: where it is sent (rcq.client.routes); an answer ``421 wrong_partition`` sends it
+    on to the partition it names."""
 
     method: str
     path: str
@@ -112,6 +114,7 @@ class Request:
     params: Mapping[str, str] | None = None
     batch_operation: dict[str, Any] | None = None
     wait_ms: int = 0
+    partition: str | None = None  # the partition whose leader runs it (None: p0)
 
 
 @dataclass(slots=True)

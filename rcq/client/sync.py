@@ -54,7 +54,8 @@ class SyncTransaction:
 
     # What the transaction knows of itself (changed by its calls, on the loop's thread).
     @property
-    def transaction_id(self) -> str:
+    def transaction_id(self) -> str | None:
+        """None until the first verb, in a cluster of several partitions (Transaction)."""
         return self._transaction.transaction_id
 
     @property
@@ -84,6 +85,18 @@ class SyncTransaction:
     def receive_error(self) -> RcqError | None:
         """Why commit_and_receive's receive failed, if it did."""
         return self._transaction.receive_error
+
+    @property
+    def partition(self) -> str | None:
+        """The partition it lives in (None: opened at its first verb, which has not come)."""
+        return self._transaction.partition
+
+    @property
+    def opened_id(self) -> str:
+        return self._transaction.opened_id
+
+    def open(self) -> str:
+        return self._runner.run(self._transaction.open())
 
     def enqueue(self, queue: str, item: ItemValue, *, priority: int | None = None,
                 delay_s: float | None = None, ttl_s: float | None = None,
@@ -218,9 +231,9 @@ class SyncClient:
         return SyncTransactionContext(lambda: self.begin(seconds, label))
 
     def begin(self, timeout_s: float | None = None, label: str | None = None, *,
-              timeout: float | None = None) -> SyncTransaction:
+              timeout: float | None = None, partition: str | None = None) -> SyncTransaction:
         seconds = timeout_s_of(timeout_s, timeout, "begin")
-        return SyncTransaction(self._runner.run(self._client.begin(seconds, label)), self._runner)
+        return SyncTransaction(self._runner.run(self._client.begin(seconds, label, partition=partition)), self._runner)
 
     def receive(self, queue: str, max_items: int = 1, wait_ms: int = 0, timeout_s: float | None = None,
                 label: str | None = None) -> SyncTransaction | None:

@@ -1,5 +1,7 @@
 """The handle on one server-side transaction: its verbs, its state, and ``async with`` (commit or abort).
 
+Why over 400 lines: one short documented method per verb, and where the transaction lives (its partition).
+
 A :class:`Transaction` builds each verb's request (the REST form and, where the server has one,
 the ``/v1/batch`` form) and hands it to :meth:`Transport.request`, which chooses between them
 and retries (see :mod:`rcq.client.retry` for what is safe to re-send, and why).
@@ -10,6 +12,7 @@ client's internals), rcq.server, pysyncobj, lmdb.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import warnings
@@ -31,8 +34,16 @@ from rcq.client.wire import (
     receive_body,
     transaction_path,
 )
-from rcq.errors import CommitOutcomeUnknown, InvalidRequest, RcqError, TransactionAborted, error_from_body
-from rcq.names import check_queue_name
+from rcq.errors import (
+    CommitOutcomeUnknown,
+    CrossPartitionTransaction,
+    InvalidRequest,
+    QueueNotFound,
+    RcqError,
+    TransactionAborted,
+    error_from_body,
+)
+from rcq.names import P0, check_queue_name, transaction_partition
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +60,24 @@ def timeout_s_of(timeout_s: float | None, timeout: float | None, where: str) -> 
 
 
 class Transaction:
-    """An open server-side transaction. Use as ``async with`` to commit on a clean exit."""
+    """An open server-side transaction. Use as ``async with`` to commit on a clean exit.
 
-    def __init__(self, transport: Transport, transaction_id: str, *, label: str | None = None,
-                 items: list[Item] | None = None, queue: str | None = None) -> None:
+    **Where it lives** (docs/partitions.md): a transaction lives in one partition, and its id names
+    it. In a cluster of several partitions, :meth:`RcqClient.begin` opens the server's transaction
+    at the first verb, in that verb's queue's partition: until then ``transaction_id`` is None. A
+    verb on a queue of another partition raises CrossPartitionTransaction, sends nothing and
+    leaves the transaction usable."""
+
+    def __init__(self, transport: Transport, transaction_id: str | None, *, label: str | None = None,
+                 items: list[Item] | None = None, queue: str | None = None,
+                 begin: dict[str, Any] | None = None) -> None:
         self._transport = transport
         self.transaction_id = transaction_id
+        # the partition it lives in; None: not opened yet, decided by its first verb's queue
+        self.partition: str | None = transaction_partition(transaction_id) if transaction_id else None
+        self._begin = begin  # the begin's body, for a transaction opened at its first verb
+        self._verbs = 0  # verbs answered: a first verb refused for its queue's partition opens again
+        self._opening: asyncio.Future[None] | None = None  # the begin of a transaction opened at its first verb
         self.label = label
         self.state = "open"  # open, committed, aborted, unknown (commit outcome unknown)
         self.commit_info: CommitInfo | None = None
@@ -68,9 +91,94 @@ class Transaction:
     def _request(self, verb: str, body: dict[str, Any] | None, policy: RetryPolicy = SAFE, *,
                  wait_ms: int = 0, coalescable: bool = True) -> Request:
         """``POST /v1/transactions/{id}/{verb}``, and the same as a sub-request of ``/v1/batch``."""
+        assert self.transaction_id is not None, "opened first (_ready)"
         operation = {"op": verb, "transaction_id": self.transaction_id, **(body or {})} if coalescable else None
         return Request("POST", transaction_path(self.transaction_id, verb), body, policy,
-                       batch_operation=operation, wait_ms=wait_ms)
+                       batch_operation=operation, wait_ms=wait_ms, partition=self.partition)
+
+    @property
+    def opened_id(self) -> str:
+        """``transaction_id`` of a transaction the server has opened (InvalidRequest before that)."""
+        if self.transaction_id is None:
+            raise InvalidRequest("this transaction is opened at its first verb, and it has had none")
+        return self.transaction_id
+
+    async def open(self) -> str:
+        """Open the server's transaction now if it is not open yet (in p0, or the partition it was
+        begun for); its id."""
+        await self._ready(None)
+        return self.opened_id
+
+    # ------------------------------------------------------------ its partition
+    async def _ready(self, queue: str | None) -> None:
+        """Open the server's transaction if it is not yet (in ``queue``'s partition); raise
+        CrossPartitionTransaction, sending nothing, if ``queue`` lives in another partition."""
+        routes = self._transport.routes
+        partition = routes.placed(queue) if queue is not None else None
+        # p0 knows where every queue lives and refuses a verb on another partition's itself; any
+        # other partition knows only its own queues, so the client asks before it sends one there.
+        if queue is not None and partition is None and (self.transaction_id is None or self.partition != P0):
+            partition = await routes.partition_of(queue)
+        if partition is not None and partition != self.partition and self._movable():
+            await self._move()
+        if self.transaction_id is None:
+            opening = self._opening
+            if opening is None:  # verbs sent at once share one open
+                opening = self._opening = asyncio.ensure_future(self._open(partition or self.partition or P0))
+            try:
+                await asyncio.shield(opening)
+            finally:
+                if opening.done():
+                    self._opening = None
+            assert self.transaction_id is not None
+        if partition is not None and partition != self.partition:
+            raise CrossPartitionTransaction(
+                f"queue {queue!r} lives in partition {partition}; this transaction lives in {self.partition}. A "
+                "transaction touches the queues of one partition (docs/partitions.md); nothing was sent",
+                details={"queue": queue, "queue_partitions": [partition], "transaction_partition": self.partition})
+
+    def _movable(self) -> bool:
+        """Begun without a partition, opened, and no verb yet: it may move to its first verb's partition."""
+        return self._begin is not None and self._verbs == 0 and self.transaction_id is not None
+
+    async def _move(self) -> None:
+        """Give up the empty server transaction (aborted) so that the next verb opens one where its queue lives."""
+        await self.abort_quietly()
+        self.transaction_id, self.partition, self.state = None, None, "open"
+
+    async def _open(self, partition: str) -> None:
+        body = dict(self._begin or {})
+        if partition != P0:
+            body["partition"] = partition
+        answer = await self._transport.request(Request("POST", "/v1/transactions", body, SAFE, partition=partition,
+                                                       batch_operation={"op": "begin", **body}))
+        self.transaction_id, self.partition = answer["transaction_id"], partition
+        self._verbs = 0
+
+    async def _verb(self, queue: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        """``send()`` once the transaction is ready for ``queue``. A first verb refused because the
+        queue lives elsewhere than the client believed (placed or deleted since) opens the
+        transaction again where it lives, once; the empty transaction left behind is aborted."""
+        await self._ready(queue)
+        try:
+            answer = await send()
+        except (CrossPartitionTransaction, QueueNotFound) as exc:
+            refused_in = self.partition
+            if not self._movable() or (isinstance(exc, QueueNotFound) and refused_in == P0):
+                raise
+            routes = self._transport.routes
+            routes.forget(queue)
+            named = exc.details.get("queue_partitions") if isinstance(exc, CrossPartitionTransaction) else None
+            if named:
+                routes.learn(queue, str(named[0]))
+            await routes.partitions(refresh=True)  # the next begin knows to wait for its first verb
+            await self._move()
+            await self._ready(queue)
+            if self.partition == refused_in:
+                raise
+            answer = await send()
+        self._verbs += 1
+        return answer
 
     async def enqueue(self, queue: str, item: ItemValue, *, priority: int | None = None,
                       delay_s: float | None = None, ttl_s: float | None = None,
@@ -98,7 +206,7 @@ class Transaction:
         # The key makes a re-sent enqueue buffer nothing twice, so it is safe to retry.
         body = {**enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=headers),
                 "key": secrets.token_hex(12)}
-        answer = await self._transport.request(self._request("enqueue", body))
+        answer = await self._verb(queue, lambda: self._transport.request(self._request("enqueue", body)))
         return int(answer["buffered"])
 
     async def enqueue_items(self, queue: str, items: Iterable[tuple[ItemValue, Mapping[str, str] | None]], *,
@@ -112,7 +220,7 @@ class Transaction:
         async def send(added: Mapping[str, str] | None) -> int:
             body = {**enqueue_items_body(queue, pairs, added, priority=priority, delay_s=delay_s, ttl_s=ttl_s),
                     "key": secrets.token_hex(12)}  # a re-sent enqueue buffers nothing twice
-            answer = await self._transport.request(self._request("enqueue", body))
+            answer = await self._verb(queue, lambda: self._transport.request(self._request("enqueue", body)))
             return int(answer["buffered"])
 
         # (A cluster below level 2 refuses items with headers of their own, traced or not.)
@@ -129,7 +237,8 @@ class Transaction:
                                             transaction_id=self.transaction_id)
 
     async def _dequeue_items(self, body: dict[str, Any], wait_ms: int) -> list[Item]:
-        answer = await self._transport.request(self._request("dequeue", body, wait_ms=wait_ms))
+        answer = await self._verb(body["queue"], lambda: self._transport.request(
+            self._request("dequeue", body, wait_ms=wait_ms)))
         return [item_from_wire(entry) for entry in answer["items"]]
 
     async def dequeue_batch(self, queue: str, max_items: int, wait_ms: int = 0, key: str | None = None) -> list[bytes]:
@@ -150,6 +259,7 @@ class Transaction:
         body: dict[str, Any] = {"queue": check_queue_name(queue), "item_ids": item_ids(queue, item_ids_or_items)}
         if reason is not None:
             body["reason"] = reason
+        await self._ready(queue)
         answer = await self._transport.request(self._request("reject", body, ONCE))
         return int(answer["rejected"])
 
@@ -163,11 +273,12 @@ class Transaction:
 
     async def _commit(self, body: dict[str, Any], wait_ms: int) -> dict[str, Any]:
         """Send the commit (retried as COMMIT says) and record how it ended; returns the answer."""
+        await self._ready(None)  # a transaction with no verb commits as it always has: opened, then committed
         try:
             answer = await hooks.active().settle(
                 self._transport, self.items,
                 lambda: self._transport.request(self._request("commit", body, COMMIT, wait_ms=wait_ms)),
-                transaction_ids=(self.transaction_id,))
+                transaction_ids=(self.opened_id,))
         except TransactionAborted:
             self.state = "aborted"
             raise
@@ -190,6 +301,7 @@ class Transaction:
         if target is None:
             raise InvalidRequest("commit_and_receive needs a queue: this transaction was not received")
         receive = receive_body(check_queue_name(target), max_items, wait_ms, timeout_s, self.label)
+        await self._ready(target)  # the next transaction opens in this one's partition
         body: dict[str, Any] = {"receive": {"queue": target, **receive}}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
@@ -210,6 +322,9 @@ class Transaction:
     async def abort(self) -> int:
         """Abort: dequeued items return to the head of their queues. Returns how many did.
         An already aborted (or expired) transaction is not an error; a committed one is."""
+        if self.transaction_id is None:  # never opened: nothing to give back
+            self.state = "aborted"
+            return 0
         try:
             answer = await self._transport.request(self._request("abort", None))
         except TransactionAborted:
@@ -223,13 +338,17 @@ class Transaction:
         seconds = timeout_s_of(timeout_s, timeout, "extend")
         if seconds is None:
             raise TypeError("extend() missing its argument timeout_s")
+        await self._ready(None)
         # not coalesced, as before the client was split up; the batch form exists if that should change
         request = self._request("extend", {"timeout_s": seconds}, coalescable=False)
         return dict(await self._transport.request(request))
 
     async def status(self) -> dict[str, Any]:
         """``state``: open, committing, unknown, committed or aborted (with ``reason``)."""
-        return dict(await self._transport.request(Request("GET", transaction_path(self.transaction_id))))
+        await self._ready(None)
+        assert self.transaction_id is not None
+        return dict(await self._transport.request(Request("GET", transaction_path(self.transaction_id),
+                                                          partition=self.partition)))
 
     async def abort_quietly(self) -> None:
         """Abort, logging instead of raising a failure: for cleanup, where the transaction expires anyway."""

@@ -1,5 +1,7 @@
 """The client's one transport: where a request goes, when it is sent again, and coalescing.
 
+Why over 400 lines: the one retry loop, and the three ways a request leaves (HTTP, a channel's frame, a batch).
+
 Every request of :mod:`rcq.client` goes through :meth:`Transport.request`. It alone decides
 whether a request leaves on its own (REST, or one frame of the session channel) or shares a
 batch, and its loop alone retries, by the rules of :mod:`rcq.client.retry` (each kind of
@@ -25,6 +27,11 @@ Connection errors, timeouts and 503 (``no_leader``, ``not_ready``,
 backoff (:mod:`rcq.client.retry`) until ``retry_timeout_s`` has passed. What is re-sent after
 a failure that may have executed is stated in :mod:`rcq.client.retry`, and a leader that stops
 answering in :mod:`rcq.client.leader_tracker`.
+
+**Partitions** (docs/partitions.md). A request names the partition that runs it (None: p0); each
+partition has its own nodes, leader, channels and coalescer, learnt from the listing
+(:mod:`rcq.client.routes`). A ``421 wrong_partition`` answer (nothing was run) sends the request
+on to the partition it names, at once, and teaches the routes where its queue lives.
 
 **Coalescing** (``coalesce=True``). A request with a batch form that does not wait (a waiting
 dequeue would hold the whole batch up) is submitted to the :class:`Coalescer`, which sends the
@@ -71,6 +78,7 @@ from rcq.client.retry import (
     origin,
     sleep_until,
 )
+from rcq.client.routes import Routes
 from rcq.client.wire import dumps, estimated_item_bytes
 from rcq.errors import (
     CommitOutcomeUnknown,
@@ -79,8 +87,10 @@ from rcq.errors import (
     NotLeader,
     PayloadTooLarge,
     Unavailable,
+    WrongPartition,
     error_from_body,
 )
+from rcq.names import P0
 
 # The policies and the request, where the client's modules have always found them.
 __all__ = ["COMMIT", "MEMBERSHIP", "ONCE", "SAFE", "WRITE", "Attempts", "Request", "RetryPolicy", "Transport"]
@@ -113,7 +123,10 @@ class Transport:
         self._tls = tls
         self._leaders = LeaderTracker(given, self._http, authorization=self._authorization,
                                       request_timeout_s=request_timeout_s)
-        self._coalescer = Coalescer(self._send_batch, self.spawn) if coalesce else None
+        self._trackers: dict[str, LeaderTracker] = {P0: self._leaders}  # partition -> its nodes and leader
+        self._coalesce = coalesce
+        self._coalescers: dict[str, Coalescer[Outcome]] = {}  # partition -> its coalescer
+        self.routes = Routes(lambda path: self.request(Request("GET", path)))
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._channels: dict[str, Channel] | None = {} if channel else None  # node URL -> its channel
@@ -132,12 +145,12 @@ class Transport:
     @property
     def leader_switches(self) -> int:
         """Overdue attempts abandoned for a newer leader (tests, benchmarks)."""
-        return self._leaders.leader_switches
+        return sum(tracker.leader_switches for tracker in self._trackers.values())
 
     async def close(self) -> None:
         self._closed = True
-        if self._coalescer is not None:
-            self._coalescer.close()
+        for coalescer in self._coalescers.values():
+            coalescer.close()
         channels = [*(self._channels or {}).values(), *self._retired]
         self._retired.clear()
         if self._channels is not None:
@@ -178,25 +191,41 @@ class Transport:
         # The one place that decides: a request with a batch form that does not wait is coalesced
         # (a waiting one would hold the whole batch up).
         batch_operation = request.batch_operation if request.wait_ms == 0 else None
-        coalescer = self._coalescer if batch_operation is not None else None
-        size_bytes = estimated_item_bytes(batch_operation) if coalescer is not None and batch_operation is not None else 0
-        delay_s, failures, redirects, sent = BACKOFF_FIRST_S, 0, 0, 0
+        size_bytes = estimated_item_bytes(batch_operation) if self._coalesce and batch_operation is not None else 0
+        partition = request.partition or P0
+        leaders = self._trackers.get(partition) or await self._tracker(partition)  # no await on the hot path
+        coalescer = self._coalescer(partition, leaders) if batch_operation is not None else None
+        delay_s, failures, redirects, sent, hops = BACKOFF_FIRST_S, 0, 0, 0, 0
         while True:
             sent += 1
             if coalescer is not None and batch_operation is not None:
                 outcome = await coalescer.submit(batch_operation, size_bytes)
             else:
-                outcome = await self._attempt(request)
+                outcome = await self._attempt(request, leaders)
             if not isinstance(outcome, Failure):
                 return outcome
             error = outcome.error
             if isinstance(error, NotLeader):
-                leader = self._leaders.learn(error.leader_url or origin(outcome.location))
+                leader = leaders.learn(error.leader_url or origin(outcome.location))
                 redirects += 1
-                if leader is not None and leader != outcome.node_url and redirects <= self._leaders.count + 1:
-                    self._leaders.leader = leader  # not executed: re-send there at once
+                if leader is not None and leader != outcome.node_url and redirects <= leaders.count + 1:
+                    leaders.leader = leader  # not executed: re-send there at once
                     continue
-                self._leaders.leader = None
+                leaders.leader = None
+            if isinstance(error, WrongPartition) and hops < 3:
+                # not run: the request belongs to the partition the answer names; re-send there at once
+                named = str(error.details.get("partition") or "")
+                if error.details.get("queue") and named:
+                    self.routes.learn(str(error.details["queue"]), named)
+                if named and named != partition:
+                    hops += 1
+                    partition = named
+                    leaders = await self._tracker(partition)
+                    if error.leader_url:
+                        leaders.leader = leaders.learn(error.leader_url)
+                    coalescer = self._coalescer(partition, leaders) if batch_operation is not None else None
+                    continue
+                raise error
             ambiguous = outcome.maybe_executed or (
                 attempts.ambiguous and isinstance(error, request.policy.unknown_after_ambiguous))
             retryable = outcome.retryable or (
@@ -212,9 +241,9 @@ class Transport:
                         f"an attempt may have executed and cannot safely be re-sent: {error.message}") from error
             failures += 1
             if outcome.rotate:
-                self._leaders.demote(outcome.node_url)
+                leaders.demote(outcome.node_url)
             # Another node is worth a try at once; the same one (or every one) only after a pause.
-            pause_s = 0.0 if outcome.rotate and failures < self._leaders.count else delay_s * outcome.jitter
+            pause_s = 0.0 if outcome.rotate and failures < leaders.count else delay_s * outcome.jitter
             resume_at = outcome.finished_at + pause_s
             if resume_at >= deadline:
                 if attempts.ambiguous and request.policy.maybe_committed:
@@ -227,39 +256,67 @@ class Transport:
                 delay_s = min(delay_s * 2, ceiling_s)
                 failures, redirects = 0 if outcome.rotate else failures, 0
 
+    # ------------------------------------------------------------ partitions
+    async def _tracker(self, partition: str) -> LeaderTracker:
+        """The nodes and leader of ``partition`` (p0: the URLs given); made from the listing."""
+        tracker = self._trackers.get(partition)
+        if tracker is None:
+            row = await self.routes.row(partition)
+            tracker = self._trackers.get(partition)  # made while the listing was fetched
+            if tracker is None:
+                urls = [normalize_url(url) for url in [*(row.get("urls") or []), row.get("leader_url")] if url]
+                if not urls:
+                    raise Unavailable(f"partition {partition} has no member this client can reach yet; retry")
+                tracker = self._trackers[partition] = LeaderTracker(
+                    list(dict.fromkeys(urls)), self._http, authorization=self._authorization,
+                    request_timeout_s=self.request_timeout_s)
+                if row.get("leader_url"):
+                    tracker.leader = normalize_url(row["leader_url"])
+        return tracker
+
+    def _coalescer(self, partition: str, leaders: LeaderTracker) -> Coalescer[Outcome] | None:
+        """``partition``'s coalescer (None: coalescing is off): a batch goes to one partition's leader."""
+        if not self._coalesce:
+            return None
+        coalescer = self._coalescers.get(partition)
+        if coalescer is None:
+            coalescer = self._coalescers[partition] = Coalescer(
+                lambda operations: self._send_batch(operations, leaders), self.spawn)
+        return coalescer
+
     # --------------------------------------------------------------- attempts
-    async def _attempt(self, request: Request) -> Outcome:
+    async def _attempt(self, request: Request, leaders: LeaderTracker) -> Outcome:
         """One exchange with the current target: a frame of its channel, else REST."""
-        node_url = self._leaders.target()
+        node_url = leaders.target()
         wait_s = request.wait_ms / 1000
         timeout_s = self.request_timeout_s + wait_s  # the server may hold it that long
         answer = None
         if request.batch_operation is not None:
-            answer = await self._over_channel(node_url, request.batch_operation, timeout_s, wait_s)
+            answer = await self._over_channel(node_url, request.batch_operation, timeout_s, leaders, wait_s)
         if answer is None:
             data = dumps(request.body) if request.body is not None else None
-            answer = await self._leaders.watched(
+            answer = await leaders.watched(
                 node_url, exchange(self._http(), node_url, request.method, request.path, data, request.params,
                                    timeout_s, self._authorization), wait_s)
         if isinstance(answer, Failure):
             return answer
         if 200 <= answer.status < 300 and isinstance(answer.payload, dict):
             if request.method != "GET":  # only the serving leader executes a POST; any node answers a GET
-                self._leaders.leader = node_url
+                leaders.leader = node_url
             return answer.payload
         return self._judged(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
 
     # ------------------------------------------------------- the session channel
     async def _over_channel(self, node_url: str, operation: dict[str, Any], timeout_s: float,
-                            wait_s: float = 0.0) -> Answer | Failure | None:
+                            leaders: LeaderTracker, wait_s: float = 0.0) -> Answer | Failure | None:
         """``operation`` as one frame of ``node_url``'s channel; None: it was not sent, use HTTP."""
         channel = self._channel(node_url)
         if channel is None:
             return None
         # overdue, the same watch as an HTTP exchange's, started by the channel's own timer (no task per request)
         try:
-            return await channel.exchange(operation, timeout_s, self._leaders.overdue_after_s(wait_s),
-                                          lambda abandon: self._leaders.watch_overdue(node_url, abandon))
+            return await channel.exchange(operation, timeout_s, leaders.overdue_after_s(wait_s),
+                                          lambda abandon: leaders.watch_overdue(node_url, abandon))
         except ExchangeFailed as exc:
             return failed_exchange(node_url, exc)
         except Abandoned as exc:
@@ -301,13 +358,14 @@ class Transport:
         await channel.close_when_idle()
         self._retired.discard(channel)
 
-    async def _send_batch(self, operations: list[dict[str, Any]]) -> list[Outcome]:
+    async def _send_batch(self, operations: list[dict[str, Any]], leaders: LeaderTracker) -> list[Outcome]:
         """One batch (the coalescer's send): a ``{"op": "batch"}`` frame of the target's channel, else
         ``POST /v1/batch``; one outcome per operation."""
-        node_url = self._leaders.target()
-        answer = await self._over_channel(node_url, {"op": "batch", "requests": operations}, self.request_timeout_s)
+        node_url = leaders.target()
+        answer = await self._over_channel(node_url, {"op": "batch", "requests": operations}, self.request_timeout_s,
+                                          leaders)
         if answer is None:
-            answer = await self._leaders.watched(
+            answer = await leaders.watched(
                 node_url, exchange(self._http(), node_url, "POST", "/v1/batch", dumps({"requests": operations}),
                                    None, self.request_timeout_s, self._authorization))
         if isinstance(answer, Failure):
@@ -316,10 +374,10 @@ class Transport:
             outcome = self._judged(node_url, answer.status, answer.payload, answer.retry_after_s, answer.location)
             if isinstance(outcome.error, InvalidRequest | PayloadTooLarge) and len(operations) > 1:
                 # One part spoils the whole body: each part goes alone, so each caller gets its own answer.
-                alone = await asyncio.gather(*(self._send_batch([operation]) for operation in operations))
+                alone = await asyncio.gather(*(self._send_batch([operation], leaders) for operation in operations))
                 return [outcome for outcomes in alone for outcome in outcomes]
             return [outcome] * len(operations)
-        self._leaders.leader = node_url
+        leaders.leader = node_url
         responses = answer.payload.get("responses")
         loop_time, jitter = asyncio.get_running_loop().time(), random.uniform(0.5, 1.0)
         if not isinstance(responses, list) or len(responses) != len(operations):

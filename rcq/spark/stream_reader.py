@@ -117,7 +117,7 @@ async def take_items(client: RcqClient, options: RcqOptions, partition: ReadPart
             break
     if not items and partition.transaction_id is None:
         await transaction.abort_quietly()  # nothing to commit; a retry may begin afresh
-    return transaction.transaction_id, items
+    return transaction.transaction_id or "", items
 
 
 def read_partition(options: RcqOptions, partition: ReadPartition) -> Iterator[pa.RecordBatch]:

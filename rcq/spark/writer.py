@@ -162,7 +162,7 @@ async def enqueue_task(client: RcqClient, options: RcqOptions, batches: Iterable
         for transaction in transactions:
             await transaction.abort_quietly()
         raise
-    return [t.transaction_id for t in transactions], rows
+    return [t.opened_id for t in transactions], rows
 
 
 def write_task(options: RcqOptions, batches: Iterator[pa.RecordBatch], label_prefix: str) -> TransactionsMessage:

@@ -89,10 +89,15 @@ async def test_a_partition_created_online_runs_on_its_members_and_holds_the_queu
     # p0 holds no such queue, and refuses a transaction of its own on it.
     assert "in-p1" not in [q["queue"] for q in cluster.poll_json(leader + "/v1/queues")["queues"]]
     async with RcqClient(cluster.urls, retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
+        tx = await client.begin(partition="p0")
+        await client.enqueue("in-p1", "z")  # p0 answers 421 naming p1; the client sends it there
+        assert await client.count("in-p1") == 1
         with pytest.raises(CrossPartitionTransaction, match="lives in partition p1") as refused:
-            await client.enqueue("in-p1", "z")
+            await tx.enqueue("in-p1", "no")  # the client knows where in-p1 lives now: nothing is sent
         assert refused.value.details == {"queue": "in-p1", "queue_partitions": ["p1"], "transaction_partition": "p0"}
-        assert await client.count("in-p1") == 0
+        await tx.enqueue("in-p0", "yes")  # and the transaction is still usable
+        await tx.abort()
+        assert await client.dequeue("in-p1") == [b"z"]
     # A placement is fixed; a partition takes no queue behind p0's back.
     assert put_queue(cluster, leader, "in-p1", {"partitions": ["p0"]})["error"]["code"] == "queue_placement_fixed"
     assert put_queue(cluster, leader, "other", {"partitions": ["p9"]})["error"]["code"] == "partition_not_found"

@@ -20,6 +20,7 @@ pa = pytest.importorskip("pyarrow")
 
 import rcq.spark  # noqa: E402
 from rcq.client import Item, RcqClient, Transaction  # noqa: E402
+from rcq.client.routes import Routes  # noqa: E402
 from rcq.client.transport import Request  # noqa: E402
 from rcq.errors import FeatureLevelRequired  # noqa: E402
 from rcq.spark.headers import HEADERS_ARROW, batch_headers  # noqa: E402
@@ -35,9 +36,13 @@ class RecordingTransport:
     """Answers enqueue and abort, records every request; ``refuse``: what an enqueue raises instead."""
 
     def __init__(self, refuse: Exception | None = None) -> None:
+        self.routes = Routes(self.ask)  # what a Transaction asks of its transport (rcq.client.routes)
         self.requests: list[Request] = []
         self.refuse = refuse
         self.buffered = 0
+
+    async def ask(self, path: str) -> dict[str, Any]:
+        raise AssertionError(f"unexpected lookup {path}")
 
     async def request(self, request: Request) -> dict[str, Any]:
         self.requests.append(request)

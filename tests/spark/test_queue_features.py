@@ -22,6 +22,7 @@ pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
 from rcq.client import DeadLetter, Item, RcqClient, Transaction  # noqa: E402
+from rcq.client.routes import Routes  # noqa: E402
 from rcq.client.transport import Request  # noqa: E402
 from rcq.client.wire import item_from_wire  # noqa: E402
 from rcq.spark.options import RcqOptionError, parse_options  # noqa: E402
@@ -106,9 +107,13 @@ class RecordingTransport:
     ``entries`` (all of them for the first request, then none)."""
 
     def __init__(self, entries: list[dict[str, Any]] | None = None) -> None:
+        self.routes = Routes(self.ask)  # what a Transaction asks of its transport (rcq.client.routes)
         self.entries = list(entries or ())
         self.requests: list[Request] = []
         self.buffered: dict[str, int] = {}
+
+    async def ask(self, path: str) -> dict[str, Any]:
+        raise AssertionError(f"unexpected lookup {path}")
 
     async def request(self, request: Request) -> dict[str, Any]:
         self.requests.append(request)

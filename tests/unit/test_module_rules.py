@@ -49,7 +49,7 @@ HARNESSES = frozenset({"chaos", "bench", "tests"})  # run from a checkout; the p
 
 PURE_FOLDER = "rcq/server/core/"
 # rcq.limits: constants shared with the client and importing nothing (the retry keys' prefix)
-PURE_ALLOWED_RCQ = ("rcq.server.core", "rcq.errors", "rcq.immutable", "rcq.limits")
+PURE_ALLOWED_RCQ = ("rcq.server.core", "rcq.errors", "rcq.immutable", "rcq.limits", "rcq.names")
 PURE_FORBIDDEN = frozenset({"asyncio", "aiohttp", "pysyncobj", "lmdb", "time", "random", "uuid", "os",
                             "threading", "socket", "pydantic"})
 EXCLUSIVE = {"pysyncobj": "rcq/server/raft/", "lmdb": "rcq/server/raft/"}

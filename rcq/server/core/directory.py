@@ -24,12 +24,12 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from rcq.immutable import immutable
+from rcq.names import P0 as P0  # re-exported: the directory's modules have always found it here
 
 KIND_PARTITION = "partition"
 KIND_NODE_PORTS = "node_ports"
 KIND_PLACEMENT = "placement"
 PARTITION_ACTIONS = ("create", "delete")
-P0 = "p0"
 # Safe in a path, a metric label, a transaction id and a URL; p0 is the cluster's own.
 PARTITION_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 PARTITION_MEMBERS_MAX = 9

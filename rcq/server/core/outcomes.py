@@ -28,6 +28,7 @@ from collections.abc import Iterable
 
 from rcq.immutable import immutable
 from rcq.limits import RETRY_KEY_PREFIX
+from rcq.names import transaction_term
 from rcq.server.core.commands import CommitUnit, UnitOutcome
 from rcq.server.core.retention import TimedTable
 
@@ -49,12 +50,8 @@ class KeyRecord:
 
 
 def id_term(transaction_id: str) -> int:
-    """The term in a transaction id (``<term hex>.<random>``); 0 when it has none."""
-    head, _, _ = transaction_id.partition(".")
-    try:
-        return int(head, 16)
-    except ValueError:
-        return 0
+    """The term in a transaction id (rcq.names); 0 when it has none."""
+    return transaction_term(transaction_id) or 0
 
 
 @immutable

@@ -10,7 +10,8 @@ answers with the leader's answer (:mod:`~rcq.server.http.forwarding`); a client 
 ``error.leader_url``). Raft never forwards a command.
 
 The middleware authenticates (:func:`~rcq.server.http.auth.authenticate`), renders errors, turns
-``NotLeader`` into a forward or a 307, and counts and times each request
+``NotLeader`` into a forward or a 307 (and ``WrongPartition`` into a forward to another
+partition's leader or a 421, rcq.server.http.partition_routes), and counts and times each request
 (:meth:`~rcq.server.http.metrics.NodeMetrics.observe_request`): one layer, where nested ones cost
 a coroutine frame, a call and a ``try`` each per request.
 
@@ -25,7 +26,15 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from rcq.errors import InternalError, MethodNotAllowed, NotLeader, PayloadTooLarge, RcqError, RouteNotFound
+from rcq.errors import (
+    InternalError,
+    MethodNotAllowed,
+    NotLeader,
+    PayloadTooLarge,
+    RcqError,
+    RouteNotFound,
+    WrongPartition,
+)
 from rcq.server.config import NodeConfig
 from rcq.server.http import (
     cluster_routes,
@@ -41,7 +50,7 @@ from rcq.server.http.forwarding import Forwarder
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, TOKENS, Handler, error_response
 from rcq.server.http.membership_routes import MEMBERSHIP, make_probe
 from rcq.server.http.metrics import NodeMetrics
-from rcq.server.http.partition_routes import PARTITION_DIRECTORY, add_partition_routes
+from rcq.server.http.partition_routes import PARTITION_DIRECTORY, PARTITION_ROUTER, add_partition_routes
 from rcq.server.leader.feature_levels import FeatureLevels
 from rcq.server.leader.membership import Membership
 from rcq.server.leader.partition_directory import PartitionDirectory
@@ -72,6 +81,9 @@ def request_middleware(metrics: NodeMetrics, tokens: TokenRegistry, forwarder: F
             except NotLeader as exc:
                 response = (await forwarder.answer(request, exc) if forwarder is not None
                             else error_response(exc, request))
+            except WrongPartition as exc:
+                router = request.app.get(PARTITION_ROUTER)
+                response = await router.answer(request, exc) if router is not None else error_response(exc, request)
             except RcqError as exc:
                 response = error_response(exc, request)
             except web.HTTPException as exc:
@@ -129,5 +141,5 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     transaction_routes.add_routes(app)
     queue_routes.add_routes(app)
     session_channel.add_routes(app)
-    add_partition_routes(app, peer_tls)
+    add_partition_routes(app, peer_tls, forwarder)
     return app

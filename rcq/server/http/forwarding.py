@@ -178,25 +178,29 @@ class Forwarder:
         if refusal.leader_url is None or self.wants_redirect(request):
             self._count("redirected")
             return self._error(refusal, request)
+        return await self.forward(request, refusal.leader_url, self.dial_url(refusal.leader_url))
+
+    async def forward(self, request: web.Request, leader_url: str, dial_url: str) -> web.Response:
+        """``request`` sent, once, to the leader advertised as ``leader_url`` at ``dial_url``, and its
+        answer (the refusals of the module docstring when that fails); within :data:`IN_FLIGHT_MAX`."""
         if self.in_flight >= IN_FLIGHT_MAX:
             self._count("busy")
-            return self._error(Unavailable(f"this node is forwarding {IN_FLIGHT_MAX} requests to the leader "
+            return self._error(Unavailable(f"this node is forwarding {IN_FLIGHT_MAX} requests to leaders "
                                            "already; retry shortly, or send to the leader",
-                                           leader_url=refusal.leader_url), request)
+                                           leader_url=leader_url), request)
         self.in_flight += 1
         try:
-            return await self._forward(request, refusal.leader_url)
+            return await self._forward(request, leader_url, dial_url)
         except RcqError as exc:
             return self._error(exc, request)
         finally:
             self.in_flight -= 1
 
-    async def _forward(self, request: web.Request, leader_url: str) -> web.Response:
+    async def _forward(self, request: web.Request, leader_url: str, dial_url: str) -> web.Response:
         try:  # the handler may have read it already (read() keeps it); within this node's body limit
             body = await read_body(request, self._config.http_body_timeout_s)
         except web.HTTPRequestEntityTooLarge as exc:
             raise PayloadTooLarge(f"request body over the limit: {exc.text}") from None
-        dial_url = self.dial_url(leader_url)
         url = yarl.URL(dial_url.rstrip("/") + request.raw_path, encoded=True)
         where = leader_url if dial_url == leader_url else f"{dial_url} (advertised as {leader_url})"
         headers = self._headers_to_send(request)

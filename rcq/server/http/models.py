@@ -28,11 +28,10 @@ from rcq.limits import (
     PRIORITY_MAX,
     TTL_MAX_S,
 )
-from rcq.names import DOT_SEGMENTS, QUEUE_NAME_PATTERN
+from rcq.names import DOT_SEGMENTS, QUEUE_NAME_PATTERN, TRANSACTION_ID_PATTERN
 from rcq.server.config import HOST_PORT_PATTERN, NODE_ID_PATTERN
 from rcq.server.core.commands import EnqueueOptions, Headers, QueueSettings
 
-TRANSACTION_ID_PATTERN = r"^[0-9a-f]{1,16}\.[0-9a-f]{24}$"
 LABEL_MAX_CHARS = 256
 KEY_MAX_CHARS = 256
 ITEMS_PER_REQUEST_MAX = 100_000
@@ -144,6 +143,9 @@ def items_headers(items: list[ItemInput]) -> list[Headers | None] | None:
 class BeginRequest(_Model):
     timeout_s: float | None = Field(None, gt=0, description="deadline from now; default from the node config")
     label: str | None = Field(None, min_length=1, max_length=LABEL_MAX_CHARS)
+    partition: str | None = Field(None, pattern=r"^[a-z][a-z0-9_-]{0,31}$",
+                                  description="the partition the transaction lives in (default: the process "
+                                              "asked, p0 at a node's own port)")
 
 
 class EnqueueRequest(_Model):

@@ -140,6 +140,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("POST", "/v1/queues/{queue}/redrive", "Dead items back to their source queues", RedriveRequest,
               errors=(*LEADER, 429, 504)),
     Operation("GET", "/v1/queues/{queue}/stats", "A queue's statistics"),
+    Operation("GET", "/v1/queues/{queue}/placement", "The partitions a queue lives in, for routing (docs/partitions.md)"),
     Operation("POST", "/v1/queues/{queue}/enqueue", "One-request enqueue", QueueEnqueueRequest,
               errors=LEADER + TRANSACTION + WRITE + (504,)),
     Operation("POST", "/v1/queues/{queue}/dequeue", "One-request dequeue and commit (at most once)",

@@ -98,7 +98,7 @@ def check_count(what: str, count: int, config: NodeConfig) -> None:
 
 
 async def begin(manager: TransactionManager, body: BeginRequest, caller: Caller) -> Answer:
-    transaction = manager.begin(body.timeout_s, body.label, caller.client, caller.owner)
+    transaction = manager.begin(body.timeout_s, body.label, caller.client, caller.owner, body.partition)
     return 201, transaction.describe(_now())
 
 
@@ -170,6 +170,7 @@ async def extend(manager: TransactionManager, transaction_id: str, body: ExtendR
 
 
 async def status(manager: TransactionManager, transaction_id: str, caller: Caller) -> Answer:
+    manager.routing.transaction(transaction_id)  # before the 307 below: another partition's id goes there
     if caller.principal.authenticated and not caller.principal.admin:
         # Only the leader knows owners (they are not replicated): a follower would answer a
         # replicated outcome to anyone holding the id, so it redirects (307) like other verbs.
@@ -181,6 +182,7 @@ async def status(manager: TransactionManager, transaction_id: str, caller: Calle
 async def commit_many(manager: TransactionManager, config: NodeConfig, body: CommitManyRequest,
                       caller: Caller) -> Answer:
     check_count("transaction ids", len(body.transaction_ids), config)
+    manager.routing.transactions(body.transaction_ids)
     for transaction_id in body.transaction_ids:
         manager.check_owner(transaction_id, caller.owner)
     return 200, commit_body(await manager.commit_many(body.transaction_ids, body.idempotency_key))

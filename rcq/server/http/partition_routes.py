@@ -1,5 +1,13 @@
 """The partition routes (docs/partitions.md): ``GET /v1/cluster/partitions`` on any node for any
-valid token, ``POST /v1/cluster/partitions`` (admin) on p0's serving leader (others redirect).
+valid token, ``POST /v1/cluster/partitions`` (admin) on p0's serving leader (others redirect),
+and the :class:`PartitionRouter`: what a request that belongs to another partition is answered.
+
+A request another partition must run raises ``WrongPartition`` (rcq.server.leader.routing). At a
+node's own port (p0's process) it is forwarded to that partition's leader under the rules of
+rcq.server.http.forwarding, so plain HTTP to any node reaches every partition; a request that asks
+for the redirect (``Rcq-Redirect: 1``, the Python client) or was forwarded already is answered
+``421 wrong_partition`` instead, naming the partition and, when known, its leader's URL. A
+partition process knows no directory: it always answers the 421.
 
 A listing names each partition's leader as its members' processes see it: each member of a
 partition other than p0 is asked for the public part of its ``/v1/cluster``, at the address this
@@ -18,13 +26,16 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from rcq.errors import PartitionNotFound, Unavailable
+from rcq.errors import NoLeader, PartitionNotFound, Unavailable, WrongPartition
+from rcq.names import P0
 from rcq.server.http.cluster_routes import cluster_status
-from rcq.server.http.handlers import CONFIG, MANAGER, REPLICATOR, admin_only, json_response, read_model
+from rcq.server.http.forwarding import Forwarder
+from rcq.server.http.handlers import CONFIG, MANAGER, REPLICATOR, admin_only, error_response, json_response, read_model
 from rcq.server.http.models import CreatePartitionRequest, QueueSettingsRequest
 from rcq.server.leader.partition_directory import PartitionDirectory
 from rcq.server.leader.placement import PLACEMENT_HEADER, placement_token
-from rcq.server.partitions.ports import partition_urls
+from rcq.server.partitions.ports import member_ports, partition_urls
+from rcq.server.raft.protocol import known_nodes
 
 PARTITION_DIRECTORY = web.AppKey("partition_directory", PartitionDirectory)
 LEADER_ASK_TIMEOUT_S = 2.0
@@ -80,6 +91,28 @@ LEADER_ASKER = web.AppKey("partition_leader_asker", LeaderAsker)
 
 
 FORWARD_TIMEOUT_S = 30.0  # a partition's leader found and its answer back, for a PUT placed there
+LEADER_REMEMBERED_S = 2.0  # how long a partition's leader, once found, is dialled without asking again
+
+
+def member_urls(app: web.Application, partition: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """``partition``'s directory row, and (node id, the URL this node reaches it at) per member."""
+    row = next((r for r in app[PARTITION_DIRECTORY].listing(partition)), None)
+    if row is None:
+        raise PartitionNotFound(f"partition {partition} is not in the directory", details={"partition": partition})
+    node_ports = app[REPLICATOR].read(lambda sm: dict(sm.directory.node_ports))  # a copy, under the lock
+    members = [m for m in row["members"] if m in node_ports]
+    urls = partition_urls(app[CONFIG], row["number"], [node_ports[m] for m in members])
+    return row, list(zip(members, urls, strict=True))
+
+
+async def find_leader(app: web.Application, partition: str, authorization: str | None
+                      ) -> tuple[str, str] | None:
+    """(the URL this node reaches ``partition``'s leader at, the URL it advertises), None while
+    none of its members names one."""
+    _row, members = member_urls(app, partition)
+    leader_id, leader_url = await app[LEADER_ASKER].leader([url for _, url in members], authorization)
+    reach = next((url for member, url in members if member == leader_id), None)
+    return (reach, leader_url or reach) if reach is not None else None
 
 
 async def forward_configure(request: web.Request, partition: str, queue: str, body: QueueSettingsRequest
@@ -87,23 +120,15 @@ async def forward_configure(request: web.Request, partition: str, queue: str, bo
     """PUT the queue's settings to ``partition``'s leader, signed as placed there by p0 (the
     caller's credentials with it); its answer."""
     app = request.app
-    config = app[CONFIG]
-    row = next((r for r in app[PARTITION_DIRECTORY].listing(partition)), None)
-    if row is None:
-        raise PartitionNotFound(f"partition {partition} is not in the directory", details={"partition": partition})
-    node_ports = app[REPLICATOR].read(lambda sm: dict(sm.directory.node_ports))
-    urls = partition_urls(config, row["number"], [node_ports[m] for m in row["members"] if m in node_ports])
     authorization = request.headers.get("Authorization")
-    headers = {PLACEMENT_HEADER: placement_token(config, partition, queue),
+    headers = {PLACEMENT_HEADER: placement_token(app[CONFIG], partition, queue),
                **({"Authorization": authorization} if authorization else {})}
     settings = body.model_dump(exclude={"partitions"}, mode="json")
     deadline = asyncio.get_running_loop().time() + FORWARD_TIMEOUT_S
     while True:
-        leader_id, _leader_url = await app[LEADER_ASKER].leader(urls, authorization)
-        target = next((u for u, m in zip(urls, [m for m in row["members"] if m in node_ports], strict=True)
-                       if m == leader_id), None)
-        if target is not None:
-            answer = await app[LEADER_ASKER].put(f"{target}/v1/queues/{queue}", settings, headers)
+        leader = await find_leader(app, partition, authorization)
+        if leader is not None:
+            answer = await app[LEADER_ASKER].put(f"{leader[0]}/v1/queues/{queue}", settings, headers)
             if answer is not None and answer[0] not in (307, 421, 503):
                 return answer
         if asyncio.get_running_loop().time() > deadline:
@@ -112,7 +137,52 @@ async def forward_configure(request: web.Request, partition: str, queue: str, bo
         await asyncio.sleep(0.2)  # pace: a partition electing a leader takes about a second
 
 
+class PartitionRouter:
+    """What a request raising ``WrongPartition`` is answered (see the module docstring)."""
+
+    def __init__(self, forwarder: Forwarder) -> None:
+        self._forwarder = forwarder
+        self._leaders: dict[str, tuple[float, tuple[str, str]]] = {}  # partition -> (until, leader)
+
+    async def answer(self, request: web.Request, refusal: WrongPartition) -> web.Response:
+        app = request.app
+        partition = str(refusal.details.get("partition") or "")
+        if app[CONFIG].partition_name is not None or not partition or partition == P0:
+            return error_response(refusal, request)
+        try:
+            leader = await self._leader(app, partition, request.headers.get("Authorization"))
+        except PartitionNotFound as exc:
+            return error_response(exc, request)
+        if self._forwarder.wants_redirect(request):
+            refusal.leader_url = leader[1] if leader is not None else None
+            return error_response(refusal, request)
+        if leader is None:
+            return error_response(NoLeader(f"partition {partition} has no leader now; retry shortly",
+                                           details={"partition": partition}), request)
+        response = await self._forwarder.forward(request, leader[1], leader[0])
+        if response.status in (307, 421, 503):  # it moved, or is electing: ask again next time
+            self._leaders.pop(partition, None)
+        return response
+
+    async def _leader(self, app: web.Application, partition: str, authorization: str | None
+                      ) -> tuple[str, str] | None:
+        now = asyncio.get_running_loop().time()
+        remembered = self._leaders.get(partition)
+        if remembered is not None and remembered[0] > now:
+            return remembered[1]
+        leader = await find_leader(app, partition, authorization)
+        if leader is not None:
+            self._leaders[partition] = (now + LEADER_REMEMBERED_S, leader)
+        return leader
+
+
+PARTITION_ROUTER = web.AppKey("partition_router", PartitionRouter)
+
+
 async def list_partitions(request: web.Request) -> web.Response:
+    """Each row: ``name``, ``number``, ``members`` (node ids), ``preferred_leader``, ``urls`` (each
+    member's URL for the partition as clients reach it, in the order of ``members``), ``leader_id``
+    and ``leader_url`` (null while no member names a leader)."""
     app = request.app
     config = app[CONFIG]
     own = app[MANAGER]
@@ -120,14 +190,19 @@ async def list_partitions(request: web.Request) -> web.Response:
     node_ports = app[REPLICATOR].read(lambda sm: dict(sm.directory.node_ports))  # a copy, under the lock
     status = cluster_status(app)  # the p0 row: this node's own view
     authorization = request.headers.get("Authorization")
+    p0_urls = {node.node_id: node.http_url for node in known_nodes(config, app[REPLICATOR]).values()}
+    p0_urls[config.node_id] = config.url
 
     async def with_leader(row: dict[str, Any]) -> dict[str, Any]:
-        if row["name"] == "p0":
-            return {**row, "leader_id": status["leader_id"], "leader_url": status["leader_url"],
+        if row["name"] == P0:
+            return {**row, "urls": [p0_urls[m] for m in row["members"] if m in p0_urls],
+                    "leader_id": status["leader_id"], "leader_url": status["leader_url"],
                     "serving": own.serving if status["role"] == "leader" else None}
-        urls = partition_urls(config, row["number"], [node_ports[m] for m in row["members"] if m in node_ports])
+        members = [m for m in row["members"] if m in node_ports]
+        urls = partition_urls(config, row["number"], [node_ports[m] for m in members])
         leader_id, leader_url = await app[LEADER_ASKER].leader(urls, authorization)
-        return {**row, "leader_id": leader_id, "leader_url": leader_url}
+        advertised = [member_ports(node_ports[m]).advertised(row["number"])[0] for m in members]
+        return {**row, "urls": advertised, "leader_id": leader_id, "leader_url": leader_url}
 
     return json_response({"partitions": list(await asyncio.gather(*(with_leader(row) for row in rows)))})
 
@@ -139,9 +214,10 @@ async def create_partition(request: web.Request) -> web.Response:
     return json_response({**created, "leader_id": None, "leader_url": None}, status=201)
 
 
-def add_partition_routes(app: web.Application, peer_tls: ssl.SSLContext | None) -> None:
+def add_partition_routes(app: web.Application, peer_tls: ssl.SSLContext | None, forwarder: Forwarder) -> None:
     asker = LeaderAsker(peer_tls)
     app[LEADER_ASKER] = asker
+    app[PARTITION_ROUTER] = PartitionRouter(forwarder)
     app.on_cleanup.append(asker.close)
     app.router.add_get("/v1/cluster/partitions", list_partitions)
     app.router.add_post("/v1/cluster/partitions", admin_only("create a partition", create_partition))

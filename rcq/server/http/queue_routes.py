@@ -12,8 +12,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from rcq.errors import QueueNotFound
-from rcq.names import check_queue_name
-from rcq.server.core.directory import P0
+from rcq.names import P0, check_queue_name
 from rcq.server.core.queue import QueueStats
 from rcq.server.http import operations
 from rcq.server.http.auth import principal_of
@@ -66,6 +65,7 @@ async def list_queues(request: web.Request) -> web.Response:
 
 async def queue_count(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     principal_of(request).require_see(queue)
     replicator, config = request.app[REPLICATOR], request.app[CONFIG]
     count, applied, stats = replicator.read(lambda sm: (sm.count(queue), sm.last_index, sm.queue_stats(queue)))
@@ -79,6 +79,7 @@ async def queue_count(request: web.Request) -> web.Response:
 
 async def queue_stats(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     principal_of(request).require_see(queue)
     config = request.app[CONFIG]
     stats, applied = request.app[REPLICATOR].read(
@@ -108,8 +109,23 @@ async def receive(request: web.Request) -> web.Response:
     return json_response(body, status)
 
 
+async def queue_placement(request: web.Request) -> web.Response:
+    """GET /v1/queues/{queue}/placement: the partitions ``queue`` lives in, from this node's copy of
+    the directory (p0 for a queue never placed, where a first enqueue creates it). How clients route
+    (docs/partitions.md); a partition process answers only for the queues it holds."""
+    queue = check_queue_name(request.match_info["queue"])
+    principal_of(request).require_see(queue)
+    app = request.app
+    config = app[CONFIG]
+    if config.partition_name is not None and not app[REPLICATOR].read(lambda sm: sm.queue_stats(queue) is not None):
+        raise QueueNotFound(f"queue {queue!r} is not in partition {config.partition_name}; ask a node's own port",
+                            details={"queue": queue, "partition": config.partition_name})
+    return json_response({"queue": queue, "partitions": list(app[MANAGER].routing.placed(queue))})
+
+
 async def redrive(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     status, body = await operations.redrive(request.app[MANAGER], queue,
                                             await read_model(request, RedriveRequest), caller_of(request))
     return json_response(body, status)
@@ -144,6 +160,7 @@ async def configure_queue(request: web.Request) -> web.Response:
 
 async def purge_queue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     principal_of(request).require("manage", queue)
     status, body = await operations.purge_queue(request.app[MANAGER], queue)
     return json_response(body, status)
@@ -151,6 +168,7 @@ async def purge_queue(request: web.Request) -> web.Response:
 
 async def delete_queue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
+    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     principal_of(request).require("manage", queue)
     status, body = await operations.delete_queue(request.app[MANAGER], queue)
     return json_response(body, status)
@@ -164,6 +182,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/queues/{queue}/purge", purge_queue)
     app.router.add_post("/v1/queues/{queue}/redrive", redrive)
     app.router.add_get("/v1/queues/{queue}/stats", queue_stats)
+    app.router.add_get("/v1/queues/{queue}/placement", queue_placement)
     app.router.add_post("/v1/queues/{queue}/enqueue", queue_enqueue)
     app.router.add_post("/v1/queues/{queue}/dequeue", queue_dequeue)
     app.router.add_post("/v1/queues/{queue}/receive", receive)

@@ -25,7 +25,7 @@ from rcq.errors import (
     TransactionLifetimeExceeded,
     TransactionNotFound,
 )
-from rcq.names import check_queue_name
+from rcq.names import P0, check_queue_name, new_transaction_id
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import EnqueueOptions, Headers
 from rcq.server.core.features import LEVEL_OF_ITEM_HEADERS, LEVELS
@@ -46,6 +46,7 @@ class OpenTransactions:
         self._admission = admission
         self._placement = Placement(config, replicator)
         self._random_ids = RandomHex(12)
+        self._partition = config.partition_name or P0
         # Started, stopped and cleared (on a new epoch) by the TransactionManager.
         self.deadlines = DeadlineReaper(find=leader.open_session, expire=self.expire,
                                         live=lambda: leader.sessions.values())
@@ -61,7 +62,7 @@ class OpenTransactions:
         timeout_s = self._timeout(timeout_s)
         now = asyncio.get_running_loop().time()
         transaction = Session(
-            transaction_id=f"{leader.serving_term:x}.{self._random_ids.next()}",
+            transaction_id=new_transaction_id(self._partition, leader.serving_term, self._random_ids.next()),
             term=leader.serving_term, epoch=leader.epoch, label=label, timeout_s=timeout_s,
             deadline=now + timeout_s, created_ms=int(time.time() * 1000), client=client, owner=owner,
             lifetime_deadline=now + self._config.transaction_lifetime_max_s)

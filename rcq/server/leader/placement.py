@@ -19,8 +19,8 @@ import hashlib
 import hmac
 
 from rcq.errors import CrossPartitionTransaction, QueueNotFound
+from rcq.names import P0
 from rcq.server.config import NodeConfig
-from rcq.server.core.directory import P0
 from rcq.server.raft.protocol import Replicator
 
 

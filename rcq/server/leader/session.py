@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from rcq.immutable import immutable
+from rcq.names import transaction_term
 from rcq.server.core.commands import EnqueueOptions, Headers
 
 
@@ -189,9 +190,5 @@ class RandomHex:
 
 
 def term_of(transaction_id: str) -> int | None:
-    """The term encoded in a transaction id (``<term hex>.<random>``), None if it has none."""
-    head, _, _ = transaction_id.partition(".")
-    try:
-        return int(head, 16)
-    except ValueError:
-        return None
+    """The term encoded in a transaction id (rcq.names), None if it has none."""
+    return transaction_term(transaction_id)

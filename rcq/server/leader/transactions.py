@@ -59,6 +59,7 @@ from rcq.server.leader.group_commit import GroupCommitter
 from rcq.server.leader.leader_state import LeaderState
 from rcq.server.leader.open_transactions import OpenTransactions
 from rcq.server.leader.queue_admin import QueueAdmin, QueueLimits
+from rcq.server.leader.routing import Routing
 from rcq.server.leader.session import (
     AnswerBudget,
     CommitResult,
@@ -95,6 +96,7 @@ class TransactionManager:
         leader = self._leader = LeaderState(config, replicator, leader_url, admission, self._committer,
                                             self._clock, self._spawn)
         self._open = OpenTransactions(config, leader, replicator, admission)
+        self.routing = Routing(config, replicator)
         self._deadlines = self._open.deadlines
         self._dequeuer = Dequeuer(config, leader, replicator, self._committer, self._clock)
         self._commits = CommitPath(config, leader, replicator, self._committer, admission, self._clock, self._spawn)
@@ -238,16 +240,20 @@ class TransactionManager:
 
     # ------------------------------------------------------------ transaction verbs
     def begin(self, timeout_s: float | None = None, label: str | None = None, client: str = "",
-              owner: str = "") -> Session:
+              owner: str = "", partition: str | None = None) -> Session:
+        self.routing.begin(partition)
         return self._open.begin(timeout_s, label, client, owner)
 
     def extend(self, transaction_id: str, timeout_s: float) -> Session:
         return self._open.extend(transaction_id, timeout_s)
 
     def describe(self, transaction_id: str) -> dict[str, Any]:
+        self.routing.transaction(transaction_id)
         return self._open.describe(transaction_id)
 
     def check_owner(self, transaction_id: str, owner: str) -> None:
+        """Raise unless ``owner`` may touch the transaction (and it belongs to this partition)."""
+        self.routing.transaction(transaction_id)
         self._open.check_owner(transaction_id, owner)
 
     def list_open(self, label_prefix: str | None = None, owner: str = "") -> list[dict[str, Any]]:
@@ -278,6 +284,7 @@ class TransactionManager:
                       budget: AnswerBudget | None = None) -> tuple[Session | None, list[DequeuedItem]]:
         """Begin a transaction and dequeue into it. Nothing received: the transaction is aborted at
         once and none is returned, so an idle consumer holds nothing on the leader."""
+        self.routing.one_request((queue,))
         transaction = self._open.begin(timeout_s, label, client, owner)
         try:
             items = await self._dequeuer.dequeue(transaction.transaction_id, queue, max_items, wait_ms,
@@ -297,6 +304,7 @@ class TransactionManager:
         """A one-request transaction: run ``steps`` in a fresh transaction and commit it; anything
         failing aborts it. Its dequeues share one answer budget (``budget``: the enclosing
         request's, if it has one)."""
+        self.routing.one_request(step.queue for step in steps)
         budget = budget if budget is not None else self.answer_budget()
         # One enqueue (a one-request enqueue, the commonest transaction): nothing awaits between the
         # begin and the commit's checks, so the transaction cannot meet its deadline open, and the
@@ -331,9 +339,7 @@ class TransactionManager:
 
     def queue_partitions(self, queue: str) -> list[str]:
         """The partitions ``queue`` lives in: this process's own, or (in p0) where the directory places it."""
-        if self._config.partition_name is not None:
-            return [self._config.partition_name]
-        return list(self._replicator.read(lambda sm: sm.directory.placed(queue)))
+        return list(self.routing.placed(queue))
 
     async def change_queue(self, queue: str, action: str, max_items: int | None = None,
                            max_bytes: int | None = None, settings: QueueSettings | None = None) -> QueueChangeResult:

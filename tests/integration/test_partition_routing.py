@@ -1,0 +1,190 @@
+"""Routing between partitions (docs/partitions.md, "Routing"): a transaction id names its
+partition; plain HTTP to any node's own port reaches every partition (forwarded to its leader);
+a caller that asks for redirects gets ``421 wrong_partition`` naming the partition and its
+leader; a request that spans two partitions is refused with ``409 cross_partition_transaction``
+and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from rcq.client import CrossPartitionTransaction, Enqueue, RcqClient, SyncClient
+from rcq.local.cluster import LocalCluster
+from rcq.names import transaction_partition
+from tests.helpers import LEADER_TIMEOUT_S
+from tests.helpers.cluster import wait_settled
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3, partitions_max=2) as local:
+        wait_settled(local, local.wait_for_leader(LEADER_TIMEOUT_S))
+        local.ensure_partitions(2)
+        assert local.poll_json(local.url(0) + "/v1/queues/in-p1", method="PUT",
+                               body={"partitions": ["p1"]})["settings"]["partitions"] == ["p1"]
+        yield local
+
+
+@pytest.fixture
+async def http(cluster: LocalCluster) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {cluster.token}"}) as session:
+        yield session
+
+
+async def call(http: aiohttp.ClientSession, method: str, url: str, body: dict[str, Any] | None = None,
+               headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    async with http.request(method, url, json=body, headers=headers, allow_redirects=False) as response:
+        return response.status, await response.json()
+
+
+def follower(cluster: LocalCluster) -> int:
+    leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    return next(i for i in range(3) if i != leader)
+
+
+async def test_plain_http_to_any_node_runs_a_transaction_in_another_partition(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    node = cluster.url(follower(cluster))  # a p0 follower: forwarded straight to p1's leader
+    status, begun = await call(http, "POST", f"{node}/v1/transactions", {"partition": "p1"})
+    assert status == 201, begun
+    transaction_id = begun["transaction_id"]
+    assert transaction_id.startswith("p1.") and transaction_partition(transaction_id) == "p1"
+
+    status, enqueued = await call(http, "POST", f"{node}/v1/transactions/{transaction_id}/enqueue",
+                                  {"queue": "in-p1", "items": ["a", "b"]})
+    assert status == 200 and enqueued["buffered"] == 2, enqueued
+    status, committed = await call(http, "POST", f"{cluster.url(0)}/v1/transactions/{transaction_id}/commit", {})
+    assert status == 200 and committed["committed"], committed
+
+    for i in range(3):  # any node answers for the transaction and for the queue
+        status, described = await call(http, "GET", f"{cluster.url(i)}/v1/transactions/{transaction_id}")
+        assert (status, described["state"]) == (200, "committed"), described
+        status, counted = await call(http, "GET", f"{cluster.url(i)}/v1/queues/in-p1")
+        assert status == 200 and counted["settings"]["partitions"] == ["p1"], counted
+        status, placed = await call(http, "GET", f"{cluster.url(i)}/v1/queues/in-p1/placement")
+        assert (status, placed) == (200, {"queue": "in-p1", "partitions": ["p1"]})
+
+    # one-request verbs on a node's own port go to the queue's partition
+    status, one = await call(http, "POST", f"{node}/v1/queues/in-p1/enqueue", {"items": ["c"]})
+    assert status == 200 and transaction_partition(one["transaction_id"]) == "p1", one
+    status, received = await call(http, "POST", f"{node}/v1/queues/in-p1/dequeue", {"max_items": 10})
+    assert status == 200 and sorted(i["value"] for i in received["results"][0]["items"]) == ["a", "b", "c"]
+    status, placed = await call(http, "GET", f"{node}/v1/queues/never-made/placement")
+    assert (status, placed["partitions"]) == (200, ["p0"])  # where a first enqueue would create it
+
+
+async def test_a_caller_that_asks_for_redirects_gets_421_naming_the_partition_and_its_leader(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    redirect = {"Rcq-Redirect": "1"}
+    leader = cluster.url(cluster.wait_for_leader(LEADER_TIMEOUT_S))
+    status, refused = await call(http, "POST", f"{leader}/v1/queues/in-p1/enqueue", {"items": ["x"]}, redirect)
+    assert status == 421, refused
+    error = refused["error"]
+    assert (error["code"], error["retryable"], error["details"]) == (
+        "wrong_partition", True, {"partition": "p1", "queue": "in-p1"})
+    p1 = {row["name"]: row for row in cluster.partitions()}["p1"]
+    assert error["leader_url"] == p1["leader_url"] and p1["leader_url"] in p1["urls"]
+    assert len(p1["urls"]) == len(p1["members"]) == 3
+
+    status, refused = await call(http, "POST", f"{leader}/v1/transactions", {"partition": "p1"}, redirect)
+    assert (status, refused["error"]["code"]) == (421, "wrong_partition")
+    # a partition's own process refuses what belongs to p0, and knows no directory to forward by
+    status, begun = await call(http, "POST", f"{leader}/v1/transactions", {})
+    assert status == 201 and transaction_partition(begun["transaction_id"]) == "p0"
+    status, refused = await call(http, "POST", f"{p1['leader_url']}/v1/transactions/{begun['transaction_id']}/abort")
+    assert (status, refused["error"]["code"], refused["error"]["details"]["partition"]) == (
+        421, "wrong_partition", "p0")
+    status, aborted = await call(http, "POST", f"{leader}/v1/transactions/{begun['transaction_id']}/abort")
+    assert status == 200 and aborted["aborted"], aborted
+    status, refused = await call(http, "GET", f"{p1['leader_url']}/v1/queues/elsewhere/placement")
+    assert (status, refused["error"]["code"]) == (404, "queue_not_found")
+    status, refused = await call(http, "POST", f"{leader}/v1/transactions", {"partition": "p9"})
+    assert (status, refused["error"]["code"]) == (404, "partition_not_found")
+
+
+async def test_requests_spanning_two_partitions_are_refused_and_change_nothing(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    node = cluster.url(0)
+    status, _ = await call(http, "POST", f"{node}/v1/queues/in-p0/enqueue", {"items": ["keep"]})
+    assert status == 200
+    status, before_p1 = await call(http, "GET", f"{node}/v1/queues/in-p1")
+    assert status == 200
+
+    status, refused = await call(http, "POST", f"{node}/v1/execute", {"operations": [
+        {"op": "enqueue", "queue": "in-p0", "items": ["no"]}, {"op": "enqueue", "queue": "in-p1", "items": ["no"]}]})
+    assert status == 409, refused
+    assert refused["error"]["code"] == "cross_partition_transaction"
+    assert refused["error"]["details"] == {"queue": "in-p1", "queue_partitions": ["p1"],
+                                           "transaction_partition": "p0"}
+
+    _, in_p0 = await call(http, "POST", f"{node}/v1/transactions", {})
+    _, in_p1 = await call(http, "POST", f"{node}/v1/transactions", {"partition": "p1"})
+    status, refused = await call(http, "POST", f"{node}/v1/commit", {
+        "transaction_ids": [in_p0["transaction_id"], in_p1["transaction_id"]]})
+    assert (status, refused["error"]["code"]) == (409, "cross_partition_transaction"), refused
+    assert refused["error"]["details"] == {"transaction_partitions": ["p0", "p1"]}
+    for begun in (in_p0, in_p1):  # both still open and usable
+        status, described = await call(http, "GET", f"{node}/v1/transactions/{begun['transaction_id']}")
+        assert (status, described["state"]) == (200, "open"), described
+        status, _ = await call(http, "POST", f"{node}/v1/transactions/{begun['transaction_id']}/abort")
+        assert status == 200
+
+    status, after_p0 = await call(http, "GET", f"{node}/v1/queues/in-p0")
+    status, after_p1 = await call(http, "GET", f"{node}/v1/queues/in-p1")
+    assert after_p0["count"] == 1 and after_p1["count"] == before_p1["count"]
+
+
+async def test_the_client_routes_each_transaction_to_its_queues_partition(cluster: LocalCluster) -> None:
+    options = cluster.client_options()
+    async with RcqClient(cluster.urls, **options) as client:
+        await client.configure_queue("routed", partitions=["p1"])
+        await client.enqueue("routed-p0", "stays")
+        # This client has seen no partition listing: its first transaction opens in p0, and its first
+        # verb, refused there, opens it again in p1 (the empty p0 transaction is aborted).
+        async with client.transaction() as tx:
+            await tx.enqueue("routed", "a")
+            assert tx.partition == "p1" and tx.opened_id.startswith("p1.")
+        # Now it knows the cluster has partitions: the server's transaction opens at the first verb.
+        tx = await client.begin()
+        assert tx.transaction_id is None and tx.partition is None
+        await tx.enqueue_batch("routed", ["b", "c"])
+        assert tx.partition == "p1"
+        with pytest.raises(CrossPartitionTransaction) as refused:
+            await tx.enqueue("routed-p0", "never")
+        assert refused.value.details == {"queue": "routed-p0", "queue_partitions": ["p0"],
+                                         "transaction_partition": "p1"}
+        await tx.commit()  # still usable: b and c commit, nothing went to routed-p0
+        assert (await client.transaction_status(tx.opened_id))["state"] == "committed"
+        assert await client.count("routed") == 3 and await client.count("routed-p0") == 1
+
+        received = await client.receive("routed", 10)
+        assert received is not None and received.partition == "p1"
+        assert sorted(item.value for item in received.items) == [b"a", b"b", b"c"]
+        in_p0 = await client.begin()
+        await in_p0.enqueue("routed-p0", "more")
+        with pytest.raises(CrossPartitionTransaction):
+            await client.commit_many([received, in_p0])  # nothing sent: both still open
+        await in_p0.commit()
+        await received.abort()
+        assert await client.count("routed") == 3 and await client.count("routed-p0") == 2
+
+        peeked = await client.peek("routed")
+        assert peeked in (b"a", b"b", b"c")
+        result = await client.execute([Enqueue("routed", ["d"])])
+        assert result.transaction_id.startswith("p1.")
+        assert sorted(await client.dequeue("routed", 10)) == [b"a", b"b", b"c", b"d"]
+
+    def in_sync_client() -> None:
+        with SyncClient(cluster.urls, **options) as sync:
+            with sync.transaction() as tx:
+                tx.enqueue("routed", "sync")
+            assert tx.partition == "p1" and sync.dequeue("routed") == [b"sync"]
+
+    await asyncio.to_thread(in_sync_client)
