@@ -188,3 +188,26 @@ async def test_the_client_routes_each_transaction_to_its_queues_partition(cluste
             assert tx.partition == "p1" and sync.dequeue("routed") == [b"sync"]
 
     await asyncio.to_thread(in_sync_client)
+
+
+async def test_queues_and_open_transactions_are_listed_over_every_partition(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    node = cluster.url(follower(cluster))
+    await call(http, "POST", f"{node}/v1/queues/listed-p1/enqueue", {"items": ["x"]})  # a first enqueue: p0
+    status, _ = await call(http, "PUT", f"{node}/v1/queues/listed-in-p1", {"partitions": ["p1"]})
+    assert status == 200
+    await call(http, "POST", f"{node}/v1/queues/listed-in-p1/enqueue", {"items": ["y", "z"]})
+    status, listed = await call(http, "GET", f"{node}/v1/queues")
+    assert status == 200 and "unanswered" not in listed, listed
+    rows = {row["queue"]: row for row in listed["queues"]}
+    assert (rows["listed-p1"]["partition"], rows["listed-p1"]["count"]) == ("p0", 1)
+    assert (rows["listed-in-p1"]["partition"], rows["listed-in-p1"]["count"]) == ("p1", 2)
+
+    _, in_p1 = await call(http, "POST", f"{node}/v1/transactions", {"partition": "p1", "label": "listed-1"})
+    _, in_p0 = await call(http, "POST", f"{node}/v1/transactions", {"label": "listed-0"})
+    status, open_now = await call(http, "GET", f"{node}/v1/transactions?label_prefix=listed-")
+    assert status == 200, open_now
+    assert sorted(t["transaction_id"] for t in open_now["transactions"]) == sorted(
+        [in_p0["transaction_id"], in_p1["transaction_id"]])
+    for begun in (in_p0, in_p1):
+        await call(http, "POST", f"{node}/v1/transactions/{begun['transaction_id']}/abort")

@@ -87,7 +87,8 @@ async def test_a_partition_created_online_runs_on_its_members_and_holds_the_queu
         with pytest.raises(QueueNotFound, match="is not in partition p1"):
             await client.enqueue("stray", "y")
     # p0 holds no such queue, and refuses a transaction of its own on it.
-    assert "in-p1" not in [q["queue"] for q in cluster.poll_json(leader + "/v1/queues")["queues"]]
+    listed = {q["queue"]: q for q in cluster.poll_json(leader + "/v1/queues")["queues"]}
+    assert listed["in-p1"]["partition"] == "p1"  # listed from p1's leader: p0 holds nothing of it
     async with RcqClient(cluster.urls, retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
         tx = await client.begin(partition="p0")
         await client.enqueue("in-p1", "z")  # p0 answers 421 naming p1; the client sends it there

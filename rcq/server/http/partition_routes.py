@@ -71,6 +71,17 @@ class LeaderAsker:
             return None
         return body if isinstance(body, dict) else None
 
+    async def get(self, url: str, headers: dict[str, str]) -> dict[str, Any] | None:
+        """GET ``url``: its answer when it is a 200 with a JSON object, else None."""
+        assert self._session is not None
+        try:
+            async with self._session.get(url, headers=headers, allow_redirects=False,
+                                         timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
+                answer = await response.json() if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
+            return None
+        return answer if isinstance(answer, dict) else None
+
     async def put(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
         """PUT ``body`` to ``url``: (status, answer), None when it could not be asked."""
         assert self._session is not None
@@ -150,7 +161,7 @@ class PartitionRouter:
         if app[CONFIG].partition_name is not None or not partition or partition == P0:
             return error_response(refusal, request)
         try:
-            leader = await self._leader(app, partition, request.headers.get("Authorization"))
+            leader = await self.leader(app, partition, request.headers.get("Authorization"))
         except PartitionNotFound as exc:
             return error_response(exc, request)
         if self._forwarder.wants_redirect(request):
@@ -164,8 +175,9 @@ class PartitionRouter:
             self._leaders.pop(partition, None)
         return response
 
-    async def _leader(self, app: web.Application, partition: str, authorization: str | None
-                      ) -> tuple[str, str] | None:
+    async def leader(self, app: web.Application, partition: str, authorization: str | None
+                     ) -> tuple[str, str] | None:
+        """(reach URL, advertised URL) of ``partition``'s leader, remembered for LEADER_REMEMBERED_S."""
         now = asyncio.get_running_loop().time()
         remembered = self._leaders.get(partition)
         if remembered is not None and remembered[0] > now:
@@ -177,6 +189,32 @@ class PartitionRouter:
 
 
 PARTITION_ROUTER = web.AppKey("partition_router", PartitionRouter)
+
+
+async def from_other_partitions(request: web.Request, path_qs: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``GET path_qs`` of each partition but p0, from its leader, with the caller's credentials:
+    (partition -> answer) of those that answered, and the partitions that did not (no leader, no
+    answer). Empty at once in a partition process and in a cluster without other partitions."""
+    app = request.app
+    if app[CONFIG].partition_name is not None:
+        return {}, []
+    others = [row["name"] for row in app[PARTITION_DIRECTORY].listing() if row["name"] != P0]
+    if not others:
+        return {}, []
+    authorization = request.headers.get("Authorization")
+    headers = {"Authorization": authorization} if authorization else {}
+    router = app[PARTITION_ROUTER]
+
+    async def ask(partition: str) -> dict[str, Any] | None:
+        try:
+            leader = await router.leader(app, partition, authorization)
+        except PartitionNotFound:  # deleted meanwhile
+            return None
+        return await app[LEADER_ASKER].get(f"{leader[0]}{path_qs}", headers) if leader is not None else None
+
+    answers = await asyncio.gather(*(ask(p) for p in others))
+    answered = {p: a for p, a in zip(others, answers, strict=True) if a is not None}
+    return answered, [p for p in others if p not in answered]
 
 
 async def list_partitions(request: web.Request) -> web.Response:

@@ -9,6 +9,8 @@ Must not import: pysyncobj, lmdb.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from rcq.errors import QueueNotFound
@@ -27,7 +29,7 @@ from rcq.server.http.models import (
     ReceiveRequest,
     RedriveRequest,
 )
-from rcq.server.http.partition_routes import PARTITION_DIRECTORY, forward_configure
+from rcq.server.http.partition_routes import PARTITION_DIRECTORY, forward_configure, from_other_partitions
 from rcq.server.leader.placement import PLACEMENT_HEADER, placement_allowed
 from rcq.server.leader.transactions import TransactionManager
 
@@ -55,12 +57,23 @@ async def queue_dequeue(request: web.Request) -> web.Response:
 
 
 async def list_queues(request: web.Request) -> web.Response:
+    """Every queue the caller may see. At a node's own port, those of every partition (each
+    partition's leader asked, ``partition`` on each row); ``unanswered`` names the partitions that
+    could not be asked now (their queues are missing from the list)."""
     principal = principal_of(request)
     names, counts = request.app[REPLICATOR].read(
         lambda sm: (names := [n for n in sm.queue_names() if principal.may_see(n)], [sm.count(n) for n in names]))
     manager = request.app[MANAGER]
-    return json_response({"approximate": True, "queues": [
-        {"queue": n, "count": c, "locked": manager.locked_count(n)} for n, c in zip(names, counts, strict=True)]})
+    own = manager.routing.own
+    rows = [{"queue": n, "count": c, "locked": manager.locked_count(n), "partition": own}
+            for n, c in zip(names, counts, strict=True)]
+    answered, unanswered = await from_other_partitions(request, "/v1/queues")
+    for partition, answer in answered.items():
+        rows += [{**row, "partition": partition} for row in answer.get("queues") or [] if isinstance(row, dict)]
+    body: dict[str, Any] = {"approximate": True, "queues": rows}
+    if unanswered:
+        body["unanswered"] = unanswered
+    return json_response(body)
 
 
 async def queue_count(request: web.Request) -> web.Response:

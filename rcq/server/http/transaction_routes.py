@@ -11,6 +11,7 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
 
@@ -30,6 +31,7 @@ from rcq.server.http.models import (
     ExtendRequest,
     RejectRequest,
 )
+from rcq.server.http.partition_routes import from_other_partitions
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,17 @@ async def begin(request: web.Request) -> web.Response:
 
 
 async def list_transactions(request: web.Request) -> web.Response:
+    """The caller's open transactions; at p0's leader, those of every partition (each partition's
+    leader asked; ``unanswered`` names the partitions that could not be)."""
     prefix = request.query.get("label_prefix")
-    return json_response({"transactions": request.app[MANAGER].list_open(prefix, principal_of(request).name)})
+    listed = request.app[MANAGER].list_open(prefix, principal_of(request).name)
+    answered, unanswered = await from_other_partitions(request, request.path_qs)
+    for answer in answered.values():
+        listed += [t for t in answer.get("transactions") or [] if isinstance(t, dict)]
+    body: dict[str, Any] = {"transactions": listed}
+    if unanswered:
+        body["unanswered"] = unanswered
+    return json_response(body)
 
 
 async def transaction_status(request: web.Request) -> web.Response:
