@@ -211,3 +211,21 @@ async def test_queues_and_open_transactions_are_listed_over_every_partition(
         [in_p0["transaction_id"], in_p1["transaction_id"]])
     for begun in (in_p0, in_p1):
         await call(http, "POST", f"{node}/v1/transactions/{begun['transaction_id']}/abort")
+
+
+async def test_a_dead_letter_queue_lives_in_its_source_queues_partition(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    node = cluster.url(0)
+    assert (await call(http, "PUT", f"{node}/v1/queues/dlq-in-p1", {"partitions": ["p1"]}))[0] == 200
+    assert (await call(http, "PUT", f"{node}/v1/queues/dlq-in-p0", {}))[0] == 200
+    status, refused = await call(http, "PUT", f"{node}/v1/queues/src-p0", {"dead_letter_queue": "dlq-in-p1"})
+    assert (status, refused["error"]["code"]) == (409, "dead_letter_partition_mismatch"), refused
+    assert refused["error"]["details"]["dead_letter_queue_partitions"] == ["p1"]
+    status, refused = await call(http, "PUT", f"{node}/v1/queues/src-p1",
+                                 {"partitions": ["p1"], "dead_letter_queue": "dlq-in-p0"})
+    assert (status, refused["error"]["code"]) == (409, "dead_letter_partition_mismatch"), refused
+    status, _ = await call(http, "GET", f"{node}/v1/queues/src-p1/placement")
+    assert _["partitions"] == ["p0"]  # nothing placed: the refusal wrote no entry
+    status, made = await call(http, "PUT", f"{node}/v1/queues/src-p1",
+                              {"partitions": ["p1"], "dead_letter_queue": "dlq-in-p1", "max_deliveries": 1})
+    assert status == 200 and made["settings"]["dead_letter_queue"] == "dlq-in-p1", made

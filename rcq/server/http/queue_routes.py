@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rcq.errors import QueueNotFound
+from rcq.errors import DeadLetterPartitionMismatch, QueueNotFound
 from rcq.names import P0, check_queue_name
 from rcq.server.core.queue import QueueStats
 from rcq.server.http import operations
@@ -162,6 +162,15 @@ async def configure_queue(request: web.Request) -> web.Response:
                 "to any node's own port)", details={"queue": queue, "partition": config.partition_name})
     else:
         directory = app[PARTITION_DIRECTORY]
+        if body.dead_letter_queue is not None:
+            wanted = body.partitions if body.partitions is not None else directory.placed(queue)
+            if directory.placed(body.dead_letter_queue) != wanted:
+                raise DeadLetterPartitionMismatch(
+                    f"dead-letter queue {body.dead_letter_queue!r} lives in partition "
+                    f"{', '.join(directory.placed(body.dead_letter_queue))} and queue {queue!r} in {', '.join(wanted)}: a "
+                    "dead item moves in its source's transaction, so both live in one partition (docs/partitions.md)",
+                    details={"queue": queue, "queue_partitions": wanted, "dead_letter_queue": body.dead_letter_queue,
+                             "dead_letter_queue_partitions": directory.placed(body.dead_letter_queue)})
         placed = await directory.place(queue, body.partitions) if body.partitions is not None \
             else directory.placed(queue)
         if placed != [P0]:
