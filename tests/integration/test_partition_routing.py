@@ -229,3 +229,26 @@ async def test_a_dead_letter_queue_lives_in_its_source_queues_partition(
     status, made = await call(http, "PUT", f"{node}/v1/queues/src-p1",
                               {"partitions": ["p1"], "dead_letter_queue": "dlq-in-p1", "max_deliveries": 1})
     assert status == 200 and made["settings"]["dead_letter_queue"] == "dlq-in-p1", made
+
+
+async def test_a_batch_answers_421_for_each_sub_request_of_another_partition_and_runs_the_rest(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    leader = cluster.url(cluster.wait_for_leader(LEADER_TIMEOUT_S))
+    status, _ = await call(http, "PUT", f"{leader}/v1/queues/batched-p1", {"partitions": ["p1"]})
+    assert status == 200
+    _, other = await call(http, "POST", f"{leader}/v1/transactions", {"partition": "p1"})
+    status, answer = await call(http, "POST", f"{leader}/v1/batch", {"requests": [
+        {"op": "execute", "operations": [{"op": "enqueue", "queue": "batched-p1", "items": ["no"]}]},
+        {"op": "execute", "operations": [{"op": "enqueue", "queue": "batched-p0", "items": ["yes"]}]},
+        {"op": "abort", "transaction_id": other["transaction_id"]},
+        {"op": "begin", "partition": "p1"}]})
+    assert status == 200, answer
+    statuses = [r["status"] for r in answer["responses"]]
+    assert statuses == [421, 200, 421, 421], answer
+    assert [r["body"]["error"]["details"]["partition"] for r in answer["responses"] if r["status"] == 421] == \
+        ["p1"] * 3
+    _, p1_queue = await call(http, "GET", f"{leader}/v1/queues/batched-p1")
+    _, p0_queue = await call(http, "GET", f"{leader}/v1/queues/batched-p0")
+    assert (p1_queue["count"], p0_queue["count"]) == (0, 1)
+    status, described = await call(http, "GET", f"{leader}/v1/transactions/{other['transaction_id']}")
+    assert described["state"] == "open"  # its abort was not run
