@@ -5,6 +5,7 @@
     python -m chaos --target docker      # docker-compose.yml on Docker or Podman; says so plainly if neither runs
     python -m chaos --target docker --engine podman --nemesis kill,pause,partition,wipe --seed 7 --time-limit-s 60
     python -m chaos --nemesis power      # power failures: each data directory on its own powerfs mount
+    python -m chaos --partitions 3 --nemesis kill,kill-partition-process   # queues over p0, p1, p2
 
 ``--target docker`` runs docker-compose.yml's 3 nodes as a compose project and
 injects faults with the engine's CLI (kill, pause, whole-node network partitions,
@@ -75,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
                    help="each node's data directory on its own powerfs mount, a disk that drops unsynced "
                         "writes on a power cut (FUSE; local target only; implied by --nemesis power; "
                         "with it, 'all' includes power)")
+    p.add_argument("--partitions", type=int, default=1,
+                   help="partitions p0 ... p{N-1} (docs/partitions.md; local target): the queues are placed over them "
+                        "and kill-partition-process can run (default 1: p0 alone)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -86,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.target == "docker" and args.nemesis.strip() == "all":
             kinds = list(DOCKER_KINDS)
         check_target(kinds, args.target)
+        if args.partitions < 1:
+            raise ValueError("--partitions counts p0: at least 1")
+        if args.partitions > 1 and args.target != "local":
+            raise ValueError("--partitions needs --target local (each node's partition ports)")
+        if "kill-partition-process" in kinds and args.partitions < 2 and args.nemesis.strip() != "all":
+            raise ValueError("nemesis kill-partition-process needs --partitions 2 or more")
         overrides = {}
         for item in args.node_override:
             field, _, text = item.partition("=")
@@ -119,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix=f"rcq-chaos-{seed}-"))
     config = RunConfig(nodes=args.nodes, time_limit_s=args.time_limit_s, nemesis=kinds, seed=seed, out=out,
                        workers=args.workers, queues=args.queues, node_overrides=overrides, log_level=args.log_level,
-                       target=args.target, power_fs=args.power_fs, engine=args.engine)
+                       target=args.target, power_fs=args.power_fs, engine=args.engine, partitions=args.partitions)
     print(f"chaos run: seed {seed}, output in {out}", file=sys.stderr, flush=True)
     try:
         document = run(config, Progress(quiet=args.quiet))

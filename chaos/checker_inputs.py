@@ -1,7 +1,7 @@
 """What the runner records for the checkers besides the ops (``checker-input`` lines): the leaders
 sampled through the run (liveness), and after the drain the transactions still open, every node's
-state digest (convergence), the voting members (membership) and every queue's replicated counters
-(features).
+state digest and, in a run with partitions, every partition process's (convergence), the voting
+members (membership) and every queue's replicated counters (features).
 
 Must not import: any rcq module but rcq.client and rcq.errors (black box).
 """
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.executor import RETRY_TIMEOUT_S, error_name, make_client
+from chaos.faults.processes import partition_processes
 from chaos.history import CHECKER_INPUT_PROCESS, HistoryWriter
 from chaos.membership import FINAL_VIEW_TIMEOUT_S, final_view
 from chaos.target import ChaosTarget, membership_control
@@ -33,6 +34,11 @@ async def record_final_state(cluster: ChaosTarget, history: HistoryWriter, withi
     if not agreed:
         progress(f"nodes did not converge: {digests}")
     history.info(CHECKER_INPUT_PROCESS, "digests", digests)
+    if partition_processes(cluster) is not None:
+        by_partition, agreed = await asyncio.to_thread(final_partition_digests, cluster, within(convergence_timeout_s))
+        if not agreed:
+            progress(f"partitions did not converge: {by_partition}")
+        history.info(CHECKER_INPUT_PROCESS, "partition_digests", by_partition)
     control = membership_control(cluster)
     if control is not None:  # the membership checker: every node a voting member at the end
         members = await asyncio.to_thread(final_view, cluster, control, within(FINAL_VIEW_TIMEOUT_S))
@@ -51,6 +57,35 @@ def final_digests(cluster: ChaosTarget, timeout_s: float) -> tuple[dict[str, str
         return {node.node_id: f"{answers[i]['digest']}@{answers[i]['applied_index']}" if i in answers else None
                 for i, node in enumerate(cluster.nodes)}, False
     return dict.fromkeys((node.node_id for node in cluster.nodes), f"{agreed['digest']}@{agreed['applied_index']}"), True
+
+
+def final_partition_digests(cluster: ChaosTarget, timeout_s: float) -> tuple[dict[str, dict[str, str | None]], bool]:
+    """Each partition but p0: each member's ``"<digest>@<applied_index>"`` from its partition
+    process (None: no answer), polled until each partition's agree or ``timeout_s`` passes; and
+    whether they all agreed."""
+    # the local target's own polls (a run with partitions has it): chaos.target names neither
+    poll_json, listing = getattr(cluster, "poll_json"), getattr(cluster, "partitions")  # noqa: B009
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, dict[str, str | None]] = {}
+    while True:
+        try:
+            rows = [row for row in listing() if row["name"] != "p0"]
+        except OSError:
+            rows = []
+        seen = {}
+        for row in rows:
+            members: dict[str, str | None] = {}
+            for node_id, url in zip(row["members"], row.get("urls") or [], strict=False):
+                try:
+                    answer = poll_json(url + "/v1/cluster/digest", 2.0)
+                    members[node_id] = f"{answer['digest']}@{answer['applied_index']}"
+                except (OSError, KeyError, ValueError):
+                    members[node_id] = None
+            seen[row["name"]] = members
+        agreed = bool(rows) and all(None not in m.values() and len(set(m.values())) == 1 for m in seen.values())
+        if agreed or time.monotonic() >= deadline:
+            return seen, agreed
+        time.sleep(0.25)
 
 
 async def sample_leaders(cluster: ChaosTarget, now_s: Callable[[], float], leaders: list[dict[str, Any]],

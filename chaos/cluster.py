@@ -119,15 +119,16 @@ class ChaosCluster(LocalCluster):
 
     def __init__(self, nodes: int, seed: int = 0, base_dir: Path | None = None,
                  node_overrides: dict[str, Any] | None = None, log_level: str = "INFO", *,
-                 power_fs: bool = False, previous_release: Release | None = None) -> None:
+                 power_fs: bool = False, previous_release: Release | None = None, partitions: int = 1) -> None:
         self.previous_release = previous_release
+        self.partitions_count = partitions
         self.proxy = ProxyThread(seed)
         self.raft_proxy_ports: dict[tuple[int, int], int] = {}  # (dialler, acceptor) -> link port
         self.client_ports: list[int] = []  # the link port in front of each node's HTTP port
         self.power_mounts: list[PowerMount] = []  # node i's data directory, with power_fs
         try:
             super().__init__(nodes, base_dir, node_overrides={**CHAOS_NODE_OVERRIDES, **(node_overrides or {})},
-                             log_level=log_level, keep=True)
+                             log_level=log_level, keep=True, partitions_max=partitions - 1)
             if "raft_ticks_on_loop" not in (node_overrides or {}):
                 # Both ways of ticking Raft in one cluster: node 0 on pysyncobj's own tick thread,
                 # the others on their event loop (rcq.server.raft.loop_ticker, the default).
@@ -218,6 +219,11 @@ class ChaosCluster(LocalCluster):
 
     def node_isolation(self) -> None:
         return None  # link faults cut whole nodes and finer shapes alike
+
+    def partition_process_control(self) -> Self | None:
+        """Itself (:meth:`partition_processes`) when it runs partitions besides p0
+        (chaos.faults.processes.partition_processes)."""
+        return self if self.partitions_count > 1 else None
 
     def power_failure(self) -> Self | None:
         """Itself (:meth:`lose_power`) when its disks are powerfs mounts (chaos.faults.power_failure)."""

@@ -165,11 +165,23 @@ class Executor:
         handler: Callable[..., Any] = getattr(self, "_" + spec.f.replace("-", "_"))
         return await handler(spec, state)
 
+    def _partition(self, queue: str) -> str | None:
+        """The partition a transaction on ``queue`` is begun in (None: a run without partitions)."""
+        return self.topology.partition_of(queue) if self.topology is not None and self.topology.partitioned else None
+
+    async def _begin(self, timeout_s: float, label: str, queue: str) -> Transaction:
+        partition = self._partition(queue)
+        if partition is None:  # the call of a run without partitions, as it always was
+            return await self.client.begin(timeout_s, label)
+        return await self.client.begin(timeout_s, label, partition=partition)
+
     def _began(self, tx: Transaction, state: dict[str, Any]) -> None:
         if tx.transaction_id is None:  # opened at its first verb (a partitioned cluster): not known yet
             return
         state["transaction_id"] = tx.transaction_id
-        if self.registry is not None:
+        # The intruder hijacks p0's transactions only: the security checker explains a refusal by
+        # p0's sampled leader terms, and a partition's id carries its own partition's term.
+        if self.registry is not None and "." not in tx.transaction_id.partition(".")[2]:
             self.registry.add(tx.transaction_id, self.process, state["f"])
 
     async def _commit(self, tx: Transaction, state: dict[str, Any]) -> None:
@@ -183,8 +195,10 @@ class Executor:
             return error_name(exc)
         return None
 
-    async def _in_transaction(self, state: dict[str, Any], timeout_s: float, body: Callable[[Transaction], Any]) -> Any:
-        tx = await self.client.begin(timeout_s, "chaos")
+    async def _in_transaction(self, state: dict[str, Any], timeout_s: float, queue: str,
+                              body: Callable[[Transaction], Any]) -> Any:
+        """``body(tx)`` in a transaction begun in ``queue``'s partition; aborted if it fails before its commit."""
+        tx = await self._begin(timeout_s, "chaos", queue)
         self._began(tx, state)
         try:
             result = await body(tx)
@@ -211,7 +225,7 @@ class Executor:
                     await enqueue_with(tx, write["queue"], values, headers, **options)
             await self._commit(tx, state)
 
-        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, body)
+        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, spec.value["writes"][0]["queue"], body)
         # The acknowledgement's wall time (ms): an item whose enqueue time is later lives again (redriven).
         return "ok", {**spec.value, "ack_ms": int(time.time() * 1000)}, None
 
@@ -253,7 +267,7 @@ class Executor:
                 extra["reject_outcome"] = "ok"
             await self._commit(tx, state)
 
-        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, body)
+        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, queue, body)
         return "ok", {"queue": queue, "values": state["values"]}, None
 
     async def _redrive(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
@@ -277,12 +291,12 @@ class Executor:
                 await enqueue_with(tx, target, [item.value for item in values], headers)
             await self._commit(tx, state)
 
-        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, body)
+        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, source, body)
         return "ok", {"from": source, "to": target, "values": state["values"]}, None
 
     async def _dequeue_abort(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         queue = spec.value["queue"]
-        tx = await self.client.begin(TRANSACTION_TIMEOUT_S, "chaos")
+        tx = await self._begin(TRANSACTION_TIMEOUT_S, "chaos", queue)
         self._began(tx, state)
         try:
             items = await tx.dequeue_items(queue, spec.value["max"])
@@ -305,7 +319,7 @@ class Executor:
 
     async def _head_rank(self, queue: str, values: set[str]) -> int | None:
         """How near the head the aborted values came back: the rank of the first one seen."""
-        tx = await self.client.begin(TRANSACTION_TIMEOUT_S, "chaos-head-rank")
+        tx = await self._begin(TRANSACTION_TIMEOUT_S, "chaos-head-rank", queue)
         try:
             items = await tx.dequeue_items(queue, HEAD_RANK_WINDOW)
         finally:
@@ -325,7 +339,7 @@ class Executor:
 
     async def _vanish(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         queue = spec.value["queue"]
-        tx = await self.client.begin(VANISH_TIMEOUT_S, "chaos-vanish")
+        tx = await self._begin(VANISH_TIMEOUT_S, "chaos-vanish", queue)
         self._began(tx, state)
         items = await tx.dequeue_items(queue, spec.value["max"])
         self._record_items(state, items)

@@ -87,10 +87,14 @@ class QueuePlan:
     max_deliveries: int | None = None
     dead_letter_queue: str | None = None
     max_priority: int | None = None
+    partition: str | None = None  # where it is placed (None: a run without partitions; p0)
 
     def settings(self) -> dict[str, Any]:
-        return {"max_items": self.max_items, "max_deliveries": self.max_deliveries,
-                "dead_letter_queue": self.dead_letter_queue, "max_priority": self.max_priority}
+        settings: dict[str, Any] = {"max_items": self.max_items, "max_deliveries": self.max_deliveries,
+                                    "dead_letter_queue": self.dead_letter_queue, "max_priority": self.max_priority}
+        if self.partition is not None:
+            settings["partitions"] = [self.partition]
+        return settings
 
     @property
     def featured(self) -> bool:
@@ -110,19 +114,43 @@ class Topology:
     plans: dict[str, QueuePlan]
 
     @classmethod
-    def of(cls, queues: list[str]) -> Topology:
+    def of(cls, queues: list[str], partitions: int = 1) -> Topology:
+        """``partitions`` > 1: queue i is placed in partition ``p{i % partitions}``, its dead-letter
+        queue with it (docs/partitions.md), so transactions over two queues sometimes span two
+        partitions, and are refused."""
         plans: dict[str, QueuePlan] = {}
         for i, queue in enumerate(queues):
+            partition = f"p{i % partitions}" if partitions > 1 else None
             if i == 0:
-                plans[queue] = QueuePlan(queue, max_items=LIMITED_QUEUE_ITEMS_MAX)
+                plans[queue] = QueuePlan(queue, max_items=LIMITED_QUEUE_ITEMS_MAX, partition=partition)
             elif i % 4 == 2:
-                plans[queue] = QueuePlan(queue, dead_letter_queue=queue + DEAD_LETTER_SUFFIX, max_priority=MAX_PRIORITY)
+                plans[queue] = QueuePlan(queue, dead_letter_queue=queue + DEAD_LETTER_SUFFIX, max_priority=MAX_PRIORITY,
+                                         partition=partition)
             elif i % 4 == 3:
-                plans[queue] = QueuePlan(queue, max_deliveries=MAX_DELIVERIES, max_priority=MAX_PRIORITY)
+                plans[queue] = QueuePlan(queue, max_deliveries=MAX_DELIVERIES, max_priority=MAX_PRIORITY,
+                                         partition=partition)
             else:
                 plans[queue] = QueuePlan(queue, max_deliveries=MAX_DELIVERIES,
-                                         dead_letter_queue=queue + DEAD_LETTER_SUFFIX, max_priority=MAX_PRIORITY)
+                                         dead_letter_queue=queue + DEAD_LETTER_SUFFIX, max_priority=MAX_PRIORITY,
+                                         partition=partition)
         return cls(plans)
+
+    @property
+    def partitioned(self) -> bool:
+        return any(plan.partition is not None for plan in self.plans.values())
+
+    def partition_of(self, queue: str) -> str:
+        """The partition ``queue`` (or the dead-letter queue of one) is placed in."""
+        for plan in self.plans.values():
+            if queue in (plan.name, plan.dead_letter_queue):
+                return plan.partition or "p0"
+        return "p0"
+
+    @property
+    def dead_letter_plans(self) -> list[QueuePlan]:
+        """Each dead-letter queue, placed with its source queue."""
+        return [QueuePlan(p.dead_letter_queue, partition=p.partition) for p in self.plans.values()
+                if p.dead_letter_queue is not None]
 
     @property
     def queues(self) -> list[str]:

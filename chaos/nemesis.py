@@ -59,6 +59,13 @@ includes ``power`` only with ``--power-fs``):
   since an old node may return at any time). The runner takes the previous release from the
   repository's history at the start (chaos.runner; no history: the run refuses to start). Local
   target only (chaos.faults.release_switch).
+* ``kill-partition-process``: kill -9 one partition process (docs/partitions.md) of a live node,
+  the node itself left running: its supervisor restarts the process after a back-off, and the
+  fault lasts until it has (its stop line: ``restarted``). Named so as not to be confused with
+  ``partition`` (the network). Only in runs with ``--partitions`` 2 or more (dropped from
+  ``all`` otherwise). Network faults act on p0's Raft links only: partition processes reach each
+  other directly, not through the proxy; ``kill``, ``pause`` and ``power`` act on a node's whole
+  process group, its partition processes with it.
 * ``backup``: in the background, like ``snapshot``: backups taken every few seconds (``rcq
   backup``'s code, from a follower) while the other faults run, beside a small probe load whose
   commits are recorded with their index; at most three are restored, each into a 1-node scratch
@@ -95,14 +102,16 @@ from typing import Any
 
 from chaos.backups import BackupNemesis
 from chaos.faults import Fault, FaultMaker, FaultRefused, power_failure, release_switch
+from chaos.faults.processes import partition_processes
 from chaos.target import ChaosTarget, membership_control
 
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "wipe",
-         "snapshot", "deposed-leader", "power", "membership", "upgrade", "backup")
+         "snapshot", "deposed-leader", "power", "membership", "upgrade", "backup", "kill-partition-process")
 BACKGROUND = ("snapshot", "backup")  # activities beside the faults, not fault windows
 NOT_IN_ALL = ("backup",)  # named only: each restore starts a scratch cluster (chaos.backups)
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "power",
-           "membership", "upgrade")
+           "membership", "upgrade", "kill-partition-process")
+NEEDS_PARTITIONS = ("kill-partition-process",)  # a run with --partitions 2 or more; dropped from the others
 NEEDS_LINK_FAULTS = ("one-way", "client-partition", "client-drop", "delay", "loss", "deposed-leader")
 NEEDS_POWER_FS = ("power",)  # each node's data directory on its own powerfs mount (local target, --power-fs)
 NEEDS_MEMBERSHIP = ("membership",)  # nodes re-added as themselves (chaos.target.membership_control)
@@ -110,7 +119,8 @@ NEEDS_RELEASES = ("upgrade",)  # nodes restarted into the previous release (chao
 # Whole-node isolation, no per-link faults, no powerfs, no membership changes, one release: what
 # `all` is on docker (`backup` works there too, named).
 DOCKER_KINDS = tuple(k for k in KINDS if k not in NEEDS_LINK_FAULTS and k not in NEEDS_POWER_FS
-                     and k not in NEEDS_MEMBERSHIP and k not in NEEDS_RELEASES and k not in NOT_IN_ALL)
+                     and k not in NEEDS_MEMBERSHIP and k not in NEEDS_RELEASES and k not in NOT_IN_ALL
+                     and k not in NEEDS_PARTITIONS)
 QUIET_S = (1.0, 4.0)
 FAULT_S = (2.0, 8.0)
 MIX_PROBABILITY = 0.3
@@ -208,6 +218,8 @@ class Nemesis:
         self.kinds = [k for k in kinds if k not in BACKGROUND]
         if len(cluster.nodes) < 3:
             self.kinds = [k for k in self.kinds if k != "wipe"]
+        if partition_processes(cluster) is None:  # p0 alone: no partition process to kill
+            self.kinds = [k for k in self.kinds if k not in NEEDS_PARTITIONS]
         self.snapshots = "snapshot" in kinds
         self.backups = BackupNemesis(cluster, history, random.Random(f"{seed}/backup"), progress) \
             if "backup" in kinds else None

@@ -89,6 +89,9 @@ class RunConfig:
     engine: str = "auto"  # with target "docker": auto, docker or podman (cluster.engine)
     # Each node's data directory on its own powerfs mount (local target; implied by the power nemesis).
     power_fs: bool = False
+    # Partitions p0 ... p{partitions-1} (docs/partitions.md; local target): the queues are placed over
+    # them, and the kill-partition-process nemesis can run.
+    partitions: int = 1
     # A callback between phase 2 and the heal; tests use it to crash nodes on purpose.
     before_heal: Callable[[ChaosTarget], None] | None = None
 
@@ -122,6 +125,10 @@ def run(config: RunConfig, progress: Progress | None = None) -> dict[str, Any]:
         cluster = open_target(config, out / "cluster", progress)
         cluster.start()
         leader = cluster.wait_for_leader(config.recovery_timeout_s)
+        if config.partitions > 1:
+            assert isinstance(cluster, ChaosCluster)
+            cluster.ensure_partitions(config.partitions)
+            progress(f"partitions p0 ... p{config.partitions - 1} led")
         progress(f"leader: node-{leader}; workload {config.workers} workers x {config.time_limit_s:.0f} s, "
                  f"nemesis {','.join(config.nemesis) or 'none'}, seed {config.seed}")
         timings["start_s"] = time.monotonic() - started
@@ -142,6 +149,8 @@ def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosT
             raise ValueError("powerfs and the power nemesis need the local target (each node's data directory a FUSE mount)")
         if config.node_overrides:
             raise ValueError("the docker target runs docker-compose.yml's node configuration: no node overrides")
+        if config.partitions > 1:
+            raise ValueError("partitions need the local target (each node's partition ports)")
         docker = DockerCluster(config.nodes, base_dir, project=f"rcq-chaos-{config.seed}", engine=config.engine)
         progress(f"starting compose project {docker.project} ({config.nodes} nodes); logs in {docker.base_dir}")
         return docker
@@ -155,7 +164,7 @@ def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosT
         progress(f"previous release {release.name} ({release.commit[:12]}) made runnable for the upgrade nemesis")
         overrides.setdefault("feature_level_auto", False)  # level 1 while an old node may return
     local = ChaosCluster(config.nodes, config.seed, base_dir, overrides, config.log_level,
-                         power_fs=power_fs, previous_release=release)
+                         power_fs=power_fs, previous_release=release, partitions=config.partitions)
     progress(f"starting {config.nodes} nodes in {local.base_dir}"
              + (", each data directory on its own powerfs mount" if power_fs else ""))
     return local
@@ -165,7 +174,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
                        progress: Progress, timings: dict[str, float], now_s: Callable[[], float]) -> dict[str, Any]:
     """Phases 2 to 5: the workload and the nemesis, the heal, the drain, the checker inputs."""
     # q0 plain; the others with dead-letter queues, delivery limits, priorities
-    topology = Topology.of(queue_names(config.queues))
+    topology = Topology.of(queue_names(config.queues), config.partitions)
     urls = cluster.client_urls
     token = cluster.token  # the workload's clients use the cluster's admin token, as the harness does
     nemesis = Nemesis(cluster, history, config.seed, config.nemesis, progress)
@@ -332,6 +341,8 @@ def _report(config: RunConfig, out: Path, extra: dict[str, Any], timings: dict[s
         parameters["node_overrides"] = json.dumps(config.node_overrides, sort_keys=True)
     if config.target == "local" and (config.power_fs or "power" in config.nemesis):
         parameters["power_fs"] = True
+    if config.partitions > 1:
+        parameters["partitions"] = config.partitions
     write_results(out / "results.json", results, config.seed, **parameters)
     summary = summary_text(results, config.seed, **parameters)
     recovery = extra.get("recovery", {})

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.executor import VANISH_TIMEOUT_S, Executor, OpenTransactions, error_name, make_client
-from chaos.generator import LIMITED_QUEUE_ITEMS_MAX, Generator, QueuePlan, Spec, Topology
+from chaos.generator import LIMITED_QUEUE_ITEMS_MAX, Generator, Spec, Topology
 from rcq.client import RcqClient
 
 HTTP_WORKER_EVERY = 4  # every fourth worker sends one HTTP request per operation, the others use a session channel
@@ -48,7 +48,7 @@ async def configure_queues(history: Any, urls: list[str], topology: Topology, pr
     first (a dead_letter_queue setting must name an existing queue), each a ``configure`` op whose
     value is the queue's whole settings (the checkers read them from the history)."""
     async with make_client(urls, token) as client:
-        plans = [QueuePlan(dlq) for dlq in topology.dead_letter_queues] + list(topology.plans.values())
+        plans = topology.dead_letter_plans + list(topology.plans.values())
         for plan in plans:
             value = {"queue": plan.name, **plan.settings()}
             op = history.invoke(process, "configure", value)
@@ -117,7 +117,7 @@ async def drain(history: Any, urls: list[str], queues: list[str], process: int, 
             if got_any:
                 empty_since = None
                 continue
-            if await empty_for_good(client, urls, queues):
+            if await empty_for_good(client, urls, queues, topology):
                 return {"complete": True, "drained": drained, "ended_by": "leader"}
             counts = await _counts(client, queues)
             if counts is not None and not any(counts.values()):
@@ -139,7 +139,27 @@ async def _counts(client: RcqClient, queues: list[str]) -> dict[str, int] | None
     return {q: listed.get(q, 0) for q in queues}
 
 
-async def empty_for_good(client: RcqClient, urls: list[str], queues: list[str]) -> bool:
+async def empty_for_good(client: RcqClient, urls: list[str], queues: list[str], topology: Topology | None = None
+                         ) -> bool:
+    """:func:`empty_for_partition` for each partition the queues live in (``topology`` None: p0),
+    each proved by that partition's leader (its members' URLs from the listing)."""
+    groups: dict[str, list[str]] = {}
+    for queue in queues:
+        groups.setdefault(topology.partition_of(queue) if topology is not None else "p0", []).append(queue)
+    urls_of = {"p0": urls}
+    if set(groups) != {"p0"}:
+        try:
+            urls_of.update({row["name"]: list(row.get("urls") or []) for row in await client.partitions()
+                            if row["name"] != "p0"})
+        except Exception:  # asked again on the next round
+            return False
+    for partition, group in groups.items():
+        if not await empty_for_partition(client, urls_of.get(partition, []), group):
+            return False
+    return True
+
+
+async def empty_for_partition(client: RcqClient, urls: list[str], queues: list[str]) -> bool:
     """Whether a serving leader shows every queue of ``queues`` empty with nothing that could bring
     an item back, provided no other client acts. Asked of that node: its status (serving, no open
     transaction of anyone's), every queue's count (answered by it, serving), its status again (the

@@ -18,7 +18,8 @@ docs/queue-features.md (the queue checkers let dead items leave through dead-let
 expired or dropped ones vanish by rule; it checks those rules). ``headers``: every item seen
 carries exactly the headers its value says it was enqueued with, and only headers are refused
 for the feature level. ``backups``: every backup the ``backup`` nemesis restored held what its
-own probe history says (chaos.backups).
+own probe history says (chaos.backups). ``partitions``: no committed transaction spans two
+partitions and every attempt to was refused; killed partition processes came back.
 ``python -m chaos.checkers history.jsonl`` re-checks a saved history.
 
 Pure Python: imports nothing from rcq.
@@ -40,6 +41,7 @@ from chaos.checkers.limits import check_limits
 from chaos.checkers.membership import check_membership
 from chaos.checkers.model import QueueModel, build_model
 from chaos.checkers.ordering import check_ordering
+from chaos.checkers.partitions import check_partitions
 from chaos.checkers.queue import check_atomicity, check_total_queue, lost_values
 from chaos.checkers.security import check_security, is_security_op
 from chaos.history import NEMESIS_PROCESS, read_history
@@ -58,13 +60,14 @@ __all__ = [
     "check_liveness",
     "check_membership",
     "check_ordering",
+    "check_partitions",
     "check_security",
     "check_total_queue",
     "fault_windows",
 ]
 
 CHECKER_NAMES = ("total_queue", "atomicity", "aborted_return", "features", "headers", "convergence", "membership",
-                 "liveness", "limits", "security", "ordering", "backups")
+                 "liveness", "limits", "security", "ordering", "backups", "partitions")
 
 
 def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -84,6 +87,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "security": check_security(model, history),
         "ordering": check_ordering(model),
         "backups": check_backups(history),
+        "partitions": check_partitions(model, history),
     }
     results["releases"] = check_releases(history, _acknowledged_at_s(model, lost_values(model)))
     op_counts = Counter(f"{op.f}:{op.type}" for op in model.ops)

@@ -2,7 +2,8 @@
 
 * convergence — after heal and quiet the runtime records every node's state
   digest as ``"<digest>@<applied_index>"`` (a ``checker-input`` ``digests``
-  line). Valid when every node answered and all strings are equal. With no
+  line), and in a run with partitions each partition's members' (``partition_digests``).
+  Valid when every node answered and all strings are equal, and so in each partition. With no
   such line the checker says ``checked: false`` and stays valid: the
   history cannot show a divergence it never measured.
 * liveness — metrics around each fault window (nemesis ``start``/``stop``
@@ -47,15 +48,31 @@ def check_convergence(history: list[dict[str, Any]]) -> dict[str, Any]:
         groups.setdefault(digest, []).append(node)
         _, separator, index = digest.rpartition("@")
         applied_index[node] = int(index) if separator and index.isdigit() else None
+    partitions = _partitions_converged(_inputs(history, "partition_digests"))
     return {
-        "valid": bool(digests) and not missing and len(groups) == 1,
+        "valid": bool(digests) and not missing and len(groups) == 1 and all(p["valid"] for p in partitions.values()),
         "checked": True,
         "nodes_count": len(digests),
         "distinct_count": len(groups),
         "groups": groups,
         "missing": missing,
         "applied_index": applied_index,
+        **({"partitions": partitions} if partitions else {}),
     }
+
+
+def _partitions_converged(recorded: list[Any]) -> dict[str, dict[str, Any]]:
+    """Per partition but p0 (a run with partitions): its members' digests, valid when every member
+    answered and all are one."""
+    last = recorded[-1] if recorded and isinstance(recorded[-1], dict) else {}
+    verdicts: dict[str, dict[str, Any]] = {}
+    for partition, members in sorted(last.items()):
+        members = members if isinstance(members, dict) else {}
+        states = {digest for digest in members.values() if isinstance(digest, str) and digest}
+        missing = sorted(node for node, digest in members.items() if not isinstance(digest, str) or not digest)
+        verdicts[partition] = {"valid": bool(members) and not missing and len(states) == 1,
+                               "members_count": len(members), "distinct_count": len(states), "missing": missing}
+    return verdicts
 
 
 def _end_s(history: list[dict[str, Any]]) -> float:

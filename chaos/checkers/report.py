@@ -90,6 +90,9 @@ def _convergence_line(r: dict[str, Any]) -> str:
     line = f"{r['nodes_count']} nodes, {r['distinct_count']} distinct state(s)"
     if r["missing"]:
         line += f", no digest from {', '.join(r['missing'])}"
+    for partition, verdict in (r.get("partitions") or {}).items():
+        line += (f"; {partition}: {verdict['members_count']} members, {verdict['distinct_count']} distinct state(s)"
+                 + (f", no digest from {', '.join(verdict['missing'])}" if verdict["missing"] else ""))
     if r["distinct_count"] > 1:
         for digest, nodes in r["groups"].items():
             line += f"\n      {digest}: {', '.join(nodes)}"
@@ -194,6 +197,21 @@ def _security_line(r: dict[str, Any]) -> str:
     return line
 
 
+def _partitions_line(r: dict[str, Any]) -> str:
+    if not r.get("checked"):
+        return "not checked (a run without partitions)"
+    attempts = ", ".join(f"{outcome} {count}" for outcome, count in r["cross_partition"].items()) or "none"
+    by_partition = ", ".join(f"{p} {n}" for p, n in r["acknowledged_by_partition"].items())
+    line = (f"cross-partition attempts: {attempts}; {r['spanning_count']} committed across two partitions, "
+            f"{r['wrongly_refused_count']} refused within one; acknowledged values by partition: {by_partition}; "
+            f"{r['partition_processes_killed']} partition processes killed, {r['partition_processes_restarted']} "
+            f"seen restarted, {len(r['not_restarted'])} not")
+    for key in ("spanning", "wrongly_refused", "not_restarted"):
+        for sample in r[key][:SAMPLES_SHOWN_MAX]:
+            line += f"\n      {key}: {sample}"
+    return line
+
+
 _LINES = {
     "total_queue": _total_queue_line,
     "atomicity": _atomicity_line,
@@ -207,6 +225,7 @@ _LINES = {
     "security": _security_line,
     "ordering": _ordering_line,
     "backups": _backups_line,
+    "partitions": _partitions_line,
 }
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from chaos.faults.base import Fault
 from chaos.faults.membership import MembershipFaults
 from chaos.faults.network import NetworkFaults
-from chaos.faults.processes import ProcessFaults, power_failure
+from chaos.faults.processes import ProcessFaults, partition_processes, power_failure
 from chaos.faults.releases import ReleaseFaults, release_switch
 from chaos.membership import MembershipChanger
 from chaos.target import ChaosTarget, membership_control
@@ -25,6 +25,7 @@ class FaultMaker(NetworkFaults, ProcessFaults, MembershipFaults, ReleaseFaults):
         self.cluster = cluster
         self.links = cluster.link_faults()
         self.power = power_failure(cluster)
+        self.partitions = partition_processes(cluster)
         self.releases = release_switch(cluster)
         control = membership_control(cluster)
         self.membership = None if control is None else MembershipChanger(cluster, control)

@@ -10,6 +10,7 @@ Must not import: any rcq module; nor a target's module (targets are seen through
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ from chaos.faults.base import Fault, FaultKinds
 
 PAUSE_S = (2.0, 5.0)  # above raft_timeout_max_s (1.6 s): the others elect a new leader meanwhile
 WIPE_CATCH_UP_S = 60.0
+RESTART_WAIT_S = 40.0  # a supervisor's back-off reaches 30 s after repeated quick deaths
 
 
 class PowerFailure(Protocol):
@@ -26,6 +28,24 @@ class PowerFailure(Protocol):
         """kill -9 each node (and what it forked), then drop everything its disk had not made
         durable; per node, what its disk dropped. The nodes stay down until started."""
         ...
+
+
+class PartitionProcesses(Protocol):
+    """A node's partition processes (docs/partitions.md), for the ``kill-partition-process`` kind."""
+
+    def partition_processes(self, i: int) -> dict[str, int]:
+        """Node ``i``'s partition processes now: partition name -> pid."""
+        ...
+
+    def kill_partition_process(self, i: int, partition: str) -> int | None:
+        """SIGKILL node ``i``'s process of ``partition``; its pid, None if it had none."""
+        ...
+
+
+def partition_processes(cluster: object) -> PartitionProcesses | None:
+    """The target's partition processes, or None when it runs p0 alone (or cannot reach them)."""
+    capability = getattr(cluster, "partition_process_control", None)
+    return capability() if callable(capability) else None
 
 
 def power_failure(cluster: object) -> PowerFailure | None:
@@ -39,6 +59,7 @@ class ProcessFaults(FaultKinds):
     """Kills, pauses, wipes and power failures (``power``: None when the target has no powerfs)."""
 
     power: PowerFailure | None
+    partitions: PartitionProcesses | None
 
     def _restarter(self, targets: list[int]) -> Callable[[], None]:
         """A fault's stop that starts each of ``targets`` not running, then waits for their HTTP."""
@@ -98,6 +119,36 @@ class ProcessFaults(FaultKinds):
         names = [cluster.nodes[i].node_id for i in targets]
         return Fault(variant, targets, self._restarter(targets),
                      {"lost_power": names, "dropped": {cluster.nodes[i].node_id: dropped.get(i, {}) for i in targets}})
+
+    def _begin_kill_partition_process(self, rng: random.Random) -> Fault | None:
+        """kill -9 one partition process of a live node, its node left running (its supervisor
+        restarts it after a back-off); the fault lasts until it has (or RESTART_WAIT_S passed)."""
+        cluster, control = self.cluster, self.partitions
+        assert control is not None, "checked when the nemesis was made"
+        hosts = [(i, name) for i in cluster.live_indices() if not cluster.nodes[i].paused
+                 for name in sorted(control.partition_processes(i))]
+        if not hosts:
+            return None
+        i, partition = rng.choice(hosts)
+        killed = control.kill_partition_process(i, partition)
+        if killed is None:
+            return None
+        outcome: dict[str, Any] = {}
+
+        def stop() -> None:
+            deadline = time.monotonic() + RESTART_WAIT_S
+            while time.monotonic() < deadline:
+                pid = control.partition_processes(i).get(partition) if cluster.nodes[i].running() else None
+                if pid is not None and pid != killed:
+                    outcome.update(restarted=True, pid=pid)
+                    return
+                if not cluster.nodes[i].running():  # its node went down meanwhile: it starts them again
+                    outcome.update(restarted=None)
+                    return
+                time.sleep(0.1)
+            outcome.update(restarted=False)
+
+        return Fault("kill-partition-process", [i], stop, {"partition": partition, "pid": killed}, outcome=outcome)
 
     def _begin_pause(self, rng: random.Random) -> Fault | None:
         cluster = self.cluster

@@ -393,6 +393,13 @@ class RcqClient:
         return await self._transport.wait_for_leader(timeout_s)
 
     # ------------------------------------------------------- membership (admin)
+    async def partitions(self) -> list[dict[str, Any]]:
+        """The cluster's partitions (docs/partitions.md), p0 first: each has ``name``, ``members``
+        (node ids), ``urls`` (each member's URL for it), ``leader_id`` and ``leader_url`` (None
+        while it has no leader). Any node answers, for any valid token."""
+        answer = await self._transport.request(Request("GET", "/v1/cluster/partitions"))
+        return list(answer["partitions"])
+
     async def cluster_members(self, url: str | None = None) -> list[dict[str, Any]]:
         """The cluster's members as a node sees them (any node answers; ``url``: exactly that node's
         view, asked once): each has ``node_id``, ``raft_address``, ``url``, ``role`` (leader, follower,

@@ -316,6 +316,9 @@ class SyncClient:
         return self._runner.run(self._client.wait_for_leader(timeout_s))
 
     # ------------------------------------------------------- membership (admin)
+    def partitions(self) -> list[dict[str, Any]]:
+        return self._runner.run(self._client.partitions())
+
     def cluster_members(self, url: str | None = None) -> list[dict[str, Any]]:
         return self._runner.run(self._client.cluster_members(url))
 

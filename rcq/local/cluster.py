@@ -47,8 +47,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import secrets
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -79,6 +81,7 @@ from rcq.local.nodes import (
     read_tail,
 )
 from rcq.local.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
+from rcq.local.processes import partition_processes
 from rcq.local.releases import Release
 from rcq.local.tls import CA_NAME, CertFiles
 from rcq.local.waits import wait_until
@@ -351,6 +354,19 @@ class LocalCluster(PolledCluster[LocalNode]):
         """SIGTERM node ``i`` and wait; SIGKILL it after ``timeout_s``. Returns its exit code."""
         self.nodes[i].request_stop()
         return self.nodes[i].finish_stop(timeout_s)
+
+    def partition_processes(self, i: int) -> dict[str, int]:
+        """Node ``i``'s partition processes now (docs/partitions.md): partition name -> pid."""
+        pid = self.nodes[i].pid
+        return partition_processes(pid) if pid is not None and self.nodes[i].running() else {}
+
+    def kill_partition_process(self, i: int, partition: str) -> int | None:
+        """SIGKILL node ``i``'s process of ``partition`` (its node restarts it); its pid, None if it has none."""
+        pid = self.partition_processes(i).get(partition)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pid
 
     def kill_node(self, i: int) -> int | None:
         """SIGKILL node ``i`` (and anything it forked), as a crash would. Returns its exit code."""

@@ -58,6 +58,24 @@ def test_a_leader_deposed_with_commits_in_flight_and_healed_into_a_snapshot_inst
     require_valid(document, SAFETY_CHECKERS)
 
 
+@pytest.mark.timeout(420)
+def test_queues_over_three_partitions_with_partition_processes_killed_lose_nothing_and_commit_in_one(tmp_path):
+    """docs/partitions.md: queues placed in p0, p1 and p2; transactions over two of them, refused
+    when they span partitions; partition processes killed -9 on live nodes, nodes killed and paused."""
+    config = RunConfig(nodes=3, time_limit_s=45, nemesis=["kill-partition-process", "kill", "pause"],
+                       seed=CI_SEED + 3, out=tmp_path, workers=5, partitions=3)
+    document = run(config, Progress(quiet=True))
+    results = document["results"]
+    partitions = results["partitions"]
+    assert partitions["checked"] and set(partitions["placement"].values()) == {"p0", "p1", "p2"}, describe(document)
+    assert partitions["cross_partition"].get("refused", 0) >= 5, describe(document)
+    assert partitions["partition_processes_killed"] >= 1, describe(document)
+    assert all(partitions["acknowledged_by_partition"].get(p, 0) > 10 for p in ("p0", "p1", "p2")), describe(document)
+    assert set(results["convergence"]["partitions"]) == {"p1", "p2"}, describe(document)
+    assert results["runtime"]["drain"]["complete"], describe(document)
+    require_valid(document, (*SAFETY_CHECKERS, "partitions"))
+
+
 @pytest.mark.timeout(480)
 def test_membership_changes_during_faults_lose_nothing_and_every_node_ends_a_voting_member(tmp_path):
     """docs/membership.md: members removed (the leader too) and re-added (with their data, or wiped
@@ -98,6 +116,16 @@ def test_the_docker_target_says_plainly_when_docker_has_no_engine(capsys):
 def test_unknown_nemesis_names_are_refused(capsys):
     assert main(["--nemesis", "kill,meteor"]) == 2
     assert "unknown nemesis meteor" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--nemesis", "kill-partition-process"], "kill-partition-process needs --partitions 2 or more"),
+    (["--partitions", "0"], "--partitions counts p0: at least 1"),
+    (["--partitions", "2", "--target", "docker", "--nemesis", "kill"], "--partitions needs --target local"),
+])
+def test_partition_arguments_that_cannot_work_are_refused_before_anything_starts(capsys, argv, says):
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
 
 
 # ------------------------------------------------------------ docker-compose.yml

@@ -3,7 +3,8 @@
 A traceback in a production log is a bug, or a fault the test made on purpose. So every node log
 of a real cluster the suite starts is watched: :func:`watch_local_clusters` (installed for the
 whole run by ``tests/conftest.py``) registers each node log of a
-:class:`~rcq.local.cluster.LocalCluster` (and so of a chaos cluster) when the node starts, and
+:class:`~rcq.local.cluster.LocalCluster` (and so of a chaos cluster) when the node starts, with
+the logs of its partition processes (``<data_dir>/partitions/*.log``, docs/partitions.md), and
 reads the rest of it when the cluster is closed, before its directory is removed; other clusters
 of separate processes register their logs with :meth:`NodeLogs.watch` and :meth:`NodeLogs.release`.
 After each test the conftest takes what the logs gained during it (its setup and teardown
@@ -40,6 +41,7 @@ from typing import Any
 import pytest
 
 from rcq.local.cluster import LocalCluster
+from rcq.local.processes import PARTITIONS_DIR
 
 MARKER = "expected_log_errors"
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?:\S+ ){0,3}?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
@@ -84,23 +86,38 @@ class NodeLogs:
     def __init__(self) -> None:
         self._offsets: dict[Path, int] = {}  # a watched log -> the bytes of it already read
         self._released: list[LogError] = []  # read from logs no longer watched, not yet taken
+        self._folders: dict[Path, Path] = {}  # a watched log -> the folder of its node's partition logs
 
-    def watch(self, path: Path) -> None:
-        """Watch the log ``path`` from its present end (nothing it holds now is read)."""
+    def watch(self, path: Path, partition_logs: Path | None = None) -> None:
+        """Watch the log ``path`` from its present end (nothing it holds now is read), and with it
+        every ``*.log`` of ``partition_logs`` (a node's partition processes, docs/partitions.md):
+        those there now from their present end, those that appear later from their start."""
         if path not in self._offsets:
             self._offsets[path] = path.stat().st_size if path.exists() else 0
+        if partition_logs is not None:
+            self._folders[path] = partition_logs
+            for log in sorted(partition_logs.glob("*.log")):
+                self.watch(log)
 
     def release(self, paths: Iterable[Path]) -> None:
         """Read the rest of these logs now (they are about to go) and stop watching them."""
         for path in paths:
-            if path in self._offsets:
-                self._released += self._read(path)
-                del self._offsets[path]
+            folder = self._folders.pop(path, None)
+            partition_logs = sorted(folder.glob("*.log")) if folder is not None else []
+            for log in [path, *partition_logs]:
+                if log not in self._offsets and log in partition_logs:
+                    self._offsets[log] = 0  # appeared since the last take
+                if log in self._offsets:
+                    self._released += self._read(log)
+                    del self._offsets[log]
 
     def take(self) -> list[LogError]:
         """The error entries the logs gained since the last take."""
         taken = self._released
         self._released = []
+        for folder in list(self._folders.values()):
+            for log in sorted(folder.glob("*.log")):
+                self._offsets.setdefault(log, 0)  # appeared since the last take: all of it is new
         for path in list(self._offsets):
             taken += self._read(path)
         return taken
@@ -127,7 +144,7 @@ def watch_local_clusters(monkeypatch: pytest.MonkeyPatch, logs: NodeLogs = NODE_
     remove_owned_dir = LocalCluster._remove_owned_dir
 
     def watched_start_node(self: LocalCluster, i: int, *args: Any, **kwargs: Any) -> int:
-        logs.watch(self.nodes[i].log_path)
+        logs.watch(self.nodes[i].log_path, self.nodes[i].data_dir / PARTITIONS_DIR)
         return start_node(self, i, *args, **kwargs)
 
     def releasing_remove_owned_dir(self: LocalCluster) -> None:

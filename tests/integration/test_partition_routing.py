@@ -252,3 +252,32 @@ async def test_a_batch_answers_421_for_each_sub_request_of_another_partition_and
     assert (p1_queue["count"], p0_queue["count"]) == (0, 1)
     status, described = await call(http, "GET", f"{leader}/v1/transactions/{other['transaction_id']}")
     assert described["state"] == "open"  # its abort was not run
+
+
+async def test_a_token_and_its_revocation_reach_the_partition_processes(cluster: LocalCluster) -> None:
+    assert cluster.poll_json(cluster.url(0) + "/v1/queues/tok-p1", method="PUT",
+                             body={"partitions": ["p1"]})["settings"]["partitions"] == ["p1"]
+    token = cluster.add_token("tok-user", [{"queues": "tok-*", "actions": ["produce", "consume"]}])
+    p1 = {row["name"]: row for row in cluster.partitions()}["p1"]
+
+    async def enqueue_at(url: str) -> int:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+            async with session.post(f"{url}/v1/queues/tok-p1/enqueue", json={"items": ["t"]}) as response:
+                return response.status
+
+    # every partition process reads its node's tokens file: the new token works at each member
+    for url in p1["urls"]:
+        assert await wait_for_async(lambda u=url: enqueue_at(u), lambda status: status in (200, 307, 421)) != 401
+    cluster.revoke_token("tok-user")
+    for url in p1["urls"]:
+        assert await wait_for_async(lambda u=url: enqueue_at(u), lambda status: status == 401) == 401
+
+
+async def wait_for_async(ask: Any, done: Any, timeout_s: float = 30.0) -> Any:
+    """``await ask()`` until ``done(answer)`` (bounded); the last answer."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        answer = await ask()
+        if done(answer) or asyncio.get_running_loop().time() > deadline:
+            return answer
+        await asyncio.sleep(0.1)  # pace: nodes re-read their tokens file about once a second

@@ -53,7 +53,7 @@ async def test_json_output_for_machines(url: str, capsys):
     code, out, _ = await rcq(capsys, "count", "--json", "--url", url, "q")
     assert code == 0 and json.loads(out)["count"] == 2 and json.loads(out)["locked"] == 0
     code, out, _ = await rcq(capsys, "queues", "--json", "--url", url)
-    assert code == 0 and json.loads(out) == [{"queue": "q", "count": 2, "locked": 0}]
+    assert code == 0 and json.loads(out) == [{"queue": "q", "count": 2, "locked": 0, "partition": "p0"}]
     code, out, _ = await rcq(capsys, "dequeue", "--json", "--url", url, "q", "--max", "9")
     assert code == 0 and json.loads(out) == {"queue": "q", "items": [
         {"value": "a", "encoding": "utf-8", "delivery_count": 0, "priority": 0},

@@ -60,7 +60,7 @@ CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py"
 CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.local.cluster", "rcq.local.nodes", "rcq.local.polls",
                      "rcq.local.releases", "rcq.local.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup")
 BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.local.cluster", "rcq.local.nodes",
-                     "rcq.local.polls", "rcq.local.waits")
+                     "rcq.local.polls", "rcq.local.processes", "rcq.local.waits")
 # The benches that run server code in process: what they measure.
 BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest"),
                     "bench/retention.py": ("rcq.server.core.retention",)}

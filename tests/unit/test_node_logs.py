@@ -80,6 +80,23 @@ def test_a_released_log_is_read_at_once_and_taken_later_though_it_is_gone(tmp_pa
     assert logs.take() == []
 
 
+def test_a_nodes_partition_logs_are_watched_with_it_those_that_appear_later_from_their_start(tmp_path: Path) -> None:
+    log, folder = tmp_path / "node.log", tmp_path / "partitions"
+    folder.mkdir()
+    (folder / "p1.log").write_text("2025-01-01 10:00:00,001 ERROR old: before the node started\n")
+    logs = NodeLogs()
+    logs.watch(log, folder)
+    assert logs.take() == []
+    with open(folder / "p1.log", "a") as out:
+        out.write("2025-01-01 10:00:01,001 ERROR p1: since\n")
+    (folder / "p2.log").write_text("2025-01-01 10:00:02,001 ERROR p2: a process started later\n")
+    assert sorted(e.text for e in logs.take()) == ["2025-01-01 10:00:01,001 ERROR p1: since",
+                                                   "2025-01-01 10:00:02,001 ERROR p2: a process started later"]
+    (folder / "p3.log").write_text("2025-01-01 10:00:03,001 ERROR p3: just before the close\n")
+    logs.release([log])
+    assert [e.text for e in logs.take()] == ["2025-01-01 10:00:03,001 ERROR p3: just before the close"]
+
+
 def test_every_local_cluster_is_watched_from_a_nodes_start_to_the_clusters_close(tmp_path: Path) -> None:
     logs = NodeLogs()
 
@@ -97,7 +114,8 @@ def test_every_local_cluster_is_watched_from_a_nodes_start_to_the_clusters_close
         monkeypatch.setattr(LocalCluster, "_remove_owned_dir", remove_owned_dir)
         watch_local_clusters(monkeypatch, logs)
         cluster = LocalCluster.__new__(LocalCluster)
-        cluster.nodes = [SimpleNamespace(log_path=tmp_path / f"node-{i}.log") for i in range(2)]  # type: ignore[misc]
+        cluster.nodes = [SimpleNamespace(log_path=tmp_path / f"node-{i}.log", data_dir=tmp_path / f"data-{i}")  # type: ignore[misc]
+                         for i in range(2)]
         (tmp_path / "node-1.log").write_text("2025-01-01 10:00:00,000 ERROR node-1: a previous run\n")
         cluster.start_node(0)
         cluster.start_node(1)
