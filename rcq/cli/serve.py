@@ -64,6 +64,10 @@ def add_serve_parser(commands: Any) -> None:
                             "what clients are given for it; peer_url, if the nodes cannot use that, where this "
                             "node reaches it (peer_urls)")
     serve.add_argument("--data-dir", type=Path)
+    serve.add_argument("--partition-ports", metavar="START-END",
+                       help="the ports this node's partition processes serve on (docs/partitions.md)")
+    serve.add_argument("--partition-advertise-ports", metavar="START-END",
+                       help="the same ports as clients and the other nodes reach them, if they differ")
     serve.add_argument("--secret-file", type=Path,
                        help="file holding the cluster secret, mode 0600 (or set RCQ_CLUSTER_SECRET)")
     serve.add_argument("--previous-secret-file", type=Path, action="append", default=None,
@@ -123,6 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         advertise_url=args.advertise_url, raft_address=args.raft_address, raft_bind_address=args.raft_bind_address,
         **split_peers(args.peer),
         data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure,
+        partition_ports=args.partition_ports, partition_advertise_ports=args.partition_advertise_ports,
         cluster_secrets_previous=[read_private(path, "previous cluster secret") for path in args.previous_secret_file]
         if args.previous_secret_file else None,
         extra_tokens=(admin,) if admin is not None else (), tokens_file=args.tokens_file, insecure_http=args.insecure_http,

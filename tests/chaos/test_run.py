@@ -184,15 +184,23 @@ def test_docker_compose_defines_a_consistent_cluster(file, project, nodes):
             == {key: value for key, value in three.items() if key not in ("hostname", "command", "ports", "volumes")}
     assert (ROOT / services["node-0"]["build"]["dockerfile"]).is_file()
     host_ports = set()
+    partition_ports: set[int] = set()
     for name, service in services.items():
         flags = dict(flag[2:].split("=", 1) for flag in service["command"] if not flag.startswith("--peer="))
         peers = [flag.split("=", 1)[1] for flag in service["command"] if flag.startswith("--peer=")]
         assert flags["node-id"] == name and flags["raft-address"] == f"{name}:7100"
         assert flags["raft-bind-address"] == "0.0.0.0:7100"  # a reconnected container's new address too
         assert sorted(p.split("=")[0] for p in peers) == sorted(set(services) - {name})
-        (port_mapping,) = service["ports"]
+        port_mapping, partition_mapping = service["ports"]
         assert port_mapping.startswith("127.0.0.1:") and port_mapping.endswith(":7000")
         host_ports.add(port_mapping.split(":")[1])
+        # its partitions' ports (docs/partitions.md): the same numbers on the host and in the container, so
+        # the URLs and Raft addresses a node derives for them work from the host and on the network alike
+        first, last = (int(port) for port in flags["partition-ports"].split("-"))
+        assert partition_mapping == f"127.0.0.1:{first}-{last}:{first}-{last}" and last - first + 1 >= 20
+        assert not {7000, 7100} & set(range(first, last + 1))
+        assert not partition_ports & set(range(first, last + 1))  # no two nodes share a port
+        partition_ports.update(range(first, last + 1))
         assert flags["advertise-url"] == f"http://127.0.0.1:{port_mapping.split(':')[1]}"
         for peer in peers:  # every peer's URL is the one that peer advertises; nodes reach it on the network
             peer_id, raft_address, url, peer_url = peer.split("=", 3)

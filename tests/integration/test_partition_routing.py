@@ -7,16 +7,19 @@ and changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rcq.client import CrossPartitionTransaction, Enqueue, RcqClient, SyncClient
 from rcq.local.cluster import LocalCluster
 from rcq.names import transaction_partition
 from tests.helpers import LEADER_TIMEOUT_S
+from tests.helpers.cli import rcq
 from tests.helpers.cluster import wait_settled
 
 pytestmark = pytest.mark.cluster
@@ -281,3 +284,33 @@ async def wait_for_async(ask: Any, done: Any, timeout_s: float = 30.0) -> Any:
         if done(answer) or asyncio.get_running_loop().time() > deadline:
             return answer
         await asyncio.sleep(0.1)  # pace: nodes re-read their tokens file about once a second
+
+
+async def test_a_nodes_metrics_carry_its_partition_processes_series_with_their_partition(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    node = cluster.url(0)
+    await call(http, "PUT", f"{node}/v1/queues/metered-p1", {"partitions": ["p1"]})
+    await call(http, "POST", f"{node}/v1/queues/metered-p1/enqueue", {"items": ["m"]})
+    async with http.get(f"{node}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    partitions = {s.labels.get("partition") for s in families["rcq_raft_term"].samples}
+    assert partitions == {None, "p1"}  # this process's series as before, and node-0's p1 process's
+    assert any(s.labels.get("partition") == "p1" for s in families["process_resident_memory_bytes"].samples)
+    assert families["rcq_partition_metrics_unanswered"].samples[0].value == 0
+
+
+async def test_the_cli_routes_by_queue(cluster: LocalCluster, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cluster.token is not None
+    monkeypatch.setenv("RCQ_TOKEN", cluster.token)
+    urls = [arg for url in cluster.urls for arg in ("--url", url)]
+    code, out, err = await rcq(capsys, "queue", "configure", "cli-p1", "--partitions", "p1", "--json", *urls)
+    assert code == 0, err
+    code, out, err = await rcq(capsys, "enqueue", "--json", *urls, "cli-p1", "a", "b")
+    assert code == 0 and json.loads(out)["enqueued"] == 2, (out, err)
+    code, out, err = await rcq(capsys, "count", "--json", *urls, "cli-p1")
+    assert code == 0 and json.loads(out)["count"] == 2 and json.loads(out)["settings"]["partitions"] == ["p1"]
+    code, out, err = await rcq(capsys, "dequeue", "--json", *urls, "cli-p1", "--max", "5")
+    assert code == 0 and [i["value"] for i in json.loads(out)["items"]] == ["a", "b"], (out, err)

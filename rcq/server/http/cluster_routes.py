@@ -143,7 +143,6 @@ def add_routes(app: web.Application) -> None:
     app.on_cleanup.append(overview.close)
     app.router.add_get("/", page)
     app.router.add_get("/v1/cluster/overview", admin_only("read the cluster overview", overview.handle))
-    app.router.add_get("/metrics", admin_only("read metrics", app[METRICS].handle))
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/v1/asyncapi.json", asyncapi)
     app.router.add_get("/healthz", healthz)

@@ -30,7 +30,18 @@ from rcq.errors import NoLeader, PartitionNotFound, Unavailable, WrongPartition
 from rcq.names import P0
 from rcq.server.http.cluster_routes import cluster_status
 from rcq.server.http.forwarding import Forwarder
-from rcq.server.http.handlers import CONFIG, MANAGER, REPLICATOR, admin_only, error_response, json_response, read_model
+from rcq.server.http.handlers import (
+    CONFIG,
+    MANAGER,
+    METRICS,
+    REPLICATOR,
+    admin_only,
+    error_response,
+    json_response,
+    read_model,
+)
+from rcq.server.http.metrics import CONTENT_TYPE
+from rcq.server.http.metrics_merge import merged
 from rcq.server.http.models import CreatePartitionRequest, QueueSettingsRequest
 from rcq.server.leader.partition_directory import PartitionDirectory
 from rcq.server.leader.placement import PLACEMENT_HEADER, placement_token
@@ -81,6 +92,16 @@ class LeaderAsker:
         except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
             return None
         return answer if isinstance(answer, dict) else None
+
+    async def text(self, url: str, headers: dict[str, str]) -> str | None:
+        """GET ``url``: its body when it answers 200, else None."""
+        assert self._session is not None
+        try:
+            async with self._session.get(url, headers=headers, allow_redirects=False,
+                                         timeout=aiohttp.ClientTimeout(total=LEADER_ASK_TIMEOUT_S)) as response:
+                return await response.text() if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
+            return None
 
     async def put(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
         """PUT ``body`` to ``url``: (status, answer), None when it could not be asked."""
@@ -245,6 +266,26 @@ async def list_partitions(request: web.Request) -> web.Response:
     return json_response({"partitions": list(await asyncio.gather(*(with_leader(row) for row in rows)))})
 
 
+async def node_metrics(request: web.Request) -> web.Response:
+    """GET /metrics: this process's series, and at a node's own port its partition processes'
+    (rcq.server.http.metrics_merge)."""
+    app = request.app
+    config = app[CONFIG]
+    own = list(app[METRICS].registry.collect())
+    local: list[tuple[str, str]] = []
+    if config.partition_name is None:
+        for row in app[PARTITION_DIRECTORY].listing():
+            if row["name"] != P0 and config.node_id in row["members"]:
+                local += [(row["name"], url) for member, url in member_urls(app, row["name"])[1]
+                          if member == config.node_id]
+    authorization = request.headers.get("Authorization")
+    headers = {"Authorization": authorization} if authorization else {}
+    texts = await asyncio.gather(*(app[LEADER_ASKER].text(f"{url}/metrics", headers) for _, url in local))
+    others = {name: text for (name, _), text in zip(local, texts, strict=True) if text is not None}
+    body = merged(own, others, len(local) - len(others))
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
 async def create_partition(request: web.Request) -> web.Response:
     body = await read_model(request, CreatePartitionRequest)
     request.app[MANAGER].require_serving()
@@ -258,4 +299,5 @@ def add_partition_routes(app: web.Application, peer_tls: ssl.SSLContext | None, 
     app[PARTITION_ROUTER] = PartitionRouter(forwarder)
     app.on_cleanup.append(asker.close)
     app.router.add_get("/v1/cluster/partitions", list_partitions)
+    app.router.add_get("/metrics", admin_only("read metrics", node_metrics))
     app.router.add_post("/v1/cluster/partitions", admin_only("create a partition", create_partition))
