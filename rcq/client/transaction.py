@@ -78,6 +78,7 @@ class Transaction:
         self._begin = begin  # the begin's body, for a transaction opened at its first verb
         self._verbs = 0  # verbs answered: a first verb refused for its queue's partition opens again
         self._opening: asyncio.Future[None] | None = None  # the begin of a transaction opened at its first verb
+        self._moving = asyncio.Lock()  # one move at a time to the first verb's partition (_verb)
         self.label = label
         self.state = "open"  # open, committed, aborted, unknown (commit outcome unknown)
         self.commit_info: CommitInfo | None = None
@@ -158,22 +159,26 @@ class Transaction:
     async def _verb(self, queue: str, send: Callable[[], Awaitable[Any]]) -> Any:
         """``send()`` once the transaction is ready for ``queue``. A first verb refused because the
         queue lives elsewhere than the client believed (placed or deleted since) opens the
-        transaction again where it lives, once; the empty transaction left behind is aborted."""
+        transaction again where it lives, once; the empty transaction left behind is aborted.
+        Verbs sent at once (the Spark connector's) that meet the same refusal move it once."""
         await self._ready(queue)
+        sent_in = self.transaction_id
         try:
             answer = await send()
         except (CrossPartitionTransaction, QueueNotFound) as exc:
-            refused_in = self.partition
-            if not self._movable() or (isinstance(exc, QueueNotFound) and refused_in == P0):
+            refused_in = transaction_partition(sent_in) if sent_in is not None else P0
+            if self._begin is None or self._verbs or (isinstance(exc, QueueNotFound) and refused_in == P0):
                 raise
-            routes = self._transport.routes
-            routes.forget(queue)
-            named = exc.details.get("queue_partitions") if isinstance(exc, CrossPartitionTransaction) else None
-            if named:
-                routes.learn(queue, str(named[0]))
-            await routes.partitions(refresh=True)  # the next begin knows to wait for its first verb
-            await self._move()
-            await self._ready(queue)
+            async with self._moving:
+                if self.transaction_id == sent_in:  # the first of them to get here moves it
+                    routes = self._transport.routes
+                    routes.forget(queue)
+                    named = exc.details.get("queue_partitions") if isinstance(exc, CrossPartitionTransaction) else None
+                    if named:
+                        routes.learn(queue, str(named[0]))
+                    await routes.partitions(refresh=True)  # the next begin knows to wait for its first verb
+                    await self._move()
+                await self._ready(queue)
             if self.partition == refused_in:
                 raise
             answer = await send()

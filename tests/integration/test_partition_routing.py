@@ -199,7 +199,8 @@ async def test_queues_and_open_transactions_are_listed_over_every_partition(
     await call(http, "POST", f"{node}/v1/queues/listed-p1/enqueue", {"items": ["x"]})  # a first enqueue: p0
     status, _ = await call(http, "PUT", f"{node}/v1/queues/listed-in-p1", {"partitions": ["p1"]})
     assert status == 200
-    await call(http, "POST", f"{node}/v1/queues/listed-in-p1/enqueue", {"items": ["y", "z"]})
+    status, enqueued = await call(http, "POST", f"{node}/v1/queues/listed-in-p1/enqueue", {"items": ["y", "z"]})
+    assert status == 200, enqueued
     status, listed = await call(http, "GET", f"{node}/v1/queues")
     assert status == 200 and "unanswered" not in listed, listed
     rows = {row["queue"]: row for row in listed["queues"]}

@@ -162,7 +162,8 @@ def standalone_spark(spark_sessions: SparkSessions, spark_standalone: SparkStand
 
 @pytest.fixture(scope="session")
 def rcq_cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(nodes=3) as cluster:
+    # partition ports for one partition besides p0, which tests/spark/test_partitions.py creates
+    with LocalCluster(nodes=3, partitions_max=1) as cluster:
         try:
             cluster.wait_for_leader(LEADER_TIMEOUT_S)
         except TimeoutError:

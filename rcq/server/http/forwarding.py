@@ -170,8 +170,12 @@ class Forwarder:
     # ---------------------------------------------------------- the follower's side
     def wants_redirect(self, request: web.Request) -> bool:
         """True: this request gets the 307 (asked for, already forwarded once, or the channel)."""
-        return (request.headers.get(REDIRECT, "").strip() not in ("", "0")
-                or FORWARDED_BY in request.headers or request.path in NOT_FORWARDED_PATHS)
+        return self.asks_redirect(request) or FORWARDED_BY in request.headers
+
+    @staticmethod
+    def asks_redirect(request: web.Request) -> bool:
+        """True: the caller asked for the redirect (``Rcq-Redirect: 1``), or it is the channel's upgrade."""
+        return request.headers.get(REDIRECT, "").strip() not in ("", "0") or request.path in NOT_FORWARDED_PATHS
 
     async def answer(self, request: web.Request, refusal: NotLeader) -> web.Response:
         """The answer to ``request``, which raised ``refusal`` on this node (not the leader)."""

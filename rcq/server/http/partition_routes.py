@@ -4,10 +4,11 @@ and the :class:`PartitionRouter`: what a request that belongs to another partiti
 
 A request another partition must run raises ``WrongPartition`` (rcq.server.leader.routing). At a
 node's own port (p0's process) it is forwarded to that partition's leader under the rules of
-rcq.server.http.forwarding, so plain HTTP to any node reaches every partition; a request that asks
-for the redirect (``Rcq-Redirect: 1``, the Python client) or was forwarded already is answered
-``421 wrong_partition`` instead, naming the partition and, when known, its leader's URL. A
-partition process knows no directory: it always answers the 421.
+rcq.server.http.forwarding, so plain HTTP to any node reaches every partition, a request a p0
+follower forwarded to p0's leader included (another group: it cannot loop); a request that asks
+for the redirect (``Rcq-Redirect: 1``, the Python client) is answered ``421 wrong_partition``
+instead, naming the partition and, when known, its leader's URL. A partition process knows no
+directory: it always answers the 421.
 
 A listing names each partition's leader as its members' processes see it: each member of a
 partition other than p0 is asked for the public part of its ``/v1/cluster``, at the address this
@@ -185,7 +186,9 @@ class PartitionRouter:
             leader = await self.leader(app, partition, request.headers.get("Authorization"))
         except PartitionNotFound as exc:
             return error_response(exc, request)
-        if self._forwarder.wants_redirect(request):
+        # A request a p0 follower forwarded here goes on to the partition's leader: another group, so
+        # it cannot loop (a partition process never forwards to p0; its followers answer it a 307).
+        if self._forwarder.asks_redirect(request):
             refusal.leader_url = leader[1] if leader is not None else None
             return error_response(refusal, request)
         if leader is None:
