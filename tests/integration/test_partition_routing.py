@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rcq.client import CrossPartitionTransaction, Enqueue, RcqClient, SyncClient
 from rcq.local.cluster import LocalCluster
 from rcq.names import transaction_partition
+from rcq.testing import wait_until
 from tests.helpers import LEADER_TIMEOUT_S
 from tests.helpers.cli import rcq
 from tests.helpers.cluster import wait_settled
@@ -315,3 +316,39 @@ async def test_the_cli_routes_by_queue(cluster: LocalCluster, capsys: pytest.Cap
     assert code == 0 and json.loads(out)["count"] == 2 and json.loads(out)["settings"]["partitions"] == ["p1"]
     code, out, err = await rcq(capsys, "dequeue", "--json", *urls, "cli-p1", "--max", "5")
     assert code == 0 and [i["value"] for i in json.loads(out)["items"]] == ["a", "b"], (out, err)
+
+
+async def test_a_nodes_digest_and_storage_carry_its_partition_processes(cluster: LocalCluster) -> None:
+    node_urls = cluster.urls
+
+    def p1_digests() -> set[str] | None:
+        digests = set()
+        for url in node_urls:
+            answer = cluster.poll_json(url + "/v1/cluster/digest")
+            assert "digest" in answer and set(answer["partitions"]) == {"p1"}, answer
+            digests.add(f"{answer['partitions']['p1']['digest']}@{answer['partitions']['p1']['applied_index']}")
+        return digests if len(digests) == 1 else None
+
+    assert len(await asyncio.to_thread(wait_until, p1_digests, 30.0, what="p1's members converged")) == 1
+    storage = cluster.poll_json(node_urls[0] + "/v1/cluster/storage")
+    assert storage["storage_bytes"] >= 0 and storage["partitions"]["p1"]["storage_bytes"] > 0, storage
+
+
+async def test_deleting_a_placed_queue_through_any_node_forgets_its_placement(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    leader = cluster.url(cluster.wait_for_leader(LEADER_TIMEOUT_S))
+    node = cluster.url(follower(cluster))
+    assert (await call(http, "PUT", f"{leader}/v1/queues/moving", {"partitions": ["p1"]}))[0] == 200
+    await call(http, "POST", f"{leader}/v1/queues/moving/enqueue", {"items": ["a", "b"]})
+    status, deleted = await call(http, "DELETE", f"{node}/v1/queues/moving")  # a follower: to p0's leader, to p1
+    assert (status, deleted["deleted"], deleted["removed"]) == (200, True, 2), deleted
+
+    def forgotten() -> bool:
+        return all(cluster.poll_json(cluster.url(i) + "/v1/queues/moving/placement")["partitions"] == ["p0"]
+                   for i in range(3))
+
+    await asyncio.to_thread(wait_until, forgotten, 30.0, what="every node forgot the placement")
+    status, placed = await call(http, "PUT", f"{leader}/v1/queues/moving", {"partitions": ["p0"]})  # placed anew
+    assert status == 200 and placed["settings"]["partitions"] == ["p0"], placed
+    status, again = await call(http, "DELETE", f"{leader}/v1/queues/never-was")
+    assert (status, again["error"]["code"]) == (404, "queue_not_found")

@@ -105,6 +105,15 @@ def test_a_queue_is_placed_once_and_never_moves(node: Node) -> None:
     assert node.sm.directory.placed("jobs") == ("p1",) and node.sm.directory.placed("never-placed") == (P0,)
 
 
+def test_a_placement_with_no_partitions_forgets_one_and_the_queue_may_be_placed_anew(node: Node) -> None:
+    apply(node, create("p1", 1))
+    assert apply(node, QueuePlacement(1, 1_000, "jobs", ("p1",))) == DirectoryResult("done")
+    assert apply(node, QueuePlacement(1, 1_000, "jobs", ())) == DirectoryResult("done")  # deleted in p1
+    assert node.sm.directory.placed("jobs") == (P0,) and "jobs" not in node.sm.directory.placement
+    assert apply(node, QueuePlacement(1, 1_000, "never-placed", ())) == DirectoryResult("done")  # nothing to forget
+    assert apply(node, QueuePlacement(1, 1_000, "jobs", ("p1",))) == DirectoryResult("done")  # placed anew
+
+
 def test_a_queue_that_exists_in_p0_cannot_be_placed_elsewhere_until_it_is_deleted(node: Node) -> None:
     apply(node, create("p1", 1))
     node.commit(CommitUnit((TransactionWrite("t1", enqueues=(("old", (b"x",)),)),)))

@@ -7,7 +7,8 @@ each one log entry:
   leader) or deletes one that holds no queue;
 * :class:`NodePorts` records where a node serves partitions: its ``partition_ports``, the ports as
   others reach them, its Raft host and its URL (a node records its own when it serves);
-* :class:`QueuePlacement` places a queue in partitions, once.
+* :class:`QueuePlacement` places a queue in partitions, once; with no partitions it forgets a
+  placement (the queue was deleted in its partition, and may be placed anew).
 
 Numbers are never reused: a partition's ports derive from its number, and a deleted partition's
 processes may still hold them. p0 is never in ``partitions``: its members are Raft's own
@@ -158,7 +159,10 @@ class Directory:
 
     def _place(self, command: QueuePlacement, queue_exists: Callable[[str], bool]) -> DirectoryResult:
         wanted = command.partitions
-        if not wanted or len(set(wanted)) != len(wanted):
+        if not wanted:  # the queue was deleted where it lived: forgotten, it may be placed anew
+            self.placement.pop(command.queue, None)
+            return DirectoryResult("done")
+        if len(set(wanted)) != len(wanted):
             return _refused("invalid", problem="a placement names one or more distinct partitions")
         unknown = [p for p in wanted if p != P0 and p not in self.partitions]
         if unknown:

@@ -27,13 +27,12 @@ from rcq.server.security.tls import peer_context
 from rcq.version import rcq_version
 
 
-async def storage(request: web.Request) -> web.Response:
-    """GET /v1/cluster/storage: how full the node's budget and tables are (cheap: counters only)."""
-    config = request.app[CONFIG]
-    cost, sizes = request.app[REPLICATOR].read(lambda sm: (sm.storage_cost, sm.table_sizes()))
-    return json_response({"node_id": config.node_id, "storage_bytes": cost,
-                          "storage_bytes_max": config.storage_bytes_max, **sizes,
-                          "open_transactions": request.app[MANAGER].open_count})
+def storage_body(app: web.Application) -> dict[str, Any]:
+    """GET /v1/cluster/storage of this process: how full its budget and tables are (cheap: counters only)."""
+    config = app[CONFIG]
+    cost, sizes = app[REPLICATOR].read(lambda sm: (sm.storage_cost, sm.table_sizes()))
+    return {"node_id": config.node_id, "storage_bytes": cost, "storage_bytes_max": config.storage_bytes_max,
+            **sizes, "open_transactions": app[MANAGER].open_count}
 
 
 def cluster_status(app: web.Application) -> dict[str, Any]:
@@ -82,10 +81,11 @@ async def cluster(request: web.Request) -> web.Response:
     return json_response(status)
 
 
-async def state_digest(request: web.Request) -> web.Response:
+async def digest_body(app: web.Application) -> dict[str, Any]:
+    """GET /v1/cluster/digest of this process."""
     # Hashed off the apply path (a forked child on a Raft node): the state is O(items).
-    digest, applied = await request.app[REPLICATOR].digest()
-    return json_response({"node_id": request.app[CONFIG].node_id, "digest": digest, "applied_index": applied})
+    digest, applied = await app[REPLICATOR].digest()
+    return {"node_id": app[CONFIG].node_id, "digest": digest, "applied_index": applied}
 
 
 async def request_snapshot(request: web.Request) -> web.Response:
@@ -148,7 +148,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/cluster", cluster)
-    app.router.add_get("/v1/cluster/digest", admin_only("read the state digest", state_digest))
     app.router.add_post("/v1/admin/snapshot", admin_only("request a snapshot", request_snapshot))
-    app.router.add_get("/v1/cluster/storage", admin_only("read storage figures", storage))
     add_backup_routes(app)

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from rcq.errors import NoLeader, PartitionNotFound, Unavailable, WrongPartition
 from rcq.names import P0
-from rcq.server.http.cluster_routes import cluster_status
+from rcq.server.http.cluster_routes import cluster_status, digest_body, storage_body
 from rcq.server.http.forwarding import Forwarder
 from rcq.server.http.handlers import (
     CONFIG,
@@ -60,10 +60,13 @@ class LeaderAsker:
         self._peer_tls = peer_tls
         self._session: aiohttp.ClientSession | None = None
 
-    async def leader(self, urls: list[str], authorization: str | None) -> tuple[str | None, str | None]:
+    def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._peer_tls if self._peer_tls is not None else True)
             self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def leader(self, urls: list[str], authorization: str | None) -> tuple[str | None, str | None]:
         headers = {"Authorization": authorization} if authorization else {}
         answers = await asyncio.gather(*(self._ask(url, headers) for url in urls))
         for answer in answers:
@@ -72,9 +75,8 @@ class LeaderAsker:
         return None, None
 
     async def _ask(self, url: str, headers: dict[str, str]) -> dict[str, Any] | None:
-        assert self._session is not None
         try:
-            async with self._session.get(f"{url}/v1/cluster", headers=headers,
+            async with self._http().get(f"{url}/v1/cluster", headers=headers,
                                          timeout=aiohttp.ClientTimeout(total=LEADER_ASK_TIMEOUT_S)) as response:
                 if response.status != 200:
                     return None
@@ -85,9 +87,8 @@ class LeaderAsker:
 
     async def get(self, url: str, headers: dict[str, str]) -> dict[str, Any] | None:
         """GET ``url``: its answer when it is a 200 with a JSON object, else None."""
-        assert self._session is not None
         try:
-            async with self._session.get(url, headers=headers, allow_redirects=False,
+            async with self._http().get(url, headers=headers, allow_redirects=False,
                                          timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
                 answer = await response.json() if response.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
@@ -96,9 +97,8 @@ class LeaderAsker:
 
     async def text(self, url: str, headers: dict[str, str]) -> str | None:
         """GET ``url``: its body when it answers 200, else None."""
-        assert self._session is not None
         try:
-            async with self._session.get(url, headers=headers, allow_redirects=False,
+            async with self._http().get(url, headers=headers, allow_redirects=False,
                                          timeout=aiohttp.ClientTimeout(total=LEADER_ASK_TIMEOUT_S)) as response:
                 return await response.text() if response.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
@@ -106,10 +106,19 @@ class LeaderAsker:
 
     async def put(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
         """PUT ``body`` to ``url``: (status, answer), None when it could not be asked."""
-        assert self._session is not None
         try:
-            async with self._session.put(url, json=body, headers=headers, allow_redirects=False,
+            async with self._http().put(url, json=body, headers=headers, allow_redirects=False,
                                          timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
+                answer = await response.json()
+                return response.status, answer if isinstance(answer, dict) else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
+            return None
+
+    async def delete(self, url: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
+        """DELETE ``url``: (status, answer), None when it could not be asked."""
+        try:
+            async with self._http().delete(url, headers=headers, allow_redirects=False,
+                                            timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
                 answer = await response.json()
                 return response.status, answer if isinstance(answer, dict) else {}
         except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
@@ -168,6 +177,30 @@ async def forward_configure(request: web.Request, partition: str, queue: str, bo
             raise Unavailable(f"partition {partition} has no leader that answered within {FORWARD_TIMEOUT_S:.0f} s; "
                               "retry", details={"partition": partition})
         await asyncio.sleep(0.2)  # pace: a partition electing a leader takes about a second
+
+
+async def forward_delete(request: web.Request, partition: str, queue: str) -> tuple[int, dict[str, Any]]:
+    """DELETE ``queue`` at ``partition``'s leader (the caller's credentials), then, once it is gone
+    there, have p0 forget its placement; the partition's answer."""
+    app = request.app
+    authorization = request.headers.get("Authorization")
+    headers = {"Authorization": authorization} if authorization else {}
+    app[MANAGER].require_serving()  # p0's leader forgets the placement: a follower forwards the whole delete
+    deadline = asyncio.get_running_loop().time() + FORWARD_TIMEOUT_S
+    while True:
+        leader = await find_leader(app, partition, authorization)
+        if leader is not None:
+            answer = await app[LEADER_ASKER].delete(f"{leader[0]}/v1/queues/{queue}", headers)
+            if answer is not None and answer[0] not in (307, 421, 503):
+                break
+        if asyncio.get_running_loop().time() > deadline:
+            raise Unavailable(f"partition {partition} has no leader that answered within {FORWARD_TIMEOUT_S:.0f} s; "
+                              "retry", details={"partition": partition})
+        await asyncio.sleep(0.2)  # pace: a partition electing a leader takes about a second
+    status, body = answer
+    if status == 200 or (status == 404 and (body.get("error") or {}).get("code") == "queue_not_found"):
+        await app[PARTITION_DIRECTORY].forget(queue)
+    return status, body
 
 
 class PartitionRouter:
@@ -269,21 +302,55 @@ async def list_partitions(request: web.Request) -> web.Response:
     return json_response({"partitions": list(await asyncio.gather(*(with_leader(row) for row in rows)))})
 
 
-async def node_metrics(request: web.Request) -> web.Response:
-    """GET /metrics: this process's series, and at a node's own port its partition processes'
-    (rcq.server.http.metrics_merge)."""
-    app = request.app
+def local_partitions(app: web.Application) -> list[tuple[str, str]]:
+    """(partition, the URL of its process on this node) of each partition but p0 this node runs
+    (none in a partition process)."""
     config = app[CONFIG]
-    own = list(app[METRICS].registry.collect())
     local: list[tuple[str, str]] = []
     if config.partition_name is None:
         for row in app[PARTITION_DIRECTORY].listing():
             if row["name"] != P0 and config.node_id in row["members"]:
                 local += [(row["name"], url) for member, url in member_urls(app, row["name"])[1]
                           if member == config.node_id]
+    return local
+
+
+def _credentials(request: web.Request) -> dict[str, str]:
     authorization = request.headers.get("Authorization")
-    headers = {"Authorization": authorization} if authorization else {}
-    texts = await asyncio.gather(*(app[LEADER_ASKER].text(f"{url}/metrics", headers) for _, url in local))
+    return {"Authorization": authorization} if authorization else {}
+
+
+async def from_local_partitions(request: web.Request, path: str) -> dict[str, dict[str, Any] | None]:
+    """``GET path`` of each of this node's partition processes: partition -> answer (None: none)."""
+    local = local_partitions(request.app)
+    answers = await asyncio.gather(*(request.app[LEADER_ASKER].get(f"{url}{path}", _credentials(request))
+                                     for _, url in local))
+    return {name: answer for (name, _), answer in zip(local, answers, strict=True)}
+
+
+async def node_digest(request: web.Request) -> web.Response:
+    """GET /v1/cluster/digest: this process's state digest; at a node's own port also each of its
+    partition processes' (``partitions``: name -> its answer, null when it did not answer)."""
+    own = await digest_body(request.app)
+    partitions = await from_local_partitions(request, "/v1/cluster/digest")
+    return json_response({**own, **({"partitions": partitions} if partitions else {})})
+
+
+async def node_storage(request: web.Request) -> web.Response:
+    """GET /v1/cluster/storage: this process's figures; at a node's own port also each of its
+    partition processes' (``partitions``), each with its own budget (docs/partitions.md)."""
+    partitions = await from_local_partitions(request, "/v1/cluster/storage")
+    return json_response({**storage_body(request.app), **({"partitions": partitions} if partitions else {})})
+
+
+async def node_metrics(request: web.Request) -> web.Response:
+    """GET /metrics: this process's series, and at a node's own port its partition processes'
+    (rcq.server.http.metrics_merge)."""
+    app = request.app
+    own = list(app[METRICS].registry.collect())
+    local = local_partitions(app)
+    texts = await asyncio.gather(*(app[LEADER_ASKER].text(f"{url}/metrics", _credentials(request))
+                                   for _, url in local))
     others = {name: text for (name, _), text in zip(local, texts, strict=True) if text is not None}
     body = merged(own, others, len(local) - len(others))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
@@ -303,4 +370,6 @@ def add_partition_routes(app: web.Application, peer_tls: ssl.SSLContext | None, 
     app.on_cleanup.append(asker.close)
     app.router.add_get("/v1/cluster/partitions", list_partitions)
     app.router.add_get("/metrics", admin_only("read metrics", node_metrics))
+    app.router.add_get("/v1/cluster/digest", admin_only("read the state digest", node_digest))
+    app.router.add_get("/v1/cluster/storage", admin_only("read storage figures", node_storage))
     app.router.add_post("/v1/cluster/partitions", admin_only("create a partition", create_partition))

@@ -29,7 +29,12 @@ from rcq.server.http.models import (
     ReceiveRequest,
     RedriveRequest,
 )
-from rcq.server.http.partition_routes import PARTITION_DIRECTORY, forward_configure, from_other_partitions
+from rcq.server.http.partition_routes import (
+    PARTITION_DIRECTORY,
+    forward_configure,
+    forward_delete,
+    from_other_partitions,
+)
 from rcq.server.leader.placement import PLACEMENT_HEADER, placement_allowed
 from rcq.server.leader.transactions import TransactionManager
 
@@ -189,9 +194,14 @@ async def purge_queue(request: web.Request) -> web.Response:
 
 
 async def delete_queue(request: web.Request) -> web.Response:
+    """DELETE /v1/queues/{queue}. A queue placed in another partition is deleted there by p0's
+    leader, which then forgets the placement (the name may be placed anew)."""
     queue = check_queue_name(request.match_info["queue"])
-    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     principal_of(request).require("manage", queue)
+    placed = request.app[MANAGER].routing.placed(queue)
+    if request.app[CONFIG].partition_name is None and placed[0] != P0:
+        status, answer = await forward_delete(request, placed[0], queue)
+        return json_response(answer, status)
     status, body = await operations.delete_queue(request.app[MANAGER], queue)
     return json_response(body, status)
 

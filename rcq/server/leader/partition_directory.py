@@ -210,6 +210,16 @@ class PartitionDirectory:
         self._raise_refusal(result, f"queue {queue!r}")
         return partitions
 
+    async def forget(self, queue: str) -> None:
+        """Forget where ``queue`` was placed (it was deleted in its partition): re-created, it may
+        be placed anew. Nothing to forget writes no entry."""
+        if queue not in self._read().placement:
+            return
+        self._require_level("forgetting a queue's placement")
+        term, now_ms = self._stamp()
+        result = await self._replicator.submit(QueuePlacement(term, now_ms, queue, ()), self._config.commit_timeout_s)
+        self._raise_refusal(result, f"queue {queue!r}")
+
     @staticmethod
     def _raise_refusal(result: Any, what: str) -> None:
         if result == DirectoryResult("done"):
