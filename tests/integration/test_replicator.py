@@ -186,11 +186,15 @@ async def test_start_fails_when_the_raft_port_is_taken(work_dir: Path) -> None:
 
 
 # ------------------------------------------------- interrupted compaction (H1)
-def _crash_right_after_snapshot_rename(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """From the next finished snapshot on, pysyncobj never hears back, as if the process died.
+def _crash_right_after_snapshot_rename(monkeypatch: pytest.MonkeyPatch,
+                                      holds: Callable[[], bool] = lambda: True) -> threading.Event:
+    """From the next finished snapshot for which ``holds()`` is true on, pysyncobj never hears
+    back, as if the process died.
 
     The child has written the snapshot and check() has renamed it into place;
-    pysyncobj would trim the journal on hearing SUCCEEDED, so it never does.
+    pysyncobj would trim the journal on hearing SUCCEEDED, so it never does. A snapshot that
+    ``holds()`` rejects (one begun before the entries the test needs in it, finishing late on a
+    loaded machine) succeeds as usual, and the next one is waited for.
     """
     crashed = threading.Event()
     original_check = ForkingSnapshotWriter.check
@@ -199,7 +203,7 @@ def _crash_right_after_snapshot_rename(monkeypatch: pytest.MonkeyPatch) -> threa
         if crashed.is_set():
             return SnapshotState.WRITING
         state = original_check(self)
-        if state == SnapshotState.SUCCEEDED:
+        if state == SnapshotState.SUCCEEDED and holds():
             crashed.set()
             return SnapshotState.WRITING
         return state
@@ -214,8 +218,14 @@ async def _build_crash_state(data_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
     async with running(config) as replicator:
         term = replicator.term
         await asyncio.gather(*(replicator.submit(commit_batch(term, f"before-{i}", b"b"), 5) for i in range(10)))
-        crashed = _crash_right_after_snapshot_rename(monkeypatch)
-        await async_wait_until(crashed.is_set, LOCAL_WAIT_S, what="a snapshot")
+
+        def holds_the_first_ten() -> bool:
+            state = QueueStateMachine()
+            snapshots.read_snapshot(config.snapshot_path, state)
+            return state.count(QUEUE) >= 10
+
+        crashed = _crash_right_after_snapshot_rename(monkeypatch, holds_the_first_ten)
+        await async_wait_until(crashed.is_set, LOCAL_WAIT_S, what="a snapshot holding the first ten entries")
         await asyncio.gather(*(replicator.submit(commit_batch(term, f"after-{i}", b"a"), 5) for i in range(10)))
         full_digest = replicator.read(lambda sm: sm.digest())
     monkeypatch.undo()
