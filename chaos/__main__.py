@@ -96,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--partitions needs --target local (each node's partition ports)")
         if "kill-partition-process" in kinds and args.partitions < 2 and args.nemesis.strip() != "all":
             raise ValueError("nemesis kill-partition-process needs --partitions 2 or more")
+        if args.partitions > 1 and "upgrade" in kinds:
+            if args.nemesis.strip() != "all":
+                raise ValueError("--partitions and nemesis upgrade exclude each other: partitions need feature level "
+                                 "4, and the previous release holds the cluster at level 1")
+            kinds = [k for k in kinds if k != "upgrade"]  # all, with partitions: every kind that can run
         overrides = {}
         for item in args.node_override:
             field, _, text = item.partition("=")

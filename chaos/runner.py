@@ -144,6 +144,9 @@ def run(config: RunConfig, progress: Progress | None = None) -> dict[str, Any]:
 def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosTarget:
     """The cluster under test, not started yet (its logs go under ``base_dir``)."""
     power_fs = config.power_fs or "power" in config.nemesis
+    if config.partitions > 1 and "upgrade" in config.nemesis:
+        raise ValueError("partitions and the upgrade nemesis exclude each other: partitions need feature level 4, "
+                         "and the previous release holds the cluster at level 1")
     if config.target == "docker":
         if power_fs:
             raise ValueError("powerfs and the power nemesis need the local target (each node's data directory a FUSE mount)")

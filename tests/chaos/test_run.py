@@ -122,6 +122,7 @@ def test_unknown_nemesis_names_are_refused(capsys):
     (["--nemesis", "kill-partition-process"], "kill-partition-process needs --partitions 2 or more"),
     (["--partitions", "0"], "--partitions counts p0: at least 1"),
     (["--partitions", "2", "--target", "docker", "--nemesis", "kill"], "--partitions needs --target local"),
+    (["--partitions", "2", "--nemesis", "kill,upgrade"], "--partitions and nemesis upgrade exclude each other"),
 ])
 def test_partition_arguments_that_cannot_work_are_refused_before_anything_starts(capsys, argv, says):
     assert main(argv) == 2
