@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import CLOCK_TICKS_PER_S, PROC, cpu_seconds
+from bench.cpu import PROC, cpu_seconds, parse_stat
 from bench.scenarios import ITEM_100_BYTES, Target
 from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
@@ -65,10 +65,9 @@ def thread_seconds(pid: int) -> dict[int, float]:
         return seconds
     for task in tasks:
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds[int(task.name)] = parse_stat((task / "stat").read_text())
         except FileNotFoundError:
             continue
-        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
     return seconds
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -157,20 +158,21 @@ async def find_leader(app: web.Application, partition: str, authorization: str |
     return (reach, leader_url or reach) if reach is not None else None
 
 
-async def forward_configure(request: web.Request, partition: str, queue: str, body: QueueSettingsRequest
-                            ) -> tuple[int, dict[str, Any]]:
-    """PUT the queue's settings to ``partition``'s leader, signed as placed there by p0 (the
-    caller's credentials with it); its answer."""
-    app = request.app
+def _credentials(request: web.Request) -> dict[str, str]:
     authorization = request.headers.get("Authorization")
-    headers = {PLACEMENT_HEADER: placement_token(app[CONFIG], partition, queue),
-               **({"Authorization": authorization} if authorization else {})}
-    settings = body.model_dump(exclude={"partitions"}, mode="json")
+    return {"Authorization": authorization} if authorization else {}
+
+
+async def at_partition_leader(app: web.Application, partition: str, authorization: str | None,
+                              send: Callable[[str], Awaitable[tuple[int, dict[str, Any]] | None]]
+                              ) -> tuple[int, dict[str, Any]]:
+    """``send(leader_url)`` to ``partition``'s leader until it answers as the leader (not 307, 421
+    or 503) or FORWARD_TIMEOUT_S passes (Unavailable); its answer."""
     deadline = asyncio.get_running_loop().time() + FORWARD_TIMEOUT_S
     while True:
         leader = await find_leader(app, partition, authorization)
         if leader is not None:
-            answer = await app[LEADER_ASKER].put(f"{leader[0]}/v1/queues/{queue}", settings, headers)
+            answer = await send(leader[0])
             if answer is not None and answer[0] not in (307, 421, 503):
                 return answer
         if asyncio.get_running_loop().time() > deadline:
@@ -179,25 +181,26 @@ async def forward_configure(request: web.Request, partition: str, queue: str, bo
         await asyncio.sleep(0.2)  # pace: a partition electing a leader takes about a second
 
 
+async def forward_configure(request: web.Request, partition: str, queue: str, body: QueueSettingsRequest
+                            ) -> tuple[int, dict[str, Any]]:
+    """PUT the queue's settings to ``partition``'s leader, signed as placed there by p0 (the
+    caller's credentials with it); its answer."""
+    app = request.app
+    authorization = request.headers.get("Authorization")
+    headers = {PLACEMENT_HEADER: placement_token(app[CONFIG], partition, queue), **_credentials(request)}
+    settings = body.model_dump(exclude={"partitions"}, mode="json")
+    return await at_partition_leader(app, partition, authorization, lambda leader: app[LEADER_ASKER].put(
+        f"{leader}/v1/queues/{queue}", settings, headers))
+
+
 async def forward_delete(request: web.Request, partition: str, queue: str) -> tuple[int, dict[str, Any]]:
     """DELETE ``queue`` at ``partition``'s leader (the caller's credentials), then, once it is gone
     there, have p0 forget its placement; the partition's answer."""
     app = request.app
-    authorization = request.headers.get("Authorization")
-    headers = {"Authorization": authorization} if authorization else {}
     app[MANAGER].require_serving()  # p0's leader forgets the placement: a follower forwards the whole delete
-    deadline = asyncio.get_running_loop().time() + FORWARD_TIMEOUT_S
-    while True:
-        leader = await find_leader(app, partition, authorization)
-        if leader is not None:
-            answer = await app[LEADER_ASKER].delete(f"{leader[0]}/v1/queues/{queue}", headers)
-            if answer is not None and answer[0] not in (307, 421, 503):
-                break
-        if asyncio.get_running_loop().time() > deadline:
-            raise Unavailable(f"partition {partition} has no leader that answered within {FORWARD_TIMEOUT_S:.0f} s; "
-                              "retry", details={"partition": partition})
-        await asyncio.sleep(0.2)  # pace: a partition electing a leader takes about a second
-    status, body = answer
+    status, body = await at_partition_leader(
+        app, partition, request.headers.get("Authorization"),
+        lambda leader: app[LEADER_ASKER].delete(f"{leader}/v1/queues/{queue}", _credentials(request)))
     if status == 200 or (status == 404 and (body.get("error") or {}).get("code") == "queue_not_found"):
         await app[PARTITION_DIRECTORY].forget(queue)
     return status, body
@@ -258,8 +261,7 @@ async def from_other_partitions(request: web.Request, path_qs: str) -> tuple[dic
     others = [row["name"] for row in app[PARTITION_DIRECTORY].listing() if row["name"] != P0]
     if not others:
         return {}, []
-    authorization = request.headers.get("Authorization")
-    headers = {"Authorization": authorization} if authorization else {}
+    authorization, headers = request.headers.get("Authorization"), _credentials(request)
     router = app[PARTITION_ROUTER]
 
     async def ask(partition: str) -> dict[str, Any] | None:
@@ -313,11 +315,6 @@ def local_partitions(app: web.Application) -> list[tuple[str, str]]:
                 local += [(row["name"], url) for member, url in member_urls(app, row["name"])[1]
                           if member == config.node_id]
     return local
-
-
-def _credentials(request: web.Request) -> dict[str, str]:
-    authorization = request.headers.get("Authorization")
-    return {"Authorization": authorization} if authorization else {}
 
 
 async def from_local_partitions(request: web.Request, path: str) -> dict[str, dict[str, Any] | None]:
