@@ -352,3 +352,21 @@ async def test_deleting_a_placed_queue_through_any_node_forgets_its_placement(
     assert status == 200 and placed["settings"]["partitions"] == ["p0"], placed
     status, again = await call(http, "DELETE", f"{leader}/v1/queues/never-was")
     assert (status, again["error"]["code"]) == (404, "queue_not_found")
+
+
+async def test_a_queue_request_a_token_does_not_permit_is_refused_by_the_node_asked_not_forwarded(
+        cluster: LocalCluster) -> None:
+    """Permissions are checked where the request arrives, before it is forwarded to the queue's
+    partition: a partition process re-reads the tokens file on its own clock, so a forward of a
+    token it does not know yet would answer 401 where the node asked knows a 403."""
+    assert cluster.poll_json(cluster.url(0) + "/v1/queues/perm-p1", method="PUT",
+                             body={"partitions": ["p1"]})["settings"]["partitions"] == ["p1"]
+    token = cluster.add_token("perm-user", [{"queues": "perm-*", "actions": ["produce"]}])
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+        for method, path in (("POST", "purge"), ("POST", "redrive"), ("DELETE", "")):  # manage, not granted
+            url = f"{cluster.url(0)}/v1/queues/perm-p1" + (f"/{path}" if path else "")
+            async with session.request(method, url, json={} if method == "POST" else None) as response:
+                body = await response.json()
+                assert (response.status, body["error"]["code"]) == (403, "forbidden"), (method, path, body)
+                assert "Rcq-Forwarded-To" not in response.headers, (method, path)
+    cluster.revoke_token("perm-user")

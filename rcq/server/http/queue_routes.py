@@ -83,8 +83,8 @@ async def list_queues(request: web.Request) -> web.Response:
 
 async def queue_count(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
-    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     principal_of(request).require_see(queue)
+    request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
     replicator, config = request.app[REPLICATOR], request.app[CONFIG]
     count, applied, stats = replicator.read(lambda sm: (sm.count(queue), sm.last_index, sm.queue_stats(queue)))
     return json_response({
@@ -97,8 +97,8 @@ async def queue_count(request: web.Request) -> web.Response:
 
 async def queue_stats(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
-    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     principal_of(request).require_see(queue)
+    request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
     config = request.app[CONFIG]
     stats, applied = request.app[REPLICATOR].read(
         lambda sm: (sm.queue_stats(queue), sm.last_index))
@@ -143,7 +143,8 @@ async def queue_placement(request: web.Request) -> web.Response:
 
 async def redrive(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
-    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
+    principal_of(request).require("manage", queue)  # as operations.redrive does, before a forward
+    request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
     status, body = await operations.redrive(request.app[MANAGER], queue,
                                             await read_model(request, RedriveRequest), caller_of(request))
     return json_response(body, status)
@@ -187,8 +188,8 @@ async def configure_queue(request: web.Request) -> web.Response:
 
 async def purge_queue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
-    request.app[MANAGER].routing.queue(queue)  # a queue placed elsewhere: 421, forwarded there
     principal_of(request).require("manage", queue)
+    request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
     status, body = await operations.purge_queue(request.app[MANAGER], queue)
     return json_response(body, status)
 
