@@ -128,11 +128,24 @@ def leader_from_views(views: dict[int, dict[str, Any]], urls: Sequence[str]) -> 
 
 
 def converged(digests: dict[int, dict[str, Any] | None], wanted: Iterable[int]) -> bool:
-    """True when every wanted node answered, all with the same digest at the same applied index."""
+    """True when every wanted node answered, all with the same digest at the same applied index,
+    and so did each partition's processes on them (``partitions`` of a node's digest, where a
+    process that did not answer is null; docs/partitions.md)."""
     answers = [digests.get(i) for i in wanted]
     if not answers or any(a is None for a in answers):
         return False
-    return len({(a["digest"], a["applied_index"]) for a in answers if a is not None}) == 1
+    if len({(a["digest"], a["applied_index"]) for a in answers if a is not None}) != 1:
+        return False
+    return all(len(states) == 1 and None not in states for states in _partition_states(answers).values())
+
+
+def _partition_states(answers: list[dict[str, Any] | None]) -> dict[str, set[tuple[str, int] | None]]:
+    """partition -> the (digest, applied index) its processes on these nodes answered."""
+    states: dict[str, set[tuple[str, int] | None]] = {}
+    for answer in answers:
+        for name, part in ((answer or {}).get("partitions") or {}).items():
+            states.setdefault(name, set()).add(None if part is None else (part["digest"], part["applied_index"]))
+    return states
 
 
 # ------------------------------------------------------------------ deadlines
@@ -325,8 +338,9 @@ class PolledCluster(Generic[N]):
     def wait_for_convergence(self, timeout_s: float = WAIT_TIMEOUT_S,
                              indices: Iterable[int] | None = None) -> dict[str, Any]:
         """Wait until the given nodes (default: every live one, whichever they are at each poll)
-        report the same state digest at the same applied index; returns ``{"digest",
-        "applied_index"}``. A given node that is not live counts as not converged yet.
+        report the same state digest at the same applied index, and each partition's processes on
+        them too; returns ``{"digest", "applied_index"}`` (and ``partitions``: name -> the same, for
+        a cluster with partitions). A given node that is not live counts as not converged yet.
         """
         fixed = None if indices is None else sorted(indices)
         answers: dict[int, dict[str, Any]] = {}
@@ -338,7 +352,11 @@ class PolledCluster(Generic[N]):
             answers, errors = self.poll(self.digest, [i for i in wanted if i in live])
             if converged(dict(answers), wanted):
                 first = answers[wanted[0]]
-                return {"digest": first["digest"], "applied_index": first["applied_index"]}
+                partitions = {name: {"digest": state[0], "applied_index": state[1]}
+                              for name, states in _partition_states([answers[i] for i in wanted]).items()
+                              for state in states if state is not None}
+                return {"digest": first["digest"], "applied_index": first["applied_index"],
+                        **({"partitions": partitions} if partitions else {})}
         who = "live nodes" if fixed is None else f"nodes {wanted}"
         raise TimeoutError(f"{who} did not converge within {timeout_s} s; last seen:\n"
                            + self.describe_seen(answers, errors, ("applied_index", "digest")))

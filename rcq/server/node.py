@@ -23,6 +23,7 @@ import signal
 from aiohttp import web
 
 from rcq.errors import RcqError
+from rcq.names import P0
 from rcq.server.config import NodeConfig, is_loopback
 from rcq.server.core.features import level_max_read
 from rcq.server.core.state_machine import QueueStateMachine
@@ -45,7 +46,8 @@ HAND_OVER_ON_STOP_S = 1.0
 class Node:
     def __init__(self, config: NodeConfig, replicator: Replicator | None = None) -> None:
         self.config = config
-        self.state_machine = QueueStateMachine(level_max_read(config.test_feature_level_max))
+        self.state_machine = QueueStateMachine(level_max_read(config.test_feature_level_max),
+                                               partition=config.partition_name or P0)
         if replicator is None:
             from rcq.server.raft.replicator import RaftReplicator  # the only door to pysyncobj
 

@@ -120,6 +120,18 @@ def test_converged_needs_every_live_node_to_answer_the_same_digest_at_the_same_i
     assert not converged({}, [])
 
 
+def test_converged_needs_each_partitions_processes_to_agree_too() -> None:
+    def node(p1: dict[str, object] | None, **more: object) -> dict[str, object]:
+        return {"digest": "a", "applied_index": 7, "partitions": {"p1": p1, **more}}
+
+    p1 = {"digest": "x", "applied_index": 3}
+    assert converged({0: node(p1), 1: node(p1), 2: {"digest": "a", "applied_index": 7}}, [0, 1, 2])
+    assert not converged({0: node(p1), 1: node(None)}, [0, 1])  # a process that did not answer
+    assert not converged({0: node(p1), 1: node({"digest": "y", "applied_index": 3})}, [0, 1])
+    assert not converged({0: node(p1), 1: node(p1, p2={"digest": "z", "applied_index": 1}),
+                          2: node(p1, p2={"digest": "z", "applied_index": 2})}, [0, 1, 2])
+
+
 def test_a_deadline_loop_runs_at_least_once_even_with_no_time_left() -> None:
     assert sum(1 for _ in deadline_loop(0.0)) == 1
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -370,3 +372,53 @@ async def test_a_queue_request_a_token_does_not_permit_is_refused_by_the_node_as
                 assert (response.status, body["error"]["code"]) == (403, "forbidden"), (method, path, body)
                 assert "Rcq-Forwarded-To" not in response.headers, (method, path)
     cluster.revoke_token("perm-user")
+
+
+async def test_a_queue_placed_while_a_p0_transaction_enqueues_into_it_is_never_created_in_p0(
+        cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    """The leader lets the enqueue in (the queue is p0's then); the placement applies before the
+    commit; p0's state machine rejects the commit whole, so p0 never holds the queue."""
+    node = cluster.url(cluster.wait_for_leader(LEADER_TIMEOUT_S))
+    status, begun = await call(http, "POST", f"{node}/v1/transactions", {})
+    assert status == 201, begun
+    transaction_id = begun["transaction_id"]
+    status, _ = await call(http, "POST", f"{node}/v1/transactions/{transaction_id}/enqueue",
+                           {"queue": "placed-late", "items": ["x"]})
+    assert status == 200
+    status, placed = await call(http, "PUT", f"{node}/v1/queues/placed-late", {"partitions": ["p1"]})
+    assert status == 200 and placed["settings"]["partitions"] == ["p1"], placed
+    status, refused = await call(http, "POST", f"{node}/v1/transactions/{transaction_id}/commit", {})
+    assert status == 409 and refused["error"]["code"] == "cross_partition_transaction", refused
+    assert refused["error"]["details"] == {"queue": "placed-late", "queue_partitions": ["p1"],
+                                           "transaction_partition": "p0"}
+    status, described = await call(http, "GET", f"{node}/v1/transactions/{transaction_id}")
+    assert (status, described["state"]) == (200, "aborted"), described
+    status, counted = await call(http, "GET", f"{node}/v1/queues/placed-late")
+    assert status == 200 and counted["count"] == 0 and counted["settings"]["partitions"] == ["p1"], counted
+    status, listed = await call(http, "GET", f"{node}/v1/queues")
+    assert status == 200
+    assert [row["partition"] for row in listed["queues"] if row["queue"] == "placed-late"] == ["p1"], listed
+
+
+def test_readyz_asked_for_partitions_is_ready_only_while_each_partition_process_of_the_node_is(
+        cluster: LocalCluster) -> None:
+    """Plain /readyz stays p0's readiness (the node forwards the rest); ?partitions=1 asks each of
+    the node's partition processes, as a rolling restart must before it stops the next node. This
+    test stops (SIGSTOP) one partition process of node 2 and lets it go again."""
+    node = cluster.url(2)
+    wait_until(lambda: (a := cluster.poll_json(node + "/readyz?partitions=1"))["ready"] and a, LEADER_TIMEOUT_S,
+               what="node 2 and its partition processes ready")
+    answer = cluster.poll_json(node + "/readyz?partitions=1")
+    assert set(answer["partitions"]) == {"p1"} and answer["partitions"]["p1"]["ready"] is True, answer
+    assert answer["partitions"]["p1"]["node_id"] == answer["node_id"]
+    assert "partitions" not in cluster.poll_json(node + "/readyz")
+    pid = cluster.partition_processes(2)["p1"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stopped = cluster.poll_json(node + "/readyz?partitions=1")
+        assert stopped["ready"] is False and stopped["partitions"] == {"p1": None}, stopped
+        assert cluster.poll_json(node + "/readyz")["ready"] is True  # the node itself still serves
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: cluster.poll_json(node + "/readyz?partitions=1")["ready"], LEADER_TIMEOUT_S,
+               what="node 2's p1 process ready again")

@@ -124,6 +124,37 @@ def test_a_queue_that_exists_in_p0_cannot_be_placed_elsewhere_until_it_is_delete
     assert apply(node, QueuePlacement(1, 1_000, "old", ("p1",))) == DirectoryResult("done")
 
 
+def test_p0_refuses_a_commit_that_would_create_a_queue_placed_elsewhere(node: Node) -> None:
+    """The leader checks at each verb; a placement that applied between a verb and its commit is
+    caught here, the same on every replica: the unit is rejected whole, p0 never holds the queue."""
+    apply(node, create("p1", 1))
+    apply(node, QueuePlacement(1, 1_000, "jobs", ("p1",)))
+    node.commit(CommitUnit((TransactionWrite("t0", enqueues=(("mine", (b"x",)),)),)))
+    outcome = node.commit_one(CommitUnit((TransactionWrite(
+        "t1", enqueues=(("mine", (b"y",)), ("jobs", (b"z",)))),)))
+    assert (outcome.status, outcome.reason, outcome.queue) == ("rejected", "queue_placed_elsewhere", "jobs")
+    assert "jobs" not in node.sm._queues and len(node.sm._queues["mine"].items) == 1
+    assert node.sm.snapshot_meta()["directory"]["placement"] == [["jobs", ["p1"]]]
+    change = apply(node, QueueChange(1, 1_000, "jobs", "configure"))
+    assert (change.status, change.reason) == ("rejected", "queue_placed_elsewhere")
+    assert "jobs" not in node.sm._queues
+    assert apply(node, QueuePlacement(1, 1_000, "here", ("p0",))) == DirectoryResult("done")
+    assert node.commit_one(CommitUnit((TransactionWrite("t2", enqueues=(("here", (b"x",)),)),))).status == "committed"
+
+
+def test_a_partition_other_than_p0_creates_a_queue_only_by_a_queue_change() -> None:
+    replica = Node(QueueStateMachine(partition="p1"))
+    outcome = replica.commit_one(CommitUnit((TransactionWrite("t1", enqueues=(("jobs", (b"x",)),)),)))
+    assert (outcome.status, outcome.reason, outcome.queue) == ("rejected", "queue_not_found", "jobs")
+    assert "jobs" not in replica.sm._queues
+    assert apply(replica, QueueChange(1, 1_000, "jobs", "configure")).status == "done"
+    assert replica.commit_one(CommitUnit((TransactionWrite("t2", enqueues=(("jobs", (b"x",)),)),))).status \
+        == "committed"
+    apply(replica, QueueChange(1, 1_000, "jobs", "delete"))
+    outcome = replica.commit_one(CommitUnit((TransactionWrite("t3", enqueues=(("jobs", (b"y",)),)),)))
+    assert outcome.reason == "queue_not_found" and "jobs" not in replica.sm._queues
+
+
 def test_a_partition_holding_a_queue_cannot_be_deleted(node: Node) -> None:
     apply(node, create("p1", 1))
     apply(node, QueuePlacement(1, 1_000, "jobs", ("p1",)))

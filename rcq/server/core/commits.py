@@ -4,8 +4,9 @@ A :class:`~rcq.server.core.commands.CommitUnit` (one or more transactions commit
 applies whole or not at all: a retry answers what happened first; a unit whose dequeued items
 are gone, or that would take a queue past its limits or every queue past the storage budget,
 is rejected whole (``queue_full``/``storage_full``, docs/limits.md); a unit that only shrinks
-the state always applies, so a full cluster can drain. Every outcome is recorded, rejections
-too. An :class:`~rcq.server.core.commands.ItemsAction` among the units goes to
+the state always applies, so a full cluster can drain. A unit whose enqueue would create a queue
+its partition may not hold is rejected whole too (the partition's rule, docs/partitions.md). Every
+outcome is recorded, rejections too. An :class:`~rcq.server.core.commands.ItemsAction` among the units goes to
 :mod:`~rcq.server.core.item_actions`.
 
 A batch proposed by a leader deposed before it reached the log's applied part is fenced: the
@@ -16,23 +17,28 @@ Must not import: asyncio, aiohttp, pysyncobj, lmdb, time, random, uuid, os.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rcq.server.core.commands import BatchResult, CommitBatch, CommitUnit, ItemsAction, ItemsOutcome, Limits, UnitOutcome
 from rcq.server.core.item_actions import apply_action
 from rcq.server.core.ledger import Ledger, headers_bytes, item_cost
 from rcq.server.core.outcomes import TransactionOutcome, TransactionRecords
 
 Rejection = tuple[str, tuple[int, ...], str | None]  # (reason, missing item ids, the queue it is about)
+# Why an enqueue may not create this queue here (a reason code), or None: the partition's rule
+# (rcq.server.core.state_machine.QueueStateMachine.new_queue_refusal).
+NewQueueRule = Callable[[str], str | None]
 
 
 def apply_batch(ledger: Ledger, records: TransactionRecords, batch: CommitBatch, index: int, barrier_term: int,
-                queues_max: int, item_action_ids_max: int) -> BatchResult:
+                queues_max: int, item_action_ids_max: int, new_queue_rule: NewQueueRule | None = None) -> BatchResult:
     if batch.term < barrier_term:
         # Proposed by a leader that was deposed before this entry reached the log's applied part
         # (pysyncobj may forward it to the new leader).
         return BatchResult(outcomes=tuple(_fence(records, unit, index, ledger.now_ms) for unit in batch.units))
     return BatchResult(outcomes=tuple(
         apply_action(ledger, unit, index, item_action_ids_max) if isinstance(unit, ItemsAction)
-        else _apply_unit(ledger, records, unit, index, batch.limits, queues_max)
+        else _apply_unit(ledger, records, unit, index, batch.limits, queues_max, new_queue_rule)
         for unit in batch.units))
 
 
@@ -48,7 +54,7 @@ def _fence(records: TransactionRecords, unit: CommitUnit | ItemsAction, index: i
 
 
 def _apply_unit(ledger: Ledger, records: TransactionRecords, unit: CommitUnit, index: int, limits: Limits | None,
-                queues_max: int) -> UnitOutcome:
+                queues_max: int, new_queue_rule: NewQueueRule | None) -> UnitOutcome:
     previous = records.previous(unit, index)
     if previous is not None:
         return previous
@@ -57,7 +63,7 @@ def _apply_unit(ledger: Ledger, records: TransactionRecords, unit: CommitUnit, i
         # Not recorded (there is no room): the proposer gets this answer, and a retry of the
         # same transaction is refused by the leader, which closed it.
         return UnitOutcome("rejected", index, reason=full)
-    rejection = _check_unit(ledger, unit, limits, queues_max)
+    rejection = _check_unit(ledger, unit, limits, queues_max, new_queue_rule)
     if rejection is not None:
         reason, missing, about_queue = rejection
         records.record(unit, TransactionOutcome("rejected", index, ledger.now_ms, reason))
@@ -75,7 +81,8 @@ def _apply_unit(ledger: Ledger, records: TransactionRecords, unit: CommitUnit, i
     return UnitOutcome("committed", index, enqueued=tuple(enqueued))
 
 
-def _check_unit(ledger: Ledger, unit: CommitUnit, limits: Limits | None, queues_max: int) -> Rejection | None:
+def _check_unit(ledger: Ledger, unit: CommitUnit, limits: Limits | None, queues_max: int,
+                new_queue_rule: NewQueueRule | None) -> Rejection | None:
     """Why the unit must be rejected whole; None: apply it."""
     taken: set[int] = set()
     missing: list[int] = []
@@ -112,6 +119,11 @@ def _check_unit(ledger: Ledger, unit: CommitUnit, limits: Limits | None, queues_
                 delta[1] += sum(headers_bytes(h) for h in headers)
     if missing:
         return "items_missing", tuple(missing), None
+    if new_queue_rule is not None:
+        for queue_name in new_queues:
+            refusal = new_queue_rule(queue_name)
+            if refusal is not None:
+                return refusal, (), queue_name
     if len(queues) + len(new_queues) > queues_max:
         return "too_many_queues", (), new_queues[0]
     if limits is not None:

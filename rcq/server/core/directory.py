@@ -182,6 +182,11 @@ class Directory:
         """The partitions ``queue`` lives in (p0 unless placed elsewhere)."""
         return self.placement.get(queue, (P0,))
 
+    def placed_elsewhere(self, queue: str) -> bool:
+        """Whether ``queue`` is placed in partitions that do not include p0."""
+        placed = self.placement.get(queue)
+        return placed is not None and P0 not in placed
+
     def forget_queue(self, queue: str) -> None:
         """A deleted queue's placement goes with it (re-created, it may be placed anew)."""
         self.placement.pop(queue, None)

@@ -1,5 +1,7 @@
 """QueueStateMachine: the replicated state, driven only by committed log entries.
 
+Why over 400 lines: one class answers every read of the replicated state under the replicator's lock; the applies are modules.
+
 Pure and deterministic: the same entries applied in the same order give the same state and the
 same results on every replica. No I/O, no clock (time comes in the command as the leader's
 ``now_ms``), no randomness, and no iteration over sets whose order could reach a result or a
@@ -37,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from rcq.names import P0
 from rcq.server.core import snapshot_format
 from rcq.server.core.commands import (
     UNREADABLE_ENTRY,
@@ -50,6 +53,7 @@ from rcq.server.core.commands import (
     MemberRecord,
     MemberRecordResult,
     QueueChange,
+    QueueChangeResult,
     QueueSettings,
     SetIdentity,
     SetIdentityResult,
@@ -98,9 +102,12 @@ ITEM_ACTION_IDS_MAX = 10_000  # items one ItemsAction may name (redrive moves at
 
 
 class QueueStateMachine:
-    def __init__(self, level_max: int = LEVEL_MAX) -> None:
+    def __init__(self, level_max: int = LEVEL_MAX, partition: str = P0) -> None:
         # The highest feature level this replica reads; an entry or snapshot above it is unreadable.
         self._level_max = level_max
+        # Its partition: p0 creates a queue at its first enqueue unless the directory places it
+        # elsewhere; another only by a queue change (a PUT p0's leader signed). Replicas agree.
+        self._partition = partition
         self._ledger = Ledger()
         self._records = TransactionRecords(
             outcomes=Retention(OUTCOME_RETENTION_MS, OUTCOME_RETENTION_MIN_MS, OUTCOMES_MAX),
@@ -157,9 +164,7 @@ class QueueStateMachine:
                 self._barrier_term = max(self._barrier_term, command.term)
                 result: ApplyResult = BarrierResult(term=command.term)
             elif isinstance(command, QueueChange):
-                result = apply_queue_change(ledger, command, self._barrier_term, QUEUES_MAX)
-                if command.action == "delete" and command.queue not in ledger.queues:
-                    self._directory.forget_queue(command.queue)
+                result = self._apply_queue_change(command)
             elif isinstance(command, PartitionChange | NodePorts | QueuePlacement):
                 result = self._apply_directory(command)
             elif isinstance(command, MemberRecord):
@@ -170,11 +175,27 @@ class QueueStateMachine:
                 result = self._apply_set_identity(command)
             else:
                 result = apply_batch(ledger, self._records, command, index, self._barrier_term,
-                                     QUEUES_MAX, ITEM_ACTION_IDS_MAX)
+                                     QUEUES_MAX, ITEM_ACTION_IDS_MAX, self.new_queue_refusal)
         except Exception as exc:  # a bug: report it, keep the node alive
             result = ApplyFailed(reason="apply_error", details={"error": repr(exc)})
         self._last_index = max(self._last_index, index)
         return result
+
+    def _apply_queue_change(self, command: QueueChange) -> QueueChangeResult:
+        if command.action == "configure" and command.queue not in self._ledger.queues \
+                and self._directory.placed_elsewhere(command.queue) and command.term >= self._barrier_term:
+            return QueueChangeResult("rejected", command.queue, command.action, reason="queue_placed_elsewhere")
+        result = apply_queue_change(self._ledger, command, self._barrier_term, QUEUES_MAX)
+        if command.action == "delete" and command.queue not in self._ledger.queues:
+            self._directory.forget_queue(command.queue)
+        return result
+
+    def new_queue_refusal(self, queue: str) -> str | None:
+        """Why an enqueue may not create ``queue`` here, or None: the leaders check each verb
+        (rcq.server.leader.placement); this holds for a placement or delete applied since."""
+        if self._partition != P0:
+            return "queue_not_found"
+        return "queue_placed_elsewhere" if self._directory.placed_elsewhere(queue) else None
 
     # ----------------------------------------------------------- the directory
     def _apply_member_record(self, record: MemberRecord) -> MemberRecordResult:

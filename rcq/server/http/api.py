@@ -41,6 +41,7 @@ from rcq.server.http import (
     feature_level_routes,
     membership_routes,
     queue_routes,
+    readiness,
     session_channel,
     transaction_routes,
 )
@@ -142,4 +143,5 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     queue_routes.add_routes(app)
     session_channel.add_routes(app)
     add_partition_routes(app, peer_tls, forwarder)
+    readiness.add_routes(app)
     return app

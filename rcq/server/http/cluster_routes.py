@@ -1,6 +1,7 @@
-"""The cluster routes: its status (``/v1/cluster``, ``/readyz``, ``/healthz``), the status page and
-its overview, storage figures, the state digest, a snapshot on request, the OpenAPI document and
-the AsyncAPI one (the session channel); the backup routes (rcq.server.http.backup_routes).
+"""The cluster routes: its status (``/v1/cluster``, ``/healthz``; ``/readyz`` is in
+rcq.server.http.readiness), the status page and its overview, storage figures, the state digest,
+a snapshot on request, the OpenAPI document and the AsyncAPI one (the session channel); the
+backup routes (rcq.server.http.backup_routes).
 
 Everything but the public part of ``/v1/cluster``, the health checks and the two API documents
 needs an admin principal.
@@ -131,12 +132,6 @@ async def healthz(request: web.Request) -> web.Response:
                           **({"partition_ports": partition_ports_of(config)} if config.partition_ports else {})})
 
 
-async def readyz(request: web.Request) -> web.Response:
-    status = cluster_status(request.app)
-    ready = status["serving"] if status["role"] == "leader" else status["leader_id"] is not None
-    return json_response({"ready": ready, **status}, status=200 if ready else 503)
-
-
 def add_routes(app: web.Application) -> None:
     overview = Overview(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
                         peer_tls=peer_context(app[CONFIG]), dial_url=app[CONFIG].peer_url)
@@ -146,7 +141,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/v1/asyncapi.json", asyncapi)
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/cluster", cluster)
     app.router.add_post("/v1/admin/snapshot", admin_only("request a snapshot", request_snapshot))
     add_backup_routes(app)

@@ -80,7 +80,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/", "The live status page (HTML)", text=True),
     Operation("GET", "/v1/cluster/overview", "What the status page shows: every node, the queues, commit latency"),
     Operation("GET", "/healthz", "The node is alive"),
-    Operation("GET", "/readyz", "The node is ready: a serving leader, or a follower that knows one", errors=(503,)),
+    Operation("GET", "/readyz", "The node is ready: a serving leader, or a follower that knows one; with "
+              "partitions=1, each of its partition processes too", errors=(503,), query=("partitions",)),
     Operation("GET", "/metrics", "Prometheus metrics of this node", text=True),
     Operation("GET", "/v1/openapi.json", "This document"),
     Operation("GET", "/v1/asyncapi.json", "The AsyncAPI 3.0 description of the session channel (GET /v1/session)"),

@@ -25,7 +25,6 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from rcq.errors import NoLeader, PartitionNotFound, Unavailable, WrongPartition
@@ -45,95 +44,13 @@ from rcq.server.http.handlers import (
 from rcq.server.http.metrics import CONTENT_TYPE
 from rcq.server.http.metrics_merge import merged
 from rcq.server.http.models import CreatePartitionRequest, QueueSettingsRequest
+from rcq.server.http.partition_asker import FORWARD_TIMEOUT_S, LEADER_ASKER, LeaderAsker
 from rcq.server.leader.partition_directory import PartitionDirectory
 from rcq.server.leader.placement import PLACEMENT_HEADER, placement_token
 from rcq.server.partitions.ports import member_ports, partition_urls
 from rcq.server.raft.protocol import known_nodes
 
 PARTITION_DIRECTORY = web.AppKey("partition_directory", PartitionDirectory)
-LEADER_ASK_TIMEOUT_S = 2.0
-
-
-class LeaderAsker:
-    """Asks a partition's members who leads it (one HTTP session, closed with the app)."""
-
-    def __init__(self, peer_tls: ssl.SSLContext | None) -> None:
-        self._peer_tls = peer_tls
-        self._session: aiohttp.ClientSession | None = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._peer_tls if self._peer_tls is not None else True)
-            self._session = aiohttp.ClientSession(connector=connector)
-        return self._session
-
-    async def leader(self, urls: list[str], authorization: str | None) -> tuple[str | None, str | None]:
-        headers = {"Authorization": authorization} if authorization else {}
-        answers = await asyncio.gather(*(self._ask(url, headers) for url in urls))
-        for answer in answers:
-            if answer and answer.get("leader_id"):
-                return answer["leader_id"], answer.get("leader_url")
-        return None, None
-
-    async def _ask(self, url: str, headers: dict[str, str]) -> dict[str, Any] | None:
-        try:
-            async with self._http().get(f"{url}/v1/cluster", headers=headers,
-                                         timeout=aiohttp.ClientTimeout(total=LEADER_ASK_TIMEOUT_S)) as response:
-                if response.status != 200:
-                    return None
-                body = await response.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
-            return None
-        return body if isinstance(body, dict) else None
-
-    async def get(self, url: str, headers: dict[str, str]) -> dict[str, Any] | None:
-        """GET ``url``: its answer when it is a 200 with a JSON object, else None."""
-        try:
-            async with self._http().get(url, headers=headers, allow_redirects=False,
-                                         timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
-                answer = await response.json() if response.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
-            return None
-        return answer if isinstance(answer, dict) else None
-
-    async def text(self, url: str, headers: dict[str, str]) -> str | None:
-        """GET ``url``: its body when it answers 200, else None."""
-        try:
-            async with self._http().get(url, headers=headers, allow_redirects=False,
-                                         timeout=aiohttp.ClientTimeout(total=LEADER_ASK_TIMEOUT_S)) as response:
-                return await response.text() if response.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
-            return None
-
-    async def put(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
-        """PUT ``body`` to ``url``: (status, answer), None when it could not be asked."""
-        try:
-            async with self._http().put(url, json=body, headers=headers, allow_redirects=False,
-                                         timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
-                answer = await response.json()
-                return response.status, answer if isinstance(answer, dict) else {}
-        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
-            return None
-
-    async def delete(self, url: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
-        """DELETE ``url``: (status, answer), None when it could not be asked."""
-        try:
-            async with self._http().delete(url, headers=headers, allow_redirects=False,
-                                            timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
-                answer = await response.json()
-                return response.status, answer if isinstance(answer, dict) else {}
-        except (aiohttp.ClientError, TimeoutError, ValueError, ssl.SSLError):
-            return None
-
-    async def close(self, app: web.Application) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
-LEADER_ASKER = web.AppKey("partition_leader_asker", LeaderAsker)
-
-
-FORWARD_TIMEOUT_S = 30.0  # a partition's leader found and its answer back, for a PUT placed there
 LEADER_REMEMBERED_S = 2.0  # how long a partition's leader, once found, is dialled without asking again
 
 
@@ -189,8 +106,8 @@ async def forward_configure(request: web.Request, partition: str, queue: str, bo
     authorization = request.headers.get("Authorization")
     headers = {PLACEMENT_HEADER: placement_token(app[CONFIG], partition, queue), **_credentials(request)}
     settings = body.model_dump(exclude={"partitions"}, mode="json")
-    return await at_partition_leader(app, partition, authorization, lambda leader: app[LEADER_ASKER].put(
-        f"{leader}/v1/queues/{queue}", settings, headers))
+    return await at_partition_leader(app, partition, authorization, lambda leader: app[LEADER_ASKER].call(
+        "PUT", f"{leader}/v1/queues/{queue}", headers, settings))
 
 
 async def forward_delete(request: web.Request, partition: str, queue: str) -> tuple[int, dict[str, Any]]:
@@ -200,7 +117,7 @@ async def forward_delete(request: web.Request, partition: str, queue: str) -> tu
     app[MANAGER].require_serving()  # p0's leader forgets the placement: a follower forwards the whole delete
     status, body = await at_partition_leader(
         app, partition, request.headers.get("Authorization"),
-        lambda leader: app[LEADER_ASKER].delete(f"{leader}/v1/queues/{queue}", _credentials(request)))
+        lambda leader: app[LEADER_ASKER].call("DELETE", f"{leader}/v1/queues/{queue}", _credentials(request)))
     if status == 200 or (status == 404 and (body.get("error") or {}).get("code") == "queue_not_found"):
         await app[PARTITION_DIRECTORY].forget(queue)
     return status, body

@@ -26,10 +26,12 @@ from typing import Any
 from rcq.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
+    CrossPartitionTransaction,
     InternalError,
     InvalidRequest,
     LeaderChanged,
     PayloadTooLarge,
+    QueueNotFound,
     RcqError,
     TooManyQueues,
     TooManyRequests,
@@ -37,6 +39,7 @@ from rcq.errors import (
     TransactionBusy,
     TransactionCommitted,
 )
+from rcq.names import P0
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import Barrier, CommitUnit, TransactionWrite, UnitOutcome
 from rcq.server.core.state_machine import QueueStateMachine
@@ -161,7 +164,10 @@ class CommitPath:
             _fail(future, error)
             raise error from exc
         if outcome.status == "rejected":
-            error = rejection_error(outcome)
+            queue = outcome.queue
+            placed = self._replicator.read(lambda sm: sm.directory.placed(queue)) \
+                if outcome.reason == "queue_placed_elsewhere" and queue is not None else ()
+            error = rejection_error(outcome, placed)
             _fail(future, error)
             raise error
         result = CommitResult(tuple(ids), outcome.index, outcome.status == "duplicate", enqueued, dequeued)
@@ -274,14 +280,23 @@ def write_of(transaction: Session) -> TransactionWrite:
     )
 
 
-def rejection_error(outcome: UnitOutcome) -> RcqError:
-    """What a client hears when the state machine rejected its commit (the transaction is aborted)."""
+def rejection_error(outcome: UnitOutcome, placed: tuple[str, ...] = ()) -> RcqError:
+    """What a client hears when the state machine rejected its commit (the transaction is aborted);
+    ``placed``: where the directory places the queue of a ``queue_placed_elsewhere``."""
     reason = outcome.reason
     if reason == "stale_leader":
         return LeaderChanged()
     if reason == "too_many_queues":
         return TooManyQueues(f"the commit would create queue {outcome.queue!r}, but the cluster holds the "
                              "most queues it may; the transaction was aborted", details={"queue": outcome.queue})
+    if reason == "queue_placed_elsewhere":  # placed in another partition after the verb was let in
+        return CrossPartitionTransaction(
+            f"queue {outcome.queue!r} was placed in another partition before this commit applied; the "
+            "transaction was aborted (docs/partitions.md)",
+            details={"queue": outcome.queue, "queue_partitions": list(placed), "transaction_partition": P0})
+    if reason == "queue_not_found":  # a partition process creates a queue only by a placed PUT
+        return QueueNotFound(f"queue {outcome.queue!r} is not in this partition (deleted before the commit "
+                             "applied?); the transaction was aborted", details={"queue": outcome.queue})
     if reason in ("outcomes_full", "idempotency_keys_full"):
         return TooManyRequests(f"commit rejected ({reason}); the transaction was aborted")
     return CommitConflict(f"commit rejected: {reason}", details={

@@ -51,10 +51,18 @@ PLACEMENT_HEADER = "X-Rcq-Placement"
 def placement_token(config: NodeConfig, partition: str, queue: str) -> str:
     """What p0's leader sends with the PUT that creates ``queue`` in ``partition`` (an HMAC of both
     under the cluster secret; without a secret, insecure mode, anyone can make it)."""
-    key = (config.cluster_secret or "").encode()
-    return hmac.new(key, f"place\0{partition}\0{queue}".encode(), hashlib.sha256).hexdigest()
+    return _sign(config.cluster_secret or "", partition, queue)
+
+
+def _sign(secret: str, partition: str, queue: str) -> str:
+    return hmac.new(secret.encode(), f"place\0{partition}\0{queue}".encode(), hashlib.sha256).hexdigest()
 
 
 def placement_allowed(config: NodeConfig, queue: str, token: str | None) -> bool:
-    return token is not None and config.partition_name is not None and hmac.compare_digest(
-        token, placement_token(config, config.partition_name, queue))
+    """Whether ``token`` was made for ``queue`` in this partition under the cluster secret or one
+    of ``cluster_secrets_previous``: during a rotation p0's leader may seal with the other one
+    (docs/security.md)."""
+    if token is None or config.partition_name is None:
+        return False
+    secrets = [config.cluster_secret or "", *config.cluster_secrets_previous]
+    return any(hmac.compare_digest(token, _sign(secret, config.partition_name, queue)) for secret in secrets)

@@ -22,6 +22,7 @@ from rcq.errors import (
     QueueNotFound,
     TooManyQueues,
     Unavailable,
+    WrongPartition,
 )
 from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
@@ -81,6 +82,10 @@ class QueueAdmin:
             raise QueueNotFound(f"no queue {queue!r}")
         if result.reason == "too_many_queues":
             raise TooManyQueues(details={"queue": queue})
+        if result.reason == "queue_placed_elsewhere":  # placed in another partition while this was in flight
+            partition = self._replicator.read(lambda sm: sm.directory.placed(queue))[0]
+            raise WrongPartition(f"queue {queue!r} lives in partition {partition}",
+                                 details={"partition": partition, "queue": queue})
         if result.reason == "queue_in_use":
             raise _in_use_error(queue, self._replicator.read(lambda sm: sm.dead_letter_users(queue)))
         if result.status != "done" and result.reason and result.reason != "stale_leader" and settings is not None:
