@@ -16,7 +16,8 @@ own; and **the busiest thread**: the rcq thread (``/proc/PID/task/TID/stat``) th
 CPU in the window, as a share of one core and per commit, with the process it is in. One Raft
 group's leader is one Python thread: where leaders spread, the busiest thread carries a share of
 the work. Then the fixed cost of a partition: each partition process's CPU over an idle
-``--idle-s`` and its resident memory.
+``--idle-s``, its resident memory, and the Raft messages it sent per second (its
+``rcq_raft_messages_sent_total``).
 
 Must not import: pysyncobj, lmdb, rcq.server (the bench talks to rcq as a user does).
 """
@@ -29,9 +30,12 @@ import json
 import statistics
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cpu import PROC, cpu_seconds, parse_stat
 from bench.scenarios import ITEM_100_BYTES, Target
@@ -176,15 +180,34 @@ async def run_once(cluster: LocalCluster, target: Target, queues: list[str], con
         await asyncio.gather(*(client.close() for client in clients))
 
 
+def raft_messages(cluster: LocalCluster) -> dict[str, int]:
+    """"node-i/pX" -> Raft messages that process sent, from each node's /metrics (its own series,
+    and its partition processes' labelled ``partition``)."""
+    sent: dict[str, int] = {}
+    for i, node in enumerate(cluster.nodes):
+        request = urllib.request.Request(cluster.url(i) + "/metrics", headers=cluster.auth_headers())
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "rcq_raft_messages_sent_total":
+                    sent[f"{node.node_id}/{sample.labels.get('partition', 'p0')}"] = int(sample.value)
+    return sent
+
+
 async def idle_cost(cluster: LocalCluster, idle_s: float) -> list[dict[str, Any]]:
-    """Each rcq process's CPU over ``idle_s`` of an idle cluster, and its resident memory."""
+    """Each rcq process's CPU over ``idle_s`` of an idle cluster, its resident memory, and the
+    Raft messages it sent per second."""
     pids = rcq_processes(cluster)
+    messages_before = await asyncio.to_thread(raft_messages, cluster)
     before = Sample.take(pids)
     await asyncio.sleep(idle_s)
     after = Sample.take(pids)
+    messages_after = await asyncio.to_thread(raft_messages, cluster)
     window_s = after.at - before.at
     return [{"process": name, "idle_cpu_pct": round((after.processes[pid] - before.processes[pid]) / window_s * 100, 2),
-             "rss_mib": round(rss_mib(pid), 1)}
+             "rss_mib": round(rss_mib(pid), 1),
+             "raft_messages_sent_per_s": round((messages_after.get(name, 0) - messages_before.get(name, 0)) / window_s, 1)}
             for pid, name in sorted(pids.items(), key=lambda kv: kv[1]) if pid in after.processes]
 
 
@@ -231,7 +254,14 @@ def print_report(report: dict[str, Any]) -> None:
         print("  ".join(str(row[c]).rjust(widths[c]) for c in columns))
     print("\nidle cluster, per process:")
     for entry in report["idle"]:
-        print(f"  {entry['process']:>12}  cpu {entry['idle_cpu_pct']:5.2f}%  rss {entry['rss_mib']:6.1f} MiB")
+        print(f"  {entry['process']:>12}  cpu {entry['idle_cpu_pct']:5.2f}%  rss {entry['rss_mib']:6.1f} MiB  "
+              f"raft messages sent {entry['raft_messages_sent_per_s']:6.1f}/s")
+    per_partition: dict[str, float] = {}
+    for entry in report["idle"]:
+        partition = entry["process"].rsplit("/", 1)[1]
+        per_partition[partition] = per_partition.get(partition, 0.0) + entry["raft_messages_sent_per_s"]
+    print("  raft messages per second, each partition's members together: "
+          + ", ".join(f"{name} {rate:.0f}" for name, rate in sorted(per_partition.items())))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,7 @@ async def test_every_node_reports_raft_and_the_leader_reports_commits():
         for s in scraped.values():
             assert s['rcq_queue_enqueued_total{queue="jobs"}'] == 20  # replicated figures on every node
             assert s["rcq_raft_guard_ticks_total"] >= 0  # ticks on the loop: the guard's are counted
+            assert s["rcq_raft_messages_sent_total"] > 0 and s["rcq_raft_messages_received_total"] > 0
             assert s["rcq_wal_fsync_duration_seconds_count"] > 0  # durability=fsync: every node syncs
             assert s["process_resident_memory_bytes"] > 10 << 20
         assert scraped[leader]["rcq_commit_duration_seconds_count"] >= 20

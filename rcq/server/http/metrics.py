@@ -190,6 +190,10 @@ class RcqCollector(Collector):
                                   value=int(status.details.get("leader_changes_seen", 0)))
         yield CounterMetricFamily("rcq_raft_guard_ticks", "Raft ticks the guard thread ran while the event loop "
                                   "was busy for more than 0.2 s", value=int(status.details.get("guard_ticks", 0)))
+        for way in ("sent", "received"):
+            yield CounterMetricFamily(f"rcq_raft_messages_{way}", f"Raft messages this process {way} (whole frames, "
+                                      "heartbeats and entries alike)",
+                                      value=int(status.details.get(f"raft_messages_{way}", 0)))
         yield GaugeMetricFamily("rcq_serving", "1 when this node is the leader and serves (its barrier applied)",
                                 value=int(self._manager.serving))
 

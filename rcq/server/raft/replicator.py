@@ -45,7 +45,7 @@ from rcq.errors import CommitOutcomeUnknown, MembershipConflict, Unavailable
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import ApplyResult, BarrierResult, Command, encode
 from rcq.server.core.state_machine import QueueStateMachine
-from rcq.server.raft import membership, patches
+from rcq.server.raft import membership, patches, transport_patches
 from rcq.server.raft.consumer import QueueConsumer
 from rcq.server.raft.digest import ForkedDigest
 from rcq.server.raft.hand_over import HandOver
@@ -361,6 +361,8 @@ class RaftReplicator:
                        leader_changes_seen=self.leader_changes_seen,
                        leader_history=list(self.leader_history),
                        guard_ticks=self._ticker.guard_ticks if self._ticker is not None else 0,
+                       raft_messages_sent=transport_patches.MESSAGES.sent,
+                       raft_messages_received=transport_patches.MESSAGES.received,
                        snapshots_received=received, snapshots_loaded=loaded,
                        leader_commit_index=raw.get("leader_commit_idx"), uptime_s=raw.get("uptime"))
         leader = raw.get("leader")

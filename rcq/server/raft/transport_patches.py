@@ -63,6 +63,20 @@ logger = logging.getLogger(__name__)
 # What install() replaced, by fix: pysyncobj's own methods, for the tests that show its behaviour.
 REPLACED: dict[str, list[Replaced]] = {"read path": [], "accept": [], "dialling": [], "send": [], "seal": []}
 
+
+
+@dataclass
+class MessageCounts:
+    """Raft messages this process sent and received whole (one SyncObj per process: a node's, or
+    a partition process's): the metrics rcq_raft_messages_sent/_received, and what a partition's
+    fixed cost is measured by (bench.partitions)."""
+
+    sent: int = 0
+    received: int = 0
+
+
+MESSAGES = MessageCounts()
+
 _DIAL_ADDRESSES = "_rcq_dial_addresses"  # on a SyncObjConf: peer Raft address -> (host, port) to dial
 
 
@@ -239,6 +253,7 @@ def _process_parse_message(self: Any) -> Any:
         self.disconnect()  # pysyncobj's answer to a frame it cannot read
         return None
     del buffer[:end]
+    MESSAGES.received += 1
     if nonce:
         setattr(self, _AUTHENTICATED_BY, nonce)  # the frame carried it, sealed: the peer has the secret
     return message
@@ -289,6 +304,7 @@ def _send(self: Any, message: Any) -> None:
         if self.encryptor:
             data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
     set_connection_private(self, "writeBuffer", connection_private(self, "writeBuffer") + _HEADER.pack(len(data)) + data)
+    MESSAGES.sent += 1
     connection_private(self, "trySendBuffer")()
 
 
