@@ -157,6 +157,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.base_dir = Path(tempfile.mkdtemp(prefix="rcq-cluster-")) if base_dir is None else Path(base_dir)
         self.nodes = [LocalNode(i, f"node-{i}", http_ports[i], raft_ports[i], self.base_dir / f"node-{i}",
                                 tls=tls, release=release) for i in range(nodes)]
+        self.partitions_max = partitions_max
         for i in range(nodes if partitions_max > 0 else 0):  # each node's own range (docs/partitions.md)
             first, last = free_port_range(2 * partitions_max)
             self.node_settings[i] = {"partition_ports": f"{first}-{last}"}
@@ -459,15 +460,17 @@ class LocalCluster(PolledCluster[LocalNode]):
 
     def wait_for_token(self, tokens: Iterable[str], known: bool, timeout_s: float = WAIT_TIMEOUT_S) -> None:
         """Wait until every live node knows each of ``tokens`` (answers anything but 401
-        ``unauthorized``: an expired token is known), or, ``known`` False, refuses each as unknown."""
+        ``unauthorized``: an expired token is known), or, ``known`` False, refuses each as unknown;
+        each of a node's partition processes too (each re-reads the tokens file on its own)."""
         tokens = list(tokens)
         context = self._poll_context()
 
         def all_as_wanted(i: int) -> bool:
-            for token in tokens:
-                answer = http_json(self.poll_url(i) + "/v1/cluster", token=token, context=context)
-                if (answer.get("error", {}).get("code") != "unauthorized") != known:
-                    return False
+            for url in [self.poll_url(i), *self._partition_process_urls(i)]:
+                for token in tokens:
+                    answer = http_json(url + "/v1/cluster", token=token, context=context)
+                    if (answer.get("error", {}).get("code") != "unauthorized") != known:
+                        return False
             return True
 
         pending = set(self.live_indices())
@@ -493,6 +496,14 @@ class LocalCluster(PolledCluster[LocalNode]):
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     # ----------------------------------------------------------- partitions
+    def _partition_process_urls(self, i: int) -> list[str]:
+        """The URLs of node ``i``'s partition processes (none in a cluster never given partitions)."""
+        if not self.partitions_max:
+            return []
+        node_id = self.nodes[i].node_id
+        return [url for row in self.partitions(i) if row["name"] != "p0"
+                for member, url in zip(row["members"], row.get("urls") or [], strict=False) if member == node_id]
+
     def partitions(self, i: int | None = None) -> list[dict[str, Any]]:
         """GET /v1/cluster/partitions of node ``i`` (default: the leader)."""
         i = self.wait_for_leader() if i is None else i

@@ -69,14 +69,16 @@ class LeaderAsker:
         answered = await self._request("GET", url, headers, None, LEADER_ASK_TIMEOUT_S, "text")
         return answered[1] if answered is not None and answered[0] == 200 else None
 
-    async def leader(self, urls: list[str], authorization: str | None) -> tuple[str | None, str | None]:
-        """(leader_id, leader_url) that the first of ``urls`` to name a leader names; (None, None)."""
-        headers = {"Authorization": authorization} if authorization else {}
-        answers = await asyncio.gather(*(self.get(f"{url}/v1/cluster", headers, LEADER_ASK_TIMEOUT_S)
+    async def leader(self, urls: list[str]) -> tuple[str | None, str | None]:
+        """(leader_id, leader_url) that the first of ``urls`` to name a leader names; (None, None).
+        Asked at ``/readyz``, which needs no token (200 or 503, both naming the leader they know):
+        a token the caller just added may not have reached every process yet (each re-reads the
+        tokens file on its own), and who leads is not the caller's to be refused."""
+        answers = await asyncio.gather(*(self.call("GET", f"{url}/readyz", {}, None, LEADER_ASK_TIMEOUT_S)
                                          for url in urls))
-        for answer in answers:
-            if answer and answer.get("leader_id"):
-                return answer["leader_id"], answer.get("leader_url")
+        for answered in answers:
+            if answered is not None and answered[1].get("leader_id"):
+                return answered[1]["leader_id"], answered[1].get("leader_url")
         return None, None
 
     async def close(self, app: web.Application) -> None:

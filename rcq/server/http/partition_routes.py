@@ -11,9 +11,10 @@ instead, naming the partition and, when known, its leader's URL. A partition pro
 directory: it always answers the 421.
 
 A listing names each partition's leader as its members' processes see it: each member of a
-partition other than p0 is asked for the public part of its ``/v1/cluster``, at the address this
-node reaches it by (rcq.server.partitions.ports.reach_url), with the caller's credentials;
-``leader_id`` and ``leader_url`` are null while none of them names one.
+partition other than p0 is asked its ``/readyz`` (no token: who leads is not refused to a caller
+whose token a process has not read yet), at the address this node reaches it by
+(rcq.server.partitions.ports.reach_url); ``leader_id`` and ``leader_url`` are null while none of
+them names one.
 
 Must not import: pysyncobj, lmdb.
 """
@@ -65,12 +66,11 @@ def member_urls(app: web.Application, partition: str) -> tuple[dict[str, Any], l
     return row, list(zip(members, urls, strict=True))
 
 
-async def find_leader(app: web.Application, partition: str, authorization: str | None
-                      ) -> tuple[str, str] | None:
+async def find_leader(app: web.Application, partition: str) -> tuple[str, str] | None:
     """(the URL this node reaches ``partition``'s leader at, the URL it advertises), None while
     none of its members names one."""
     _row, members = member_urls(app, partition)
-    leader_id, leader_url = await app[LEADER_ASKER].leader([url for _, url in members], authorization)
+    leader_id, leader_url = await app[LEADER_ASKER].leader([url for _, url in members])
     reach = next((url for member, url in members if member == leader_id), None)
     return (reach, leader_url or reach) if reach is not None else None
 
@@ -80,14 +80,14 @@ def _credentials(request: web.Request) -> dict[str, str]:
     return {"Authorization": authorization} if authorization else {}
 
 
-async def at_partition_leader(app: web.Application, partition: str, authorization: str | None,
+async def at_partition_leader(app: web.Application, partition: str,
                               send: Callable[[str], Awaitable[tuple[int, dict[str, Any]] | None]]
                               ) -> tuple[int, dict[str, Any]]:
     """``send(leader_url)`` to ``partition``'s leader until it answers as the leader (not 307, 421
     or 503) or FORWARD_TIMEOUT_S passes (Unavailable); its answer."""
     deadline = asyncio.get_running_loop().time() + FORWARD_TIMEOUT_S
     while True:
-        leader = await find_leader(app, partition, authorization)
+        leader = await find_leader(app, partition)
         if leader is not None:
             answer = await send(leader[0])
             if answer is not None and answer[0] not in (307, 421, 503):
@@ -103,10 +103,9 @@ async def forward_configure(request: web.Request, partition: str, queue: str, bo
     """PUT the queue's settings to ``partition``'s leader, signed as placed there by p0 (the
     caller's credentials with it); its answer."""
     app = request.app
-    authorization = request.headers.get("Authorization")
     headers = {PLACEMENT_HEADER: placement_token(app[CONFIG], partition, queue), **_credentials(request)}
     settings = body.model_dump(exclude={"partitions"}, mode="json")
-    return await at_partition_leader(app, partition, authorization, lambda leader: app[LEADER_ASKER].call(
+    return await at_partition_leader(app, partition, lambda leader: app[LEADER_ASKER].call(
         "PUT", f"{leader}/v1/queues/{queue}", headers, settings))
 
 
@@ -116,8 +115,7 @@ async def forward_delete(request: web.Request, partition: str, queue: str) -> tu
     app = request.app
     app[MANAGER].require_serving()  # p0's leader forgets the placement: a follower forwards the whole delete
     status, body = await at_partition_leader(
-        app, partition, request.headers.get("Authorization"),
-        lambda leader: app[LEADER_ASKER].call("DELETE", f"{leader}/v1/queues/{queue}", _credentials(request)))
+        app, partition, lambda leader: app[LEADER_ASKER].call("DELETE", f"{leader}/v1/queues/{queue}", _credentials(request)))
     if status == 200 or (status == 404 and (body.get("error") or {}).get("code") == "queue_not_found"):
         await app[PARTITION_DIRECTORY].forget(queue)
     return status, body
@@ -136,7 +134,7 @@ class PartitionRouter:
         if app[CONFIG].partition_name is not None or not partition or partition == P0:
             return error_response(refusal, request)
         try:
-            leader = await self.leader(app, partition, request.headers.get("Authorization"))
+            leader = await self.leader(app, partition)
         except PartitionNotFound as exc:
             return error_response(exc, request)
         # A request a p0 follower forwarded here goes on to the partition's leader: another group, so
@@ -152,14 +150,13 @@ class PartitionRouter:
             self._leaders.pop(partition, None)
         return response
 
-    async def leader(self, app: web.Application, partition: str, authorization: str | None
-                     ) -> tuple[str, str] | None:
+    async def leader(self, app: web.Application, partition: str) -> tuple[str, str] | None:
         """(reach URL, advertised URL) of ``partition``'s leader, remembered for LEADER_REMEMBERED_S."""
         now = asyncio.get_running_loop().time()
         remembered = self._leaders.get(partition)
         if remembered is not None and remembered[0] > now:
             return remembered[1]
-        leader = await find_leader(app, partition, authorization)
+        leader = await find_leader(app, partition)
         if leader is not None:
             self._leaders[partition] = (now + LEADER_REMEMBERED_S, leader)
         return leader
@@ -178,12 +175,12 @@ async def from_other_partitions(request: web.Request, path_qs: str) -> tuple[dic
     others = [row["name"] for row in app[PARTITION_DIRECTORY].listing() if row["name"] != P0]
     if not others:
         return {}, []
-    authorization, headers = request.headers.get("Authorization"), _credentials(request)
+    headers = _credentials(request)
     router = app[PARTITION_ROUTER]
 
     async def ask(partition: str) -> dict[str, Any] | None:
         try:
-            leader = await router.leader(app, partition, authorization)
+            leader = await router.leader(app, partition)
         except PartitionNotFound:  # deleted meanwhile
             return None
         return await app[LEADER_ASKER].get(f"{leader[0]}{path_qs}", headers) if leader is not None else None
@@ -203,7 +200,6 @@ async def list_partitions(request: web.Request) -> web.Response:
     rows = app[PARTITION_DIRECTORY].listing()
     node_ports = app[REPLICATOR].read(lambda sm: dict(sm.directory.node_ports))  # a copy, under the lock
     status = cluster_status(app)  # the p0 row: this node's own view
-    authorization = request.headers.get("Authorization")
     p0_urls = {node.node_id: node.http_url for node in known_nodes(config, app[REPLICATOR]).values()}
     p0_urls[config.node_id] = config.url
 
@@ -214,7 +210,7 @@ async def list_partitions(request: web.Request) -> web.Response:
                     "serving": own.serving if status["role"] == "leader" else None}
         members = [m for m in row["members"] if m in node_ports]
         urls = partition_urls(config, row["number"], [node_ports[m] for m in members])
-        leader_id, leader_url = await app[LEADER_ASKER].leader(urls, authorization)
+        leader_id, leader_url = await app[LEADER_ASKER].leader(urls)
         advertised = [member_ports(node_ports[m]).advertised(row["number"])[0] for m in members]
         return {**row, "urls": advertised, "leader_id": leader_id, "leader_url": leader_url}
 
