@@ -88,7 +88,10 @@ class Answer(BaseModel):
     """The answer to the request with this ``id``: the status and body HTTP would answer."""
 
     id: int = Field(ge=1, le=FRAME_ID_MAX, description="the request's id")
-    status: int = Field(ge=200, le=599, description="the HTTP status the same request would get")
+    status: int = Field(ge=200, le=599, description=(
+        "the HTTP status the same request would get; 421 wrong_partition for a request another partition "
+        "runs, as a channel is not forwarded: its body names the partition and, when known, its leader's "
+        "URL, where a channel of its own goes (docs/partitions.md)"))
     body: ErrorBody | dict[str, Any] = Field(
         description="the JSON body HTTP would answer; an error is the rcq error body; the answer to a "
                     "'batch' is {\"responses\": [{\"status\", \"body\"}, ...]}, one per sub-request")

@@ -297,7 +297,8 @@ class ErrorBody(BaseModel):
 
 
 # ------------------------------------------------------- POST /v1/batch sub-requests
-TransactionId = Annotated[str, Field(min_length=1, max_length=64)]
+# The longest id: a 32-character partition name, a 16-digit term and 24 random digits (rcq.names).
+TransactionId = Annotated[str, Field(min_length=1, max_length=80)]
 
 
 class BatchBegin(BeginRequest):

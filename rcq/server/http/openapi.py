@@ -51,6 +51,8 @@ ANY = (400, 404, 408, 413, 503)
 PUBLIC = frozenset({"/healthz", "/readyz"})
 AUTH = (401, 403)
 LEADER = (307, 503, 504)  # a follower redirects when asked; no leader yet, or not ready; a forward's answer lost
+# ...and what another partition runs, asked with Rcq-Redirect: 1 or at a partition process (docs/partitions.md)
+ROUTED = (*LEADER, 421)
 TRANSACTION = (404, 409, 410)  # unknown, closed (aborted, expired, committed...), outcome forgotten
 WRITE = (409, 429, 507)  # too many queues; queue full or too many requests; storage full
 STATUS_TEXT = {101: "Switching protocols: the channel is open", 200: "OK", 201: "Created", 202: "Accepted",
@@ -58,6 +60,8 @@ STATUS_TEXT = {101: "Switching protocols: the channel is open", 200: "OK", 201: 
                400: "Invalid request", 401: "A valid token is needed", 403: "The token does not grant this",
                404: "Not found", 408: "Request body too slow", 409: "Conflict",
                410: "Outcome no longer remembered (maybe committed)", 413: "Too large",
+               421: "wrong_partition: another partition runs it (error.details.partition; leader_url when known); "
+                    "nothing was run",
                422: "The node to add does not answer as that node", 429: "Back off",
                503: "Unavailable: retry shortly", 504: "Commit outcome unknown (maybe committed)",
                507: "Storage budget used up"}
@@ -108,51 +112,51 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/cluster/partitions", "Every partition, its members and its leader (docs/partitions.md)"),
     Operation("POST", "/v1/cluster/partitions", "Create a partition (feature level 4)", CreatePartitionRequest, 201,
               errors=(*LEADER, 409, 504)),
-    Operation("POST", "/v1/transactions", "Begin a transaction", BeginRequest, 201, (*LEADER, 429)),
-    Operation("GET", "/v1/transactions", "The leader's open transactions", errors=LEADER, query=("label_prefix",)),
-    Operation("GET", "/v1/transactions/{transaction_id}", "A transaction's state", errors=LEADER + TRANSACTION),
+    Operation("POST", "/v1/transactions", "Begin a transaction", BeginRequest, 201, (*ROUTED, 429)),
+    Operation("GET", "/v1/transactions", "Open transactions of every partition", errors=LEADER, query=("label_prefix",)),
+    Operation("GET", "/v1/transactions/{transaction_id}", "A transaction's state", errors=ROUTED + TRANSACTION),
     Operation("POST", "/v1/transactions/{transaction_id}/enqueue", "Buffer items in a transaction", EnqueueRequest,
-              errors=LEADER + TRANSACTION + WRITE),
+              errors=ROUTED + TRANSACTION + WRITE),
     Operation("POST", "/v1/transactions/{transaction_id}/dequeue", "Take and lock items", DequeueRequest,
-              errors=LEADER + TRANSACTION),
+              errors=ROUTED + TRANSACTION),
     Operation("POST", "/v1/transactions/{transaction_id}/commit", "Commit", CommitRequest,
-              errors=LEADER + TRANSACTION + WRITE + (504,)),
+              errors=ROUTED + TRANSACTION + WRITE + (504,)),
     Operation("POST", "/v1/transactions/{transaction_id}/abort", "Abort: dequeued items back to the head",
-              errors=LEADER + TRANSACTION + (504,)),
+              errors=ROUTED + TRANSACTION + (504,)),
     Operation("POST", "/v1/transactions/{transaction_id}/extend", "Move the deadline", ExtendRequest,
-              errors=LEADER + TRANSACTION + (504,)),
+              errors=ROUTED + TRANSACTION + (504,)),
     Operation("POST", "/v1/transactions/{transaction_id}/reject",
-              "Held items to the dead-letter queue at once", RejectRequest, errors=LEADER + TRANSACTION + (504,)),
+              "Held items to the dead-letter queue at once", RejectRequest, errors=ROUTED + TRANSACTION + (504,)),
     Operation("POST", "/v1/commit", "Commit several transactions atomically", CommitManyRequest,
-              errors=LEADER + TRANSACTION + WRITE + (504,)),
+              errors=ROUTED + TRANSACTION + WRITE + (504,)),
     Operation("POST", "/v1/execute", "A one-request transaction", ExecuteRequest,
-              errors=LEADER + TRANSACTION + WRITE + (504,)),
+              errors=ROUTED + TRANSACTION + WRITE + (504,)),
     Operation("POST", "/v1/execute-batch", "Independent one-request transactions", ExecuteBatchRequest,
               errors=LEADER),
     Operation("POST", "/v1/batch", "Independent sub-requests in one HTTP request", BatchRequest, errors=LEADER),
     Operation("GET", "/v1/session", "Upgrade to the session channel: a WebSocket of pipelined request frames "
               "(docs/session-channel.md)", ok=101, errors=LEADER),
     Operation("GET", "/v1/queues", "Every queue with its count"),
-    Operation("GET", "/v1/queues/{queue}", "A queue's count, locked items and limits"),
+    Operation("GET", "/v1/queues/{queue}", "A queue's count, locked items and limits", errors=(421,)),
     Operation("PUT", "/v1/queues/{queue}", "Create a queue / set its limits", QueueSettingsRequest,
-              errors=(*LEADER, 409, 504)),
-    Operation("DELETE", "/v1/queues/{queue}", "Delete a queue and its items", errors=(*LEADER, 409, 504)),
-    Operation("POST", "/v1/queues/{queue}/purge", "Remove every item of a queue", errors=(*LEADER, 504)),
+              errors=(*ROUTED, 409, 504)),
+    Operation("DELETE", "/v1/queues/{queue}", "Delete a queue and its items", errors=(*ROUTED, 409, 504)),
+    Operation("POST", "/v1/queues/{queue}/purge", "Remove every item of a queue", errors=(*ROUTED, 504)),
     Operation("POST", "/v1/queues/{queue}/redrive", "Dead items back to their source queues", RedriveRequest,
-              errors=(*LEADER, 429, 504)),
-    Operation("GET", "/v1/queues/{queue}/stats", "A queue's statistics"),
+              errors=(*ROUTED, 429, 504)),
+    Operation("GET", "/v1/queues/{queue}/stats", "A queue's statistics", errors=(421,)),
     Operation("GET", "/v1/queues/{queue}/placement", "The partitions a queue lives in, for routing (docs/partitions.md)"),
     Operation("POST", "/v1/queues/{queue}/enqueue", "One-request enqueue", QueueEnqueueRequest,
-              errors=LEADER + TRANSACTION + WRITE + (504,)),
+              errors=ROUTED + TRANSACTION + WRITE + (504,)),
     Operation("POST", "/v1/queues/{queue}/dequeue", "One-request dequeue and commit (at most once)",
-              QueueDequeueRequest, errors=LEADER + TRANSACTION + WRITE + (504,)),
+              QueueDequeueRequest, errors=ROUTED + TRANSACTION + WRITE + (504,)),
     Operation("POST", "/v1/queues/{queue}/receive", "Begin a transaction and dequeue into it, in one request",
-              ReceiveRequest, errors=(*LEADER, 429)),
+              ReceiveRequest, errors=(*ROUTED, 429)),
 )
 
 _PATH_PARAMETERS: dict[str, dict[str, Any]] = {
     "queue": {"type": "string", "pattern": QUEUE_NAME_PATTERN},
-    "transaction_id": {"type": "string", "minLength": 1, "maxLength": 64},
+    "transaction_id": {"type": "string", "minLength": 1, "maxLength": 80},
     "node_id": {"type": "string", "pattern": NODE_ID_PATTERN},
 }
 
