@@ -40,6 +40,17 @@ def _peer(text: str) -> dict[str, str]:
     return entry
 
 
+def _partition_port(text: str) -> tuple[str, dict[str, int]]:
+    """``NAME=HTTP,RAFT[,ADVERTISED_HTTP,ADVERTISED_RAFT]`` -> a partition_port_map entry."""
+    name, equals, ports_text = text.partition("=")
+    ports = ports_text.split(",")
+    if not equals or not name or len(ports) not in (2, 4) or not all(p.strip().isdigit() for p in ports):
+        raise argparse.ArgumentTypeError(
+            f"partition port {text!r}: expected NAME=HTTP,RAFT[,ADVERTISED_HTTP,ADVERTISED_RAFT], e.g. orders=7100,7101")
+    keys = ("http", "raft", "advertise_http", "advertise_raft")
+    return name, {key: int(port) for key, port in zip(keys, ports, strict=False)}
+
+
 def split_peers(entries: list[dict[str, str]] | None) -> dict[str, Any]:
     """``--peer`` entries as NodeConfig fields: ``peers``, and ``peer_urls`` from those with a
     fourth part (None: not given, so that a config file's own value stands)."""
@@ -68,6 +79,10 @@ def add_serve_parser(commands: Any) -> None:
                        help="the ports this node's partition processes serve on (docs/partitions.md)")
     serve.add_argument("--partition-advertise-ports", metavar="START-END",
                        help="the same ports as clients and the other nodes reach them, if they differ")
+    serve.add_argument("--partition-port", action="append", type=_partition_port, default=None,
+                       metavar="NAME=HTTP,RAFT[,ADV_HTTP,ADV_RAFT]",
+                       help="ports of one named partition on this node, instead of a pair of --partition-ports "
+                            "(repeat; partition_port_map)")
     serve.add_argument("--secret-file", type=Path,
                        help="file holding the cluster secret, mode 0600 (or set RCQ_CLUSTER_SECRET)")
     serve.add_argument("--previous-secret-file", type=Path, action="append", default=None,
@@ -128,6 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         **split_peers(args.peer),
         data_dir=args.data_dir, cluster_secret=secret, insecure=args.insecure,
         partition_ports=args.partition_ports, partition_advertise_ports=args.partition_advertise_ports,
+        partition_port_map=dict(args.partition_port) if args.partition_port else None,
         cluster_secrets_previous=[read_private(path, "previous cluster secret") for path in args.previous_secret_file]
         if args.previous_secret_file else None,
         extra_tokens=(admin,) if admin is not None else (), tokens_file=args.tokens_file, insecure_http=args.insecure_http,

@@ -117,6 +117,33 @@ PortRange = Annotated[tuple[int, int], PlainValidator(_port_range),
                       WithJsonSchema({"type": "string", "pattern": r"^[0-9]{1,5}-[0-9]{1,5}$"})]
 
 
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class NamedPartitionPorts(BaseModel):
+    """The ports one named partition's process binds on this node, and where clients and the other
+    nodes reach them when that is elsewhere (a container's published ports)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    http: Port
+    raft: Port
+    advertise_http: Port | None = None
+    advertise_raft: Port | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> NamedPartitionPorts:
+        if (self.advertise_http is None) != (self.advertise_raft is None):
+            raise ValueError("advertise_http and advertise_raft go together")
+        if self.http == self.raft:
+            raise ValueError("http and raft must differ")
+        return self
+
+    def ports(self) -> tuple[int, int, int, int]:
+        """(HTTP, Raft, advertised HTTP, advertised Raft)."""
+        return (self.http, self.raft, self.advertise_http or self.http, self.advertise_raft or self.raft)
+
+
 class PeerConfig(BaseModel):
     """Another node of the cluster."""
 
@@ -174,6 +201,11 @@ class NodeConfig(BaseModel):
     partition_advertise_ports: PortRange | None = Field(
         None, description="START-END: partition_ports as clients and the other nodes reach them, where they differ "
                           "(a container's published ports); same size as partition_ports. Default: partition_ports")
+    partition_port_map: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], NamedPartitionPorts] = Field(
+        default_factory=dict, description="partition name -> its ports on this node, {\"http\", \"raft\"} (and "
+        "\"advertise_http\", \"advertise_raft\" where others reach them elsewhere): a partition named here "
+        "takes these whatever its number, any other takes its pair of partition_ports (docs/partitions.md). "
+        "For ports that are not one range, or a partition's own fixed ports")
     partition_name: str | None = Field(
         None, description="set by a node for the partition processes it starts (docs/partitions.md): the partition "
                           "this process serves. None: p0, the node's own process")
@@ -413,6 +445,7 @@ class NodeConfig(BaseModel):
         ports, advertised = self.partition_ports, self.partition_advertise_ports
         if advertised is not None and ports is None:
             raise ValueError("partition_advertise_ports needs partition_ports")
+        self._check_partition_port_map()
         if ports is None:
             return
         if (ports[1] - ports[0] + 1) % 2:
@@ -423,6 +456,27 @@ class NodeConfig(BaseModel):
         for name, port in (("http_port", self.http_port), ("raft_address's port", raft_port)):
             if ports[0] <= port <= ports[1]:
                 raise ValueError(f"partition_ports must not hold {name} ({port}): p0 serves there")
+
+    def _check_partition_port_map(self) -> None:
+        named = self.partition_port_map
+        if not named:
+            return
+        if "p0" in named:
+            raise ValueError("partition_port_map must not name p0: it is served at http_port and raft_address")
+        bound = [port for entry in named.values() for port in (entry.http, entry.raft)]
+        if len(set(bound)) != len(bound):
+            raise ValueError("partition_port_map must give every partition ports of its own")
+        raft_port = int((self.raft_bind_address or self.raft_address).rsplit(":", 1)[1])
+        for port in bound:
+            if port in (self.http_port, raft_port):
+                raise ValueError(f"partition_port_map must not hold port {port}: p0 serves there")
+            if self.partition_ports is not None and self.partition_ports[0] <= port <= self.partition_ports[1]:
+                raise ValueError(f"partition_port_map's port {port} is in partition_ports: each port serves one")
+
+    @property
+    def serves_partitions(self) -> bool:
+        """Whether this node has ports for partitions besides p0 (a range, or named ones)."""
+        return self.partition_ports is not None or bool(self.partition_port_map)
 
     @property
     def url(self) -> str:

@@ -56,7 +56,7 @@ class Node:
         self.manager = TransactionManager(config, replicator, leader_url=self.leader_url)
         self.app = create_app(config, self.manager, replicator)
         # The node's other partitions, one child process each (docs/partitions.md), when it has ports for them.
-        self.partition_host = PartitionHost(config, replicator) if config.partition_ports is not None else None
+        self.partition_host = PartitionHost(config, replicator) if config.serves_partitions else None
         self._runner: web.AppRunner | None = None
         self.http_listener: HttpListener | None = None  # the HTTP socket and its connection limits
         self.port: int | None = None

@@ -15,6 +15,7 @@ import pytest
 
 from rcq.client import CrossPartitionTransaction, QueueNotFound, QueuePlacementFixed, RcqClient
 from rcq.local.cluster import LocalCluster
+from rcq.local.nodes import free_port_range
 from rcq.testing import wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
 from tests.helpers.cli import rcq
@@ -24,9 +25,16 @@ from tests.helpers.processes import children_of, process_alive
 pytestmark = pytest.mark.cluster
 
 
+NAMED = "named"  # a partition every node gives ports of its own (partition_port_map)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(3, partitions_max=4) as local:
+    local = LocalCluster(3, partitions_max=4)
+    for i in range(3):
+        http_port, raft_port = free_port_range(2)
+        local.set_node_override(i, partition_port_map={NAMED: {"http": http_port, "raft": raft_port}})
+    with local:
         leader = local.wait_for_leader(LEADER_TIMEOUT_S)
         wait_settled(local, leader)
         yield local
@@ -164,3 +172,19 @@ async def test_the_client_and_the_cli_place_a_queue_and_a_second_placement_is_re
         for queue in ("by-client", "by-cli"):
             await client.enqueue(queue, "v")
             assert await client.count(queue) == 1
+
+
+def test_a_partition_named_in_the_nodes_port_maps_serves_at_those_ports(cluster: LocalCluster) -> None:
+    ports = {i: cluster.node_settings[i]["partition_port_map"][NAMED] for i in range(3)}
+    stated = cluster.poll_json(cluster.url(0) + "/healthz")["partition_ports"]
+    assert stated["named"] == [[NAMED, ports[0]["http"], ports[0]["raft"], ports[0]["http"], ports[0]["raft"]]]
+    created(cluster, {"name": NAMED})
+    row = led(cluster, NAMED, 1)
+    assert sorted(row["urls"]) == sorted(f"http://127.0.0.1:{p['http']}" for p in ports.values()), row
+    for i in range(3):
+        answer = cluster.poll_json(f"http://127.0.0.1:{ports[i]['http']}/readyz")
+        assert answer["node_id"] == f"node-{i}" and answer["leader_id"] == row["leader_id"], answer
+    placed = cluster.poll_json(cluster.url(2) + "/v1/queues/in-named", method="PUT", body={"partitions": [NAMED]})
+    assert placed["settings"]["partitions"] == [NAMED], placed
+    enqueued = cluster.poll_json(cluster.url(0) + "/v1/queues/in-named/enqueue", method="POST", body={"items": ["x"]})
+    assert enqueued["transaction_id"].startswith(f"{NAMED}."), enqueued

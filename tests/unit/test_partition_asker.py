@@ -20,6 +20,7 @@ async def member() -> AsyncIterator[tuple[str, list[str]]]:
     """A partition process that knows no token yet (every route but /readyz answers 401) and
     names node-1 as its leader; the paths it was asked."""
     asked: list[str] = []
+    released = asyncio.Event()  # the slow answer waits for the test to be done with it
 
     async def readyz(request: web.Request) -> web.Response:
         asked.append(request.path)
@@ -29,7 +30,7 @@ async def member() -> AsyncIterator[tuple[str, list[str]]]:
     async def other(request: web.Request) -> web.Response:
         asked.append(request.path)
         if request.path == "/slow":
-            await asyncio.sleep(1)
+            await released.wait()
         return web.json_response({"error": {"code": "unauthorized"}}, status=401)
 
     app = web.Application()
@@ -43,6 +44,7 @@ async def member() -> AsyncIterator[tuple[str, list[str]]]:
     try:
         yield f"http://127.0.0.1:{port}", asked
     finally:
+        released.set()
         await runner.cleanup()
 
 

@@ -173,6 +173,23 @@ def test_a_deposed_leaders_directory_entries_are_refused(node: Node) -> None:
     assert node.sm.directory.partitions == {} and node.sm.directory.node_ports["n1"].partition_ports == (7010, 7019)
 
 
+def test_a_partition_named_in_a_nodes_ports_is_served_there_whatever_its_number(node: Node) -> None:
+    """A node's named ports (partition_port_map) are recorded with its range; an entry without
+    any keeps the form it had, in the log and in the snapshot."""
+    plain = ports("n4")
+    assert len(encode(plain)) == 9  # the version, the kind, and the seven fields it always had
+    named = NodePorts(1, 1_000, "n5", "10.0.0.5", "http://10.0.0.5:8000", (0, 0), (0, 0),
+                      (("orders", 7500, 7501, 7600, 7601),))
+    assert decode(encode(named)) == named and decode(encode(plain)) == plain
+    assert apply(node, named) == DirectoryResult("done")
+    assert reason(apply(node, create("p1", 1, members=("n1", "n5")))) == "partition_ports_exhausted"
+    assert apply(node, create("orders", 1, members=("n1", "n5"))) == DirectoryResult("done")
+    restored = QueueStateMachine()
+    restored.restore(node.sm.snapshot_meta(), list(node.sm.snapshot_items()))
+    assert restored.directory.node_ports["n5"] == named and restored.digest() == node.sm.digest()
+    assert [len(row) for row in node.sm.snapshot_meta()["directory"]["node_ports"]] == [7, 7, 7, 8]
+
+
 def test_the_directory_survives_a_snapshot_and_replicas_agree(node: Node) -> None:
     apply(node, create("p1", 1, preferred="n1"))
     apply(node, create("p2", 2, members=("n2", "n3")))
@@ -192,6 +209,9 @@ def test_the_directory_survives_a_snapshot_and_replicas_agree(node: Node) -> Non
     (1, "partition", 1, 1_000, "create", "p1", 1, ["n1"], None),
     (1, "node_ports", 1, 1_000, "n1", "h", "http://h:1", (7019, 7010), (7010, 7019)),
     (1, "node_ports", 1, 1_000, "n1", "h", "http://h:1", (7010, 7019)),
+    (1, "node_ports", 1, 1_000, "n1", "h", "http://h:1", (7010, 7019), (7010, 7019), (("a", 1, 2, 3),)),
+    (1, "node_ports", 1, 1_000, "n1", "h", "http://h:1", (7010, 7019), (7010, 7019), (("a", 1, 2, 3, 0),)),
+    (1, "node_ports", 1, 1_000, "n1", "h", "http://h:1", (7010, 7019), (7010, 7019), (), ()),
     (1, "placement", 1, 1_000, "q", "p1"),
 ])
 def test_a_malformed_directory_entry_is_only_malformed(raw: tuple[Any, ...]) -> None:

@@ -93,6 +93,15 @@ def test_a_node_that_is_not_a_member_or_has_no_ports_gets_no_config() -> None:
     ({"partition_ports": None, "partition_advertise_ports": "8000-8009"}, "needs partition_ports"),
     ({"partition_ports": "8000-8009"}, r"must not hold http_port \(8000\)"),
     ({"partition_ports": "8990-9009"}, r"must not hold raft_address's port \(9000\)"),
+    ({"partition_port_map": {"p0": {"http": 7500, "raft": 7501}}}, "must not name p0"),
+    ({"partition_port_map": {"Orders": {"http": 7500, "raft": 7501}}}, "should match pattern"),
+    ({"partition_port_map": {"a": {"http": 7500, "raft": 7501}, "b": {"http": 7501, "raft": 7502}}},
+     "ports of its own"),
+    ({"partition_port_map": {"a": {"http": 7500, "raft": 7500}}}, "http and raft must differ"),
+    ({"partition_port_map": {"a": {"http": 7005, "raft": 7501}}}, "7005 is in partition_ports"),
+    ({"partition_port_map": {"a": {"http": 8000, "raft": 7501}}}, "must not hold port 8000"),
+    ({"partition_port_map": {"a": {"http": 7500, "raft": 7501, "advertise_http": 1}}}, "go together"),
+    ({"partition_port_map": {"a": {"http": 7500, "raft": 70000}}}, "less than or equal to 65535"),
 ])
 def test_partition_ports_that_cannot_work_are_refused_naming_the_field(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
@@ -103,3 +112,40 @@ def test_a_range_reads_from_text_or_a_pair_and_writes_as_text() -> None:
     assert node(0, partition_ports=[7000, 7009]).partition_ports == (7000, 7009)
     assert node(0).model_dump(mode="json")["partition_ports"] == "7000-7009"
     assert with_port("https://[::1]:8000/base", 7002) == "https://[::1]:7002/base"
+
+
+def test_a_partition_named_in_the_port_map_takes_its_own_ports_whatever_its_number() -> None:
+    """node-0 and node-1 name ports for "orders" (node-1 publishes others), node-2 takes the pair
+    of its range; a node with named ports only serves nothing else."""
+    named = {"orders": {"http": 7500, "raft": 7501}}
+    nodes = [node(0, partition_port_map=named),
+             node(1, partition_port_map={"orders": {"http": 7500, "raft": 7501, "advertise_http": 7600,
+                                                    "advertise_raft": 7601}}),
+             node(2)]
+    members = [MemberPorts.of(n) for n in nodes]
+    config = partition_config(nodes[0], "orders", 5, members)  # named: not 7008, the range's pair for 5
+    assert (config.http_port, config.raft_address) == (7500, "127.0.0.1:7501")
+    assert [(p.node_id, p.raft_address, p.http_url) for p in config.peers] == [
+        ("node-1", "127.0.0.1:7601", "http://127.0.0.1:7600"), ("node-2", "127.0.0.1:7209", "http://127.0.0.1:7208")]
+    assert config.partition_port_map == {} and config.partition_ports is None
+    assert partition_config(nodes[0], "p1", 1, members).http_port == 7000  # others still take the range
+    only_named = node(0, partition_ports=None, partition_port_map=named)
+    assert only_named.serves_partitions and not node(0, partition_ports=None).serves_partitions
+    assert MemberPorts.of(only_named).bound("orders", 4) == (7500, 7501)
+    with pytest.raises(PartitionPortsExhausted, match="no partition_ports range and no ports named for p1"):
+        MemberPorts.of(only_named).bound("p1", 1)
+
+
+def test_rcq_serve_names_a_partitions_ports_on_the_command_line() -> None:
+    from rcq.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--partition-port", "orders=7500,7501",
+                                      "--partition-port", "audit=7502,7503,17502,17503"])
+    assert dict(args.partition_port) == {"orders": {"http": 7500, "raft": 7501},
+                                         "audit": {"http": 7502, "raft": 7503, "advertise_http": 17502,
+                                                   "advertise_raft": 17503}}
+    assert node(0, partition_port_map=dict(args.partition_port)).partition_port_map["audit"].ports() == (
+        7502, 7503, 17502, 17503)
+    for bad in ("orders", "orders=7500", "orders=7500,x", "=7500,7501", "orders=1,2,3"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--partition-port", bad])

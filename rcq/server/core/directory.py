@@ -35,6 +35,7 @@ PARTITION_ACTIONS = ("create", "delete")
 PARTITION_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 PARTITION_MEMBERS_MAX = 9
 PLACEMENT_PARTITIONS_MAX = 1  # one partition per queue until queues are spread (a later feature)
+NO_RANGE = (0, 0)  # a node's partition_ports when it has named ports only (NodePorts.named)
 
 
 def partition_name_problem(name: str) -> str | None:
@@ -64,8 +65,15 @@ class NodePorts:
     node_id: str
     raft_host: str
     url: str  # the URL the node advertises for p0
-    partition_ports: tuple[int, int]
+    partition_ports: tuple[int, int]  # NO_RANGE: none
     partition_advertise_ports: tuple[int, int]
+    # Partitions with ports of their own on this node, sorted by name: (name, HTTP, Raft, advertised
+    # HTTP, advertised Raft). Written only when there are any, so entries without keep their form.
+    named: tuple[tuple[str, int, int, int, int], ...] = ()
+
+    def serves(self, name: str, number: int) -> bool:
+        """Whether this node has ports for partition ``name`` (number ``number``)."""
+        return any(entry[0] == name for entry in self.named) or number <= _partitions_max(self.partition_ports)
 
 
 @immutable
@@ -140,7 +148,7 @@ class Directory:
         missing = [m for m in command.members if m not in self.node_ports]
         if missing:
             return _refused("node_has_no_partition_ports", nodes=tuple(missing))
-        full = [m for m in command.members if _partitions_max(self.node_ports[m].partition_ports) < command.number]
+        full = [m for m in command.members if not self.node_ports[m].serves(command.name, command.number)]
         if full:
             return _refused("partition_ports_exhausted", nodes=tuple(full), number=command.number)
         self.partitions[command.name] = Partition(command.name, command.number, command.members,
@@ -210,7 +218,8 @@ class Directory:
             "partitions": [[p.name, p.number, list(p.members), p.preferred_leader]
                            for p in sorted(self.partitions.values(), key=lambda p: p.number)],
             "node_ports": [[n.node_id, n.raft_host, n.url, list(n.partition_ports), list(n.partition_advertise_ports),
-                            n.term, n.now_ms] for _, n in sorted(self.node_ports.items())],
+                            n.term, n.now_ms, *([[list(e) for e in n.named]] if n.named else [])]
+                           for _, n in sorted(self.node_ports.items())],
             "placement": [[queue, list(where)] for queue, where in sorted(self.placement.items())],
         }
 
@@ -222,9 +231,11 @@ class Directory:
         directory.next_number = int(meta["next_number"])
         for name, number, members, preferred in meta["partitions"]:
             directory.partitions[name] = Partition(name, int(number), tuple(members), preferred)
-        for node_id, raft_host, url, ports, advertised, term, now_ms in meta["node_ports"]:
+        for row in meta["node_ports"]:
+            node_id, raft_host, url, ports, advertised, term, now_ms = row[:7]
+            named = tuple((str(e[0]), *(int(p) for p in e[1:5])) for e in row[7]) if len(row) > 7 else ()
             directory.node_ports[node_id] = NodePorts(int(term), int(now_ms), node_id, raft_host, url,
-                                                      _pair(ports), _pair(advertised))
+                                                      _pair(ports), _pair(advertised), named)  # type: ignore[arg-type]
         for queue, where in meta["placement"]:
             directory.placement[queue] = tuple(where)
         return directory
@@ -236,7 +247,7 @@ def _pair(value: Any) -> tuple[int, int]:
 
 
 def _partitions_max(ports: tuple[int, int]) -> int:
-    return (ports[1] - ports[0] + 1) // 2
+    return 0 if ports == NO_RANGE else (ports[1] - ports[0] + 1) // 2
 
 
 # ------------------------------------------------------------------ the codec
@@ -246,7 +257,8 @@ def encode_directory(command: DirectoryCommand, version: int) -> tuple[Any, ...]
                 command.members, command.preferred_leader)
     if isinstance(command, NodePorts):
         return (version, KIND_NODE_PORTS, command.term, command.now_ms, command.node_id, command.raft_host,
-                command.url, command.partition_ports, command.partition_advertise_ports)
+                command.url, command.partition_ports, command.partition_advertise_ports,
+                *((command.named,) if command.named else ()))
     return (version, KIND_PLACEMENT, command.term, command.now_ms, command.queue, command.partitions)
 
 
@@ -261,9 +273,12 @@ def decode_directory(raw: Any) -> DirectoryCommand | None:
         return PartitionChange(_int(term), _int(now_ms), action, _str(name), _int(number),
                                tuple(_str(m) for m in _tuple(members)), None if preferred is None else _str(preferred))
     if kind == KIND_NODE_PORTS:
-        _, _, term, now_ms, node_id, raft_host, url, ports, advertised = raw
+        _, _, term, now_ms, node_id, raft_host, url, ports, advertised, *rest = raw
+        if len(rest) > 1:
+            raise ValueError("a node_ports entry has at most one list of named ports")
+        named = tuple(_named_ports(entry) for entry in _tuple(rest[0])) if rest else ()
         return NodePorts(_int(term), _int(now_ms), _str(node_id), _str(raft_host), _str(url),
-                         _port_pair(ports), _port_pair(advertised))
+                         _port_pair(ports), _port_pair(advertised), named)
     if kind == KIND_PLACEMENT:
         _, _, term, now_ms, queue, partitions = raw
         return QueuePlacement(_int(term), _int(now_ms), _str(queue), tuple(_str(p) for p in _tuple(partitions)))
@@ -290,6 +305,13 @@ def _tuple(value: Any) -> tuple[Any, ...]:
 
 def _port_pair(value: Any) -> tuple[int, int]:
     first, second = _tuple(value)
-    if not 1 <= _int(first) < _int(second) <= 65535:
+    if (first, second) != NO_RANGE and not 1 <= _int(first) < _int(second) <= 65535:
         raise ValueError(f"bad port range {value!r}")
     return first, second
+
+
+def _named_ports(value: Any) -> tuple[str, int, int, int, int]:
+    name, *ports = _tuple(value)
+    if len(ports) != 4 or not all(1 <= _int(port) <= 65535 for port in ports):
+        raise ValueError(f"bad named partition ports {value!r}")
+    return _str(name), ports[0], ports[1], ports[2], ports[3]

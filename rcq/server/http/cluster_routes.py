@@ -129,7 +129,7 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response({"ok": True, "node_id": config.node_id, "version": rcq_version(),
                           "feature_level_max": level_max_read(config.test_feature_level_max),
                           "cluster_id": request.app[REPLICATOR].read(lambda sm: sm.cluster_id),
-                          **({"partition_ports": partition_ports_of(config)} if config.partition_ports else {})})
+                          **({"partition_ports": partition_ports_of(config)} if config.serves_partitions else {})})
 
 
 def add_routes(app: web.Application) -> None:

@@ -297,8 +297,7 @@ class ErrorBody(BaseModel):
 
 
 # ------------------------------------------------------- POST /v1/batch sub-requests
-# The longest id: a 32-character partition name, a 16-digit term and 24 random digits (rcq.names).
-TransactionId = Annotated[str, Field(min_length=1, max_length=80)]
+TransactionId = Annotated[str, Field(min_length=1, max_length=80)]  # at most 74 (rcq.names: partition, term, random)
 
 
 class BatchBegin(BeginRequest):

@@ -62,7 +62,7 @@ def member_urls(app: web.Application, partition: str) -> tuple[dict[str, Any], l
         raise PartitionNotFound(f"partition {partition} is not in the directory", details={"partition": partition})
     node_ports = app[REPLICATOR].read(lambda sm: dict(sm.directory.node_ports))  # a copy, under the lock
     members = [m for m in row["members"] if m in node_ports]
-    urls = partition_urls(app[CONFIG], row["number"], [node_ports[m] for m in members])
+    urls = partition_urls(app[CONFIG], row["name"], row["number"], [node_ports[m] for m in members])
     return row, list(zip(members, urls, strict=True))
 
 
@@ -209,9 +209,9 @@ async def list_partitions(request: web.Request) -> web.Response:
                     "leader_id": status["leader_id"], "leader_url": status["leader_url"],
                     "serving": own.serving if status["role"] == "leader" else None}
         members = [m for m in row["members"] if m in node_ports]
-        urls = partition_urls(config, row["number"], [node_ports[m] for m in members])
+        urls = partition_urls(config, row["name"], row["number"], [node_ports[m] for m in members])
         leader_id, leader_url = await app[LEADER_ASKER].leader(urls)
-        advertised = [member_ports(node_ports[m]).advertised(row["number"])[0] for m in members]
+        advertised = [member_ports(node_ports[m]).advertised(row["name"], row["number"])[0] for m in members]
         return {**row, "urls": advertised, "leader_id": leader_id, "leader_url": leader_url}
 
     return json_response({"partitions": list(await asyncio.gather(*(with_leader(row) for row in rows)))})

@@ -84,7 +84,7 @@ class FeatureLevels:
         self._level_max = level_max_read(config.test_feature_level_max)  # what this node reads
         self._raising = asyncio.Lock()
         self._auto_task: asyncio.Task[None] | None = None
-        self._own_ports = partition_ports_of(config) if config.partition_ports else None
+        self._own_ports = partition_ports_of(config) if config.serves_partitions else None
         # Called at every turn of the loop, with the members' answers (the partition directory's upkeep).
         self.on_turn: list[Callable[[list[MemberLevels]], Awaitable[None]]] = []
 

@@ -31,6 +31,7 @@ from rcq.errors import (
 )
 from rcq.server.config import NodeConfig
 from rcq.server.core.directory import (
+    NO_RANGE,
     P0,
     PARTITION_MEMBERS_MAX,
     Directory,
@@ -49,29 +50,39 @@ PARTITION_REPLICAS_DEFAULT = 3
 
 
 def partition_ports_of(config: NodeConfig) -> dict[str, Any]:
-    """What a node states on /healthz of where it serves partitions (it has partition_ports)."""
-    assert config.partition_ports is not None
-    return {"raft_host": config.raft_address.rsplit(":", 1)[0], "url": config.url,
-            "partition_ports": list(config.partition_ports),
-            "partition_advertise_ports": list(config.partition_advertise_ports or config.partition_ports)}
+    """What a node states on /healthz of where it serves partitions (it serves partitions):
+    ``named`` only when it has a ``partition_port_map``, so a node without states what it did."""
+    assert config.serves_partitions
+    ports = config.partition_ports or NO_RANGE
+    stated: dict[str, Any] = {"raft_host": config.raft_address.rsplit(":", 1)[0], "url": config.url,
+                              "partition_ports": list(ports),
+                              "partition_advertise_ports": list(config.partition_advertise_ports or ports)}
+    if config.partition_port_map:
+        stated["named"] = [[name, *entry.ports()] for name, entry in sorted(config.partition_port_map.items())]
+    return stated
 
 
 def stated_ports(node_id: str, stated: dict[str, Any], term: int, now_ms: int) -> NodePorts | None:
     """The ``node_ports`` entry for what ``node_id`` stated (None: a statement that makes no sense)."""
     try:
         ports, advertised = stated["partition_ports"], stated["partition_advertise_ports"]
+        named = tuple(sorted((str(e[0]), int(e[1]), int(e[2]), int(e[3]), int(e[4]))
+                             for e in stated.get("named") or []))
         entry = NodePorts(term, now_ms, node_id, str(stated["raft_host"]), str(stated["url"]),
-                          (int(ports[0]), int(ports[1])), (int(advertised[0]), int(advertised[1])))
+                          (int(ports[0]), int(ports[1])), (int(advertised[0]), int(advertised[1])), named)
     except (KeyError, TypeError, ValueError, IndexError):
         return None
-    valid = all(1 <= pair[0] < pair[1] <= 65535 for pair in (entry.partition_ports, entry.partition_advertise_ports))
-    return entry if valid else None
+    pairs = (entry.partition_ports, entry.partition_advertise_ports)
+    ranges_valid = all(1 <= pair[0] < pair[1] <= 65535 for pair in pairs) or (all(p == NO_RANGE for p in pairs)
+                                                                             and bool(named))
+    named_valid = all(partition_name_problem(e[0]) is None and all(1 <= p <= 65535 for p in e[1:]) for e in named)
+    return entry if ranges_valid and named_valid and len({e[0] for e in named}) == len(named) else None
 
 
 def same_ports(recorded: NodePorts | None, entry: NodePorts) -> bool:
     return recorded is not None and (recorded.raft_host, recorded.url, recorded.partition_ports,
-                                     recorded.partition_advertise_ports) == (
-        entry.raft_host, entry.url, entry.partition_ports, entry.partition_advertise_ports)
+                                     recorded.partition_advertise_ports, recorded.named) == (
+        entry.raft_host, entry.url, entry.partition_ports, entry.partition_advertise_ports, entry.named)
 
 
 REFUSALS = {
@@ -125,7 +136,8 @@ class PartitionDirectory:
                 continue
             result = await self._replicator.submit(entry, self._config.commit_timeout_s)
             if result == DirectoryResult("done"):
-                log.info("partition ports of %s recorded: %d-%d", member.node_id, *entry.partition_ports)
+                log.info("partition ports of %s recorded: %d-%d%s", member.node_id, *entry.partition_ports,
+                         "".join(f", {e[0]} at {e[1]}/{e[2]}" for e in entry.named))
 
     # --------------------------------------------------------------- creating
     async def create(self, name: str, replicas: int | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
@@ -137,7 +149,7 @@ class PartitionDirectory:
         directory = self._read()
         if name in directory.partitions:
             raise PartitionExists(f"partition {name} exists", details={"partition": name})
-        members = self._choose(directory, replicas, nodes)
+        members = self._choose(directory, name, replicas, nodes)
         preferred = min(members, key=lambda m: (sum(p.preferred_leader == m for p in directory.partitions.values()),
                                                 m))
         term, now_ms = self._stamp()
@@ -148,9 +160,11 @@ class PartitionDirectory:
         log.info("partition %s created on %s", name, ", ".join(members))
         return self.listing(name)[0]
 
-    def _choose(self, directory: Directory, replicas: int | None, nodes: list[str] | None) -> list[str]:
+    def _choose(self, directory: Directory, name: str, replicas: int | None, nodes: list[str] | None) -> list[str]:
         voting = list(self._voting())
-        with_ports = [n for n in voting if n in directory.node_ports]
+        # Nodes with ports for this partition: its own named ones, or a pair of their range for its number.
+        with_ports = [n for n in voting if n in directory.node_ports
+                      and directory.node_ports[n].serves(name, directory.next_number)]
         if nodes is not None:
             strangers = [n for n in nodes if n not in voting]
             if strangers:
@@ -170,6 +184,13 @@ class PartitionDirectory:
         wanted = replicas if replicas is not None else min(PARTITION_REPLICAS_DEFAULT, len(voting))
         if not 1 <= wanted <= PARTITION_MEMBERS_MAX:
             raise InvalidRequest(f"replicas must be 1 to {PARTITION_MEMBERS_MAX}")
+        exhausted = [n for n in voting if n in directory.node_ports and n not in with_ports]
+        if len(with_ports) < wanted and exhausted:
+            raise PartitionPortsExhausted(
+                f"a partition of {wanted} needs {wanted} nodes with ports for it; {', '.join(exhausted)} have no "
+                f"ports left for partition number {directory.next_number} and none named for {name}: widen their "
+                "partition_ports or name ports for it in partition_port_map (docs/partitions.md)",
+                details={"nodes": exhausted, "number": directory.next_number})
         if len(with_ports) < wanted:
             raise NodeHasNoPartitionPorts(
                 f"a partition of {wanted} needs {wanted} nodes with partition ports recorded; the cluster has "

@@ -2,9 +2,10 @@
 
 Partition number k (p1 is 1) takes two ports of a node's ``partition_ports``: HTTP at
 ``start + 2(k-1)``, Raft at the next one (docs/partitions.md). Clients and the other nodes reach it
-at the same offsets of ``partition_advertise_ports`` (default: the same ports). No port is chosen
-at random, so a partition's addresses survive restarts, and every member can work out every
-other's from a :class:`MemberPorts`.
+at the same offsets of ``partition_advertise_ports`` (default: the same ports). A partition named
+in the node's ``partition_port_map`` takes the ports given there instead, whatever its number. No
+port is chosen at random, so a partition's addresses survive restarts, and every member can work
+out every other's from a :class:`MemberPorts`.
 
 :func:`partition_config` derives a partition process's NodeConfig from its node's: the node's
 identity, secrets, tokens, TLS and tuning; the partition's ports, data directory
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from rcq.server.config import NodeConfig, PeerConfig
-from rcq.server.core.directory import NodePorts
+from rcq.server.core.directory import NO_RANGE, NodePorts
 
 PARTITIONS_DIR = "partitions"
 
@@ -31,7 +32,7 @@ class PartitionPortsExhausted(ValueError):
 
 def partitions_max(ports: tuple[int, int]) -> int:
     """How many partitions (beyond p0) a range of ports can serve."""
-    return (ports[1] - ports[0] + 1) // 2
+    return 0 if ports == NO_RANGE else (ports[1] - ports[0] + 1) // 2
 
 
 def ports_of(ports: tuple[int, int], number: int, node_id: str = "this node") -> tuple[int, int]:
@@ -66,19 +67,40 @@ class MemberPorts:
     node_id: str
     raft_host: str  # the host of its raft_address
     url: str  # the URL it advertises for p0
-    partition_ports: tuple[int, int]
+    partition_ports: tuple[int, int]  # NO_RANGE: none
     partition_advertise_ports: tuple[int, int]
+    named: tuple[tuple[str, int, int, int, int], ...] = ()  # (name, HTTP, Raft, advertised HTTP, advertised Raft)
 
     @classmethod
     def of(cls, config: NodeConfig) -> MemberPorts:
-        if config.partition_ports is None:
+        if not config.serves_partitions:
             raise PartitionPortsExhausted(f"{config.node_id} has no partition_ports: it runs p0 only")
-        return cls(config.node_id, host_of(config.raft_address), config.url, config.partition_ports,
-                   config.partition_advertise_ports or config.partition_ports)
+        ports = config.partition_ports or NO_RANGE
+        named = tuple(sorted((name, *entry.ports()) for name, entry in config.partition_port_map.items()))
+        return cls(config.node_id, host_of(config.raft_address), config.url, ports,
+                   config.partition_advertise_ports or ports, named)
 
-    def advertised(self, number: int) -> tuple[str, str]:
-        """(HTTP URL, Raft address) of partition ``number`` on this node, as others reach it."""
-        http_port, raft_port = ports_of(self.partition_advertise_ports, number, self.node_id)
+    def _named(self, name: str) -> tuple[str, int, int, int, int] | None:
+        return next((entry for entry in self.named if entry[0] == name), None)
+
+    def bound(self, name: str, number: int) -> tuple[int, int]:
+        """(HTTP port, Raft port) that partition ``name`` (number ``number``) binds on this node."""
+        entry = self._named(name)
+        if entry is not None:
+            return entry[1], entry[2]
+        if self.partition_ports == NO_RANGE:
+            raise PartitionPortsExhausted(f"{self.node_id} has no partition_ports range and no ports named for {name}")
+        return ports_of(self.partition_ports, number, self.node_id)
+
+    def advertised(self, name: str, number: int) -> tuple[str, str]:
+        """(HTTP URL, Raft address) of partition ``name`` on this node, as others reach it."""
+        entry = self._named(name)
+        if entry is not None:
+            http_port, raft_port = entry[3], entry[4]
+        elif self.partition_ports == NO_RANGE:
+            raise PartitionPortsExhausted(f"{self.node_id} has no partition_ports range and no ports named for {name}")
+        else:
+            http_port, raft_port = ports_of(self.partition_advertise_ports, number, self.node_id)
         return with_port(self.url, http_port), f"{self.raft_host}:{raft_port}"
 
 
@@ -91,20 +113,20 @@ def partition_config(node: NodeConfig, name: str, number: int, members: Sequence
     if len({m.node_id for m in members}) != len(members):
         raise ValueError(f"partition {name} names a member twice")
     me = MemberPorts.of(node)
-    http_port, raft_port = ports_of(me.partition_ports, number, node.node_id)
-    url, raft_address = me.advertised(number)
+    http_port, raft_port = me.bound(name, number)
+    url, raft_address = me.advertised(name, number)
     bind_host = host_of(node.raft_bind_address or node.raft_address)
     peers = []
     peer_urls = {}
     for member in members:
         if member.node_id == node.node_id:
             continue
-        peer_url, peer_raft = member.advertised(number)
+        peer_url, peer_raft = member.advertised(name, number)
         peers.append(PeerConfig(node_id=member.node_id, raft_address=peer_raft, http_url=peer_url))
         if member.node_id in node.peer_urls:  # reached between nodes at the ports it binds
-            peer_urls[member.node_id] = with_port(node.peer_urls[member.node_id],
-                                                  ports_of(member.partition_ports, number, member.node_id)[0])
-    fields = node.model_dump(exclude={"partition_ports", "partition_advertise_ports", "peers", "peer_urls",
+            peer_urls[member.node_id] = with_port(node.peer_urls[member.node_id], member.bound(name, number)[0])
+    fields = node.model_dump(exclude={"partition_ports", "partition_advertise_ports", "partition_port_map",
+                                      "peers", "peer_urls",
                                       "raft_dial_addresses", "raft_bind_address", "advertise_url"})
     bind_address = f"{bind_host}:{raft_port}"
     fields.update(
@@ -116,23 +138,24 @@ def partition_config(node: NodeConfig, name: str, number: int, members: Sequence
 
 def member_ports(entry: NodePorts) -> MemberPorts:
     """A member's ports as the directory recorded them."""
-    return MemberPorts(entry.node_id, entry.raft_host, entry.url, entry.partition_ports, entry.partition_advertise_ports)
+    return MemberPorts(entry.node_id, entry.raft_host, entry.url, entry.partition_ports, entry.partition_advertise_ports,
+                       entry.named)
 
 
-def reach_url(node: NodeConfig, member: MemberPorts, number: int) -> str:
-    """Where ``node`` reaches partition ``number``'s HTTP on ``member``: on itself, at the address
-    it binds (loopback when it binds every address); on a peer, at its ``peer_urls`` entry's host
-    with the port the peer binds, else at the URL the peer advertises."""
-    http_port = ports_of(member.partition_ports, number, member.node_id)[0]
+def reach_url(node: NodeConfig, member: MemberPorts, name: str, number: int) -> str:
+    """Where ``node`` reaches partition ``name``'s (number ``number``) HTTP on ``member``: on
+    itself, at the address it binds (loopback when it binds every address); on a peer, at its
+    ``peer_urls`` entry's host with the port the peer binds, else at the URL the peer advertises."""
+    http_port = member.bound(name, number)[0]
     if member.node_id == node.node_id:
         host = "127.0.0.1" if node.http_host in ("0.0.0.0", "::", "") else node.http_host
         scheme = "https" if node.tls_cert_file is not None else "http"
         return f"{scheme}://{f'[{host}]' if ':' in host else host}:{http_port}"
     if member.node_id in node.peer_urls:
         return with_port(node.peer_urls[member.node_id], http_port)
-    return member.advertised(number)[0]
+    return member.advertised(name, number)[0]
 
 
-def partition_urls(node: NodeConfig, number: int, entries: Sequence[NodePorts]) -> list[str]:
-    """Where ``node`` reaches partition ``number`` on each member (``entries``: their recorded ports)."""
-    return [reach_url(node, member_ports(entry), number) for entry in entries]
+def partition_urls(node: NodeConfig, name: str, number: int, entries: Sequence[NodePorts]) -> list[str]:
+    """Where ``node`` reaches partition ``name`` on each member (``entries``: their recorded ports)."""
+    return [reach_url(node, member_ports(entry), name, number) for entry in entries]
