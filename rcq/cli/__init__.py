@@ -32,6 +32,7 @@ import sys
 from rcq.cli.backup import add_backup_parser
 from rcq.cli.cluster import add_cluster_parsers, add_status_parser
 from rcq.cli.connection import client_flags, client_security
+from rcq.cli.partitions import add_partition_parsers
 from rcq.cli.queues import add_queue_parsers
 from rcq.cli.restore import add_restore_parser
 from rcq.cli.serve import add_serve_parser, read_cluster_secret
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_queue_parsers(commands, common)
     add_status_parser(commands, common)
     add_cluster_parsers(commands, common)
+    add_partition_parsers(commands, common)
     add_token_parsers(commands)
     add_backup_parser(commands, common)
     add_restore_parser(commands, common)

@@ -13,6 +13,7 @@ Must not import: rcq.server, pysyncobj, lmdb (``pip install rcq`` has no server)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -69,6 +70,8 @@ DEFAULT_CATCH_UP_TIMEOUT_S = 60.0  # how long an add waits, by default, for the 
 # for another leader (which would make its outcome unknown) before.
 MEMBERSHIP_CHANGE_S = 10.0
 MEMBERSHIP_CHANGE_MS = int(MEMBERSHIP_CHANGE_S * 1000)
+PARTITIONS_PATH = "/v1/cluster/partitions"
+PARTITION_LEADER_WAIT_S = 30.0  # create_partition waits this long for the new partition's leader
 
 
 class RcqClient:
@@ -397,8 +400,35 @@ class RcqClient:
         """The cluster's partitions (docs/partitions.md), p0 first: each has ``name``, ``members``
         (node ids), ``urls`` (each member's URL for it), ``leader_id`` and ``leader_url`` (None
         while it has no leader). Any node answers, for any valid token."""
-        answer = await self._transport.request(Request("GET", "/v1/cluster/partitions"))
+        answer = await self._transport.request(Request("GET", PARTITIONS_PATH))
         return list(answer["partitions"])
+
+    async def create_partition(self, name: str, replicas: int | None = None, nodes: Sequence[str] | None = None,
+                               *, leader_wait_s: float = PARTITION_LEADER_WAIT_S) -> dict[str, Any]:
+        """Create partition ``name`` (docs/partitions.md) on ``nodes``, or on ``replicas`` nodes
+        (default 3) with the fewest partitions; answers its listing entry once it has a leader, or
+        after ``leader_wait_s`` with ``leader_id`` None. Raises PartitionExists,
+        NodeHasNoPartitionPorts, PartitionPortsExhausted, FeatureLevelRequired. Needs an admin token."""
+        body: dict[str, Any] = {"name": name}
+        if replicas is not None:
+            body["replicas"] = replicas
+        if nodes is not None:
+            body["nodes"] = list(nodes)
+        created = dict(await self._transport.request(Request("POST", PARTITIONS_PATH, body, MEMBERSHIP)))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + leader_wait_s
+        while True:
+            row = next((r for r in await self.partitions() if r["name"] == name), None)
+            if row is not None and (row.get("leader_id") or loop.time() >= deadline):
+                return row
+            if row is None and loop.time() >= deadline:
+                return created
+            await asyncio.sleep(0.2)  # pace: its members start its processes, which elect in about a second
+
+    async def delete_partition(self, name: str) -> dict[str, Any]:
+        """Delete partition ``name``, which must hold no queue (PartitionNotEmpty names them);
+        its members stop its processes and remove its data. Needs an admin token."""
+        return dict(await self._transport.request(Request("DELETE", f"{PARTITIONS_PATH}/{name}", None, MEMBERSHIP)))
 
     async def cluster_members(self, url: str | None = None) -> list[dict[str, Any]]:
         """The cluster's members as a node sees them (any node answers; ``url``: exactly that node's

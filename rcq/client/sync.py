@@ -34,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from rcq.client.client import DEFAULT_CATCH_UP_TIMEOUT_S, RcqClient
+from rcq.client.client import DEFAULT_CATCH_UP_TIMEOUT_S, PARTITION_LEADER_WAIT_S, RcqClient
 from rcq.client.loop_thread import LoopThread
 from rcq.client.transaction import Transaction, timeout_s_of
 from rcq.client.wire import CommitInfo, Dequeue, Enqueue, ExecuteResult, Item, ItemValue
@@ -318,6 +318,13 @@ class SyncClient:
     # ------------------------------------------------------- membership (admin)
     def partitions(self) -> list[dict[str, Any]]:
         return self._runner.run(self._client.partitions())
+
+    def create_partition(self, name: str, replicas: int | None = None, nodes: Sequence[str] | None = None,
+                         *, leader_wait_s: float = PARTITION_LEADER_WAIT_S) -> dict[str, Any]:
+        return self._runner.run(self._client.create_partition(name, replicas, nodes, leader_wait_s=leader_wait_s))
+
+    def delete_partition(self, name: str) -> dict[str, Any]:
+        return self._runner.run(self._client.delete_partition(name))
 
     def cluster_members(self, url: str | None = None) -> list[dict[str, Any]]:
         return self._runner.run(self._client.cluster_members(url))

@@ -152,5 +152,5 @@ async def test_a_partition_of_three_processes_elects_commits_and_survives_a_memb
     assert not re.search(r" ERROR |Traceback", logs), logs[-3000:]
     # Each member's data lives under its node's data directory, in the partition's own.
     for config in partition.configs:
-        assert config.data_dir.name == "p1" and config.data_dir.parent.name == "partitions"
+        assert config.data_dir.name == "p1.1" and config.data_dir.parent.name == "partitions"  # name.number
         assert any(config.data_dir.iterdir())

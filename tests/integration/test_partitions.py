@@ -30,7 +30,7 @@ NAMED = "named"  # a partition every node gives ports of its own (partition_port
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    local = LocalCluster(3, partitions_max=4)
+    local = LocalCluster(3, partitions_max=8)
     for i in range(3):
         http_port, raft_port = free_port_range(2)
         local.set_node_override(i, partition_port_map={NAMED: {"http": http_port, "raft": raft_port}})
@@ -69,6 +69,15 @@ def led(cluster: LocalCluster, name: str, i: int) -> dict[str, Any]:
         return found if found["leader_url"] else None
 
     return wait_until(row, LEADER_TIMEOUT_S, what=f"{name} led, as node-{i} lists it")
+
+
+def _answer(url: str, cluster: LocalCluster) -> dict[str, Any] | None:
+    """``url``'s JSON answer once it has a leader to name, None while nothing listens there yet."""
+    try:
+        answer = cluster.poll_json(url)
+    except OSError:  # not listening yet
+        return None
+    return answer if answer.get("leader_id") else None
 
 
 def put_queue(cluster: LocalCluster, url: str, queue: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -181,10 +190,54 @@ def test_a_partition_named_in_the_nodes_port_maps_serves_at_those_ports(cluster:
     created(cluster, {"name": NAMED})
     row = led(cluster, NAMED, 1)
     assert sorted(row["urls"]) == sorted(f"http://127.0.0.1:{p['http']}" for p in ports.values()), row
-    for i in range(3):
-        answer = cluster.poll_json(f"http://127.0.0.1:{ports[i]['http']}/readyz")
+    for i in range(3):  # each member's process serves at its node's named port, once it has started
+        answer = wait_until(lambda i=i: _answer(f"http://127.0.0.1:{ports[i]['http']}/readyz", cluster),
+                            CLUSTER_WAIT_S, what=f"node-{i}'s process of {NAMED} answering")
         assert answer["node_id"] == f"node-{i}" and answer["leader_id"] == row["leader_id"], answer
     placed = cluster.poll_json(cluster.url(2) + "/v1/queues/in-named", method="PUT", body={"partitions": [NAMED]})
     assert placed["settings"]["partitions"] == [NAMED], placed
     enqueued = cluster.poll_json(cluster.url(0) + "/v1/queues/in-named/enqueue", method="POST", body={"items": ["x"]})
     assert enqueued["transaction_id"].startswith(f"{NAMED}."), enqueued
+
+
+async def test_rcq_partition_creates_lists_and_deletes_and_a_deleted_partitions_data_goes(
+        cluster: LocalCluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """create answers once the partition is led; delete refuses while a queue lives there; once
+    deleted, its members stop its processes and remove its data, and a partition created anew
+    under its name starts empty."""
+    assert cluster.token is not None
+    monkeypatch.setenv("RCQ_TOKEN", cluster.token)
+    urls = [arg for url in cluster.urls for arg in ("--url", url)]
+    code, out, err = await rcq(capsys, "partition", "create", "gone", "--replicas", "2", "--json", *urls)
+    created = json.loads(out) if code == 0 else {}
+    assert code == 0 and created["leader_id"] in created["members"] and len(created["members"]) == 2, (out, err)
+    code, out, _ = await rcq(capsys, "partition", "list", *urls)
+    assert code == 0 and any(line.split()[:2] == ["gone", ",".join(created["members"])] for line in out.splitlines())
+    members = [int(m.rsplit("-", 1)[1]) for m in created["members"]]
+    folder = f"gone.{created['number']}"
+    assert all((cluster.nodes[i].data_dir / "partitions" / folder).is_dir() for i in members)
+
+    assert put_queue(cluster, cluster.url(0), "in-gone", {"partitions": ["gone"]})["settings"]["partitions"] == ["gone"]
+    async with RcqClient(cluster.urls, retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
+        await client.enqueue("in-gone", "v")
+    code, out, err = await rcq(capsys, "partition", "delete", "gone", *urls)
+    assert code != 0 and "partition_not_empty" in err and "in-gone" in err and "rcq queue delete" in err, (out, err)
+    assert "gone" in [row["name"] for row in listing(cluster)]
+    assert cluster.poll_json(cluster.url(1) + "/v1/queues/in-gone", method="DELETE").get("deleted") is not None
+    code, out, err = await rcq(capsys, "partition", "delete", "gone", *urls)
+    assert code == 0 and "deleted partition gone" in out, (out, err)
+    wait_until(lambda: "gone" not in [row["name"] for row in listing(cluster, 2)], CLUSTER_WAIT_S,
+               what="node-2 applied the delete")
+    wait_until(lambda: all("gone" not in cluster.partition_processes(i)
+                           and not (cluster.nodes[i].data_dir / "partitions" / folder).exists() for i in members),
+               CLUSTER_WAIT_S, what="the deleted partition's processes stopped and its data removed")
+    code, out, err = await rcq(capsys, "partition", "delete", "gone", *urls)
+    assert code != 0 and "partition_not_found" in err, (out, err)
+    code, out, err = await rcq(capsys, "partition", "delete", "p0", *urls)
+    assert code != 0 and "cannot be deleted" in err, (out, err)
+
+    async with RcqClient(cluster.urls, retry_timeout_s=CLUSTER_WAIT_S, **cluster.client_options()) as client:
+        again = await client.create_partition("gone", replicas=2)
+        assert again["number"] > created["number"] and again["leader_id"], again
+        await client.configure_queue("in-gone", partitions=["gone"])
+        assert await client.count("in-gone") == 0  # a new group: nothing of the old one's

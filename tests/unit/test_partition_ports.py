@@ -50,7 +50,7 @@ def test_a_partitions_config_has_its_ports_data_dir_and_members_and_keeps_the_re
     config = partition_config(nodes[1], "p2", 2, members)
     assert (config.node_id, config.http_port, config.raft_address) == ("node-1", 7102, "127.0.0.1:7103")
     assert config.url == "http://127.0.0.1:7102" and config.raft_bind_address is None
-    assert config.data_dir == Path("/data/node-1/partitions/p2")
+    assert config.data_dir == Path("/data/node-1/partitions/p2.2")  # with its number, never reused
     assert [(p.node_id, p.raft_address, p.http_url) for p in config.peers] == [
         ("node-0", "127.0.0.1:7003", "http://127.0.0.1:7002"), ("node-2", "127.0.0.1:7203", "http://127.0.0.1:7202")]
     assert config.cluster_secret == SECRET and config.transactions_open_max == 77

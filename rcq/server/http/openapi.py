@@ -19,6 +19,7 @@ from pydantic.json_schema import models_json_schema
 
 from rcq.names import QUEUE_NAME_PATTERN
 from rcq.server.config import NODE_ID_PATTERN
+from rcq.server.core.directory import PARTITION_NAME_PATTERN
 from rcq.server.http.models import (
     AddMemberRequest,
     BatchRequest,
@@ -112,6 +113,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/cluster/partitions", "Every partition, its members and its leader (docs/partitions.md)"),
     Operation("POST", "/v1/cluster/partitions", "Create a partition (feature level 4)", CreatePartitionRequest, 201,
               errors=(*LEADER, 409, 504)),
+    Operation("DELETE", "/v1/cluster/partitions/{name}", "Delete a partition that holds no queue",
+              errors=(*LEADER, 400, 404, 409, 504)),
     Operation("POST", "/v1/transactions", "Begin a transaction", BeginRequest, 201, (*ROUTED, 429)),
     Operation("GET", "/v1/transactions", "Open transactions of every partition", errors=LEADER, query=("label_prefix",)),
     Operation("GET", "/v1/transactions/{transaction_id}", "A transaction's state", errors=ROUTED + TRANSACTION),
@@ -158,6 +161,7 @@ _PATH_PARAMETERS: dict[str, dict[str, Any]] = {
     "queue": {"type": "string", "pattern": QUEUE_NAME_PATTERN},
     "transaction_id": {"type": "string", "minLength": 1, "maxLength": 80},
     "node_id": {"type": "string", "pattern": NODE_ID_PATTERN},
+    "name": {"type": "string", "pattern": PARTITION_NAME_PATTERN.pattern},
 }
 
 

@@ -267,10 +267,19 @@ async def node_metrics(request: web.Request) -> web.Response:
 
 
 async def create_partition(request: web.Request) -> web.Response:
+    """POST /v1/cluster/partitions: ``201`` once the partition is in the directory, its leader
+    null (its members start its processes within a second; the client and the CLI wait for the
+    leader, listing it)."""
     body = await read_model(request, CreatePartitionRequest)
     request.app[MANAGER].require_serving()
     created = await request.app[PARTITION_DIRECTORY].create(body.name, body.replicas, body.nodes)
     return json_response({**created, "leader_id": None, "leader_url": None}, status=201)
+
+
+async def delete_partition(request: web.Request) -> web.Response:
+    """DELETE /v1/cluster/partitions/{name}: a partition that holds no queue (docs/partitions.md)."""
+    request.app[MANAGER].require_serving()
+    return json_response(await request.app[PARTITION_DIRECTORY].delete(request.match_info["name"]))
 
 
 def add_partition_routes(app: web.Application, peer_tls: ssl.SSLContext | None, forwarder: Forwarder) -> None:
@@ -283,3 +292,4 @@ def add_partition_routes(app: web.Application, peer_tls: ssl.SSLContext | None, 
     app.router.add_get("/v1/cluster/digest", admin_only("read the state digest", node_digest))
     app.router.add_get("/v1/cluster/storage", admin_only("read storage figures", node_storage))
     app.router.add_post("/v1/cluster/partitions", admin_only("create a partition", create_partition))
+    app.router.add_delete("/v1/cluster/partitions/{name}", admin_only("delete a partition", delete_partition))

@@ -160,6 +160,28 @@ class PartitionDirectory:
         log.info("partition %s created on %s", name, ", ".join(members))
         return self.listing(name)[0]
 
+    # --------------------------------------------------------------- deleting
+    async def delete(self, name: str) -> dict[str, Any]:
+        """Delete partition ``name``, which must hold no queue. Its members stop its processes and
+        remove its data within a second (rcq.server.partitions.host); its number is never reused."""
+        self._require_level("deleting a partition")
+        if name == P0:
+            raise InvalidRequest("p0 is the partition every cluster has: it cannot be deleted")
+        directory = self._read()
+        if name not in directory.partitions:
+            raise PartitionNotFound(f"no partition {name}", details={"partition": name})
+        queues = sorted(q for q, where in directory.placement.items() if name in where)
+        if queues:
+            raise PartitionNotEmpty(
+                f"partition {name} holds {len(queues)} queue(s), {', '.join(queues[:10])}: delete them first "
+                "(nothing was changed)", details={"partition": name, "queues": queues[:10]})
+        term, now_ms = self._stamp()
+        result = await self._replicator.submit(PartitionChange(term, now_ms, "delete", name),
+                                               self._config.commit_timeout_s)
+        self._raise_refusal(result, f"partition {name}")
+        log.info("partition %s deleted", name)
+        return {"name": name, "deleted": True}
+
     def _choose(self, directory: Directory, name: str, replicas: int | None, nodes: list[str] | None) -> list[str]:
         voting = list(self._voting())
         # Nodes with ports for this partition: its own named ones, or a pair of their range for its number.

@@ -7,7 +7,8 @@ member of whose members all have their ports recorded: ``rcq serve`` with the pa
 configuration (:func:`rcq.server.partitions.ports.partition_config`) in a private file,
 ``<data_dir>/partitions/<name>.json``, its output in ``<name>.log`` beside it. A configuration
 that changes (a member's ports) restarts its child; a partition gone from the directory, or
-no longer naming this node, stops it. The node stops them all before it stops itself.
+no longer naming this node, stops it, and a deleted partition's data (``<name>.<number>``) is
+removed once its process has stopped. The node stops them all before it stops itself.
 
 Every node reads the directory from its own replica of p0, so a follower starts its partitions as
 soon as it has applied the entry, and keeps them running while p0 has no leader.
@@ -22,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,13 @@ from typing import Any
 from rcq.private_files import write_private
 from rcq.server.config import NodeConfig
 from rcq.server.core.directory import Directory
-from rcq.server.partitions.ports import PARTITIONS_DIR, PartitionPortsExhausted, member_ports, partition_config
+from rcq.server.partitions.ports import (
+    PARTITIONS_DIR,
+    PartitionPortsExhausted,
+    data_dir_name,
+    member_ports,
+    partition_config,
+)
 from rcq.server.partitions.supervisor import ChildSpec, Supervisor
 from rcq.server.raft.protocol import Replicator
 
@@ -70,10 +78,33 @@ class PartitionHost:
     async def _keep(self) -> None:
         while True:
             try:
-                await self._supervisor.want(self.wanted(self._replicator.read(lambda sm: sm.directory.copy())))
+                directory = self._replicator.read(lambda sm: sm.directory.copy())
+                await self._supervisor.want(self.wanted(directory))
+                self.remove_deleted(directory)
             except Exception:  # a bug here must not stop the partitions from being kept
                 log.exception("keeping this node's partitions failed")
             await asyncio.sleep(self._poll_s)
+
+    def remove_deleted(self, directory: Directory) -> list[Path]:
+        """Remove the data of partitions deleted from ``directory`` (their processes stopped by
+        :meth:`Supervisor.want` just before): a folder ``<name>.<number>`` whose number the directory has given out (below its
+        next number) and that no partition has now. A replica that has not yet applied a partition's
+        creation has a lower next number, so it never takes a live partition's data for a deleted
+        one's. The removed folders."""
+        removed: list[Path] = []
+        live = {data_dir_name(p.name, p.number) for p in directory.partitions.values()}
+        if not self.directory_path.is_dir():
+            return removed
+        for folder in sorted(self.directory_path.iterdir()):
+            name, dot, number = folder.name.rpartition(".")
+            if not (folder.is_dir() and dot and name and number.isdigit()) or folder.name in live:
+                continue
+            if int(number) >= directory.next_number:
+                continue
+            shutil.rmtree(folder)
+            log.info("removed the data of deleted partition %s (number %s)", name, number)
+            removed.append(folder)
+        return removed
 
     def wanted(self, directory: Directory) -> dict[str, ChildSpec]:
         """The children this node should run for ``directory`` (their config files written)."""

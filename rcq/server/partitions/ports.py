@@ -9,7 +9,7 @@ out every other's from a :class:`MemberPorts`.
 
 :func:`partition_config` derives a partition process's NodeConfig from its node's: the node's
 identity, secrets, tokens, TLS and tuning; the partition's ports, data directory
-(``<data_dir>/partitions/<name>``) and members.
+(``<data_dir>/partitions/<name>.<number>``) and members.
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
@@ -28,6 +28,12 @@ PARTITIONS_DIR = "partitions"
 
 class PartitionPortsExhausted(ValueError):
     """The node's partition_ports range holds no ports for this partition number."""
+
+
+def data_dir_name(name: str, number: int) -> str:
+    """The folder of partition ``name``'s data under ``<data_dir>/partitions``: with its number,
+    never reused, so a partition created anew under a deleted one's name starts empty."""
+    return f"{name}.{number}"
 
 
 def partitions_max(ports: tuple[int, int]) -> int:
@@ -132,7 +138,8 @@ def partition_config(node: NodeConfig, name: str, number: int, members: Sequence
     fields.update(
         http_port=http_port, advertise_url=url, raft_address=raft_address,
         raft_bind_address=bind_address if bind_address != raft_address else None,
-        peers=peers, peer_urls=peer_urls, data_dir=node.data_dir / PARTITIONS_DIR / name, partition_name=name)
+        peers=peers, peer_urls=peer_urls, data_dir=node.data_dir / PARTITIONS_DIR / data_dir_name(name, number),
+        partition_name=name)
     return NodeConfig.model_validate(fields)
 
 
