@@ -371,6 +371,21 @@ class PartitionPortsExhausted(RcqError):
     http_status = 409
 
 
+class TooManyPartitions(RcqError):
+    """The cluster has as many partitions as it may (docs/limits.md): delete one first; nothing was changed."""
+
+    code = "too_many_partitions"
+    http_status = 409
+
+
+class NodePartitionsFull(RcqError):
+    """A member would host more partition processes than a node may (docs/limits.md): name other
+    nodes, or add nodes; nothing was changed."""
+
+    code = "node_partitions_full"
+    http_status = 409
+
+
 class CrossPartitionTransaction(RcqError):
     """A transaction lives in one partition, and this queue lives in another (docs/partitions.md);
     nothing was changed and the transaction is still usable."""

@@ -190,6 +190,27 @@ def test_a_partition_named_in_a_nodes_ports_is_served_there_whatever_its_number(
     assert [len(row) for row in node.sm.snapshot_meta()["directory"]["node_ports"]] == [7, 7, 7, 8]
 
 
+def test_a_cluster_and_each_node_hold_at_most_so_many_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limits hold in the apply, the same on every replica, with their own reasons."""
+    from rcq.server.core import directory as directory_module
+
+    monkeypatch.setattr(directory_module, "PARTITIONS_MAX", 3)
+    monkeypatch.setattr(directory_module, "NODE_PARTITIONS_MAX", 2)
+    replica = Node()
+    replica.apply_raw(encode(SetLevel(1, 1_000, LEVEL_OF_PARTITIONS, "0.3.0")))
+    for node_id in ("n1", "n2", "n3", "n4"):
+        apply(replica, ports(node_id, 7010, 7049))
+    assert apply(replica, create("p1", 1, members=("n1", "n2"))) == DirectoryResult("done")
+    assert apply(replica, create("p2", 2, members=("n1", "n3"))) == DirectoryResult("done")
+    refused = apply(replica, create("p3", 3, members=("n1", "n4")))
+    assert reason(refused) == "node_partitions_full" and dict(refused.details)["nodes"] == ("n1",)
+    assert apply(replica, create("p3", 3, members=("n2", "n4"))) == DirectoryResult("done")
+    assert reason(apply(replica, create("p4", 4, members=("n4",)))) == "too_many_partitions"
+    assert sorted(replica.sm.directory.partitions) == ["p1", "p2", "p3"]
+    assert apply(replica, PartitionChange(1, 1_000, "delete", "p2")) == DirectoryResult("done")
+    assert apply(replica, create("p4", 4, members=("n1", "n4"))) == DirectoryResult("done")  # room again
+
+
 def test_the_directory_survives_a_snapshot_and_replicas_agree(node: Node) -> None:
     apply(node, create("p1", 1, preferred="n1"))
     apply(node, create("p2", 2, members=("n2", "n3")))

@@ -34,6 +34,8 @@ PARTITION_ACTIONS = ("create", "delete")
 # Safe in a path, a metric label, a transaction id and a URL; p0 is the cluster's own.
 PARTITION_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 PARTITION_MEMBERS_MAX = 9
+PARTITIONS_MAX = 64  # partitions of a cluster besides p0 (docs/limits.md)
+NODE_PARTITIONS_MAX = 16  # partition processes one node may host (each ~66 MiB and its own fsyncs)
 PLACEMENT_PARTITIONS_MAX = 1  # one partition per queue until queues are spread (a later feature)
 NO_RANGE = (0, 0)  # a node's partition_ports when it has named ports only (NodePorts.named)
 
@@ -92,7 +94,8 @@ class DirectoryResult:
     status: Literal["done", "rejected"]
     reason: str | None = None
     # stale_leader, level_too_low, partition_exists, partition_not_found, partition_not_empty,
-    # node_has_no_partition_ports, partition_ports_exhausted, queue_placement_fixed,
+    # node_has_no_partition_ports, partition_ports_exhausted, too_many_partitions,
+    # node_partitions_full, queue_placement_fixed,
     # queue_spread_unsupported, invalid
     details: tuple[tuple[str, Any], ...] = ()
 
@@ -145,6 +148,12 @@ class Directory:
             return _refused("invalid", problem="the preferred leader must be a member")
         if command.number < self.next_number:
             return _refused("invalid", problem=f"partition numbers are never reused: the next is {self.next_number}")
+        if len(self.partitions) >= PARTITIONS_MAX:
+            return _refused("too_many_partitions", limit=PARTITIONS_MAX)
+        hosted = self.hosted()
+        full = [m for m in command.members if hosted.get(m, 0) >= NODE_PARTITIONS_MAX]
+        if full:
+            return _refused("node_partitions_full", nodes=tuple(full), limit=NODE_PARTITIONS_MAX)
         missing = [m for m in command.members if m not in self.node_ports]
         if missing:
             return _refused("node_has_no_partition_ports", nodes=tuple(missing))
@@ -189,6 +198,14 @@ class Directory:
     def placed(self, queue: str) -> tuple[str, ...]:
         """The partitions ``queue`` lives in (p0 unless placed elsewhere)."""
         return self.placement.get(queue, (P0,))
+
+    def hosted(self) -> dict[str, int]:
+        """node id -> how many partitions besides p0 it is a member of."""
+        counts: dict[str, int] = {}
+        for partition in self.partitions.values():
+            for member in partition.members:
+                counts[member] = counts.get(member, 0) + 1
+        return counts
 
     def placed_elsewhere(self, queue: str) -> bool:
         """Whether ``queue`` is placed in partitions that do not include p0."""

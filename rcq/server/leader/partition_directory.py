@@ -21,19 +21,23 @@ from typing import Any
 from rcq.errors import (
     InvalidRequest,
     NodeHasNoPartitionPorts,
+    NodePartitionsFull,
     PartitionExists,
     PartitionNotEmpty,
     PartitionNotFound,
     PartitionPortsExhausted,
     QueuePlacementFixed,
     QueueSpreadUnsupported,
+    TooManyPartitions,
     Unavailable,
 )
 from rcq.server.config import NodeConfig
 from rcq.server.core.directory import (
     NO_RANGE,
+    NODE_PARTITIONS_MAX,
     P0,
     PARTITION_MEMBERS_MAX,
+    PARTITIONS_MAX,
     Directory,
     DirectoryResult,
     NodePorts,
@@ -91,6 +95,8 @@ REFUSALS = {
     "partition_not_empty": PartitionNotEmpty,
     "node_has_no_partition_ports": NodeHasNoPartitionPorts,
     "partition_ports_exhausted": PartitionPortsExhausted,
+    "too_many_partitions": TooManyPartitions,
+    "node_partitions_full": NodePartitionsFull,
     "queue_placement_fixed": QueuePlacementFixed,
     "queue_spread_unsupported": QueueSpreadUnsupported,
     "invalid": InvalidRequest,
@@ -149,6 +155,9 @@ class PartitionDirectory:
         directory = self._read()
         if name in directory.partitions:
             raise PartitionExists(f"partition {name} exists", details={"partition": name})
+        if len(directory.partitions) >= PARTITIONS_MAX:
+            raise TooManyPartitions(f"the cluster has {len(directory.partitions)} partitions besides p0, the most it "
+                                    "may: delete one first (docs/limits.md)", details={"limit": PARTITIONS_MAX})
         members = self._choose(directory, name, replicas, nodes)
         preferred = min(members, key=lambda m: (sum(p.preferred_leader == m for p in directory.partitions.values()),
                                                 m))
@@ -184,8 +193,18 @@ class PartitionDirectory:
 
     def _choose(self, directory: Directory, name: str, replicas: int | None, nodes: list[str] | None) -> list[str]:
         voting = list(self._voting())
-        # Nodes with ports for this partition: its own named ones, or a pair of their range for its number.
-        with_ports = [n for n in voting if n in directory.node_ports
+        hosted = directory.hosted()
+        full = [n for n in voting if hosted.get(n, 0) >= NODE_PARTITIONS_MAX]
+
+        def refuse_full(nodes_full: list[str]) -> NodePartitionsFull:
+            return NodePartitionsFull(
+                f"{', '.join(nodes_full)} host {NODE_PARTITIONS_MAX} partitions, the most a node may: name other "
+                "nodes, add nodes, or delete a partition (docs/limits.md)",
+                details={"nodes": nodes_full, "limit": NODE_PARTITIONS_MAX})
+
+        # Nodes that may take it: room for one more, and ports for it (named ones, or a pair of their
+        # range for its number).
+        with_ports = [n for n in voting if n in directory.node_ports and n not in full
                       and directory.node_ports[n].serves(name, directory.next_number)]
         if nodes is not None:
             strangers = [n for n in nodes if n not in voting]
@@ -196,6 +215,8 @@ class PartitionDirectory:
                 raise InvalidRequest(f"a partition has 1 to {PARTITION_MEMBERS_MAX} distinct members")
             if replicas is not None and replicas != len(nodes):
                 raise InvalidRequest(f"replicas {replicas} but {len(nodes)} nodes named")
+            if [n for n in nodes if n in full]:
+                raise refuse_full([n for n in nodes if n in full])
             without = [n for n in nodes if n not in directory.node_ports]
             if without:
                 raise NodeHasNoPartitionPorts(
@@ -206,6 +227,8 @@ class PartitionDirectory:
         wanted = replicas if replicas is not None else min(PARTITION_REPLICAS_DEFAULT, len(voting))
         if not 1 <= wanted <= PARTITION_MEMBERS_MAX:
             raise InvalidRequest(f"replicas must be 1 to {PARTITION_MEMBERS_MAX}")
+        if len(with_ports) < wanted and full:
+            raise refuse_full(full)
         exhausted = [n for n in voting if n in directory.node_ports and n not in with_ports]
         if len(with_ports) < wanted and exhausted:
             raise PartitionPortsExhausted(
