@@ -30,7 +30,8 @@ def check_queue_name(name: str) -> str:
 # "Transactions"): a partition name has no dot, so the count of dots tells them apart, and any
 # node can tell from an id alone which partition's leader holds the transaction.
 P0 = "p0"
-TRANSACTION_ID_PATTERN = r"^(?:[a-z][a-z0-9_-]{0,31}\.)?[0-9a-f]{1,16}\.[0-9a-f]{24}$"
+PARTITION_NAME = r"[a-z][a-z0-9_-]{0,31}"  # safe in a path, a metric label, a transaction id and a URL
+TRANSACTION_ID_PATTERN = rf"^(?:{PARTITION_NAME}\.)?[0-9a-f]{{1,16}}\.[0-9a-f]{{24}}$"
 
 
 def transaction_partition(transaction_id: str) -> str:

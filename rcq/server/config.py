@@ -33,6 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from rcq import limits
 from rcq.errors import InvalidRequest
+from rcq.names import P0, PARTITION_NAME
 from rcq.private_files import read_private
 from rcq.tokens import TokenEntry, TokenFormatError
 
@@ -201,7 +202,7 @@ class NodeConfig(BaseModel):
     partition_advertise_ports: PortRange | None = Field(
         None, description="START-END: partition_ports as clients and the other nodes reach them, where they differ "
                           "(a container's published ports); same size as partition_ports. Default: partition_ports")
-    partition_port_map: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], NamedPartitionPorts] = Field(
+    partition_port_map: dict[Annotated[str, Field(pattern=rf"^{PARTITION_NAME}$")], NamedPartitionPorts] = Field(
         default_factory=dict, description="partition name -> its ports on this node, {\"http\", \"raft\"} (and "
         "\"advertise_http\", \"advertise_raft\" where others reach them elsewhere): a partition named here "
         "takes these whatever its number, any other takes its pair of partition_ports (docs/partitions.md). "
@@ -461,7 +462,7 @@ class NodeConfig(BaseModel):
         named = self.partition_port_map
         if not named:
             return
-        if "p0" in named:
+        if P0 in named:
             raise ValueError("partition_port_map must not name p0: it is served at http_port and raft_address")
         bound = [port for entry in named.values() for port in (entry.http, entry.raft)]
         if len(set(bound)) != len(bound):

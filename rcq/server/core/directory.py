@@ -26,13 +26,14 @@ from typing import Any, Literal
 
 from rcq.immutable import immutable
 from rcq.names import P0 as P0  # re-exported: the directory's modules have always found it here
+from rcq.names import PARTITION_NAME
 
 KIND_PARTITION = "partition"
 KIND_NODE_PORTS = "node_ports"
 KIND_PLACEMENT = "placement"
 PARTITION_ACTIONS = ("create", "delete")
 # Safe in a path, a metric label, a transaction id and a URL; p0 is the cluster's own.
-PARTITION_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+PARTITION_NAME_PATTERN = re.compile(rf"^{PARTITION_NAME}$")
 PARTITION_MEMBERS_MAX = 9
 PARTITIONS_MAX = 64  # partitions of a cluster besides p0 (docs/limits.md)
 NODE_PARTITIONS_MAX = 16  # partition processes one node may host (each ~66 MiB and its own fsyncs)
@@ -157,9 +158,9 @@ class Directory:
         missing = [m for m in command.members if m not in self.node_ports]
         if missing:
             return _refused("node_has_no_partition_ports", nodes=tuple(missing))
-        full = [m for m in command.members if not self.node_ports[m].serves(command.name, command.number)]
-        if full:
-            return _refused("partition_ports_exhausted", nodes=tuple(full), number=command.number)
+        without = [m for m in command.members if not self.node_ports[m].serves(command.name, command.number)]
+        if without:
+            return _refused("partition_ports_exhausted", nodes=tuple(without), number=command.number)
         self.partitions[command.name] = Partition(command.name, command.number, command.members,
                                                   command.preferred_leader)
         self.next_number = command.number + 1
@@ -250,9 +251,9 @@ class Directory:
             directory.partitions[name] = Partition(name, int(number), tuple(members), preferred)
         for row in meta["node_ports"]:
             node_id, raft_host, url, ports, advertised, term, now_ms = row[:7]
-            named = tuple((str(e[0]), *(int(p) for p in e[1:5])) for e in row[7]) if len(row) > 7 else ()
+            named = tuple(_named_ports(tuple(e)) for e in row[7]) if len(row) > 7 else ()
             directory.node_ports[node_id] = NodePorts(int(term), int(now_ms), node_id, raft_host, url,
-                                                      _pair(ports), _pair(advertised), named)  # type: ignore[arg-type]
+                                                      _pair(ports), _pair(advertised), named)
         for queue, where in meta["placement"]:
             directory.placement[queue] = tuple(where)
         return directory

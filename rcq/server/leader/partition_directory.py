@@ -15,7 +15,6 @@ Must not import: aiohttp, pysyncobj, lmdb.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from typing import Any
 
 from rcq.errors import (
@@ -241,8 +240,7 @@ class PartitionDirectory:
                 f"a partition of {wanted} needs {wanted} nodes with partition ports recorded; the cluster has "
                 f"{len(with_ports)} ({', '.join(with_ports) or 'none'}): set partition_ports on them "
                 "(docs/partitions.md)", details={"nodes": [n for n in voting if n not in with_ports]})
-        load = Counter(m for p in directory.partitions.values() for m in p.members)
-        return sorted(sorted(with_ports, key=lambda n: (load[n], n))[:wanted])
+        return sorted(sorted(with_ports, key=lambda n: (hosted.get(n, 0), n))[:wanted])
 
     # --------------------------------------------------------------- placing
     def placed(self, queue: str) -> list[str]:

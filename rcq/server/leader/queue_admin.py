@@ -22,7 +22,6 @@ from rcq.errors import (
     QueueNotFound,
     TooManyQueues,
     Unavailable,
-    WrongPartition,
 )
 from rcq.names import check_queue_name
 from rcq.server.config import NodeConfig
@@ -31,6 +30,7 @@ from rcq.server.core.commands import Command, QueueChange, QueueChangeResult, Qu
 from rcq.server.leader.admission import Admission
 from rcq.server.leader.clock import LeaderClock
 from rcq.server.leader.leader_state import LeaderState
+from rcq.server.leader.routing import lives_elsewhere
 from rcq.server.leader.session import DequeuedItem, State
 from rcq.server.raft.protocol import Replicator
 
@@ -83,9 +83,7 @@ class QueueAdmin:
         if result.reason == "too_many_queues":
             raise TooManyQueues(details={"queue": queue})
         if result.reason == "queue_placed_elsewhere":  # placed in another partition while this was in flight
-            partition = self._replicator.read(lambda sm: sm.directory.placed(queue))[0]
-            raise WrongPartition(f"queue {queue!r} lives in partition {partition}",
-                                 details={"partition": partition, "queue": queue})
+            raise lives_elsewhere(queue, self._replicator.read(lambda sm: sm.directory.placed(queue))[0])
         if result.reason == "queue_in_use":
             raise _in_use_error(queue, self._replicator.read(lambda sm: sm.dead_letter_users(queue)))
         if result.status != "done" and result.reason and result.reason != "stale_leader" and settings is not None:

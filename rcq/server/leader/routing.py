@@ -82,16 +82,17 @@ class Routing:
                     "transaction touches the queues of one partition (docs/partitions.md); nothing was run",
                     details={"queue": queue, "queue_partitions": [partition], "transaction_partition": first[1]})
         if first is not None and first[1] != P0:
-            raise self._elsewhere(first[0], first[1])
+            raise lives_elsewhere(first[0], first[1])
 
     def queue(self, queue: str) -> None:
         """Raise unless ``queue``'s reads and administration are answered here."""
         if self.own == P0:
             partition = self.placed(queue)[0]
             if partition != P0:
-                raise self._elsewhere(queue, partition)
+                raise lives_elsewhere(queue, partition)
 
-    @staticmethod
-    def _elsewhere(queue: str, partition: str) -> WrongPartition:
-        return WrongPartition(f"queue {queue!r} lives in partition {partition}",
-                              details={"partition": partition, "queue": queue})
+
+def lives_elsewhere(queue: str, partition: str) -> WrongPartition:
+    """The refusal of a request about ``queue``, which lives in ``partition``."""
+    return WrongPartition(f"queue {queue!r} lives in partition {partition}",
+                          details={"partition": partition, "queue": queue})

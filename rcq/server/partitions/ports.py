@@ -86,27 +86,23 @@ class MemberPorts:
         return cls(config.node_id, host_of(config.raft_address), config.url, ports,
                    config.partition_advertise_ports or ports, named)
 
-    def _named(self, name: str) -> tuple[str, int, int, int, int] | None:
-        return next((entry for entry in self.named if entry[0] == name), None)
+    def _ports(self, name: str, number: int, advertised: bool) -> tuple[int, int]:
+        """(HTTP port, Raft port) of partition ``name`` (number ``number``) on this node: its named
+        ports, else its pair of the range; as bound, or as others reach them."""
+        entry = next((e for e in self.named if e[0] == name), None)
+        if entry is not None:
+            return (entry[3], entry[4]) if advertised else (entry[1], entry[2])
+        if self.partition_ports == NO_RANGE:
+            raise PartitionPortsExhausted(f"{self.node_id} has no partition_ports range and no ports named for {name}")
+        return ports_of(self.partition_advertise_ports if advertised else self.partition_ports, number, self.node_id)
 
     def bound(self, name: str, number: int) -> tuple[int, int]:
         """(HTTP port, Raft port) that partition ``name`` (number ``number``) binds on this node."""
-        entry = self._named(name)
-        if entry is not None:
-            return entry[1], entry[2]
-        if self.partition_ports == NO_RANGE:
-            raise PartitionPortsExhausted(f"{self.node_id} has no partition_ports range and no ports named for {name}")
-        return ports_of(self.partition_ports, number, self.node_id)
+        return self._ports(name, number, advertised=False)
 
     def advertised(self, name: str, number: int) -> tuple[str, str]:
         """(HTTP URL, Raft address) of partition ``name`` on this node, as others reach it."""
-        entry = self._named(name)
-        if entry is not None:
-            http_port, raft_port = entry[3], entry[4]
-        elif self.partition_ports == NO_RANGE:
-            raise PartitionPortsExhausted(f"{self.node_id} has no partition_ports range and no ports named for {name}")
-        else:
-            http_port, raft_port = ports_of(self.partition_advertise_ports, number, self.node_id)
+        http_port, raft_port = self._ports(name, number, advertised=True)
         return with_port(self.url, http_port), f"{self.raft_host}:{raft_port}"
 
 
