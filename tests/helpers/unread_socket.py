@@ -3,8 +3,8 @@ channel (the upgrade and masked text frames written by hand) or pipelined HTTP r
 node's answers pile up on its side, which is what the back-pressure tests need to see.
 
 ``split_frames`` reads the node's side of a channel back (unmasked frames) once the test reads;
-``flood_until_paused`` writes ``status`` frames to an in-process node's channel until the node
-stops reading it.
+``flood_until_paused`` shrinks the node's send buffer of an in-process node's channel, then writes
+``status`` frames to it until the node stops reading it.
 
 Must not import: a test module or a conftest.
 """
@@ -30,6 +30,13 @@ from tests.helpers import FLOOD_PAUSE_WAIT_S, LOCAL_WAIT_S
 # its zero-window probes, which back off to seconds apart: a client that reads late could then
 # miss the grace the node gives its close (seen beside the suite's parallel workers).
 RECEIVE_BUFFER_BYTES = 128 << 10  # the kernel doubles it
+# The node's side of a flooded channel sends into a small kernel buffer (flood_until_paused sets it):
+# left to autotune, loopback lets it grow to 4 MiB, and the client must then write tens of thousands
+# of frames before the node's own buffer fills. While they go, both receive queues sit full, and
+# under CPU load loopback drops segments; the sender then retransmits on a timer that doubles (seen:
+# 26 s apart after seven drops), and the flood stalls past its bound. A few frames' worth of
+# kernel buffer makes the node's back-pressure what the test sees, after a few hundred frames.
+NODE_SEND_BUFFER_BYTES = 16 << 10  # the kernel doubles it
 FRAMES_MAX = 200_000  # a flood's bound: far more than a node may read of a client that does not read
 STALLED_S = 0.2  # a write the node has not taken for this long: look whether it stopped reading
 OPCODE_TEXT, OPCODE_CLOSE = 0x1, 0x8
@@ -140,6 +147,9 @@ async def flood_until_paused(channels: Collection[Any], flood: UnreadSocket) -> 
     no answer read, until the node stops reading it; the channel and how many frames were written."""
     await async_wait_until(lambda: channels, LOCAL_WAIT_S, what="the node opening the channel", interval_s=0.01)
     (channel,) = channels
+    node_socket = channel.connection_info("socket")
+    assert node_socket is not None, "the channel's connection is gone"
+    node_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, NODE_SEND_BUFFER_BYTES)
     async with asyncio.timeout(FLOOD_PAUSE_WAIT_S):
         for frame_id in range(1, FRAMES_MAX + 1):
             flood.writer.write(status_frame(frame_id))

@@ -167,6 +167,12 @@ class _Channel:
         """The code the node is closing the channel with, once it decided to."""
         return self._closing.code if self._closing is not None else None
 
+    def connection_info(self, name: str) -> Any:
+        """What asyncio knows of the channel's connection (``"socket"``, ``"peername"``...), None
+        once it is gone: the back-pressure tests shrink the socket's kernel buffer through it."""
+        transport = self._request.transport
+        return transport.get_extra_info(name) if transport is not None else None
+
     def unsent_bytes(self) -> int:
         """Answer bytes written to the connection that the kernel has not taken yet (its client
         does not read them): what the connection's write buffer holds."""
