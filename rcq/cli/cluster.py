@@ -20,6 +20,7 @@ from typing import Any
 
 from rcq.cli.connection import seconds, with_client
 from rcq.cli.output import print_table
+from rcq.cli.partitions import add_balance_parsers
 from rcq.errors import RcqError
 
 
@@ -71,6 +72,7 @@ def add_cluster_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     level.add_argument("--raise", dest="raise_to", nargs="?", const=0, default=None, type=int, metavar="LEVEL",
                        help="raise the level (without LEVEL: to the highest every member reads)")
     level.set_defaults(func=cmd_cluster_feature_level)
+    add_balance_parsers(actions, common)  # the leader balancer's verbs live with the partitions' ones
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -71,6 +71,7 @@ DEFAULT_CATCH_UP_TIMEOUT_S = 60.0  # how long an add waits, by default, for the 
 MEMBERSHIP_CHANGE_S = 10.0
 MEMBERSHIP_CHANGE_MS = int(MEMBERSHIP_CHANGE_S * 1000)
 PARTITIONS_PATH = "/v1/cluster/partitions"
+NODE_PARTITIONS_MAX = 16  # a node is a member of at most this many partitions (docs/limits.md)
 PARTITION_LEADER_WAIT_S = 30.0  # create_partition waits this long for the new partition's leader
 
 
@@ -430,6 +431,54 @@ class RcqClient:
         its members stop its processes and remove its data. Needs an admin token."""
         return dict(await self._transport.request(Request("DELETE", f"{PARTITIONS_PATH}/{name}", None, MEMBERSHIP)))
 
+    async def add_partition_member(self, name: str, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Make ``node_id`` a member of partition ``name``: p0's leader records it, the node starts
+        the partition's process, and the partition's leader adds it and waits for it to catch up.
+        Answers ``members``, ``raft_members``, ``leader_id``, ``lag`` and ``settled`` (False after
+        ``timeout_s``, 0 to 600: the change goes on). Raises MemberExists, PartitionNotFound,
+        NodePartitionsFull, NodeHasNoPartitionPorts. Needs an admin token."""
+        return dict(await self._transport.request(Request(
+            "POST", f"{PARTITIONS_PATH}/{name}/members", {"node_id": node_id, "timeout_s": timeout_s}, MEMBERSHIP,
+            wait_ms=_waited_ms(timeout_s))))
+
+    async def remove_partition_member(self, name: str, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Take ``node_id`` out of partition ``name`` (its process stops, its data of it is removed);
+        answers as :meth:`add_partition_member`. Raises MemberNotFound, InvalidRequest (its only
+        member). Needs an admin token."""
+        return dict(await self._transport.request(Request(
+            "DELETE", f"{PARTITIONS_PATH}/{name}/members/{node_id}?timeout_s={timeout_s:g}", None, MEMBERSHIP,
+            wait_ms=_waited_ms(timeout_s))))
+
+    async def replace_partition_member(self, name: str, node_id: str, by: str | None = None, *,
+                                       timeout_s: float = 120.0) -> dict[str, Any]:
+        """Give ``node_id``'s place in partition ``name`` to ``by`` (None: the node with the fewest
+        partitions that can take it): added first, caught up, then ``node_id`` removed. Answers as
+        :meth:`add_partition_member`, with ``replaced``, ``by`` and ``step`` ("done", or "adding"
+        when the new member had not caught up within ``timeout_s``). Needs an admin token."""
+        return dict(await self._transport.request(Request(
+            "POST", f"{PARTITIONS_PATH}/{name}/members/{node_id}/replace", {"node_id": by, "timeout_s": timeout_s},
+            MEMBERSHIP, wait_ms=_waited_ms(2 * timeout_s))))
+
+    async def drain_node(self, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Move every partition replica of ``node_id`` to other nodes, one partition after the other
+        (before the node is retired: docs/operations.md). Answers ``moved`` (one replace answer
+        each), ``partitions_left`` and ``drained``. Needs an admin token."""
+        # one replace after the other: the answer may take each one's two waits
+        return dict(await self._transport.request(Request(
+            "POST", f"/v1/cluster/nodes/{node_id}/drain", {"timeout_s": timeout_s}, MEMBERSHIP,
+            wait_ms=_waited_ms(2 * timeout_s * NODE_PARTITIONS_MAX))))
+
+    async def leader_balance(self) -> dict[str, Any]:
+        """Leaders per node, each partition's leader and lag, and the balancer's counts
+        (docs/partitions.md, "Leaders spread"). Needs an admin token."""
+        return dict(await self._transport.request(Request("GET", "/v1/cluster/balance")))
+
+    async def rebalance(self) -> dict[str, Any]:
+        """Move partition leaders now until each node leads about as many as the others: answers
+        the ``moves`` made and ``leaders_per_node`` after. Needs an admin token."""
+        return dict(await self._transport.request(Request("POST", "/v1/cluster/rebalance", {}, MEMBERSHIP,
+                                                          wait_ms=_waited_ms(120.0))))
+
     async def cluster_members(self, url: str | None = None) -> list[dict[str, Any]]:
         """The cluster's members as a node sees them (any node answers; ``url``: exactly that node's
         view, asked once): each has ``node_id``, ``raft_address``, ``url``, ``role`` (leader, follower,
@@ -502,3 +551,8 @@ class RcqClient:
             raise FeatureLevelUnsupported(
                 "the leader runs a release before feature levels (rcq 0.1): upgrade it, or hand leadership to an "
                 "upgraded node, then raise the level (docs/upgrades.md)") from exc
+
+
+def _waited_ms(timeout_s: float) -> int:
+    """How long the server may hold a request that waits ``timeout_s`` for a change, and then some."""
+    return math.ceil((timeout_s + MEMBERSHIP_CHANGE_S) * 1000)

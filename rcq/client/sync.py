@@ -326,6 +326,25 @@ class SyncClient:
     def delete_partition(self, name: str) -> dict[str, Any]:
         return self._runner.run(self._client.delete_partition(name))
 
+    def add_partition_member(self, name: str, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+        return self._runner.run(self._client.add_partition_member(name, node_id, timeout_s=timeout_s))
+
+    def remove_partition_member(self, name: str, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+        return self._runner.run(self._client.remove_partition_member(name, node_id, timeout_s=timeout_s))
+
+    def replace_partition_member(self, name: str, node_id: str, by: str | None = None, *,
+                                 timeout_s: float = 120.0) -> dict[str, Any]:
+        return self._runner.run(self._client.replace_partition_member(name, node_id, by, timeout_s=timeout_s))
+
+    def drain_node(self, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+        return self._runner.run(self._client.drain_node(node_id, timeout_s=timeout_s))
+
+    def leader_balance(self) -> dict[str, Any]:
+        return self._runner.run(self._client.leader_balance())
+
+    def rebalance(self) -> dict[str, Any]:
+        return self._runner.run(self._client.rebalance())
+
     def cluster_members(self, url: str | None = None) -> list[dict[str, Any]]:
         return self._runner.run(self._client.cluster_members(url))
 

@@ -207,6 +207,13 @@ class NodeConfig(BaseModel):
         "\"advertise_http\", \"advertise_raft\" where others reach them elsewhere): a partition named here "
         "takes these whatever its number, any other takes its pair of partition_ports (docs/partitions.md). "
         "For ports that are not one range, or a partition's own fixed ports")
+    balance_leaders: bool = Field(
+        True, description="while this node is p0's leader, move partition leaders so that each node leads about "
+                          "as many as the others (docs/partitions.md, \"Leaders spread\"); false: only by hand, "
+                          "rcq cluster rebalance")
+    balance_hold_s: float = Field(
+        60.0, ge=0, le=3600, description="the leader balancer moves no partition's leader within this long of "
+                                         "that partition's last leader change")
     partition_name: str | None = Field(
         None, description="set by a node for the partition processes it starts (docs/partitions.md): the partition "
                           "this process serves. None: p0, the node's own process")

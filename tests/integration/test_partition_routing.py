@@ -30,7 +30,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(3, partitions_max=2) as local:
+    with LocalCluster(3, partitions_max=2, node_overrides={"balance_leaders": False}) as local:  # leaders stay put
         wait_settled(local, local.wait_for_leader(LEADER_TIMEOUT_S))
         local.ensure_partitions(2)
         assert local.poll_json(local.url(0) + "/v1/queues/in-p1", method="PUT",

@@ -30,7 +30,7 @@ NAMED = "named"  # a partition every node gives ports of its own (partition_port
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    local = LocalCluster(3, partitions_max=8)
+    local = LocalCluster(3, partitions_max=8, node_overrides={"balance_leaders": False})  # leaders stay put
     for i in range(3):
         http_port, raft_port = free_port_range(2)
         local.set_node_override(i, partition_port_map={NAMED: {"http": http_port, "raft": raft_port}})

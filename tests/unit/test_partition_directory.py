@@ -211,6 +211,39 @@ def test_a_cluster_and_each_node_hold_at_most_so_many_partitions(monkeypatch: py
     assert apply(replica, create("p4", 4, members=("n1", "n4"))) == DirectoryResult("done")  # room again
 
 
+def members(name: str, new: tuple[str, ...], preferred: str | None = None) -> PartitionChange:
+    return PartitionChange(1, 1_000, "members", name, 0, new, preferred)
+
+
+def test_a_partitions_members_are_set_within_the_limits_the_same_on_every_replica(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rcq.server.core import directory as directory_module
+
+    monkeypatch.setattr(directory_module, "NODE_PARTITIONS_MAX", 2)
+    replica = Node()
+    replica.apply_raw(encode(SetLevel(1, 1_000, LEVEL_OF_PARTITIONS, "0.3.0")))
+    for node_id in ("n1", "n2", "n3"):
+        apply(replica, ports(node_id, 7010, 7049))
+    apply(replica, create("p1", 1, members=("n1", "n2"), preferred="n1"))
+    apply(replica, create("p2", 2, members=("n3",)))
+    apply(replica, create("p3", 3, members=("n3",)))
+    assert reason(apply(replica, members("p1", ("n1", "n2", "n3")))) == "node_partitions_full"  # n3 holds 2
+    assert reason(apply(replica, members("p1", ("n1", "n4")))) == "node_has_no_partition_ports"
+    assert reason(apply(replica, members("p1", ()))) == "invalid"
+    assert reason(apply(replica, members("p1", ("n1", "n1")))) == "invalid"
+    assert reason(apply(replica, members("p1", ("n2",), preferred="n1"))) == "invalid"
+    assert reason(apply(replica, members("p9", ("n1",)))) == "partition_not_found"
+    assert apply(replica, members("p1", ("n2",), preferred="n2")) == DirectoryResult("done")
+    partition = replica.sm.directory.partitions["p1"]
+    assert (partition.members, partition.preferred_leader, partition.number) == (("n2",), "n2", 1)
+    # a member a node already is stays, whatever the limit: only added members are counted
+    assert apply(replica, members("p2", ("n3", "n1"))) == DirectoryResult("done")
+    restored = QueueStateMachine()
+    restored.restore(replica.sm.snapshot_meta(), list(replica.sm.snapshot_items()))
+    assert restored.digest() == replica.sm.digest()
+    assert decode(encode(members("p1", ("n2", "n3"), "n3"))) == members("p1", ("n2", "n3"), "n3")
+
+
 def test_the_directory_survives_a_snapshot_and_replicas_agree(node: Node) -> None:
     apply(node, create("p1", 1, preferred="n1"))
     apply(node, create("p2", 2, members=("n2", "n3")))

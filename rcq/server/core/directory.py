@@ -4,7 +4,9 @@ Part of p0's replicated state from feature level 4 (docs/partitions.md). Three c
 each one log entry:
 
 * :class:`PartitionChange` creates a partition (a name, a number, its members and preferred
-  leader) or deletes one that holds no queue;
+  leader), deletes one that holds no queue, or sets its members (``members``: the members it
+  should have; p0's leader then changes the partition's own Raft membership to match, one node at
+  a time: rcq.server.leader.partition_controller);
 * :class:`NodePorts` records where a node serves partitions: its ``partition_ports``, the ports as
   others reach them, its Raft host and its URL (a node records its own when it serves);
 * :class:`QueuePlacement` places a queue in partitions, once; with no partitions it forgets a
@@ -31,7 +33,7 @@ from rcq.names import PARTITION_NAME
 KIND_PARTITION = "partition"
 KIND_NODE_PORTS = "node_ports"
 KIND_PLACEMENT = "placement"
-PARTITION_ACTIONS = ("create", "delete")
+PARTITION_ACTIONS = ("create", "delete", "members")
 # Safe in a path, a metric label, a transaction id and a URL; p0 is the cluster's own.
 PARTITION_NAME_PATTERN = re.compile(rf"^{PARTITION_NAME}$")
 PARTITION_MEMBERS_MAX = 9
@@ -54,10 +56,10 @@ def partition_name_problem(name: str) -> str | None:
 class PartitionChange:
     term: int
     now_ms: int
-    action: Literal["create", "delete"]
+    action: Literal["create", "delete", "members"]
     name: str
     number: int = 0  # create: the partition's number (its ports derive from it)
-    members: tuple[str, ...] = ()  # create: node ids
+    members: tuple[str, ...] = ()  # create, members: node ids
     preferred_leader: str | None = None
 
 
@@ -134,6 +136,8 @@ class Directory:
             return self._place(command, queue_exists)
         if command.action == "create":
             return self._create(command)
+        if command.action == "members":
+            return self._set_members(command)
         return self._delete(command)
 
     def _create(self, command: PartitionChange) -> DirectoryResult:
@@ -164,6 +168,30 @@ class Directory:
         self.partitions[command.name] = Partition(command.name, command.number, command.members,
                                                   command.preferred_leader)
         self.next_number = command.number + 1
+        return DirectoryResult("done")
+
+    def _set_members(self, command: PartitionChange) -> DirectoryResult:
+        partition = self.partitions.get(command.name)
+        if partition is None:
+            return _refused("partition_not_found", partition=command.name)
+        if not command.members or len(set(command.members)) != len(command.members) \
+                or len(command.members) > PARTITION_MEMBERS_MAX:
+            return _refused("invalid", problem=f"1 to {PARTITION_MEMBERS_MAX} distinct members")
+        if command.preferred_leader is not None and command.preferred_leader not in command.members:
+            return _refused("invalid", problem="the preferred leader must be a member")
+        added = [m for m in command.members if m not in partition.members]
+        hosted = self.hosted()
+        full = [m for m in added if hosted.get(m, 0) >= NODE_PARTITIONS_MAX]
+        if full:
+            return _refused("node_partitions_full", nodes=tuple(full), limit=NODE_PARTITIONS_MAX)
+        missing = [m for m in added if m not in self.node_ports]
+        if missing:
+            return _refused("node_has_no_partition_ports", nodes=tuple(missing))
+        without = [m for m in added if not self.node_ports[m].serves(partition.name, partition.number)]
+        if without:
+            return _refused("partition_ports_exhausted", nodes=tuple(without), number=partition.number)
+        self.partitions[command.name] = Partition(partition.name, partition.number, command.members,
+                                                  command.preferred_leader)
         return DirectoryResult("done")
 
     def _delete(self, command: PartitionChange) -> DirectoryResult:

@@ -40,20 +40,23 @@ from rcq.server.http import (
     cluster_routes,
     feature_level_routes,
     membership_routes,
+    partition_ops_routes,
     queue_routes,
     readiness,
     session_channel,
     transaction_routes,
 )
-from rcq.server.http.auth import authenticate
+from rcq.server.http.auth import authenticate, authenticate_cluster_call
 from rcq.server.http.feature_level_routes import FEATURE_LEVELS, make_survey
 from rcq.server.http.forwarding import Forwarder
 from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, TOKENS, Handler, error_response
 from rcq.server.http.membership_routes import MEMBERSHIP, make_probe
 from rcq.server.http.metrics import NodeMetrics
+from rcq.server.http.partition_control import PartitionCalls
 from rcq.server.http.partition_routes import PARTITION_DIRECTORY, PARTITION_ROUTER, add_partition_routes
 from rcq.server.leader.feature_levels import FeatureLevels
 from rcq.server.leader.membership import Membership
+from rcq.server.leader.partition_controller import PartitionController
 from rcq.server.leader.partition_directory import PartitionDirectory
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator, known_nodes
@@ -77,7 +80,9 @@ def request_middleware(metrics: NodeMetrics, tokens: TokenRegistry, forwarder: F
             try:
                 if forwarder is not None:
                     request = forwarder.trusted(request)
-                authenticate(request, tokens)
+                config = request.app.get(CONFIG)
+                if config is None or not await authenticate_cluster_call(request, config):
+                    authenticate(request, tokens)
                 response = await handler(request)
             except NotLeader as exc:
                 response = (await forwarder.answer(request, exc) if forwarder is not None
@@ -143,5 +148,28 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     queue_routes.add_routes(app)
     session_channel.add_routes(app)
     add_partition_routes(app, peer_tls, forwarder)
+    if config.partition_name is None:
+        _add_partition_controller(app, directory)
     readiness.add_routes(app)
     return app
+
+
+def _add_partition_controller(app: web.Application, directory: PartitionDirectory) -> None:
+    """p0's controller of the other partitions (rcq.server.leader.partition_controller): it acts
+    only while this node is p0's serving leader."""
+    config, manager, replicator = app[CONFIG], app[MANAGER], app[REPLICATOR]
+    read = lambda: replicator.read(lambda sm: sm.directory.copy())  # noqa: E731
+    controller = PartitionController(lambda: manager.serving and replicator.is_leader(), read,
+                                     lambda: [m.node_id for m in app[MEMBERSHIP].members()],
+                                     PartitionCalls(app, read), balance=config.balance_leaders,
+                                     hold_s=config.balance_hold_s)
+    partition_ops_routes.add_routes(app, controller)
+
+    async def start(app: web.Application) -> None:
+        controller.start()
+
+    async def stop(app: web.Application) -> None:
+        await controller.stop()
+
+    app.on_startup.append(start)
+    app.on_cleanup.insert(0, stop)

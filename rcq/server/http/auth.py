@@ -7,7 +7,9 @@ name), which is what a browser sends for the status page after asking for it. Wh
 then requires of the principal (a queue permission, ownership of a transaction, admin) is
 checked where the route's work is done (:mod:`rcq.server.http.operations`, :mod:`.api`).
 
-On a node without tokens (loopback only, see ``NodeConfig``) every request is :data:`OPEN`.
+On a node without tokens (loopback only, see ``NodeConfig``) every request is :data:`OPEN`. A
+partition process also takes the calls p0's leader signs with the cluster secret
+(:mod:`rcq.server.security.cluster_calls`) on the few paths they cover, as the ``cluster`` admin.
 
 Must not import: pysyncobj, lmdb.
 """
@@ -16,10 +18,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
+import time
 
 from aiohttp import web
 
+from rcq.server.config import NodeConfig
+from rcq.server.security import cluster_calls
 from rcq.tokens import OPEN, Principal, TokenRegistry
+
+log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 PRINCIPAL = web.RequestKey("principal", Principal)
@@ -53,6 +61,21 @@ def authenticate(request: web.Request, registry: TokenRegistry) -> None:
     a node without tokens: those requests keep :data:`OPEN`. Called by the app's middleware."""
     if registry.enabled and request.path not in PUBLIC_PATHS:
         request[PRINCIPAL] = registry.authenticate(presented_token(request.headers.get("Authorization")))
+
+
+async def authenticate_cluster_call(request: web.Request, config: NodeConfig) -> bool:
+    """Give ``request`` the ``cluster`` principal when it is a call of p0's leader with a valid
+    proof to a partition process; False (the request is authenticated as any other) otherwise."""
+    presented = request.headers.get(cluster_calls.HEADER)
+    if presented is None or config.partition_name is None or not cluster_calls.covers(request.path):
+        return False
+    secrets = [config.cluster_secret or "", *config.cluster_secrets_previous]
+    if not cluster_calls.verify(secrets, request.method, request.raw_path, await request.read(), presented,
+                                time.time()):
+        log.debug("a cluster call without a valid proof, from %s: ignored", request.remote)
+        return False
+    request[PRINCIPAL] = cluster_calls.CLUSTER
+    return True
 
 
 # ``WWW-Authenticate`` of every 401: Basic, so that a browser asks for the token (as the password).

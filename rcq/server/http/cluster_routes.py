@@ -11,6 +11,7 @@ Must not import: pysyncobj, lmdb.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from aiohttp import web
@@ -55,6 +56,7 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         "open_transactions": manager.open_count,
         "leader_changes_seen": int(status.details.get("leader_changes_seen", 0)),
         "commit_latency": _commit_latency(app),
+        "leader_for_s": _leader_for_s(status.details.get("leader_history", []), leader_address),
         "recent_leader_changes": [
             {"at": at, "leader_id": next((m[0] for m in members if m[1] == address), None), "term": term}
             for at, address, term in status.details.get("leader_history", [])],
@@ -68,6 +70,14 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         # The last backup this node served (docs/backup.md); None until one was.
         "last_backup": app[BACKUPS].last if BACKUPS in app else None,
     }
+
+
+def _leader_for_s(history: list[Any], leader_address: str | None) -> float | None:
+    """How long the leader this node knows has led, on this node's clock (the leader balancer's
+    hold: rcq.server.leader.leader_balance); None without a leader."""
+    if leader_address is None or not history or history[-1][1] != leader_address:
+        return None
+    return round(max(0.0, time.time() - float(history[-1][0])), 3)
 
 
 # What /v1/cluster tells a principal without admin: enough to find and follow the leader.

@@ -7,6 +7,9 @@ or ``base64`` (for arbitrary bytes). Dequeued items come back as UTF-8 when
 they decode as such and the caller did not ask for base64; otherwise as
 base64, and each item says which.
 
+Why over 400 lines: every request body of the API, one short model each, so that the OpenAPI
+description is generated from one place.
+
 Must not import: pysyncobj, lmdb.
 """
 
@@ -385,6 +388,28 @@ class CreatePartitionRequest(_Model):
     replicas: int | None = Field(None, ge=1, le=9, description="how many members (default min(3, nodes)), chosen "
                                                               "among the nodes with the fewest partitions")
     nodes: list[NodeId] | None = Field(None, min_length=1, max_length=9, description="the members, by node id")
+
+
+class PartitionMemberRequest(_Model):
+    """POST /v1/cluster/partitions/{name}/members: add a member to a partition (docs/partitions.md)."""
+
+    node_id: NodeId
+    timeout_s: float = Field(120.0, ge=0, le=600, description="how long to wait for the partition's Raft "
+                                                              "membership to match and every member to catch up")
+
+
+class ReplaceMemberRequest(_Model):
+    """POST /v1/cluster/partitions/{name}/members/{node_id}/replace: a member's place to another node."""
+
+    node_id: NodeId | None = Field(None, description="the node to take its place (null: the voting member "
+                                                     "holding the fewest partitions that can)")
+    timeout_s: float = Field(120.0, ge=0, le=600, description="how long to wait for each of the two changes")
+
+
+class DrainNodeRequest(_Model):
+    """POST /v1/cluster/nodes/{node_id}/drain: move a node's partition replicas to other nodes."""
+
+    timeout_s: float = Field(120.0, ge=0, le=600, description="how long to wait for each change")
 
 
 class RaiseFeatureLevelRequest(_Model):

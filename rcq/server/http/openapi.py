@@ -28,11 +28,13 @@ from rcq.server.http.models import (
     CommitRequest,
     CreatePartitionRequest,
     DequeueRequest,
+    DrainNodeRequest,
     EnqueueRequest,
     ErrorBody,
     ExecuteBatchRequest,
     ExecuteRequest,
     ExtendRequest,
+    PartitionMemberRequest,
     QueueDequeueRequest,
     QueueEnqueueRequest,
     QueueSettingsRequest,
@@ -40,6 +42,7 @@ from rcq.server.http.models import (
     ReceiveRequest,
     RedriveRequest,
     RejectRequest,
+    ReplaceMemberRequest,
     TransferLeadershipRequest,
 )
 
@@ -115,6 +118,20 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=(*LEADER, 409, 504)),
     Operation("DELETE", "/v1/cluster/partitions/{name}", "Delete a partition that holds no queue",
               errors=(*LEADER, 400, 404, 409, 504)),
+    Operation("POST", "/v1/cluster/partitions/{name}/members", "Add a member to a partition; answers once its "
+              "Raft group matches and every member caught up (settled), or at timeout_s",
+              PartitionMemberRequest, errors=(*LEADER, 400, 404, 409, 504)),
+    Operation("DELETE", "/v1/cluster/partitions/{name}/members/{node_id}", "Take a member out of a partition",
+              errors=(*LEADER, 400, 404, 409, 504), query=("timeout_s",)),
+    Operation("POST", "/v1/cluster/partitions/{name}/members/{node_id}/replace", "Give a member's place in a "
+              "partition to another node: added and caught up first, then the member removed",
+              ReplaceMemberRequest, errors=(*LEADER, 400, 404, 409, 504)),
+    Operation("POST", "/v1/cluster/nodes/{node_id}/drain", "Give a node's place in every partition to other "
+              "nodes, one partition after the other", DrainNodeRequest, errors=(*LEADER, 400, 404, 409, 504)),
+    Operation("GET", "/v1/cluster/balance", "Leaders per node, each partition's leader, Raft members and lag, "
+              "and the leader balancer's counts"),
+    Operation("POST", "/v1/cluster/rebalance", "Move partition leaders now, one at a time, until spread",
+              errors=LEADER),
     Operation("POST", "/v1/transactions", "Begin a transaction", BeginRequest, 201, (*ROUTED, 429)),
     Operation("GET", "/v1/transactions", "Open transactions of every partition", errors=LEADER, query=("label_prefix",)),
     Operation("GET", "/v1/transactions/{transaction_id}", "A transaction's state", errors=ROUTED + TRANSACTION),

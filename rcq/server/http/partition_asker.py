@@ -10,11 +10,15 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
+import time
 from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
+
+from rcq.server.security import cluster_calls
 
 LEADER_ASK_TIMEOUT_S = 2.0  # one member asked who leads, or one process's metrics
 FORWARD_TIMEOUT_S = 30.0  # a partition's leader found and its answer back, for a PUT placed there
@@ -47,10 +51,25 @@ class LeaderAsker:
         status, answer = answered
         return status, answer if isinstance(answer, dict) else {}
 
+    async def cluster_call(self, method: str, base_url: str, path: str, body: dict[str, Any] | None,
+                           secret: str | None, timeout_s: float) -> tuple[int, dict[str, Any]] | None:
+        """A call of p0's leader to a partition process, signed with the cluster secret
+        (rcq.server.security.cluster_calls) instead of a caller's token; as :meth:`call`."""
+        data = b"" if body is None else json.dumps(body).encode()
+        headers = {cluster_calls.HEADER: cluster_calls.sign(secret, method, path, data, time.time()),
+                   **({"Content-Type": "application/json"} if body is not None else {})}
+        answered = await self._request(method, f"{base_url}{path}", headers, None, timeout_s, "json", data=data)
+        if answered is None:
+            return None
+        status, answer = answered
+        return status, answer if isinstance(answer, dict) else {}
+
     async def _request(self, method: str, url: str, headers: dict[str, str], body: dict[str, Any] | None,
-                       timeout_s: float, read: Literal["json", "text"]) -> tuple[int, Any] | None:
+                       timeout_s: float, read: Literal["json", "text"], data: bytes | None = None
+                       ) -> tuple[int, Any] | None:
         try:
-            async with self._http().request(method, url, json=body, headers=headers, allow_redirects=False,
+            async with self._http().request(method, url, json=body, data=data, headers=headers,
+                                            allow_redirects=False,
                                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 return response.status, await (response.json() if read == "json" else response.text())
         except _UNREACHABLE:

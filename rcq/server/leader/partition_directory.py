@@ -40,6 +40,7 @@ from rcq.server.core.directory import (
     Directory,
     DirectoryResult,
     NodePorts,
+    Partition,
     PartitionChange,
     QueuePlacement,
     partition_name_problem,
@@ -189,6 +190,61 @@ class PartitionDirectory:
         self._raise_refusal(result, f"partition {name}")
         log.info("partition %s deleted", name)
         return {"name": name, "deleted": True}
+
+    # --------------------------------------------------------------- members
+    async def set_members(self, name: str, members: list[str]) -> dict[str, Any]:
+        """Make ``members`` partition ``name``'s members in the directory (p0's controller then
+        changes its Raft membership to match, one node at a time); its listing entry. The preferred
+        leader stays when it is still a member, else it is the member preferred for the fewest."""
+        self._require_level("changing a partition's members")
+        directory = self._read()
+        partition = self._partition(directory, name)
+        voting = set(self._voting())
+        strangers = [m for m in members if m not in voting and m not in partition.members]
+        if strangers:
+            raise InvalidRequest(f"not voting members of the cluster: {', '.join(strangers)}",
+                                 details={"nodes": strangers})
+        if not members or len(set(members)) != len(members) or len(members) > PARTITION_MEMBERS_MAX:
+            raise InvalidRequest(f"a partition has 1 to {PARTITION_MEMBERS_MAX} distinct members")
+        preferred = partition.preferred_leader if partition.preferred_leader in members else min(
+            members, key=lambda m: (sum(p.preferred_leader == m for p in directory.partitions.values()), m))
+        term, now_ms = self._stamp()
+        result = await self._replicator.submit(
+            PartitionChange(term, now_ms, "members", name, partition.number, tuple(members), preferred),
+            self._config.commit_timeout_s)
+        self._raise_refusal(result, f"partition {name}")
+        log.info("partition %s: members %s in the directory (were %s)", name, ", ".join(members),
+                 ", ".join(partition.members))
+        return self.listing(name)[0]
+
+    def members_of(self, name: str) -> list[str]:
+        return list(self._partition(self._read(), name).members)
+
+    def replacement(self, name: str, leaving: str) -> str:
+        """The node to take ``leaving``'s place in partition ``name``: a voting member that is not
+        one of its members, has ports for it and room, holding the fewest partitions (then by id)."""
+        directory = self._read()
+        partition = self._partition(directory, name)
+        hosted = directory.hosted()
+        fit = [n for n in self._voting() if n not in partition.members and n != leaving
+               and n in directory.node_ports and hosted.get(n, 0) < NODE_PARTITIONS_MAX
+               and directory.node_ports[n].serves(name, partition.number)]
+        if not fit:
+            raise NodeHasNoPartitionPorts(
+                f"no node can take {leaving}'s place in partition {name}: every other voting member is a member "
+                "already, full, or has no ports for it; add a node first (docs/operations.md)",
+                details={"partition": name, "node_id": leaving})
+        return str(min(fit, key=lambda n: (hosted.get(n, 0), n)))
+
+    @staticmethod
+    def _partition(directory: Directory, name: str) -> Partition:
+        if name == P0:
+            raise InvalidRequest("p0's members are the cluster's voting members: change them with rcq cluster "
+                                 "add-node and remove-node (docs/membership.md)")
+        partition = directory.partitions.get(name)
+        if partition is None:
+            raise PartitionNotFound(f"no partition {name}", details={"partition": name})
+        return partition
 
     def _choose(self, directory: Directory, name: str, replicas: int | None, nodes: list[str] | None) -> list[str]:
         voting = list(self._voting())

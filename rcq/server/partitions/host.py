@@ -6,9 +6,13 @@ Every ``poll_s`` it reads the directory (a copy, under the replicator's lock) an
 member of whose members all have their ports recorded: ``rcq serve`` with the partition's
 configuration (:func:`rcq.server.partitions.ports.partition_config`) in a private file,
 ``<data_dir>/partitions/<name>.json``, its output in ``<name>.log`` beside it. A configuration
-that changes (a member's ports) restarts its child; a partition gone from the directory, or
-no longer naming this node, stops it, and a deleted partition's data (``<name>.<number>``) is
-removed once its process has stopped. The node stops them all before it stops itself.
+that changes (this node's ports, its secrets) restarts its child, but not a change of the other
+members: a partition process takes its peers from its configuration only the first time it starts
+(then from its log, where p0's controller changes its members: docs/membership.md), so the file
+is rewritten for the day its data is rebuilt and the process runs on. A partition gone from the
+directory, or no longer naming this node, stops it, and its data (``<name>.<number>``) is
+removed once its process has stopped: a node that joins a partition again starts empty and
+catches up. The node stops them all before it stops itself.
 
 Every node reads the directory from its own replica of p0, so a follower starts its partitions as
 soon as it has applied the entry, and keeps them running while p0 has no leader.
@@ -86,13 +90,15 @@ class PartitionHost:
             await asyncio.sleep(self._poll_s)
 
     def remove_deleted(self, directory: Directory) -> list[Path]:
-        """Remove the data of partitions deleted from ``directory`` (their processes stopped by
-        :meth:`Supervisor.want` just before): a folder ``<name>.<number>`` whose number the directory has given out (below its
-        next number) and that no partition has now. A replica that has not yet applied a partition's
+        """Remove the data of partitions deleted from ``directory``, or no longer naming this node
+        (their processes stopped by :meth:`Supervisor.want` just before): a folder
+        ``<name>.<number>`` whose number the directory has given out (below its next number) and
+        that no partition of this node has now. A replica that has not yet applied a partition's
         creation has a lower next number, so it never takes a live partition's data for a deleted
         one's. The removed folders."""
         removed: list[Path] = []
-        live = {data_dir_name(p.name, p.number) for p in directory.partitions.values()}
+        live = {data_dir_name(p.name, p.number) for p in directory.partitions.values()
+                if self._config.node_id in p.members}
         if not self.directory_path.is_dir():
             return removed
         for folder in sorted(self.directory_path.iterdir()):
@@ -102,7 +108,8 @@ class PartitionHost:
             if int(number) >= directory.next_number:
                 continue
             shutil.rmtree(folder)
-            log.info("removed the data of deleted partition %s (number %s)", name, number)
+            gone = "deleted partition" if name not in directory.partitions else "partition, no longer a member of"
+            log.info("removed the data of %s %s (number %s)", gone, name, number)
             removed.append(folder)
         return removed
 
@@ -135,8 +142,10 @@ class PartitionHost:
         if not path.exists() or path.read_text() != text:
             write_private(path, text)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-        # The configuration's hash is part of the spec: a changed configuration restarts the child.
-        fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+        # The configuration's hash is part of the spec: a changed configuration restarts the child,
+        # except for the other members, which the process reads only at its first start.
+        own = json.dumps(config.model_dump(mode="json", exclude={"peers", "peer_urls"}), sort_keys=True)
+        fingerprint = hashlib.sha256(own.encode()).hexdigest()[:16]
         return ChildSpec((sys.executable, "-m", "rcq", "serve", "--config", str(path), "--log-level", str(level)),
                          self.directory_path / f"{name}.log", env={"RCQ_PARTITION_CONFIG": fingerprint})
 
