@@ -46,7 +46,7 @@ import tempfile
 from pathlib import Path
 
 from chaos.docker_cluster import COMPOSE_NODES, DockerError
-from chaos.nemesis import DOCKER_KINDS, KINDS, check_target, parse_kinds
+from chaos.nemesis import DOCKER_KINDS, KINDS, NEEDS_PARTITIONS, check_target, parse_kinds
 from chaos.powerfs import fuse_unavailable_reason
 from chaos.runner import Progress, RunConfig, run
 from cluster.engine import ENGINES, EngineUnavailable, choose_engine
@@ -78,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
                         "with it, 'all' includes power)")
     p.add_argument("--partitions", type=int, default=1,
                    help="partitions p0 ... p{N-1} (docs/partitions.md; local target): the queues are placed over them "
-                        "and kill-partition-process can run (default 1: p0 alone)")
+                        "and the partition nemeses can run (kill-, pause-partition-process, move-leaders, "
+                        "partition-lifecycle; default 1: p0 alone)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -94,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--partitions counts p0: at least 1")
         if args.partitions > 1 and args.target != "local":
             raise ValueError("--partitions needs --target local (each node's partition ports)")
-        if "kill-partition-process" in kinds and args.partitions < 2 and args.nemesis.strip() != "all":
-            raise ValueError("nemesis kill-partition-process needs --partitions 2 or more")
+        needing = [k for k in kinds if k in NEEDS_PARTITIONS]
+        if needing and args.partitions < 2 and args.nemesis.strip() != "all":
+            raise ValueError(f"nemesis {', '.join(needing)} needs --partitions 2 or more")
         if args.partitions > 1 and "upgrade" in kinds:
             if args.nemesis.strip() != "all":
                 raise ValueError("--partitions and nemesis upgrade exclude each other: partitions need feature level "

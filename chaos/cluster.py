@@ -107,6 +107,10 @@ def groups_running(pgids: set[int]) -> set[int]:
     return running
 
 
+BALANCE_HOLD_S = 5.0  # the leader balancer's hold in a chaos run (60 s by default): it acts during faults
+LIFECYCLE_PARTITIONS_MAX = 24  # partitions the partition-lifecycle nemesis may create in one run
+
+
 class ChaosCluster(LocalCluster):
     """``nodes`` rcq processes on 127.0.0.1, wired through a proxy of their own (seeded with
     ``seed``, closed with the cluster); see the module docstring. ``base_dir`` None: a
@@ -127,8 +131,13 @@ class ChaosCluster(LocalCluster):
         self.client_ports: list[int] = []  # the link port in front of each node's HTTP port
         self.power_mounts: list[PowerMount] = []  # node i's data directory, with power_fs
         try:
-            super().__init__(nodes, base_dir, node_overrides={**CHAOS_NODE_OVERRIDES, **(node_overrides or {})},
-                             log_level=log_level, keep=True, partitions_max=partitions - 1)
+            # With partitions: the balancer moves leaders during the run (a short hold), and each node
+            # has ports for the partitions the partition-lifecycle nemesis creates (numbers are never reused).
+            partitioned = {"balance_hold_s": BALANCE_HOLD_S} if partitions > 1 else {}
+            super().__init__(nodes, base_dir,
+                             node_overrides={**CHAOS_NODE_OVERRIDES, **partitioned, **(node_overrides or {})},
+                             log_level=log_level, keep=True,
+                             partitions_max=partitions - 1 + (LIFECYCLE_PARTITIONS_MAX if partitions > 1 else 0))
             if "raft_ticks_on_loop" not in (node_overrides or {}):
                 # Both ways of ticking Raft in one cluster: node 0 on pysyncobj's own tick thread,
                 # the others on their event loop (rcq.server.raft.loop_ticker, the default).

@@ -13,7 +13,11 @@ refuse them before anything commits, with ``cross_partition_transaction``.
 * a refusal ``cross_partition_transaction`` came for queues that all live in one partition
   (``wrongly_refused``): the routing got a placement wrong;
 * a ``kill-partition-process`` fault stopped without its process restarted (``not_restarted``;
-  a node that went down meanwhile restarts its processes itself, and is not counted).
+  a node that went down meanwhile restarts its processes itself, and is not counted);
+* a ``partition-lifecycle`` fault (a partition created during the run, a queue placed in it, items
+  committed one request each) whose queue, deleted when the fault stopped, removed fewer items
+  than were acknowledged (``lifecycle_lost``: an acknowledged commit lost in a new partition) or
+  more than were sent (``lifecycle_extra``). A delete that did not answer leaves it unknown.
 
 Counts: the attempts across partitions and how they ended (``cross_partition``: refused, or info
 when the run's own timeout or a fault ended them first), the acknowledged values enqueued into each
@@ -79,8 +83,15 @@ def check_partitions(model: QueueModel, history: list[dict[str, Any]]) -> dict[s
     started = [k for k in kills if k.get("phase") == "start"]
     stopped = [k for k in kills if k.get("phase") == "stop"]
     not_restarted = [k for k in stopped if k.get("restarted") is False]
+    lifecycles = _joined(history, "partition-lifecycle")
+    checked_lifecycles = [c for c in lifecycles if isinstance(c.get("removed"), int)]
+    lost = [c for c in checked_lifecycles if c["removed"] < int(c.get("acked") or 0)]
+    extra = [c for c in checked_lifecycles
+             if c["removed"] > int(c.get("acked") or 0) + int(c.get("unknown") or 0)]
+    pauses = [v for v in _nemesis(history) if str(v.get("f", "")).startswith("pause-partition")]
+    moves = _joined(history, "move-leaders")
     return {
-        "valid": not spanning and not wrongly_refused and not not_restarted,
+        "valid": not spanning and not wrongly_refused and not not_restarted and not lost and not extra,
         "checked": True,
         "placement": dict(sorted(placed.items())),
         "cross_partition": dict(sorted(attempts.items())),
@@ -92,4 +103,28 @@ def check_partitions(model: QueueModel, history: list[dict[str, Any]]) -> dict[s
         "partition_processes_killed": len(started),
         "partition_processes_restarted": sum(1 for k in stopped if k.get("restarted") is True),
         "not_restarted": not_restarted[:SAMPLE_SIZE_MAX],
+        "partition_processes_paused": sum(1 for v in pauses if v.get("phase") == "start"),
+        "leaders_moved_by_hand": sum(len(m.get("moved") or []) for m in moves),
+        "rebalance_moves": sum(len(m.get("moves") or []) for m in moves),
+        "rebalance_errors": sum(1 for m in moves if m.get("rebalance_error")),
+        "lifecycles": len(lifecycles),
+        "lifecycles_checked": len(checked_lifecycles),
+        "lifecycle_acknowledged": sum(int(c.get("acked") or 0) for c in checked_lifecycles),
+        "lifecycle_lost": lost[:SAMPLE_SIZE_MAX],
+        "lifecycle_extra": extra[:SAMPLE_SIZE_MAX],
     }
+
+
+def _nemesis(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each nemesis line's value, with its ``f``."""
+    return [{**op["value"], "f": op.get("f")} for op in history
+            if op.get("process") == NEMESIS_PROCESS and isinstance(op.get("value"), dict)]
+
+
+def _joined(history: list[dict[str, Any]], f: str) -> list[dict[str, Any]]:
+    """Each fault ``f``: its start line's values with its stop line's (matched by ``id``)."""
+    faults: dict[Any, dict[str, Any]] = {}
+    for value in _nemesis(history):
+        if value["f"] == f and value.get("phase") in ("start", "stop") and "id" in value:
+            faults.setdefault(value["id"], {}).update({k: v for k, v in value.items() if k != "phase"})
+    return list(faults.values())

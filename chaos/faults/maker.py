@@ -1,5 +1,5 @@
 """FaultMaker: one object that starts faults of every kind, made of a part per job (network,
-processes, membership, releases; see chaos/faults/__init__.py).
+processes, partitions, membership, releases; see chaos/faults/__init__.py).
 
 Must not import: any rcq module; nor a target's module (targets are seen through chaos.target).
 """
@@ -12,13 +12,14 @@ from collections.abc import Callable
 from chaos.faults.base import Fault
 from chaos.faults.membership import MembershipFaults
 from chaos.faults.network import NetworkFaults
+from chaos.faults.partitions import PartitionFaults
 from chaos.faults.processes import ProcessFaults, partition_processes, power_failure
 from chaos.faults.releases import ReleaseFaults, release_switch
 from chaos.membership import MembershipChanger
 from chaos.target import ChaosTarget, membership_control
 
 
-class FaultMaker(NetworkFaults, ProcessFaults, MembershipFaults, ReleaseFaults):
+class FaultMaker(NetworkFaults, ProcessFaults, PartitionFaults, MembershipFaults, ReleaseFaults):
     """Starts faults of every kind on ``cluster``; ``others_active`` says whether any fault runs now."""
 
     def __init__(self, cluster: ChaosTarget, others_active: Callable[[], bool]) -> None:

@@ -41,6 +41,19 @@ class PartitionProcesses(Protocol):
         """SIGKILL node ``i``'s process of ``partition``; its pid, None if it had none."""
         ...
 
+    def pause_partition_process(self, i: int, partition: str) -> int | None:
+        """SIGSTOP node ``i``'s process of ``partition``; its pid, None if it had none."""
+        ...
+
+    def resume_process(self, pid: int) -> None:
+        """SIGCONT a paused partition process (gone meanwhile: nothing)."""
+        ...
+
+    def admin_request(self, i: int, path: str, method: str = "GET", body: dict[str, Any] | None = None,
+                      timeout_s: float = ...) -> dict[str, Any]:
+        """Node ``i``'s JSON answer to ``method path`` with the admin token (chaos.target.MembershipControl)."""
+        ...
+
 
 def partition_processes(cluster: object) -> PartitionProcesses | None:
     """The target's partition processes, or None when it runs p0 alone (or cannot reach them)."""

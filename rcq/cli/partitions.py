@@ -1,5 +1,5 @@
 """The partition verbs (docs/partitions.md, docs/operations.md): ``rcq partition
-create|list|delete|add-member|remove-member|replace-member``, ``rcq node drain``, ``rcq cluster
+create|list|delete|add-member|remove-member|replace-member|transfer-leader``, ``rcq node drain``, ``rcq cluster
 balance|rebalance``.
 
 ``create`` answers once the new partition has a leader (or says it has none yet after
@@ -61,6 +61,13 @@ def add_partition_parsers(commands: Any, common: argparse.ArgumentParser) -> Non
         action.add_argument("--timeout-s", type=seconds, default=120.0,
                             help="how long to wait for the change to settle, 0 to 600 (default 120)")
         action.set_defaults(func=func, error_hint=partition_hint)
+    transfer = actions.add_parser(
+        "transfer-leader", parents=[common], help="hand a partition's leadership to a member (admin token)",
+        description="Hand partition NAME's leadership to NODE_ID, or (without it) to its most caught-up follower. "
+                    "The balancer may move it again a minute later, if it leaves the leaders uneven.")
+    transfer.add_argument("name", metavar="NAME")
+    transfer.add_argument("node_id", metavar="NODE_ID", nargs="?", default=None)
+    transfer.set_defaults(func=cmd_partition_transfer_leader, error_hint=partition_hint)
     node = commands.add_parser("node", help="a node's partition replicas",
                                description="A node's replicas of the partitions (docs/operations.md).")
     node_actions = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
@@ -175,6 +182,16 @@ def cmd_partition_replace_member(args: argparse.Namespace) -> int:
         else:
             print(f"{answer['replaced']} -> {answer['by']}: {_settled_line(answer)}")
         return 0 if answer.get("settled") and answer.get("step") == "done" else 3
+
+    return with_client(args, verb)
+
+
+def cmd_partition_transfer_leader(args: argparse.Namespace) -> int:
+    async def verb(client: Any) -> int:
+        answer = await client.transfer_partition_leadership(args.name, args.node_id)
+        print(json.dumps(answer) if args.json else
+              f"partition {args.name}: leadership moved from {answer['previous_leader_id']} to {answer['leader_id']}")
+        return 0
 
     return with_client(args, verb)
 

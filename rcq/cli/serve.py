@@ -149,5 +149,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         extra_tokens=(admin,) if admin is not None else (), tokens_file=args.tokens_file, insecure_http=args.insecure_http,
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
         tls_client_ca_file=args.tls_client_ca_file, tls_peer_ca_file=args.tls_peer_ca_file)
+    if config.partition_name is not None:  # each line says which partition's process wrote it
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{config.partition_name}] "
+                                                   "%(name)s: %(message)s"))
     asyncio.run(run_node(config))
     return 0

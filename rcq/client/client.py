@@ -468,6 +468,14 @@ class RcqClient:
             "POST", f"/v1/cluster/nodes/{node_id}/drain", {"timeout_s": timeout_s}, MEMBERSHIP,
             wait_ms=_waited_ms(2 * timeout_s * NODE_PARTITIONS_MAX))))
 
+    async def transfer_partition_leadership(self, name: str, node_id: str | None = None) -> dict[str, Any]:
+        """Hand partition ``name``'s leadership to member ``node_id`` (None: its most caught-up
+        follower); answers ``leader_id`` and ``previous_leader_id`` once the new leader is seen.
+        The balancer may move it again later (docs/partitions.md). Needs an admin token."""
+        return dict(await self._transport.request(Request(
+            "POST", f"{PARTITIONS_PATH}/{name}/leadership", {"node_id": node_id}, MEMBERSHIP,
+            wait_ms=MEMBERSHIP_CHANGE_MS + 15_000)))
+
     async def leader_balance(self) -> dict[str, Any]:
         """Leaders per node, each partition's leader and lag, and the balancer's counts
         (docs/partitions.md, "Leaders spread"). Needs an admin token."""

@@ -339,6 +339,9 @@ class SyncClient:
     def drain_node(self, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
         return self._runner.run(self._client.drain_node(node_id, timeout_s=timeout_s))
 
+    def transfer_partition_leadership(self, name: str, node_id: str | None = None) -> dict[str, Any]:
+        return self._runner.run(self._client.transfer_partition_leadership(name, node_id))
+
     def leader_balance(self) -> dict[str, Any]:
         return self._runner.run(self._client.leader_balance())
 

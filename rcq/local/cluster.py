@@ -369,6 +369,21 @@ class LocalCluster(PolledCluster[LocalNode]):
                 os.kill(pid, signal.SIGKILL)
         return pid
 
+    def pause_partition_process(self, i: int, partition: str) -> int | None:
+        """SIGSTOP node ``i``'s process of ``partition`` (its node left running); its pid, None if it
+        has none. :meth:`resume_process` undoes it."""
+        pid = self.partition_processes(i).get(partition)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    @staticmethod
+    def resume_process(pid: int) -> None:
+        """SIGCONT a process paused by :meth:`pause_partition_process` (gone meanwhile: nothing)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
     def kill_node(self, i: int) -> int | None:
         """SIGKILL node ``i`` (and anything it forked), as a crash would. Returns its exit code."""
         return self.nodes[i].kill()

@@ -31,6 +31,7 @@ from rcq.server.heap import keep_heap_top
 from rcq.server.http import session_channel
 from rcq.server.http.api import create_app
 from rcq.server.http.connections import HttpListener, runner_options
+from rcq.server.http.handlers import PARTITION_HOST
 from rcq.server.http.membership_routes import MEMBERSHIP
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.partitions.host import PartitionHost
@@ -57,6 +58,8 @@ class Node:
         self.app = create_app(config, self.manager, replicator)
         # The node's other partitions, one child process each (docs/partitions.md), when it has ports for them.
         self.partition_host = PartitionHost(config, replicator) if config.serves_partitions else None
+        if self.partition_host is not None:
+            self.app[PARTITION_HOST] = self.partition_host
         self._runner: web.AppRunner | None = None
         self.http_listener: HttpListener | None = None  # the HTTP socket and its connection limits
         self.port: int | None = None

@@ -68,3 +68,29 @@ def test_the_topology_places_queues_round_robin_and_each_dead_letter_queue_with_
     alone = Topology.of(["q0", "q1"])
     assert "partitions" not in alone.plans["q1"].settings() and not alone.partitioned
     assert alone.partition_of("q1") == "p0"
+
+
+def test_a_new_partitions_queue_that_removed_fewer_items_than_were_acknowledged_is_invalid() -> None:
+    h = placed(History(), a="p0", b="p1")
+    h.enqueue(1, "ok", "a", "a1")
+    h.drain("a", "a1")
+    h.nemesis("partition-lifecycle", "start", id=0, partition="t1", queue="t1-q", acked=5, unknown=0, refused=0)
+    h.nemesis("partition-lifecycle", "stop", id=0, removed=5, partition_deleted=True)
+    h.nemesis("partition-lifecycle", "start", id=1, partition="t2", queue="t2-q", acked=4, unknown=1, refused=0)
+    h.nemesis("partition-lifecycle", "stop", id=1, removed=5, partition_deleted=True)  # the unknown one landed
+    h.nemesis("partition-lifecycle", "start", id=2, partition="t3", queue="t3-q", acked=5, unknown=0, refused=0)
+    h.nemesis("partition-lifecycle", "stop", id=2, queue_error="no_leader")  # not checked: no count
+    h.nemesis("pause-partition-leader", "start", "node-1", id=3, partition="p1", pid=7)
+    h.nemesis("pause-partition-leader", "stop", "node-1", id=3)
+    valid = check(h.lines)["partitions"]
+    assert valid["valid"], valid
+    assert (valid["lifecycles"], valid["lifecycles_checked"], valid["lifecycle_acknowledged"]) == (3, 2, 9)
+    assert valid["partition_processes_paused"] == 1
+    h.nemesis("partition-lifecycle", "start", id=4, partition="t4", queue="t4-q", acked=5, unknown=0, refused=0)
+    h.nemesis("partition-lifecycle", "stop", id=4, removed=4, partition_deleted=True)  # one acknowledged item gone
+    h.nemesis("partition-lifecycle", "start", id=5, partition="t5", queue="t5-q", acked=2, unknown=0, refused=3)
+    h.nemesis("partition-lifecycle", "stop", id=5, removed=3, partition_deleted=True)  # a refused one appeared
+    invalid = check(h.lines)["partitions"]
+    assert not invalid["valid"]
+    assert [c["partition"] for c in invalid["lifecycle_lost"]] == ["t4"]
+    assert [c["partition"] for c in invalid["lifecycle_extra"]] == ["t5"]

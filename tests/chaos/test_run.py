@@ -76,6 +76,24 @@ def test_queues_over_three_partitions_with_partition_processes_killed_lose_nothi
     require_valid(document, (*SAFETY_CHECKERS, "partitions"))
 
 
+@pytest.mark.timeout(420)
+def test_partitions_frozen_leaders_moved_and_partitions_made_and_deleted_during_faults_lose_nothing(tmp_path):
+    """docs/partitions.md: a partition's process frozen (its leader's, mostly), leaders piled on a
+    node and spread again by the balancer, partitions created, filled and deleted, mixed: every item
+    acknowledged in a new partition was there when its queue was deleted."""
+    config = RunConfig(nodes=3, time_limit_s=45,
+                       nemesis=["pause-partition-process", "move-leaders", "partition-lifecycle"],
+                       seed=CI_SEED + 4, out=tmp_path, workers=5, partitions=3)
+    document = run(config, Progress(quiet=True))
+    partitions = document["results"]["partitions"]
+    assert partitions["partition_processes_paused"] >= 1, describe(document)
+    assert partitions["leaders_moved_by_hand"] >= 1, describe(document)
+    assert partitions["lifecycles_checked"] >= 1 and partitions["lifecycle_acknowledged"] >= 1, describe(document)
+    assert not partitions["lifecycle_lost"] and not partitions["lifecycle_extra"], describe(document)
+    assert document["results"]["runtime"]["drain"]["complete"], describe(document)
+    require_valid(document, (*SAFETY_CHECKERS, "partitions"))
+
+
 @pytest.mark.timeout(480)
 def test_membership_changes_during_faults_lose_nothing_and_every_node_ends_a_voting_member(tmp_path):
     """docs/membership.md: members removed (the leader too) and re-added (with their data, or wiped

@@ -49,10 +49,21 @@ from rcq.server.http import (
 from rcq.server.http.auth import authenticate, authenticate_cluster_call
 from rcq.server.http.feature_level_routes import FEATURE_LEVELS, make_survey
 from rcq.server.http.forwarding import Forwarder
-from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, TOKENS, Handler, error_response
+from rcq.server.http.handlers import (
+    CONFIG,
+    MANAGER,
+    METRICS,
+    PARTITION_CONTROLLER,
+    PARTITION_HOST,
+    REPLICATOR,
+    TOKENS,
+    Handler,
+    error_response,
+)
 from rcq.server.http.membership_routes import MEMBERSHIP, make_probe
 from rcq.server.http.metrics import NodeMetrics
 from rcq.server.http.partition_control import PartitionCalls
+from rcq.server.http.partition_metrics import PartitionCollector
 from rcq.server.http.partition_routes import PARTITION_DIRECTORY, PARTITION_ROUTER, add_partition_routes
 from rcq.server.leader.feature_levels import FeatureLevels
 from rcq.server.leader.membership import Membership
@@ -150,6 +161,9 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
     add_partition_routes(app, peer_tls, forwarder)
     if config.partition_name is None:
         _add_partition_controller(app, directory)
+    metrics.registry.register(PartitionCollector(
+        lambda: app[PARTITION_HOST].status() if PARTITION_HOST in app else {},
+        lambda: app.get(PARTITION_CONTROLLER), lambda: manager.serving and replicator.is_leader()))
     readiness.add_routes(app)
     return app
 

@@ -16,11 +16,21 @@ from typing import Any
 
 from aiohttp import web
 
+from rcq.names import P0
 from rcq.server.core.features import level_max_read
 from rcq.server.http.asyncapi import asyncapi_spec
 from rcq.server.http.auth import principal_of
 from rcq.server.http.backup_routes import BACKUPS, add_backup_routes
-from rcq.server.http.handlers import CONFIG, MANAGER, METRICS, REPLICATOR, admin_only, json_response
+from rcq.server.http.handlers import (
+    CONFIG,
+    MANAGER,
+    METRICS,
+    PARTITION_CONTROLLER,
+    PARTITION_HOST,
+    REPLICATOR,
+    admin_only,
+    json_response,
+)
 from rcq.server.http.membership_routes import MEMBERSHIP
 from rcq.server.http.openapi import openapi_spec
 from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
@@ -69,6 +79,11 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         "feature_level_max": level_max_read(config.test_feature_level_max),
         # The last backup this node served (docs/backup.md); None until one was.
         "last_backup": app[BACKUPS].last if BACKUPS in app else None,
+        # The partition this process serves, and at a node's own port its partition processes
+        # (docs/partitions.md): name -> pid, restarts, last exit, CPU seconds, resident bytes.
+        "partition": config.partition_name or P0,
+        "partitions": app[PARTITION_HOST].status() if PARTITION_HOST in app else {},
+        "items": replicator.read(lambda sm: sum(sm.usage(name)[0] for name in sm.queue_names())),
     }
 
 
@@ -119,6 +134,16 @@ def _queue_rows(app: web.Application) -> list[dict[str, Any]]:
     return [{"queue": name, **stats, "locked": manager.locked_count(name)} for name, stats in rows]
 
 
+async def _partition_rows(app: web.Application) -> list[dict[str, Any]]:
+    """Every partition but p0, surveyed now (none in a partition process, or without partitions)."""
+    controller = app.get(PARTITION_CONTROLLER)
+    if controller is None:
+        return []
+    return [{"name": v.name, "number": v.number, "members": list(v.members), "leader_id": v.leader,
+             "raft_members": list(v.raft_members) if v.raft_members is not None else None, "lag": v.lag(),
+             "items": v.items, "settled": v.settled()} for v in await controller.survey()]
+
+
 async def openapi(request: web.Request) -> web.Response:
     """The OpenAPI 3.1 description of this API (rcq.server.http.openapi), with this node as its server."""
     return json_response(openapi_spec(request.app[CONFIG].url))
@@ -139,12 +164,16 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response({"ok": True, "node_id": config.node_id, "version": rcq_version(),
                           "feature_level_max": level_max_read(config.test_feature_level_max),
                           "cluster_id": request.app[REPLICATOR].read(lambda sm: sm.cluster_id),
+                          "partition": config.partition_name or P0,
+                          **({"partitions": sorted(request.app[PARTITION_HOST].status())}
+                             if PARTITION_HOST in request.app else {}),
                           **({"partition_ports": partition_ports_of(config)} if config.serves_partitions else {})})
 
 
 def add_routes(app: web.Application) -> None:
     overview = Overview(own_status=lambda: cluster_status(app), queues=lambda: _queue_rows(app),
-                        peer_tls=peer_context(app[CONFIG]), dial_url=app[CONFIG].peer_url)
+                        peer_tls=peer_context(app[CONFIG]), dial_url=app[CONFIG].peer_url,
+                        partitions=lambda: _partition_rows(app))
     app.on_cleanup.append(overview.close)
     app.router.add_get("/", page)
     app.router.add_get("/v1/cluster/overview", admin_only("read the cluster overview", overview.handle))

@@ -29,7 +29,9 @@ from rcq.server.http.auth import CHALLENGE, principal_of
 from rcq.server.http.connections import read_body
 from rcq.server.http.metrics import NodeMetrics
 from rcq.server.http.operations import Caller
+from rcq.server.leader.partition_controller import PartitionController
 from rcq.server.leader.transactions import TransactionManager
+from rcq.server.partitions.host import PartitionHost
 from rcq.server.raft.protocol import Replicator
 from rcq.tokens import TokenRegistry
 
@@ -38,6 +40,10 @@ MANAGER = web.AppKey("manager", TransactionManager)
 REPLICATOR = web.AppKey("replicator", Replicator)
 METRICS = web.AppKey("metrics", NodeMetrics)
 TOKENS = web.AppKey("tokens", TokenRegistry)
+# The node's partition processes (rcq.server.partitions.host), set by the node when it hosts any.
+PARTITION_HOST = web.AppKey("partition_host", PartitionHost)
+# p0's controller of the other partitions (rcq.server.leader.partition_controller), at a node's own port.
+PARTITION_CONTROLLER = web.AppKey("partition_controller", PartitionController)
 
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -118,6 +118,8 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=(*LEADER, 409, 504)),
     Operation("DELETE", "/v1/cluster/partitions/{name}", "Delete a partition that holds no queue",
               errors=(*LEADER, 400, 404, 409, 504)),
+    Operation("POST", "/v1/cluster/partitions/{name}/leadership", "Hand a partition's leadership to a member "
+              "(null: its most caught-up follower)", TransferLeadershipRequest, errors=(*LEADER, 400, 404)),
     Operation("POST", "/v1/cluster/partitions/{name}/members", "Add a member to a partition; answers once its "
               "Raft group matches and every member caught up (settled), or at timeout_s",
               PartitionMemberRequest, errors=(*LEADER, 400, 404, 409, 504)),

@@ -68,7 +68,8 @@ class PartitionCalls:
         return PartitionView(partition.name, partition.number, partition.members, partition.preferred_leader,
                              leader=leader, leader_url=urls[members.index(leader)],
                              leader_for_s=float(for_s) if isinstance(for_s, int | float) else None,
-                             raft_members=raft_members, applied=applied, commit_index=_int(own.get("commit_index")))
+                             raft_members=raft_members, applied=applied, commit_index=_int(own.get("commit_index")),
+                             items=_int(own.get("items")))
 
     # ------------------------------------------------------------------ changes
     async def _call(self, view: PartitionView, method: str, path: str, body: dict[str, Any] | None,
@@ -86,7 +87,7 @@ class PartitionCalls:
         error = error if isinstance(error, dict) else {}
         return f"HTTP {status} {error.get('code', '')}: {error.get('message', '')}".strip()
 
-    async def transfer(self, view: PartitionView, to_node: str) -> str | None:
+    async def transfer(self, view: PartitionView, to_node: str | None) -> str | None:
         return await self._call(view, "POST", "/v1/cluster/leadership", {"node_id": to_node}, TRANSFER_TIMEOUT_S)
 
     async def add_member(self, view: PartitionView, node_id: str) -> str | None:

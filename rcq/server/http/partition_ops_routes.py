@@ -3,6 +3,8 @@
 * ``GET /v1/cluster/balance``: leaders per node, each partition's leader, Raft members and lag
   (surveyed as it answers, on any node), and the balancer's counts (p0's leader's);
 * ``POST /v1/cluster/rebalance``: move leaders now until balanced (``rcq cluster rebalance``);
+* ``POST /v1/cluster/partitions/{name}/leadership``: one partition's leader to a member
+  (``rcq partition transfer-leader``), as the balancer moves them;
 * ``POST /v1/cluster/partitions/{name}/members``, ``DELETE .../members/{node_id}`` and
   ``POST .../members/{node_id}/replace``: a partition's members, changed in the directory, then
   in its Raft group by p0's controller, one node at a time; each answers once the group matches
@@ -22,14 +24,18 @@ from typing import Any
 
 from aiohttp import web
 
-from rcq.errors import InvalidRequest, MemberExists, MemberNotFound
+from rcq.errors import InvalidRequest, MemberExists, MemberNotFound, Unavailable
 from rcq.names import P0
-from rcq.server.http.handlers import MANAGER, admin_only, json_response, read_model
-from rcq.server.http.models import DrainNodeRequest, PartitionMemberRequest, ReplaceMemberRequest
+from rcq.server.http.handlers import MANAGER, PARTITION_CONTROLLER, admin_only, json_response, read_model
+from rcq.server.http.models import (
+    DrainNodeRequest,
+    PartitionMemberRequest,
+    ReplaceMemberRequest,
+    TransferLeadershipRequest,
+)
 from rcq.server.http.partition_routes import PARTITION_DIRECTORY
 from rcq.server.leader.partition_controller import PartitionController, PartitionView
 
-PARTITION_CONTROLLER = web.AppKey("partition_controller", PartitionController)
 REBALANCE_TIMEOUT_S = 120.0
 
 
@@ -56,6 +62,30 @@ async def balance(request: web.Request) -> web.Response:
 async def rebalance(request: web.Request) -> web.Response:
     request.app[MANAGER].require_serving()
     return json_response(await request.app[PARTITION_CONTROLLER].rebalance(REBALANCE_TIMEOUT_S))
+
+
+async def move_leader(request: web.Request) -> web.Response:
+    """Hand partition ``name``'s leadership to ``node_id`` (null: its most caught-up follower),
+    through its leader, as the balancer does; answers once the survey names the new leader."""
+    body = await read_model(request, TransferLeadershipRequest)
+    request.app[MANAGER].require_serving()
+    name = request.match_info["name"]
+    controller = request.app[PARTITION_CONTROLLER]
+    members = request.app[PARTITION_DIRECTORY].members_of(name)
+    if body.node_id is not None and body.node_id not in members:
+        raise MemberNotFound(f"{body.node_id} is not a member of partition {name}",
+                             details={"partition": name, "node_id": body.node_id})
+    view = next((v for v in await controller.survey() if v.name == name), None)
+    if view is None or view.leader is None:
+        raise Unavailable(f"partition {name} has no leader now; retry shortly", details={"partition": name})
+    previous = view.leader
+    if body.node_id != previous:
+        problem = await controller.transfer(view, body.node_id)
+        if problem is not None:
+            raise Unavailable(f"partition {name}'s leader did not hand over: {problem}; retry",
+                              details={"partition": name})
+    return json_response({"partition": name, "leader_id": (await controller.leader_of(name)) or None,
+                          "previous_leader_id": previous})
 
 
 async def add_member(request: web.Request) -> web.Response:
@@ -145,6 +175,8 @@ def add_routes(app: web.Application, controller: PartitionController) -> None:
     app[PARTITION_CONTROLLER] = controller
     app.router.add_get("/v1/cluster/balance", admin_only("read the leader balance", balance))
     app.router.add_post("/v1/cluster/rebalance", admin_only("rebalance partition leaders", rebalance))
+    app.router.add_post("/v1/cluster/partitions/{name}/leadership", admin_only("move a partition's leader",
+                                                                                move_leader))
     app.router.add_post("/v1/cluster/partitions/{name}/members", admin_only("add a partition member", add_member))
     app.router.add_delete("/v1/cluster/partitions/{name}/members/{node_id}",
                           admin_only("remove a partition member", remove_member))

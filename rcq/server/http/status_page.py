@@ -9,6 +9,9 @@ The overview is this node's view plus what each peer says of itself: the node as
 ``/v1/cluster`` with a short timeout (a dead or frozen peer shows as unreachable, it does not hold
 the page up). Queue figures are this node's replicated state (``locked`` on the leader only); each
 node's view carries its commit-latency sum and count, and the page plots the leader's mean per interval.
+``partitions`` (docs/partitions.md) is every partition but p0 as its members' processes answer
+now (leader, Raft members, each member's lag, the leader's item count); each node's view names
+its own partition processes (restarts, running), which the page draws as a grid of nodes by partitions.
 
 Both need an admin token where tokens are on: a browser asks for it (HTTP Basic, the token as the
 password) and sends it with every poll; the node passes the same ``Authorization`` on to its peers
@@ -25,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +61,10 @@ class Overview:
 
     def __init__(self, own_status: Callable[[], dict[str, Any]], queues: Callable[[], list[dict[str, Any]]],
                  peer_tls: ssl.SSLContext | None = None,
-                 dial_url: Callable[[str, str], str] | None = None) -> None:
+                 dial_url: Callable[[str, str], str] | None = None,
+                 partitions: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None) -> None:
         self._own_status = own_status
+        self._partitions = partitions
         self._dial_url = dial_url
         self._queues = queues
         self._peer_tls = peer_tls
@@ -72,19 +77,26 @@ class Overview:
         mine = self._own_status()
         authorization = request.headers.get("Authorization")
         dial = self._dial_url
-        others = await asyncio.gather(*(_peer_view(self._session, peer["url"], authorization,
-                                                   dial(peer["node_id"], peer["url"]) if dial and peer["url"] else None)
-                                        for peer in mine["peers"]))
+        others, partitions = await asyncio.gather(
+            asyncio.gather(*(_peer_view(self._session, peer["url"], authorization,
+                                        dial(peer["node_id"], peer["url"]) if dial and peer["url"] else None)
+                             for peer in mine["peers"])),
+            self._partitions() if self._partitions is not None else _none())
         return web.json_response({
             "at": time.time(),
             "served_by": mine["node_id"],
             "nodes": [{**mine, "reachable": True}, *others],
             "queues": self._queues(),
+            "partitions": partitions,
         })
 
     async def close(self, app: web.Application) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def _none() -> list[dict[str, Any]]:
+    return []
 
 
 async def page(request: web.Request) -> web.Response:

@@ -56,6 +56,7 @@ class PartitionView:
     raft_members: tuple[str, ...] | None = None  # as the leader says; None without a leader
     applied: Mapping[str, int | None] = field(default_factory=dict)  # member -> last applied (None: no answer)
     commit_index: int | None = None  # the leader's
+    items: int | None = None  # items in its queues, as the leader counts them
 
     def lag(self) -> dict[str, int | None]:
         """member -> entries behind the leader's commit index (None: it did not answer)."""
@@ -79,8 +80,9 @@ class Calls(Protocol):
 
     async def survey(self, directory: Directory) -> list[PartitionView]: ...
 
-    async def transfer(self, view: PartitionView, to_node: str) -> str | None:
-        """Hand ``view``'s leadership to ``to_node``; None when done, else why not."""
+    async def transfer(self, view: PartitionView, to_node: str | None) -> str | None:
+        """Hand ``view``'s leadership to ``to_node`` (None: its most caught-up follower); None when
+        done, else why not."""
 
     async def add_member(self, view: PartitionView, node_id: str) -> str | None:
         """Add ``node_id`` to ``view``'s Raft membership; None when done, else why not."""
@@ -226,6 +228,25 @@ class PartitionController:
         log.info("leader of partition %s moved from %s to %s (leaders per node before: %s)", move.partition,
                  move.from_node, move.to_node, ", ".join(f"{n} {c}" for n, c in sorted(counts.items())))
         return True
+
+    async def transfer(self, view: PartitionView, to_node: str | None) -> str | None:
+        """Hand ``view``'s leadership to ``to_node`` now (None: its most caught-up follower), by
+        hand; None once the survey names another leader (or ``MOVE_SEEN_S`` passed), else why not."""
+        async with self._round:
+            problem = await self._calls.transfer(view, to_node)
+            if problem is not None:
+                return problem
+            deadline = time.monotonic() + MOVE_SEEN_S
+            while time.monotonic() < deadline:
+                leader = await self.leader_of(view.name)
+                if leader is not None and leader != view.leader and (to_node is None or leader == to_node):
+                    return None
+                await asyncio.sleep(0.2)  # pace: the hand-over completes within an election or so
+            return f"no new leader seen within {MOVE_SEEN_S:.0f} s"
+
+    async def leader_of(self, name: str) -> str | None:
+        view = next((v for v in await self.survey() if v.name == name), None)
+        return view.leader if view is not None else None
 
     def _problem(self, problem: str) -> None:
         self.status.last_problem = problem

@@ -42,6 +42,7 @@ from rcq.server.partitions.ports import (
     member_ports,
     partition_config,
 )
+from rcq.server.partitions.proc_stats import usage
 from rcq.server.partitions.supervisor import ChildSpec, Supervisor
 from rcq.server.raft.protocol import Replicator
 
@@ -76,8 +77,14 @@ class PartitionHost:
         await self._supervisor.close()
 
     def status(self) -> dict[str, dict[str, object]]:
-        """Each hosted partition's process: pid, starts, restarts, last exit."""
-        return self._supervisor.status()
+        """Each hosted partition's process: pid, starts, restarts, last exit, and while it runs its
+        CPU seconds and resident bytes (``cpu_s``, ``rss_bytes``; None elsewhere)."""
+        status = self._supervisor.status()
+        for state in status.values():
+            pid = state.get("pid")
+            used = usage(pid) if isinstance(pid, int) else None
+            state["cpu_s"], state["rss_bytes"] = (round(used[0], 3), used[1]) if used is not None else (None, None)
+        return status
 
     async def _keep(self) -> None:
         while True:
