@@ -227,6 +227,8 @@ async def test_a_forwarded_commit_to_a_leader_that_froze_is_outcome_unknown() ->
 async def test_a_tls_cluster_forwards_over_https() -> None:
     with LocalCluster(tls=True) as cluster:
         leader, follower = leader_and_follower(cluster)
+        # every node applied what the leader committed: the follower knows it (else 503 no_leader)
+        cluster.wait_for_applied(LEADER_TIMEOUT_S)
         assert cluster.ca_file is not None
         context = ssl.create_default_context(cafile=str(cluster.ca_file))
         async with aiohttp.ClientSession() as session, session.post(

@@ -112,11 +112,11 @@ def test_the_status_page_shows_nodes_by_partitions_with_a_restart_and_a_frozen_p
             page.wait_for_function(
                 "document.querySelector('#partitions tr[data-partition=\"p1\"] td.num').textContent === '3'",
                 timeout=STATUS_PAGE_WAIT_MS)
-            pid = int(cluster.status(follower)["partitions"]["p1"]["pid"])
+            pid = int(cluster.status(follower)["partition_processes"]["p1"]["pid"])
             os.kill(pid, signal.SIGKILL)  # its node starts it again: one restart
             page.wait_for_function(f"document.querySelector({json.dumps(cell)}).textContent.includes('1 restart')",
                                    timeout=STATUS_PAGE_WAIT_MS)
-            pid = wait_until(lambda: cluster.status(follower)["partitions"]["p1"]["pid"], QUIET_CLUSTER_WAIT_S,
+            pid = wait_until(lambda: cluster.status(follower)["partition_processes"]["p1"]["pid"], QUIET_CLUSTER_WAIT_S,
                              what="p1's process started again")
             os.kill(int(pid), signal.SIGSTOP)  # frozen: it does not answer, shown in red
             try:

@@ -82,7 +82,7 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         # The partition this process serves, and at a node's own port its partition processes
         # (docs/partitions.md): name -> pid, restarts, last exit, CPU seconds, resident bytes.
         "partition": config.partition_name or P0,
-        "partitions": app[PARTITION_HOST].status() if PARTITION_HOST in app else {},
+        "partition_processes": app[PARTITION_HOST].status() if PARTITION_HOST in app else {},
         "items": replicator.read(lambda sm: sum(sm.usage(name)[0] for name in sm.queue_names())),
     }
 
