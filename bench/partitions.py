@@ -213,7 +213,9 @@ async def idle_cost(cluster: LocalCluster, idle_s: float) -> list[dict[str, Any]
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     ks = [int(k) for k in args.k.split(",")]
-    with LocalCluster(3, log_level="WARNING", partitions_max=len(PARTITIONS) - 1) as cluster:
+    # leaders placed by hand here (spread_leaders): the balancer left off
+    with LocalCluster(3, log_level="WARNING", partitions_max=len(PARTITIONS) - 1,
+                      node_overrides={"balance_leaders": False}) as cluster:
         cluster.wait_for_leader(60)
         cluster.ensure_partitions(len(PARTITIONS))
         target = Target.of(cluster)
