@@ -512,8 +512,8 @@ class RcqClient:
         body = add_member_body(node_id, raft_address, url, catch_up_timeout_s)
         # The server may hold the request while the node catches up: the HTTP timeout (and the
         # patience before the client looks for another leader) grow by that long.
-        wait_ms = math.ceil((catch_up_timeout_s + MEMBERSHIP_CHANGE_S) * 1000)
-        return dict(await self._transport.request(Request("POST", MEMBERS_PATH, body, MEMBERSHIP, wait_ms=wait_ms)))
+        return dict(await self._transport.request(Request("POST", MEMBERS_PATH, body, MEMBERSHIP,
+                                                          wait_ms=_waited_ms(catch_up_timeout_s))))
 
     async def remove_node(self, node_id: str) -> dict[str, Any]:
         """Remove a member; answers ``removed`` (the member) and ``members``. Removing the leader

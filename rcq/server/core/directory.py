@@ -115,6 +115,17 @@ def _refused(reason: str, **details: Any) -> DirectoryResult:
     return DirectoryResult("rejected", reason, tuple(sorted(details.items())))
 
 
+def _members_refused(command: PartitionChange) -> DirectoryResult | None:
+    """Why ``command``'s members cannot be a partition's: 1 to 9 distinct ones, the preferred
+    leader among them."""
+    if not command.members or len(set(command.members)) != len(command.members) \
+            or len(command.members) > PARTITION_MEMBERS_MAX:
+        return _refused("invalid", problem=f"1 to {PARTITION_MEMBERS_MAX} distinct members")
+    if command.preferred_leader is not None and command.preferred_leader not in command.members:
+        return _refused("invalid", problem="the preferred leader must be a member")
+    return None
+
+
 class Directory:
     """The directory's state; :meth:`apply` is called by the state machine for its entries."""
 
@@ -146,25 +157,16 @@ class Directory:
             return _refused("invalid", problem=problem)
         if command.name in self.partitions:
             return _refused("partition_exists", partition=command.name)
-        if not command.members or len(set(command.members)) != len(command.members) \
-                or len(command.members) > PARTITION_MEMBERS_MAX:
-            return _refused("invalid", problem=f"1 to {PARTITION_MEMBERS_MAX} distinct members")
-        if command.preferred_leader is not None and command.preferred_leader not in command.members:
-            return _refused("invalid", problem="the preferred leader must be a member")
+        refused = _members_refused(command)
+        if refused is not None:
+            return refused
         if command.number < self.next_number:
             return _refused("invalid", problem=f"partition numbers are never reused: the next is {self.next_number}")
         if len(self.partitions) >= PARTITIONS_MAX:
             return _refused("too_many_partitions", limit=PARTITIONS_MAX)
-        hosted = self.hosted()
-        full = [m for m in command.members if hosted.get(m, 0) >= NODE_PARTITIONS_MAX]
-        if full:
-            return _refused("node_partitions_full", nodes=tuple(full), limit=NODE_PARTITIONS_MAX)
-        missing = [m for m in command.members if m not in self.node_ports]
-        if missing:
-            return _refused("node_has_no_partition_ports", nodes=tuple(missing))
-        without = [m for m in command.members if not self.node_ports[m].serves(command.name, command.number)]
-        if without:
-            return _refused("partition_ports_exhausted", nodes=tuple(without), number=command.number)
+        refused = self._hosting_refused(command.members, command.name, command.number)
+        if refused is not None:
+            return refused
         self.partitions[command.name] = Partition(command.name, command.number, command.members,
                                                   command.preferred_leader)
         self.next_number = command.number + 1
@@ -174,25 +176,32 @@ class Directory:
         partition = self.partitions.get(command.name)
         if partition is None:
             return _refused("partition_not_found", partition=command.name)
-        if not command.members or len(set(command.members)) != len(command.members) \
-                or len(command.members) > PARTITION_MEMBERS_MAX:
-            return _refused("invalid", problem=f"1 to {PARTITION_MEMBERS_MAX} distinct members")
-        if command.preferred_leader is not None and command.preferred_leader not in command.members:
-            return _refused("invalid", problem="the preferred leader must be a member")
+        refused = _members_refused(command)
+        if refused is not None:
+            return refused
+        # only the members added are counted: one a node already is stays, whatever the limit
         added = [m for m in command.members if m not in partition.members]
-        hosted = self.hosted()
-        full = [m for m in added if hosted.get(m, 0) >= NODE_PARTITIONS_MAX]
-        if full:
-            return _refused("node_partitions_full", nodes=tuple(full), limit=NODE_PARTITIONS_MAX)
-        missing = [m for m in added if m not in self.node_ports]
-        if missing:
-            return _refused("node_has_no_partition_ports", nodes=tuple(missing))
-        without = [m for m in added if not self.node_ports[m].serves(partition.name, partition.number)]
-        if without:
-            return _refused("partition_ports_exhausted", nodes=tuple(without), number=partition.number)
+        refused = self._hosting_refused(added, partition.name, partition.number)
+        if refused is not None:
+            return refused
         self.partitions[command.name] = Partition(partition.name, partition.number, command.members,
                                                   command.preferred_leader)
         return DirectoryResult("done")
+
+    def _hosting_refused(self, nodes: list[str] | tuple[str, ...], name: str, number: int) -> DirectoryResult | None:
+        """Why ``nodes`` cannot become members of partition ``name`` (number ``number``): one is a
+        member of as many partitions as a node may, has no ports recorded, or none for it."""
+        hosted = self.hosted()
+        full = [m for m in nodes if hosted.get(m, 0) >= NODE_PARTITIONS_MAX]
+        if full:
+            return _refused("node_partitions_full", nodes=tuple(full), limit=NODE_PARTITIONS_MAX)
+        missing = [m for m in nodes if m not in self.node_ports]
+        if missing:
+            return _refused("node_has_no_partition_ports", nodes=tuple(missing))
+        without = [m for m in nodes if not self.node_ports[m].serves(name, number)]
+        if without:
+            return _refused("partition_ports_exhausted", nodes=tuple(without), number=number)
+        return None
 
     def _delete(self, command: PartitionChange) -> DirectoryResult:
         if command.name not in self.partitions:

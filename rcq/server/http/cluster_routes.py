@@ -83,7 +83,7 @@ def cluster_status(app: web.Application) -> dict[str, Any]:
         # (docs/partitions.md): name -> pid, restarts, last exit, CPU seconds, resident bytes.
         "partition": config.partition_name or P0,
         "partition_processes": app[PARTITION_HOST].status() if PARTITION_HOST in app else {},
-        "items": replicator.read(lambda sm: sum(sm.usage(name)[0] for name in sm.queue_names())),
+        "items": replicator.read(lambda sm: sm.table_sizes()["items"]),
     }
 
 
@@ -134,14 +134,18 @@ def _queue_rows(app: web.Application) -> list[dict[str, Any]]:
     return [{"queue": name, **stats, "locked": manager.locked_count(name)} for name, stats in rows]
 
 
+OVERVIEW_SURVEY_AGE_S = 1.0  # the status page's partitions: a survey at most this old
+
+
 async def _partition_rows(app: web.Application) -> list[dict[str, Any]]:
-    """Every partition but p0, surveyed now (none in a partition process, or without partitions)."""
+    """Every partition but p0, surveyed within OVERVIEW_SURVEY_AGE_S (none in a partition process,
+    or without partitions)."""
     controller = app.get(PARTITION_CONTROLLER)
     if controller is None:
         return []
     return [{"name": v.name, "number": v.number, "members": list(v.members), "leader_id": v.leader,
              "raft_members": list(v.raft_members) if v.raft_members is not None else None, "lag": v.lag(),
-             "items": v.items, "settled": v.settled()} for v in await controller.survey()]
+             "items": v.items, "settled": v.settled()} for v in await controller.survey(OVERVIEW_SURVEY_AGE_S)]
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -65,11 +66,10 @@ class PartitionCalls:
         peers = [p.get("node_id") for p in own.get("peers") or [] if isinstance(p, dict)]
         raft_members = tuple(sorted({leader, *(p for p in peers if isinstance(p, str))}))
         for_s = own.get("leader_for_s")
-        return PartitionView(partition.name, partition.number, partition.members, partition.preferred_leader,
-                             leader=leader, leader_url=urls[members.index(leader)],
-                             leader_for_s=float(for_s) if isinstance(for_s, int | float) else None,
-                             raft_members=raft_members, applied=applied, commit_index=_int(own.get("commit_index")),
-                             items=_int(own.get("items")))
+        return dataclasses.replace(view, leader=leader, leader_url=urls[members.index(leader)],
+                                   leader_for_s=float(for_s) if isinstance(for_s, int | float) else None,
+                                   raft_members=raft_members, commit_index=_int(own.get("commit_index")),
+                                   items=_int(own.get("items")))
 
     # ------------------------------------------------------------------ changes
     async def _call(self, view: PartitionView, method: str, path: str, body: dict[str, Any] | None,

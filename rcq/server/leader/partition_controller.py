@@ -115,6 +115,7 @@ class PartitionController:
         self._round = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._views: list[PartitionView] = []
+        self._surveyed: float | None = None  # monotonic time of the last survey
         self._pending: tuple[Move, float] | None = None  # a move made, until seen or MOVE_SEEN_S passed
         self.status = ControllerStatus()
 
@@ -141,10 +142,14 @@ class PartitionController:
                 log.exception("keeping the partitions as the directory says failed")
             await asyncio.sleep(self._poll_s)
 
-    async def survey(self) -> list[PartitionView]:
+    async def survey(self, max_age_s: float = 0.0) -> list[PartitionView]:
+        """Every partition as its members answer now; with ``max_age_s``, the last survey when it
+        is that young (each open status page polls once a second: one survey serves them all)."""
+        if max_age_s > 0 and self._surveyed is not None and time.monotonic() - self._surveyed < max_age_s:
+            return list(self._views)
         directory = self._read_directory()
         views = await self._calls.survey(directory) if directory.partitions else []
-        self._views = views
+        self._views, self._surveyed = views, time.monotonic()
         self.status.surveyed_at = time.time()
         return views
 
@@ -164,22 +169,31 @@ class PartitionController:
             return None
         if await self._change_members(views):
             return "member"
-        if self._pending is not None:
-            made, deadline = self._pending
-            view = next((v for v in views if v.name == made.partition), None)
-            if view is not None and view.leader == made.to_node:
-                self._pending = None
-            elif time.monotonic() < deadline:
-                return None
-            else:
-                self._pending = None
-                self._problem(f"moving {made.partition}'s leader to {made.to_node} was not seen within "
-                              f"{MOVE_SEEN_S:.0f} s")
-        move = next_move([v.leaders() for v in views if v.raft_members is not None], self._answering(views), hold_s)
+        if self._move_in_flight(views):
+            return None
+        move = self._next_move(views, hold_s)
         if move is None:
             return None
         await self._move(views, move)
         return "move"
+
+    def _move_in_flight(self, views: list[PartitionView]) -> bool:
+        """Whether the last move made is still to be seen in ``views``; one seen, of a partition
+        gone, or not seen within MOVE_SEEN_S (a problem) is done with."""
+        if self._pending is None:
+            return False
+        made, deadline = self._pending
+        view = next((v for v in views if v.name == made.partition), None)
+        if view is not None and view.leader != made.to_node:
+            if time.monotonic() < deadline:
+                return True
+            self._problem(f"moving {made.partition}'s leader to {made.to_node} was not seen within "
+                          f"{MOVE_SEEN_S:.0f} s")
+        self._pending = None
+        return False
+
+    def _next_move(self, views: list[PartitionView], hold_s: float) -> Move | None:
+        return next_move([v.leaders() for v in views if v.raft_members is not None], self._answering(views), hold_s)
 
     def _answering(self, views: list[PartitionView]) -> list[str]:
         """Voting members whose processes answered for at least one partition."""
@@ -261,15 +275,10 @@ class PartitionController:
         async with self._round:
             while time.monotonic() < deadline:
                 views = await self.survey()
-                if self._pending is not None:
-                    made, seen_by = self._pending
-                    view = next((v for v in views if v.name == made.partition), None)
-                    if view is not None and view.leader != made.to_node and time.monotonic() < seen_by:
-                        await asyncio.sleep(0.2)  # pace: the hand-over completes within an election or so
-                        continue
-                    self._pending = None
-                move = next_move([v.leaders() for v in views if v.raft_members is not None],
-                                 self._answering(views), 0.0)
+                if self._move_in_flight(views):
+                    await asyncio.sleep(0.2)  # pace: the hand-over completes within an election or so
+                    continue
+                move = self._next_move(views, 0.0)
                 if move is None:
                     break
                 if await self._move(views, move):
