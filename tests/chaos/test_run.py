@@ -83,7 +83,9 @@ def test_partitions_frozen_leaders_moved_and_partitions_made_and_deleted_during_
     acknowledged in a new partition was there when its queue was deleted."""
     config = RunConfig(nodes=3, time_limit_s=45,
                        nemesis=["pause-partition-process", "move-leaders", "partition-lifecycle"],
-                       seed=CI_SEED + 4, out=tmp_path, workers=5, partitions=3)
+                       # its first three fault windows draw all three kinds (the kinds are seeded; how many
+                       # windows fit in the time limit is not: a loaded machine ran 6 where another ran 8)
+                       seed=CI_SEED + 38, out=tmp_path, workers=5, partitions=3)
     document = run(config, Progress(quiet=True))
     partitions = document["results"]["partitions"]
     assert partitions["partition_processes_paused"] >= 1, describe(document)
