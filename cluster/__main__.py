@@ -43,6 +43,7 @@ from types import FrameType
 
 from cluster.engine import COMPOSE_FILE, ENGINES, EngineCommandFailed, EngineUnavailable, choose_engine
 from cluster.image import build_image
+from rcq.backup.backup_set import is_backup_set, read_manifest
 from rcq.client import RcqClient
 from rcq.errors import RcqError
 from rcq.local.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
@@ -106,6 +107,9 @@ def open_cluster(args: argparse.Namespace) -> LocalCluster:
     admin_token = os.environ.pop("RCQ_ADMIN_TOKEN", None) or None
     # Partitions beyond p0 need ports on every node: those asked for, and room for four more.
     partitions_max = args.partitions - 1 + PARTITIONS_ROOM if args.partitions > 1 else 0
+    if args.restore is not None and is_backup_set(args.restore):  # its partitions keep their numbers (ports)
+        numbers = [int(row["number"]) for row in read_manifest(args.restore)["partitions"]]
+        partitions_max = max(partitions_max, max(numbers) + PARTITIONS_ROOM)
     cluster = LocalCluster(nodes, base_dir=args.data_dir, log_level=args.log_level, keep=args.keep,
                            insecure=args.insecure, base_port=args.base_port, auth=not args.no_auth, tls=args.tls,
                            admin_token=None if args.no_auth else admin_token, partitions_max=partitions_max)
@@ -226,6 +230,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster.start()
         leader = cluster.wait_for_leader(LEADER_TIMEOUT_S)
         partitions = cluster.ensure_partitions(args.partitions, LEADER_TIMEOUT_S) if args.partitions > 1 else []
+        if args.restore is not None and is_backup_set(args.restore):  # 'ready' once every restored one leads
+            names = [str(row["name"]) for row in read_manifest(args.restore)["partitions"]]
+            partitions = cluster.wait_partitions_led(names, LEADER_TIMEOUT_S)
         print_nodes(cluster, leader, stops_after_demo=args.demo and not args.stay)
         for row in partitions:
             say(f"  {row['name']}  members {','.join(row['members'])}  leader {row['leader_id']} {row['leader_url']}")

@@ -232,7 +232,26 @@ def read_body(path: str | os.PathLike[str]) -> tuple[Header, dict[str, Any], Ite
     except BaseException:
         file.close()
         raise
-    return header, meta, _items(file, path)
+    return header, meta, _Items(file, _items(file, path))
+
+
+class _Items:
+    """The items of a body; ``close()`` closes the file even before the first item is read (a
+    generator's close does nothing until it has started)."""
+
+    def __init__(self, file: BinaryIO, items: Iterator[tuple[str, int, bytes]]) -> None:
+        self._file = file
+        self._items = items
+
+    def __iter__(self) -> _Items:
+        return self
+
+    def __next__(self) -> tuple[str, int, bytes]:
+        return next(self._items)
+
+    def close(self) -> None:
+        self._items.close()
+        self._file.close()
 
 
 def _items(file: BinaryIO, path: str) -> Iterator[tuple[str, int, bytes]]:

@@ -9,6 +9,9 @@ with an idempotency key derived from the backup's digest, the queue and the batc
 commit retried after an unknown outcome is never applied twice, and a restore run again after a
 failure skips the batches the first run committed (the keys are remembered for 24 hours).
 
+From a backup set, the queue is read from the part of the partition p0's directory placed it in,
+and the new queue is placed in the partition of that name when the running cluster has one.
+
 Each item keeps its value, priority and headers; a delay or TTL still running at the backup's
 time runs for what was left of it (from the commit). What ordinary enqueues cannot set is not
 restored: delivery counts start at 0, and items that were dead letters in the backup are plain
@@ -24,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rcq.backup.backup_set import P0, is_backup_set, read_directory, verify_set
 from rcq.backup.fileformat import read_body, verify
 from rcq.errors import CommitOutcomeUnknown, InvalidRequest, QueueNotFound
 
@@ -42,7 +46,12 @@ Options = tuple[int, float | None, float | None, Any]  # priority, delay_s, ttl_
 
 async def restore_one_queue(client: Any, path: Path, queue: str, into: str,
                             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Restore ``queue`` of the backup at ``path`` into the new queue ``into``; a report."""
+    """Restore ``queue`` of the backup (a file, or a set: the part that holds the queue) at
+    ``path`` into the new queue ``into``; a report."""
+    notes: list[str] = []
+    partition: str | None = None
+    if is_backup_set(path):
+        path, partition = await _part_holding(client, path, queue, notes)
     header = verify(path)
     _header, meta, items = read_body(path)
     rows = {row[0]: row for row in meta["queues"]}
@@ -51,9 +60,8 @@ async def restore_one_queue(client: Any, path: Path, queue: str, into: str,
         raise QueueNotFound(f"the backup has no queue {queue!r} (it has {len(rows)} queues)")
     if any(existing["queue"] == into for existing in await client.queues()):
         raise InvalidRequest(f"the queue {into!r} exists: restore into a new queue")
-    notes: list[str] = []
     row = rows[queue]
-    settings = await _configure(client, into, row, notes)
+    settings = await _configure(client, into, row, notes, partition)
     item_meta = {item_id: fields for name, item_id, fields in meta.get("item_meta", ()) if name == queue}
     now_ms = int(meta["now_ms"])
     expected = row[1] - row[2] - (row[3] if len(row) > 3 else 0)  # enqueued - dequeued - purged (a guide only)
@@ -72,7 +80,27 @@ async def restore_one_queue(client: Any, path: Path, queue: str, into: str,
             "data_digest": header.data_digest, "settings": settings, "notes": notes}
 
 
-async def _configure(client: Any, into: str, row: Any, notes: list[str]) -> dict[str, Any]:
+async def _part_holding(client: Any, path: Path, queue: str, notes: list[str]) -> tuple[Path, str | None]:
+    """The part of the set at ``path`` that holds ``queue`` (as p0's directory places it), and the
+    partition of the running cluster to place the new queue in (None: where the cluster places a new
+    queue, said in ``notes`` when the backed-up partition does not exist here)."""
+    backup_set = verify_set(path)
+    placement = dict(read_directory(backup_set.p0.path).get("directory", {}).get("placement", ()))
+    name = (placement.get(queue) or (P0,))[0]
+    part = backup_set.part(name)
+    if part is None:  # verify_set holds every placed partition's part; a placement names one
+        raise QueueNotFound(f"the backup places {queue!r} in partition {name}, whose part the set lacks")
+    if name == P0:
+        return part.path, None
+    if any(row["name"] == name for row in await client.partitions()):
+        return part.path, name
+    notes.append(f"partition {name} (where {queue!r} lived) does not exist here: {queue!r} was restored into the "
+                 "partition this cluster places a new queue in")
+    return part.path, None
+
+
+async def _configure(client: Any, into: str, row: Any, notes: list[str], partition: str | None = None
+                     ) -> dict[str, Any]:
     settings = list(row[_SETTINGS]) if len(row) > _SETTINGS else [None] * 5
     max_deliveries, dead_letter_queue, ttl_ms, delay_ms, max_priority = (settings + [None] * 5)[:5]
     if dead_letter_queue is not None:
@@ -85,8 +113,8 @@ async def _configure(client: Any, into: str, row: Any, notes: list[str]) -> dict
               "max_deliveries": max_deliveries, "dead_letter_queue": dead_letter_queue,
               "default_ttl_s": None if ttl_ms is None else ttl_ms / 1000,
               "default_delay_s": None if delay_ms is None else delay_ms / 1000, "max_priority": max_priority}
-    await client.configure_queue(into, **chosen)
-    return chosen
+    await client.configure_queue(into, **chosen, **({"partitions": [partition]} if partition else {}))
+    return {**chosen, **({"partitions": [partition]} if partition else {})}
 
 
 def _queue_items(items: Iterator[tuple[str, int, bytes]], queue: str) -> Iterator[tuple[int, bytes]]:

@@ -8,7 +8,9 @@ fsynced and renamed to ``PATH``.
 A node that dies or a connection that breaks mid-stream: the partial file is removed and the
 backup starts again from the next node; a local error (a full disk) removes it and fails.
 
-``rcq restore`` is :mod:`rcq.cli.restore`.
+A cluster with partitions besides p0 gets a backup set instead, a directory with one such file
+per partition and a manifest (:mod:`rcq.cli.cluster_backup`). ``rcq restore`` is
+:mod:`rcq.cli.restore`.
 
 Must not import: pysyncobj, lmdb, rcq.server (the backup is a client of the cluster).
 """
@@ -50,7 +52,9 @@ def add_backup_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     backup = commands.add_parser(
         "backup", parents=[common], help="save a consistent backup of the cluster's state to PATH (admin token)",
         description="Stream a backup of the replicated state at one Raft index from a follower (the leader "
-                    "keeps serving) into PATH, checked and fsynced; prints what it saved (docs/backup.md).")
+                    "keeps serving) into PATH, checked and fsynced; prints what it saved (docs/backup.md). A "
+                    "cluster with partitions gets a backup set: PATH is a directory of one part per partition "
+                    "and a manifest.")
     backup.add_argument("path", type=Path, metavar="PATH")
     backup.add_argument("--from-leader", action="store_true",
                         help="allow the leader to serve it (default: followers only)")
@@ -62,9 +66,18 @@ def add_backup_parser(commands: Any, common: argparse.ArgumentParser) -> None:
 def cmd_backup(args: argparse.Namespace) -> int:
     urls, security = _urls(args), client_security(args)
     token = security["token"] or os.environ.get("RCQ_TOKEN") or None
-    header = asyncio.run(save_backup(urls, args.path, token=token, ca_file=security["ca_file"],
-                                     client_cert=security.get("client_cert"), from_leader=args.from_leader,
-                                     force=args.force))
+    from rcq.backup.backup_set import P0
+    from rcq.cli.cluster_backup import describe_set, list_partitions, save_cluster_backup
+
+    options: dict[str, Any] = {"token": token, "ca_file": security["ca_file"],
+                               "client_cert": security.get("client_cert"), "from_leader": args.from_leader,
+                               "force": args.force}
+    rows = asyncio.run(list_partitions(urls, token, security["ca_file"], security.get("client_cert")))
+    if rows is not None and any(row["name"] != P0 for row in rows):  # a set: one part per partition
+        backup_set = asyncio.run(save_cluster_backup(urls, args.path, rows=rows, **options))
+        print(json.dumps({"path": str(args.path), **backup_set.manifest}) if args.json else describe_set(backup_set))
+        return 0
+    header = asyncio.run(save_backup(urls, args.path, **options))
     size = args.path.stat().st_size
     if args.json:
         print(json.dumps({"path": str(args.path), "bytes": size, **header.fields}))

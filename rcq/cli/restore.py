@@ -27,11 +27,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from rcq.backup.backup_set import BackupSet, is_backup_set, verify_set
 from rcq.backup.fileformat import Header, verify
 from rcq.cli.backup import describe
 from rcq.cli.connection import with_client
 from rcq.cli.serve import _peer
 from rcq.errors import InvalidRequest
+
+PARTITIONS_ROOM = 4  # ports for partitions beyond a restored set's, as python -m cluster up gives
 
 
 def add_restore_parser(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -61,6 +64,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
              args.queue is not None]
     if sum(bool(form) for form in forms) != 1:
         raise InvalidRequest("give exactly one of --check, --data-dir, --node-config, --node-data-dir, --queue")
+    if is_backup_set(args.path):
+        return restore_set(args)
     header = verify(args.path)  # a damaged or newer file is refused before anything else
     if args.check:
         print(json.dumps({"path": str(args.path), **header.fields}) if args.json
@@ -119,28 +124,70 @@ def seed_nodes(backup: Path, nodes: list[tuple[Path, str, list[str]]], new_ident
     return header
 
 
-def restore_local_cluster(args: argparse.Namespace) -> int:
+def restore_local_cluster(args: argparse.Namespace, backup_set: BackupSet | None = None) -> int:
     from rcq.local.cluster import ADMIN_TOKEN_NAME, MANIFEST_NAME, LocalCluster
 
     directory: Path = args.data_dir
     if (directory / MANIFEST_NAME).exists() or (directory.exists() and any(directory.iterdir())):
         raise InvalidRequest(f"{directory} is not empty (it may hold a cluster): a restore makes a new cluster "
                              "in an empty or new directory")
-    cluster = LocalCluster(args.nodes, base_dir=directory, base_port=args.base_port, keep=True)
+    # A set's partitions keep their numbers, so every node needs ports up to the highest of them.
+    partitions_max = partitions_room(backup_set) if backup_set is not None else 0
+    cluster = LocalCluster(args.nodes, base_dir=directory, base_port=args.base_port, keep=True,
+                           partitions_max=partitions_max)
     try:
-        header = seed_nodes(args.path, [(node.data_dir, node.raft_address,
-                                         [cluster.peer_raft_address(node.index, other.index)
-                                          for other in cluster.nodes if other is not node])
-                                        for node in cluster.nodes])
+        if backup_set is not None:
+            from rcq.cli.restore_set import seed_set
+            from rcq.server.config import load_config
+
+            seed_set(backup_set, [load_config(node.config_path) for node in cluster.nodes])
+            done = (f"{backup_set.items} items in {len(backup_set.parts)} partitions, combined digest "
+                    f"{backup_set.combined_digest}")
+        else:
+            header = seed_nodes(args.path, [(node.data_dir, node.raft_address,
+                                             [cluster.peer_raft_address(node.index, other.index)
+                                              for other in cluster.nodes if other is not node])
+                                            for node in cluster.nodes])
+            done = f"index {header.index}, {header['items']} items, data digest {header.data_digest}"
     except BaseException:
         import shutil
 
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    print(f"restored a new {args.nodes}-node cluster in {directory} from {args.path}: index {header.index}, "
-          f"{header['items']} items, data digest {header.data_digest}")
+    print(f"restored a new {args.nodes}-node cluster in {directory} from {args.path}: {done}")
     print(f"run it with: python -m cluster up --data-dir {directory}")
     print(f"its admin token is in {directory / ADMIN_TOKEN_NAME} (a new one; so is the cluster secret)")
+    return 0
+
+
+# ------------------------------------------------------------ a backup set
+def restore_set(args: argparse.Namespace) -> int:
+    """The four forms for a backup set (rcq.cli.restore_set): every part verified first."""
+    from rcq.cli.cluster_backup import describe_set
+
+    backup_set = verify_set(args.path)
+    if args.check:
+        print(json.dumps({"path": str(args.path), **backup_set.manifest}) if args.json
+              else describe_set(backup_set, "verified") + "\n  checked: each part's SHA-256 trailer and header, the "
+              "manifest, the combined digest, and p0's directory against the parts")
+        return 0
+    if args.queue is not None:
+        return restore_queue(args)
+    if args.node_data_dir is not None:
+        raise InvalidRequest("a backup set (a cluster with partitions) is restored into every node at once: give "
+                             "--node-config for each node, or --data-dir; --node-data-dir seeds one node of p0 only")
+    from rcq.cli.restore_set import seed_set
+    from rcq.server.config import load_config
+
+    if args.data_dir is not None:
+        return restore_local_cluster(args, backup_set)
+    configs = [load_config(path) for path in args.node_config]
+    seed_set(backup_set, configs)
+    for config in configs:
+        print(f"restored {config.data_dir}: p0 and partitions "
+              f"{', '.join(p.name for p in backup_set.parts[1:] if config.node_id in p.members) or '(none)'}")
+    print(f"combined digest {backup_set.combined_digest}")
+    print("start the nodes with a NEW cluster secret (docs/backup.md): the restored cluster must never meet the old one")
     return 0
 
 
@@ -160,6 +207,12 @@ def restore_queue(args: argparse.Namespace) -> int:
         return 0
 
     return with_client(args, verb)
+
+
+def partitions_room(backup_set: BackupSet) -> int:
+    """How many partitions' ports each node of a local cluster restored from ``backup_set`` gets:
+    up to the highest number among them, and room for four more (as ``cluster up`` gives)."""
+    return max((part.number for part in backup_set.parts), default=0) + PARTITIONS_ROOM
 
 
 def _progress(done: int, total: int) -> None:

@@ -182,6 +182,8 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.log_level = log_level
         self.node_overrides = dict(manifest.get("node_overrides", {}))
         self.node_settings = {int(i): dict(fields) for i, fields in manifest.get("node_settings", {}).items()}
+        self.partitions_max = max((_range_partitions(fields.get("partition_ports"))
+                                   for fields in self.node_settings.values()), default=0)
         self.insecure = bool(manifest.get("insecure", False))
         self.auth = bool(manifest.get("auth", False))
         self.tls = bool(manifest.get("tls", False))
@@ -544,11 +546,16 @@ class LocalCluster(PolledCluster[LocalNode]):
                         raise TimeoutError(f"partition {name} not created within {timeout_s} s: {answer['error']}")
                     time.sleep(self.poll_interval_s)  # pace: the leader records the nodes' ports at its next turn
 
+        return self.wait_partitions_led([f"p{number}" for number in range(count)], max(deadline - time.monotonic(), 1.0))
+
+    def wait_partitions_led(self, names: Sequence[str], timeout_s: float = WAIT_TIMEOUT_S) -> list[dict[str, Any]]:
+        """The partition listing once each of ``names`` is listed and names a leader."""
         def led() -> list[dict[str, Any]] | None:
             rows = self.partitions()
-            return rows if all(row["leader_url"] for row in rows[:count]) else None
+            leaders = {row["name"]: row["leader_url"] for row in rows}
+            return rows if all(leaders.get(name) for name in names) else None
 
-        return wait_until(led, max(deadline - time.monotonic(), 1.0), what=f"{count} partitions led")
+        return wait_until(led, timeout_s, what=f"partitions {', '.join(names)} led")
 
     # ----------------------------------------------------------- views
     @property
@@ -593,3 +600,11 @@ class LocalCluster(PolledCluster[LocalNode]):
             parts.append(f"----- {node.node_id} {node.url} raft {node.raft_address} [{node.describe()}] "
                          f"log {node.log_path} -----\n{self.log_tail(node.index, tail_bytes)}")
         return "\n".join(parts)
+
+
+def _range_partitions(ports: Any) -> int:
+    """How many partitions a node's ``partition_ports`` setting (``"first-last"``) serves."""
+    if not isinstance(ports, str) or "-" not in ports:
+        return 0
+    first, last = (int(part) for part in ports.split("-", 1))
+    return (last - first + 1) // 2

@@ -9,14 +9,15 @@ data directory, hashes the data digest of the same state on the way, answers one
 pipe and exits. The node then streams that file (``rcq.server.http.backup_routes``) and deletes it.
 
 **The data digest** hashes what a backup restores: queues, their settings and totals, items and
-their metadata (dead-letter records included), the remembered outcomes and idempotency keys, and
-the next item id. It leaves out what belongs to one cluster and not to its data: the Raft index
-and term, the directory of members, the feature level and the cluster's identity
-(``NON_DATA_KEYS``), and the state's clock, which every entry moves (a new leader's barrier too:
-a restored cluster's first entries would otherwise change its digest before anyone wrote).
-A cluster restored from a backup, of other nodes, with a new
-identity, therefore has the backup's data digest. It is the hash ``snapshot_format.digest`` computes, over the meta
-without those keys (:class:`DataDigest`, fed item by item).
+their metadata (dead-letter records included), the remembered outcomes and idempotency keys, the
+next item id, and the partition directory's partitions and placements. It leaves out what
+belongs to one cluster and not to its data: the Raft index and term, the directory of members,
+the feature level and the cluster's identity (``NON_DATA_KEYS``), the ports the partition
+directory records for each node, and the state's clock, which every entry moves (a new leader's
+barrier too: a restored cluster's first entries would otherwise change its digest before anyone
+wrote). A cluster restored from a backup, of other nodes, with a new identity, therefore has the
+backup's data digest. It is the hash ``snapshot_format.digest`` computes, over the meta without
+those (:class:`DataDigest`, fed item by item).
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
@@ -46,8 +47,13 @@ StateReader = Callable[[Callable[[QueueStateMachine], Any]], Any]
 
 
 def data_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """The meta without what is not data (NON_DATA_KEYS), key order kept."""
-    return {key: value for key, value in meta.items() if key not in NON_DATA_KEYS}
+    """The meta without what is not data (NON_DATA_KEYS, and the ports the partition directory
+    records for each node: where a cluster's nodes listen, as its members are), key order kept."""
+    data = {key: value for key, value in meta.items() if key not in NON_DATA_KEYS}
+    directory = data.get("directory")
+    if isinstance(directory, dict) and "node_ports" in directory:
+        data["directory"] = {key: value for key, value in directory.items() if key != "node_ports"}
+    return data
 
 
 class DataDigest:

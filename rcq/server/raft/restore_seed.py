@@ -7,8 +7,10 @@ A restore writes exactly that, for every node of the new cluster, before any of 
   its meta with what belongs to a cluster and not to its data replaced: no directory of members
   (the old cluster's nodes are not this one's), and never the old cluster's identity: a new one
   when the caller seeds every node from this snapshot and the feature level keeps one, else none
-  (the restored cluster's first leader gives it one). Its Raft part names the backup's index and
-  term as the last applied entries and the new cluster's Raft addresses as the members. The data
+  (the restored cluster's first leader gives it one), and no ports of the old nodes in the
+  partition directory (each new node states its own, and p0's leader records them). Its Raft
+  part names the backup's index and term as the last applied entries and the new cluster's Raft
+  addresses as the members. The data
   digest of the items and meta is computed on the way and must equal the header's, or nothing is
   written. One file, copied to each node.
 * **the Raft log and term** (:func:`seed_data_dir`): a journal holding the two entries the
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +67,23 @@ def check_readable(header: Header) -> None:
 
 
 def build_snapshot(backup_path: str | os.PathLike[str], out_path: str | os.PathLike[str],
-                   cluster_id: str | None = None) -> Header:
+                   cluster_id: str | None = None, partitions: Collection[str] = ()) -> Header:
     """Write the snapshot of a restored cluster to ``out_path``; the backup's header.
+
+    ``partitions``: those restored with this p0 state (a backup set's other parts); a state whose
+    partition directory lists others is refused, for their data is not restored.
 
     BackupCorrupt (nothing left at ``out_path``) when the file fails its checksum or its data
     digest; BackupUnsupported when it is newer than this rcq."""
     header = verify(backup_path)
     check_readable(header)
     _header, meta, items = read_body(backup_path)
+    listed = sorted(str(row[0]) for row in (meta.get("directory") or {}).get("partitions", ()))
+    if listed != sorted(partitions):
+        getattr(items, "close", lambda: None)()
+        raise RestoreRefused(f"{backup_path} is the p0 part of a cluster with partitions {', '.join(listed)}: restore "
+                             "the whole backup set (the directory rcq backup wrote), not this part alone"
+                             if listed else f"{backup_path} holds no partition directory to restore partitions into")
     index, term = header.index, header.term
     digest = DataDigest(meta)
 
@@ -84,6 +95,8 @@ def build_snapshot(backup_path: str | os.PathLike[str], out_path: str | os.PathL
         # Never the old cluster's identity: the given new one where the level keeps one, else none
         # (the restored cluster's first leader then gives it one: rcq.server.leader.feature_levels).
         new = {key: value for key, value in meta.items() if key not in ("members", "cluster_id")}
+        if new.get("directory"):  # where the old cluster's nodes served partitions: the new ones record theirs
+            new["directory"] = {**new["directory"], "node_ports": []}
         new["last_index"], new["barrier_term"] = index, term
         if cluster_id is not None and int(meta.get("level", LEVEL_BASE)) >= LEVEL_OF_CLUSTER_IDENTITY:
             new["cluster_id"] = cluster_id
