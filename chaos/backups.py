@@ -34,6 +34,15 @@ finding), and each restore a line ``backup-restore`` (``phase`` ``checked``, wit
 most 20 offenders of each kind, and ``valid``). These are not fault windows (no start/stop pair).
 The ``backups`` checker (chaos.checkers.backups) makes the run invalid when a restore was not.
 
+**With partitions** (``--partitions``), the probe has a queue in each partition there is when the
+nemesis starts (``backup-probe-<name>``, placed there), and every backup is a set (``rcq backup``
+of a cluster with partitions: one part per partition, each at its own index). The ``taken`` line
+carries each part's index and the highest probe commit of that partition acknowledged before the
+set was asked for (``parts``); a set is restored into a scratch cluster with the same node ids and
+partitions (at most SET_RESTORES_MAX per run: it runs every partition's processes), and each
+partition's probe items are checked against that partition's history at its part's index. The
+scratch cluster's combined digest is recorded (``digest_matches``) as for one file.
+
 Must not import: the targets' modules (it sees the cluster through chaos.target), the workload's
 modules (chaos.workload, chaos.executor, chaos.generator), the checkers.
 """
@@ -43,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -52,14 +62,17 @@ from typing import Any
 
 from chaos.history import NEMESIS_PROCESS
 from chaos.target import ChaosTarget
+from rcq.backup.backup_set import P0, BackupSet, combined_digest
 from rcq.backup.fileformat import Header, read_body
 from rcq.cli.backup import save_backup
+from rcq.cli.cluster_backup import list_partitions, save_cluster_backup
 from rcq.client import RcqClient
 from rcq.errors import RcqError
 
 PROBE_QUEUE = "backup-probe"
 BACKUP_EVERY_S = (5.0, 10.0)
 RESTORES_MAX = 3  # a restore starts a scratch cluster: on 2 cores, a few are enough per run
+SET_RESTORES_MAX = 2  # a set's scratch cluster runs every partition's processes too
 BACKUP_TIMEOUT_S = 60.0
 RESTORE_TIMEOUT_S = 120.0
 PROBE_PAUSE_S = 0.02  # between a probe worker's operations: a light load beside the workload
@@ -109,6 +122,11 @@ class ProbeHistory:
                     ("unknown_items", unknown_items), ("duplicated", duplicated)) if values}}
 
 
+def probe_queue(partition: str) -> str:
+    """The probe's queue in ``partition`` (p0's has the name it always had)."""
+    return PROBE_QUEUE if partition == P0 else f"{PROBE_QUEUE}-{partition}"
+
+
 class BackupNemesis:
     """Runs the probe load and takes, restores and checks backups until ``stop``."""
 
@@ -119,17 +137,31 @@ class BackupNemesis:
         self.random = rng
         self.progress = progress
         self.restores_max = restores_max
-        self.probe = ProbeHistory()
+        self.probes: dict[str, ProbeHistory] = {P0: ProbeHistory()}  # partition -> its probe's history
         self.directory = Path(cluster.base_dir) / "backups"
         self.taken = 0
         self.restored = 0
+
+    @property
+    def probe(self) -> ProbeHistory:
+        """p0's probe (a cluster without partitions has only it)."""
+        return self.probes[P0]
 
     async def run(self, stop: asyncio.Event) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         async with RcqClient(self.cluster.client_urls, token=self.cluster.token, request_timeout_s=10.0,
                              retry_timeout_s=10.0) as client:
-            workers = [asyncio.create_task(self._producer(client, f"b{i}", stop)) for i in range(2)]
-            workers += [asyncio.create_task(self._consumer(client, stop, abort)) for abort in (False, True)]
+            # With partitions, a probe queue in each one there is now: the parts of a set are each
+            # at their own index, and each is checked against its own probe's history.
+            rows = await list_partitions(self.cluster.client_urls, self.cluster.token) or []
+            for name in sorted(row["name"] for row in rows if row["name"] != P0):
+                await client.configure_queue(probe_queue(name), partitions=[name])
+                self.probes[name] = ProbeHistory()
+            per_queue = 2 if len(self.probes) == 1 else 1
+            workers = [asyncio.create_task(self._producer(client, name, f"b{i}", stop))
+                       for name in self.probes for i in range(per_queue)]
+            workers += [asyncio.create_task(self._consumer(client, name, stop, abort))
+                        for name in self.probes for abort in (False, True)]
             try:
                 while not await _sleep(stop, self.random.uniform(*BACKUP_EVERY_S)):
                     await self._one_backup(stop)
@@ -139,44 +171,49 @@ class BackupNemesis:
                 await asyncio.gather(*workers, return_exceptions=True)
 
     # ------------------------------------------------------------- the probe load
-    async def _producer(self, client: RcqClient, name: str, stop: asyncio.Event) -> None:
+    async def _producer(self, client: RcqClient, partition: str, name: str, stop: asyncio.Event) -> None:
+        probe = self.probes[partition]
         n = 0
         while not stop.is_set():
-            values = [f"{name}-{n + i}" for i in range(3)]
+            values = [f"{partition}-{name}-{n + i}" for i in range(3)]
             n += 3
-            self.probe.in_flight.update(values)
+            probe.in_flight.update(values)
             try:
-                info = await client.enqueue(PROBE_QUEUE, *(v.encode() for v in values))
+                info = await client.enqueue(probe_queue(partition), *(v.encode() for v in values))
             except (RcqError, OSError, TimeoutError):
-                self.probe.unknown.update(values)
+                probe.unknown.update(values)
             else:
                 for value in values:
-                    self.probe.enqueued[value] = info.index
+                    probe.enqueued[value] = info.index
             finally:
-                self.probe.in_flight.difference_update(values)
+                probe.in_flight.difference_update(values)
             await asyncio.sleep(PROBE_PAUSE_S)
 
-    async def _consumer(self, client: RcqClient, stop: asyncio.Event, abort: bool) -> None:
+    async def _consumer(self, client: RcqClient, partition: str, stop: asyncio.Event, abort: bool) -> None:
+        probe = self.probes[partition]
         while not stop.is_set():
             values: list[str] = []
             try:
                 tx = await client.begin(timeout_s=30)
-                values = [v.decode() for v in await tx.dequeue_batch(PROBE_QUEUE, 3)]
+                values = [v.decode() for v in await tx.dequeue_batch(probe_queue(partition), 3)]
                 if abort or not values:
                     await tx.abort()
                     await asyncio.sleep(PROBE_PAUSE_S * 5)
                     continue
-                self.probe.maybe_dequeued.update(values)  # until the commit's answer says
+                probe.maybe_dequeued.update(values)  # until the commit's answer says
                 info = await tx.commit()
             except (RcqError, OSError, TimeoutError):
                 continue  # values stay in maybe_dequeued: a commit whose outcome is not known
-            self.probe.maybe_dequeued.difference_update(values)
+            probe.maybe_dequeued.difference_update(values)
             for value in values:
-                self.probe.dequeued[value] = info.index
+                probe.dequeued[value] = info.index
             await asyncio.sleep(PROBE_PAUSE_S)
 
     # ------------------------------------------------------------- backups
     async def _one_backup(self, stop: asyncio.Event) -> None:
+        if len(self.probes) > 1:
+            await self._one_set(stop)
+            return
         number = self.taken
         self.taken += 1
         path = self.directory / f"backup-{number}.rcqbackup"
@@ -236,6 +273,81 @@ class BackupNemesis:
                 "restored_cluster_id": cluster_id,
                 **({"duplicated_values": duplicated_values[:SAMPLES_MAX]} if duplicated_values else {})}
 
+    # ------------------------------------------------------------- backup sets
+    async def _one_set(self, stop: asyncio.Event) -> None:
+        """A backup set of every partition; each part checked against its own probe's history."""
+        number = self.taken
+        self.taken += 1
+        path = self.directory / f"backup-{number}.rcqset"
+        started = time.monotonic()
+        before = {name: probe.highest_index() for name, probe in self.probes.items()}
+        try:
+            backup_set = await asyncio.wait_for(save_cluster_backup(self.cluster.client_urls, path,
+                                                                    token=self.cluster.token), BACKUP_TIMEOUT_S)
+        except Exception as exc:  # under faults a backup may fail: recorded, not a finding
+            self._line("backup", {"phase": "failed", "number": number, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            self.progress(f"nemesis: backup set {number} failed: {type(exc).__name__}")
+            return
+        parts = [{"partition": part.name, "index": part.header.index, "term": part.header.term,
+                  "node_id": part.header["node_id"], "data_digest": part.header.data_digest,
+                  "items": part.header["items"], "acknowledged_before": before.get(part.name, 0)}
+                 for part in backup_set.parts]
+        p0 = backup_set.p0.header
+        self._line("backup", {"phase": "taken", "number": number, "path": str(path),
+                              "seconds": round(time.monotonic() - started, 3), "acknowledged_before": before[P0],
+                              "index": p0.index, "term": p0.term, "node_id": p0["node_id"],
+                              "data_digest": p0.data_digest, "items": backup_set.items,
+                              "feature_level": p0["feature_level"], "cluster_id": p0["cluster_id"],
+                              "combined_digest": backup_set.combined_digest, "parts": parts})
+        self.progress(f"nemesis: backup set {number}: " + ", ".join(f"{p['partition']}@{p['index']}" for p in parts))
+        if self.restored >= min(self.restores_max, SET_RESTORES_MAX) or stop.is_set():
+            shutil.rmtree(path, ignore_errors=True)  # every part verified on the way; not restored
+            return
+        self.restored += 1
+        try:
+            result = await asyncio.wait_for(asyncio.to_thread(self._restore_set, backup_set), RESTORE_TIMEOUT_S)
+            indexes = {part.name: part.header.index for part in backup_set.parts}
+            verdicts = {name: self.probes[name].verdict(indexes[name], probe)
+                        for name, probe in result.pop("probes").items()}
+            valid = all(v["valid"] for v in verdicts.values()) and result["identity_new"] \
+                and not result.get("duplicated_values")
+            verdict = {"valid": valid, "probe_checked": sum(v["probe_checked"] for v in verdicts.values()),
+                       "partitions": verdicts, **result}
+        except Exception as exc:  # the restore itself failed: a finding
+            verdict = {"valid": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        self._line("backup-restore", {"phase": "checked", "number": number, "index": p0.index, **verdict})
+        self.progress(f"nemesis: backup set {number} restored: {'valid' if verdict['valid'] else 'INVALID'}")
+        if verdict["valid"]:
+            shutil.rmtree(path, ignore_errors=True)  # kept only when it shows a problem
+
+    def _restore_set(self, backup_set: BackupSet) -> dict[str, Any]:
+        """Restore a set into a scratch cluster with the same node ids and partitions; each probe's
+        items, the digests and the identity."""
+        from rcq.cli.restore import partitions_room
+        from rcq.local.cluster import LocalCluster
+
+        duplicated_values = [v for part in backup_set.parts for v in _values_in_two_places(part.path)]
+        members = {m for part in backup_set.parts for m in part.members}
+        nodes = max([len(self.cluster.nodes)] + [int(m.rsplit("-", 1)[1]) + 1 for m in members])
+        scratch = LocalCluster(nodes, log_level="WARNING", partitions_max=partitions_room(backup_set))
+        try:
+            scratch.restore_from(backup_set.path)
+            scratch.start()
+            scratch.wait_for_leader(60.0)
+            rows = scratch.wait_partitions_led([part.name for part in backup_set.parts], 60.0)
+            digests = {row["name"]: scratch.poll_json((row["leader_url"] if row["name"] != P0 else scratch.url(0))
+                                                      + "/v1/cluster/data-digest")["data_digest"] for row in rows}
+            cluster_id = scratch.status(0).get("cluster_id")
+            probes = {name: asyncio.run(_drain(scratch.urls, scratch.client_options(), probe_queue(name)))
+                      for name in self.probes if backup_set.part(name) is not None}
+        finally:
+            scratch.close()
+        header = backup_set.p0.header
+        identity_new = header["cluster_id"] is None or (cluster_id is not None and cluster_id != header["cluster_id"])
+        return {"probes": probes, "identity_new": identity_new, "restored_cluster_id": cluster_id,
+                "digest_matches": combined_digest(digests) == backup_set.combined_digest,
+                **({"duplicated_values": duplicated_values[:SAMPLES_MAX]} if duplicated_values else {})}
+
     def _line(self, f: str, value: dict[str, Any]) -> None:
         self.history.info(NEMESIS_PROCESS, f, {"nodes": [], **value})
 
@@ -252,13 +364,13 @@ def _values_in_two_places(path: Path) -> list[str]:
     return twice
 
 
-async def _drain(urls: list[str], options: dict[str, Any]) -> list[str]:
-    """Every probe item of the scratch cluster, dequeued and committed."""
+async def _drain(urls: list[str], options: dict[str, Any], queue: str = PROBE_QUEUE) -> list[str]:
+    """Every item of the scratch cluster's probe ``queue``, dequeued and committed."""
     got: list[str] = []
     async with RcqClient(urls, **options) as client:
         while True:
             tx = await client.begin(timeout_s=30)
-            batch = await tx.dequeue_batch(PROBE_QUEUE, 200)
+            batch = await tx.dequeue_batch(queue, 200)
             await tx.commit()
             if not batch:
                 return got

@@ -7,7 +7,8 @@ those lines: the run is invalid when one of them is. Backups that could not be t
 faults (``backup`` lines of phase ``failed``) are counted, not held against the run. A backup
 taken at an index before a probe commit acknowledged before it was asked for (``taken`` lines:
 ``index`` below ``acknowledged_before``) is behind what ``rcq backup`` promises: the run is
-invalid too.
+invalid too; for a backup set (a cluster with partitions), each part against its own partition's
+probe (the ``parts`` of the line).
 
 Pure Python: imports nothing from rcq.
 """
@@ -29,7 +30,9 @@ def check_backups(history: list[dict[str, Any]]) -> dict[str, Any]:
     failed = [v for f, v in lines if f == "backup" and v.get("phase") == "failed"]
     checked = [v for f, v in lines if f == "backup-restore" and v.get("phase") == "checked"]
     invalid = [v for v in checked if not v.get("valid")]
-    behind = [v for v in taken if int(v.get("index", 0)) < int(v.get("acknowledged_before", 0))]
+    # A set (a cluster with partitions): each part against its own partition's probe.
+    behind = [{**v, **part} for v in taken for part in (v.get("parts") or [v])
+              if int(part.get("index", 0)) < int(part.get("acknowledged_before", 0))]
     return {
         "valid": not invalid and not behind,
         "backups_taken": len(taken),
@@ -38,6 +41,7 @@ def check_backups(history: list[dict[str, Any]]) -> dict[str, Any]:
         "probe_items_checked": sum(int(v.get("probe_checked", 0)) for v in checked),
         "indexes": [v.get("index") for v in taken],
         "invalid_restores": invalid[:SAMPLES_MAX],
-        "behind": [{key: v.get(key) for key in ("number", "index", "acknowledged_before", "node_id")}
-                   for v in behind[:SAMPLES_MAX]],
+        "sets_taken": sum(1 for v in taken if v.get("parts")),
+        "behind": [{key: v.get(key) for key in ("number", "partition", "index", "acknowledged_before", "node_id")
+                    if key in v} for v in behind[:SAMPLES_MAX]],
     }

@@ -160,7 +160,8 @@ def _ordering_line(r: dict[str, Any]) -> str:
 def _backups_line(r: dict[str, Any]) -> str:
     if not r.get("backups_taken") and not r.get("backups_failed"):
         return "no backup taken (the backup nemesis was not asked for)"
-    return (f"{r['backups_taken']} backups taken ({r['backups_failed']} failed under faults), "
+    sets = f", {r['sets_taken']} of them sets of every partition" if r.get("sets_taken") else ""
+    return (f"{r['backups_taken']} backups taken{sets} ({r['backups_failed']} failed under faults), "
             f"{r['restores_checked']} restored and checked ({r['probe_items_checked']} probe items), "
             f"{len(r['invalid_restores'])} not as the history says, "
             f"{len(r.get('behind', []))} behind a commit acknowledged before it was asked for")

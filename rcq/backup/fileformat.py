@@ -34,7 +34,7 @@ import json
 import os
 import pickle
 import struct
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -239,7 +239,7 @@ class _Items:
     """The items of a body; ``close()`` closes the file even before the first item is read (a
     generator's close does nothing until it has started)."""
 
-    def __init__(self, file: BinaryIO, items: Iterator[tuple[str, int, bytes]]) -> None:
+    def __init__(self, file: BinaryIO, items: Generator[tuple[str, int, bytes], None, None]) -> None:
         self._file = file
         self._items = items
 
@@ -254,7 +254,7 @@ class _Items:
         self._file.close()
 
 
-def _items(file: BinaryIO, path: str) -> Iterator[tuple[str, int, bytes]]:
+def _items(file: BinaryIO, path: str) -> Generator[tuple[str, int, bytes], None, None]:
     count = 0
     with file:
         while True:

@@ -62,3 +62,18 @@ def test_a_backup_behind_a_commit_acknowledged_before_it_was_asked_for_fails_the
 def test_backup_is_a_background_kind_named_only():
     assert "backup" in KINDS and "backup" not in MIXABLE and "backup" not in DOCKER_KINDS
     assert "backup" not in parse_kinds("all") and parse_kinds("backup,kill") == ["backup", "kill"]
+
+
+def test_a_set_part_behind_its_own_partitions_probe_fails_the_run():
+    parts = [{"partition": "p0", "index": 15, "acknowledged_before": 15, "node_id": "n1"},
+             {"partition": "p1", "index": 40, "acknowledged_before": 40, "node_id": "n2"}]
+    on_time = line("backup", {"phase": "taken", "number": 0, "index": 15, "acknowledged_before": 15, "parts": parts})
+    result = check_backups([on_time])
+    assert result["valid"] and result["sets_taken"] == 1
+    # p0 on time, p1's part behind a probe commit of p1 acknowledged before the set was asked for
+    late_parts = [parts[0], {**parts[1], "index": 39}]
+    late = line("backup", {"phase": "taken", "number": 1, "index": 15, "acknowledged_before": 15, "parts": late_parts})
+    result = check_backups([on_time, late])
+    assert not result["valid"]
+    assert result["behind"] == [{"number": 1, "partition": "p1", "index": 39, "acknowledged_before": 40,
+                                 "node_id": "n2"}]

@@ -61,8 +61,9 @@ def test_a_leader_deposed_with_commits_in_flight_and_healed_into_a_snapshot_inst
 @pytest.mark.timeout(420)
 def test_queues_over_three_partitions_with_partition_processes_killed_lose_nothing_and_commit_in_one(tmp_path):
     """docs/partitions.md: queues placed in p0, p1 and p2; transactions over two of them, refused
-    when they span partitions; partition processes killed -9 on live nodes, nodes killed and paused."""
-    config = RunConfig(nodes=3, time_limit_s=45, nemesis=["kill-partition-process", "kill", "pause"],
+    when they span partitions; partition processes killed -9 on live nodes, nodes killed and paused;
+    backup sets taken meanwhile, restored and checked against each partition's probe (docs/chaos.md)."""
+    config = RunConfig(nodes=3, time_limit_s=45, nemesis=["kill-partition-process", "kill", "pause", "backup"],
                        seed=CI_SEED + 3, out=tmp_path, workers=5, partitions=3)
     document = run(config, Progress(quiet=True))
     results = document["results"]
@@ -73,7 +74,9 @@ def test_queues_over_three_partitions_with_partition_processes_killed_lose_nothi
     assert all(partitions["acknowledged_by_partition"].get(p, 0) > 10 for p in ("p0", "p1", "p2")), describe(document)
     assert set(results["convergence"]["partitions"]) == {"p1", "p2"}, describe(document)
     assert results["runtime"]["drain"]["complete"], describe(document)
-    require_valid(document, (*SAFETY_CHECKERS, "partitions"))
+    backups = results["backups"]
+    assert backups["sets_taken"] >= 1 and backups["restores_checked"] >= 1, describe(document)
+    require_valid(document, (*SAFETY_CHECKERS, "partitions", "backups"))
 
 
 @pytest.mark.timeout(420)
