@@ -2,6 +2,7 @@
 
     python -m bench.backup --items 1000000          # the figures docs/backup.md quotes
     python -m bench.backup --items 20000 --json     # a quick run
+    python -m bench.backup --items 1000000 --partitions 3   # a backup set: p0, p1, p2
 
 On a fresh local 3-node cluster (``durability: fsync``) it enqueues ``--items`` 100-byte items,
 waits until every node applied them, then:
@@ -16,6 +17,10 @@ waits until every node applied them, then:
 3. **restore**: ``rcq restore PATH --node-config ...`` into the empty data directories of a new
    3-node cluster (a separate process: seconds, MiB/s of the file, its peak RSS), then the time
    until the new cluster serves and every node's data digest equals the backup's.
+
+With ``--partitions N`` the items are spread evenly over a queue in each of p0 ... p{N-1}, the
+backup is a set (docs/backup.md), the figures of the serving node are of p0's, and the restored
+cluster must have the set's combined digest.
 
 Each node's memory counts the state of N items in the Python heap (docs/performance.md: about
 107 bytes of bookkeeping per item beside the value); the backup's own cost is the increase of the
@@ -157,12 +162,18 @@ def node_of(cluster: LocalCluster, node_id: str) -> int:
 
 async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     figures: dict[str, Any] = {"items": args.items, "item_bytes": 100, "nodes": 3,
-                               "committers": args.committers}
-    cluster = fresh_cluster(3)
+                               "committers": args.committers, "partitions": args.partitions}
+    cluster = fresh_cluster(3) if args.partitions == 1 else partitioned_cluster(args.partitions)
     try:
         target = Target.of(cluster)
         started = time.monotonic()
-        await prefill(target, QUEUE, args.items)
+        names = [f"p{k}" for k in range(args.partitions)]
+        async with target.client() as client:
+            for name in names[1:]:  # one queue per partition, the items spread evenly
+                await client.configure_queue(f"{QUEUE}-{name}", partitions=[name])
+        for k, name in enumerate(names):
+            share = args.items // args.partitions + (1 if k < args.items % args.partitions else 0)
+            await prefill(target, QUEUE if name == "p0" else f"{QUEUE}-{name}", share)
         await asyncio.to_thread(cluster.wait_for_applied, 600.0)
         figures["prefill_s"] = round(time.monotonic() - started, 2)
         leader = cluster.wait_for_leader(60.0)
@@ -191,8 +202,15 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 peak.__exit__()
         header = json.loads(subprocess.run([sys.executable, "-m", "rcq", "restore", str(path), "--check", "--json"],
                                            capture_output=True, text=True, check=True).stdout)
+        if args.partitions > 1:  # a set: its p0 part stands for the header, the sizes are the parts'
+            rows = header["partitions"]
+            size = sum(row["bytes"] for row in rows)
+            header = {**rows[0], "items": sum(row["items"] for row in rows), "data_digest": header["combined_digest"],
+                      "parts": {row["name"]: {key: row[key] for key in ("index", "items", "bytes", "node_id")}
+                                for row in rows}}
+        else:
+            size = path.stat().st_size
         served_by = node_of(cluster, header["node_id"])
-        size = path.stat().st_size
         figures["backup"] = {
             "seconds": round(seconds, 2), "file_mib": round(size / MIB, 1), "mib_per_s": round(size / MIB / seconds, 1),
             "index": header["index"], "items_in_file": header["items"], "served_by": header["node_id"],
@@ -201,17 +219,43 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "node_vmhwm_before_mib": figures["node_vmhwm_before_mib"][header["node_id"]],
             "forked_child_peak_rss_mib": round(peaks[served_by].peak_kib / 1024, 1) if served_by in peaks else None,
             "output": output.strip().splitlines()[0] if output.strip() else "",
+            **({"parts": header["parts"]} if "parts" in header else {}),
         }
     finally:
         cluster.close()
-    figures["restore"] = await restore_figures(path, size, header["data_digest"])
+    figures["restore"] = await restore_figures(path, size, header["data_digest"], args.partitions)
     return figures
 
 
-async def restore_figures(path: Path, size: int, data_digest: str) -> dict[str, Any]:
+def partitioned_cluster(partitions: int) -> LocalCluster:
+    """A fresh 3-node cluster with p0 ... p{partitions-1}, each led."""
+    cluster = LocalCluster(3, log_level="WARNING", node_overrides={"durability": "fsync"},
+                           partitions_max=partitions - 1)
+    try:
+        cluster.start()
+        cluster.wait_for_leader(60)
+        cluster.ensure_partitions(partitions, 120.0)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def combined_digest_of(cluster: LocalCluster, names: list[str]) -> str:
+    """The combined digest of a cluster's partitions (each read from its leader)."""
+    from rcq.backup.backup_set import combined_digest
+
+    rows = cluster.wait_partitions_led(names, 600.0)
+    return combined_digest({row["name"]: cluster.poll_json(
+        (cluster.url(cluster.wait_for_leader()) if row["name"] == "p0" else row["leader_url"])
+        + "/v1/cluster/data-digest", timeout_s=600.0)["data_digest"] for row in rows})
+
+
+async def restore_figures(path: Path, size: int, data_digest: str, partitions: int = 1) -> dict[str, Any]:
     """Restore the backup at ``path`` (``size`` bytes) into a fresh 3-node cluster: how long the
-    seeding and the start took, and whether every node's data digest is the backup's."""
-    restored = LocalCluster(3, log_level="WARNING")
+    seeding and the start took, and whether every node's data digest is the backup's (a set's:
+    whether the restored partitions' combined digest is the set's)."""
+    restored = LocalCluster(3, log_level="WARNING", partitions_max=partitions - 1 + 4 if partitions > 1 else 0)
     try:
         command = [sys.executable, "-m", "rcq", "restore", str(path)]
         for node in restored.nodes:
@@ -221,7 +265,10 @@ async def restore_figures(path: Path, size: int, data_digest: str) -> dict[str, 
         restored.start()
         restored.wait_for_leader(600.0)
         await asyncio.to_thread(restored.wait_for_applied, 600.0)
-        digests = [restored.data_digest(i, timeout_s=600.0)["data_digest"] for i in range(3)]
+        if partitions > 1:
+            digests = [await asyncio.to_thread(combined_digest_of, restored, [f"p{k}" for k in range(partitions)])]
+        else:
+            digests = [restored.data_digest(i, timeout_s=600.0)["data_digest"] for i in range(3)]
         return {
             "seed_seconds": round(seconds, 2), "mib_per_s": round(size / MIB / seconds, 1),
             "cli_peak_rss_mib": round(restore_kib / 1024, 1),
@@ -236,13 +283,17 @@ async def restore_figures(path: Path, size: int, data_digest: str) -> dict[str, 
 def print_figures(figures: dict[str, Any]) -> None:
     backup, restore = figures["backup"], figures["restore"]
     without, during = figures["commit_without_backup"], figures["commit_during_backup"]
-    print(f"backup and restore of {figures['items']} items of 100 bytes, 3 nodes, fsync "
+    spread = f", spread over {figures['partitions']} partitions" if figures["partitions"] > 1 else ""
+    print(f"backup and restore of {figures['items']} items of 100 bytes{spread}, 3 nodes, fsync "
           f"(prefill {figures['prefill_s']} s)")
     print(f"  backup   {backup['seconds']:>8} s  {backup['file_mib']} MiB at {backup['mib_per_s']} MiB/s from "
           f"{backup['served_by']} (index {backup['index']}, {backup['items_in_file']} items)")
     print(f"           serving node VmHWM {backup['node_vmhwm_before_mib']} -> {backup['node_vmhwm_after_mib']} MiB, "
           f"its forked child's peak RSS {backup['forked_child_peak_rss_mib']} MiB; CLI peak RSS "
           f"{backup['cli_peak_rss_mib']} MiB")
+    for name, part in backup.get("parts", {}).items():
+        print(f"           part {name}: {part['items']} items, {round(part['bytes'] / MIB, 1)} MiB at index "
+              f"{part['index']} from {part['node_id']}")
     print(f"  leader commit latency ({figures['committers']} committers): without a backup p50 "
           f"{without.get('p50_ms')} ms p99 {without.get('p99_ms')} ms ({without['commits']} commits); during it p50 "
           f"{during.get('p50_ms')} ms p99 {during.get('p99_ms')} ms ({during['commits']} commits)")
@@ -258,8 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--committers", type=int, default=4, help="clients committing during the measures (4)")
     parser.add_argument("--latency-window-s", type=float, default=10.0,
                         help="how long the committers run without a backup, for comparison (10)")
+    parser.add_argument("--partitions", type=int, default=1,
+                        help="p0 ... p{N-1}, a queue in each, the items spread evenly: the backup is a set (1)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
+    if not 1 <= args.partitions <= 16:
+        parser.error("--partitions is 1 to 16")
     with tempfile.TemporaryDirectory(prefix="rcq-bench-backup-") as work:
         figures = asyncio.run(measure(args, Path(work)))
     if args.json:
