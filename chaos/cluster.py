@@ -19,6 +19,13 @@ nodes below it; the smaller ports go to HTTP and the links. Client traffic reach
 through ``client->node-i``; every node advertises that URL, so the leader URLs nodes give clients
 go through the proxy too.
 
+**Partitions' own Raft links** (``partitions`` > 1): each partition process dials its peers
+through the proxy too, one link per partition number and pair of nodes
+(``raft-<number>:node-i->node-j``, :meth:`ChaosCluster.partition_raft_links`), wired by the node
+setting ``partition_raft_dial_addresses``, which a node copies into each partition process's
+``raft_dial_addresses``. Network faults between two nodes cut their partitions' links as well
+as p0's; ``isolate-partition-member`` cuts one partition's links around one member only.
+
 **Membership changes** (the ``membership`` nemesis) remove existing nodes and re-add each as
 itself: same node id, same real Raft address, its advertised URL (:meth:`ChaosCluster.member_identity`),
 so the proxy links made at start stay right. New nodes (``add_node``) are refused: the links are
@@ -55,7 +62,7 @@ from typing import Any, NoReturn, Self
 
 from chaos.netproxy import HOST, ProxyThread
 from chaos.powerfs import PowerFSError, PowerMount, close_all
-from chaos.target import TARGET_START_TIMEOUT_S, client_link, raft_link
+from chaos.target import TARGET_START_TIMEOUT_S, client_link, partition_raft_link, raft_link
 from rcq.local.cluster import LocalCluster
 from rcq.local.nodes import STOP_TIMEOUT_S, LocalNode, free_ports
 from rcq.local.polls import POLL_TIMEOUT_S
@@ -128,6 +135,8 @@ class ChaosCluster(LocalCluster):
         self.partitions_count = partitions
         self.proxy = ProxyThread(seed)
         self.raft_proxy_ports: dict[tuple[int, int], int] = {}  # (dialler, acceptor) -> link port
+        # (partition number, dialler, acceptor) -> link port: every partition's own Raft links
+        self.partition_link_ports: dict[tuple[int, int, int], int] = {}
         self.client_ports: list[int] = []  # the link port in front of each node's HTTP port
         self.power_mounts: list[PowerMount] = []  # node i's data directory, with power_fs
         try:
@@ -197,7 +206,37 @@ class ChaosCluster(LocalCluster):
         # I dial the nodes below me through the proxy; they know me by my real address.
         config["raft_dial_addresses"] = {self.nodes[j].raft_address: address(self.raft_proxy_ports[(node.index, j)])
                                          for j in range(node.index)}
+        if self.partitions_max:  # and my partition processes dial theirs through it too
+            self._link_partitions()
+            config["partition_raft_dial_addresses"] = {
+                address(self._partition_raft_port(acceptor, number)): address(port)
+                for (number, dialler, acceptor), port in self.partition_link_ports.items() if dialler == node.index}
         return config
+
+    def _partition_raft_port(self, i: int, number: int) -> int:
+        """The Raft port of partition number ``number`` on node ``i`` (rcq.server.partitions.ports)."""
+        first = int(str(self.node_settings[i]["partition_ports"]).split("-")[0])
+        return first + 2 * (number - 1) + 1
+
+    def _link_partitions(self) -> None:
+        """A proxy link for every partition number's Raft between every pair of nodes, once. The
+        process whose Raft address is the greater string dials (pysyncobj's rule, as for p0)."""
+        if self.partition_link_ports:
+            return
+        for number in range(1, self.partitions_max + 1):
+            for i in range(len(self.nodes)):
+                for j in range(i):
+                    a, b = address(self._partition_raft_port(i, number)), address(self._partition_raft_port(j, number))
+                    dialler, acceptor = (i, j) if a > b else (j, i)
+                    self.partition_link_ports[(number, dialler, acceptor)] = self.proxy.add_link(
+                        partition_raft_link(number, dialler, acceptor), self._partition_raft_port(acceptor, number))
+
+    def partition_raft_links(self, a: int, b: int, number: int | None = None) -> list[tuple[str, int]]:
+        """(link, dialler) of the partitions' Raft links between nodes ``a`` and ``b``
+        (chaos.target.PartitionLinks)."""
+        return [(partition_raft_link(k, dialler, acceptor), dialler)
+                for (k, dialler, acceptor) in self.partition_link_ports
+                if {dialler, acceptor} == {a, b} and (number is None or k == number)]
 
     def add_node(self, peers: Sequence[int] | None = None, *, start: bool = True) -> int:
         raise NotImplementedError("the chaos cluster's proxy links are made for its first nodes; "

@@ -63,9 +63,10 @@ includes ``power`` only with ``--power-fs``):
   the node itself left running: its supervisor restarts the process after a back-off, and the
   fault lasts until it has (its stop line: ``restarted``). Named so as not to be confused with
   ``partition`` (the network). Only in runs with ``--partitions`` 2 or more (dropped from
-  ``all`` otherwise). Network faults act on p0's Raft links only: partition processes reach each
-  other directly, not through the proxy; ``kill``, ``pause`` and ``power`` act on a node's whole
-  process group, its partition processes with it.
+  ``all`` otherwise). On the local target the partition processes reach each other through the
+  proxy too (chaos.cluster), so network faults between two nodes act on their partitions' Raft
+  links as on p0's; ``kill``, ``pause`` and ``power`` act on a node's whole process group, its
+  partition processes with it.
 * ``pause-partition-process``, ``move-leaders``, ``partition-lifecycle`` (chaos.faults.partitions):
   one partition's process frozen (its leader's, mostly) while its node runs on; up to two
   partitions' leaders moved by hand onto one node and spread again by ``POST
@@ -73,6 +74,9 @@ includes ``power`` only with ``--power-fs``):
   in a chaos run); a partition created, a queue placed in it and a few items committed, deleted
   again when the fault stops (its lines say how many were acknowledged and how many the delete
   removed: the partitions checker holds them equal). Runs with ``--partitions`` 2 or more only.
+* ``isolate-partition-member`` (chaos.faults.partitions): one partition's own Raft links around
+  one of its members cut (its leader's, mostly), p0's and the other partitions' whole. Local
+  target with ``--partitions`` 2 or more.
 * ``backup``: in the background, like ``snapshot``: backups taken every few seconds (``rcq
   backup``'s code, from a follower) while the other faults run, beside a small probe load whose
   commits are recorded with their index; at most three are restored, each into a 1-node scratch
@@ -114,15 +118,17 @@ from chaos.target import ChaosTarget, membership_control
 
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "wipe",
          "snapshot", "deposed-leader", "power", "membership", "upgrade", "backup", "kill-partition-process",
-         "pause-partition-process", "move-leaders", "partition-lifecycle")
+         "pause-partition-process", "move-leaders", "partition-lifecycle", "isolate-partition-member")
 BACKGROUND = ("snapshot", "backup")  # activities beside the faults, not fault windows
 NOT_IN_ALL = ("backup",)  # named only: each restore starts a scratch cluster (chaos.backups)
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "power",
            "membership", "upgrade", "kill-partition-process", "pause-partition-process", "move-leaders",
-           "partition-lifecycle")
+           "partition-lifecycle", "isolate-partition-member")
 # a run with --partitions 2 or more (local target); dropped from the others
-NEEDS_PARTITIONS = ("kill-partition-process", "pause-partition-process", "move-leaders", "partition-lifecycle")
-NEEDS_LINK_FAULTS = ("one-way", "client-partition", "client-drop", "delay", "loss", "deposed-leader")
+NEEDS_PARTITIONS = ("kill-partition-process", "pause-partition-process", "move-leaders", "partition-lifecycle",
+                    "isolate-partition-member")
+NEEDS_LINK_FAULTS = ("one-way", "client-partition", "client-drop", "delay", "loss", "deposed-leader",
+                     "isolate-partition-member")
 NEEDS_POWER_FS = ("power",)  # each node's data directory on its own powerfs mount (local target, --power-fs)
 NEEDS_MEMBERSHIP = ("membership",)  # nodes re-added as themselves (chaos.target.membership_control)
 NEEDS_RELEASES = ("upgrade",)  # nodes restarted into the previous release (chaos.faults.release_switch)

@@ -47,6 +47,31 @@ def raft_link(a: int, b: int) -> str:
     return f"raft:node-{dialler}->node-{acceptor}"
 
 
+PARTITION_LINK_PREFIX = "raft-"
+
+
+def partition_raft_link(number: int, dialler: int, acceptor: int) -> str:
+    """The link carrying partition number ``number``'s Raft between nodes ``dialler`` and
+    ``acceptor``; ``forward`` is dialler -> acceptor (the process whose Raft address is the
+    greater string dials, as p0's nodes do: see chaos.cluster)."""
+    return f"{PARTITION_LINK_PREFIX}{number}:node-{dialler}->node-{acceptor}"
+
+
+class PartitionLinks(Protocol):
+    """A target whose partitions' own Raft links go through its proxy (chaos.cluster)."""
+
+    def partition_raft_links(self, a: int, b: int, number: int | None = None) -> list[tuple[str, int]]:
+        """(link, dialler's index) of every partition's Raft link between nodes ``a`` and ``b``
+        (only partition number ``number``'s when given)."""
+        ...
+
+
+def partition_links(cluster: object) -> PartitionLinks | None:
+    """The target as :class:`PartitionLinks`, or None when its partitions' links are not proxied."""
+    links = getattr(cluster, "partition_raft_links", None)
+    return cast(PartitionLinks, cluster) if callable(links) and getattr(cluster, "partition_link_ports", None) else None
+
+
 def client_link(i: int) -> str:
     """The link carrying clients' HTTP to node ``i``; ``forward`` is client -> node."""
     return f"client->node-{i}"

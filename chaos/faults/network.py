@@ -6,6 +6,11 @@ Link faults are layered: faults active at once may touch the same link (a partit
 delay); each keeps its own layer and the link gets their combination
 (:func:`combine_link_faults`), so stopping one never undoes another.
 
+On a target that proxies its partitions' own Raft links (chaos.target.PartitionLinks), a fault
+between two nodes hits those links too: a partition, a one-way drop, delay and loss cut or slow
+every Raft group between them, as a real network would (the deposed leader's node loses its
+partitions' links with p0's; its checks of compaction and snapshot install are p0's).
+
 Must not import: any rcq module but rcq.local's polls (for their bounded waits); nor a target's
 module (targets are seen through chaos.target).
 """
@@ -18,7 +23,7 @@ from typing import Any
 
 from chaos.faults.base import Fault, FaultKinds
 from chaos.netproxy import HEALTHY, LinkFault
-from chaos.target import LinkFaults, client_link, raft_link
+from chaos.target import PARTITION_LINK_PREFIX, LinkFaults, client_link, partition_links, raft_link
 from rcq.local.waits import wait_until
 
 DEPOSED_LEADER_LOSS = (0.03, 0.15)
@@ -48,7 +53,15 @@ class NetworkFaults(FaultKinds):
         self._link_layers.clear()
 
     def _cut(self, pairs: list[tuple[int, int]]) -> dict[str, LinkFault]:
-        return {raft_link(a, b): LinkFault(drop_forward=True, drop_backward=True) for a, b in pairs if a != b}
+        """Every Raft link between each pair cut both ways: p0's and its partitions' own."""
+        cut = LinkFault(drop_forward=True, drop_backward=True)
+        return {name: cut for a, b in pairs if a != b for name in [raft_link(a, b), *self._partition_links(a, b)]}
+
+    def _partition_links(self, a: int, b: int) -> list[str]:
+        """The partitions' own Raft links between nodes ``a`` and ``b`` (none on a target that
+        does not proxy them)."""
+        links = partition_links(self.cluster)
+        return [] if links is None else [name for name, _ in links.partition_raft_links(a, b)]
 
     def _links_fault(self, f: str, nodes: list[int], faults: dict[str, LinkFault], details: dict[str, Any]) -> Fault:
         proxy = self.links
@@ -66,7 +79,11 @@ class NetworkFaults(FaultKinds):
             proxy.set_faults({name: combine_link_faults(self._link_layers.get(name, {}).values())
                               for name in names})
 
-        return Fault(f, nodes, stop, {**details, "links": names})
+        # p0's links by name; the partitions' (one per partition number and pair) counted
+        partition_names = [name for name in names if name.startswith(PARTITION_LINK_PREFIX)]
+        named = [name for name in names if not name.startswith(PARTITION_LINK_PREFIX)]
+        return Fault(f, nodes, stop, {**details, "links": named,
+                                      **({"partition_links": len(partition_names)} if partition_names else {})})
 
     def _whole_node_partition(self, rng: random.Random) -> Fault | None:
         """Whole nodes off the network: the leader, or a random minority (also cut from each
@@ -116,10 +133,15 @@ class NetworkFaults(FaultKinds):
             cut = [(a, b) for a in everyone for b in everyone if a < b and frozenset((a, b)) not in neighbours]
         return self._links_fault(variant, everyone, self._cut(cut), {"ring": [f"node-{i}" for i in order]})
 
-    def _direction(self, source: int, target: int) -> tuple[str, LinkFault]:
-        """The link between two nodes and the fault dropping what ``source`` sends ``target``."""
+    def _direction(self, source: int, target: int) -> dict[str, LinkFault]:
+        """The Raft links between two nodes (p0's and their partitions') and the faults dropping
+        what ``source`` sends ``target`` on each."""
         forward = source > target  # the greater dials: forward is dialler -> acceptor
-        return raft_link(source, target), LinkFault(drop_forward=forward, drop_backward=not forward)
+        faults = {raft_link(source, target): LinkFault(drop_forward=forward, drop_backward=not forward)}
+        links = partition_links(self.cluster)
+        for name, dialler in [] if links is None else links.partition_raft_links(source, target):
+            faults[name] = LinkFault(drop_forward=dialler == source, drop_backward=dialler != source)
+        return faults
 
     def _begin_one_way(self, rng: random.Random) -> Fault | None:
         n = len(self.cluster.nodes)
@@ -135,7 +157,7 @@ class NetworkFaults(FaultKinds):
             assert leader is not None
             others = [j for j in everyone if j != leader]
             pairs = [(j, leader) for j in others] if variant == "leader-deaf" else [(leader, j) for j in others]
-        faults = dict(self._direction(s, t) for s, t in pairs)
+        faults = {name: fault for s, t in pairs for name, fault in self._direction(s, t).items()}
         nodes = sorted({i for pair in pairs for i in pair})
         return self._links_fault("one-way", nodes, faults,
                                  {"variant": variant, "dropped": [f"node-{s}->node-{t}" for s, t in pairs]})
@@ -184,7 +206,7 @@ class NetworkFaults(FaultKinds):
 
     def _all_raft_links(self) -> list[str]:
         n = len(self.cluster.nodes)
-        return [raft_link(a, b) for a in range(n) for b in range(a)]
+        return [name for a in range(n) for b in range(a) for name in [raft_link(a, b), *self._partition_links(a, b)]]
 
     def _begin_delay(self, rng: random.Random) -> Fault | None:
         delay_s, jitter_s = rng.uniform(0.02, 0.2), rng.uniform(0.0, 0.05)

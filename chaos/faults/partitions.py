@@ -15,6 +15,11 @@ and deleted while the other faults run (docs/partitions.md).
   partition. The partitions checker holds every acknowledged item to have been there. A refusal
   (no leader, no ports left) is a ``refused`` line.
 
+* ``isolate-partition-member``: one partition's own Raft links around one of its members cut both
+  ways (``isolate-partition-leader`` mostly, ``isolate-partition-follower``), on a target that
+  proxies them (the local one): p0 and the other partitions keep every link, so that group alone
+  elects a new leader or waits; healed when the fault stops.
+
 Each asks the cluster through :meth:`PartitionProcesses.admin_request` of p0's leader (or any node,
 which forwards) and never raises for an answer it does not like: it records it.
 
@@ -25,10 +30,12 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaos.faults.base import Fault, FaultKinds, FaultRefused
 from chaos.faults.processes import PartitionProcesses
+from chaos.netproxy import LinkFault
+from chaos.target import partition_links
 
 LEADER_PAUSE_SHARE = 0.7  # how often the paused process is a partition's leader's
 MOVED_MAX = 2
@@ -40,6 +47,10 @@ REQUEST_TIMEOUT_S = 20.0
 class PartitionFaults(FaultKinds):
     partitions: PartitionProcesses | None
     _lifecycles: int = 0
+
+    if TYPE_CHECKING:  # chaos.faults.network.NetworkFaults's, beside this in FaultMaker
+        def _links_fault(self, f: str, nodes: list[int], faults: dict[str, LinkFault],
+                         details: dict[str, Any]) -> Fault: ...
 
     def _control(self) -> PartitionProcesses:
         assert self.partitions is not None, "checked when the nemesis was made"
@@ -84,6 +95,29 @@ class PartitionFaults(FaultKinds):
             control.resume_process(pid)
 
         return Fault(variant, [i], stop, {"partition": partition, "pid": pid})
+
+    # ------------------------------------------------------------------ links
+    def _begin_isolate_partition_member(self, rng: random.Random) -> Fault | None:
+        """One partition's own Raft links around one of its members cut both ways (its leader's,
+        mostly), p0's and the other partitions' left whole: that group alone must elect, or wait."""
+        links = partition_links(self.cluster)
+        if links is None or getattr(self, "links", None) is None:
+            return None
+        rows = [r for r in self._listing() if r.get("number") and len(r.get("members", [])) > 1]
+        if not rows:
+            return None
+        row = rng.choice(rows)
+        members = [i for i in (self._index(m) for m in row["members"]) if i is not None]
+        leader = self._index(row.get("leader_id"))
+        variant = "isolate-partition-leader" if leader in members and rng.random() < LEADER_PAUSE_SHARE \
+            else "isolate-partition-follower"
+        chosen = leader if variant == "isolate-partition-leader" and leader is not None else rng.choice(members)
+        cut = LinkFault(drop_forward=True, drop_backward=True)
+        faults = {name: cut for other in members if other != chosen
+                  for name, _ in links.partition_raft_links(chosen, other, int(row["number"]))}
+        if not faults:
+            return None
+        return self._links_fault(variant, [chosen], faults, {"partition": row["name"], "isolated": f"node-{chosen}"})
 
     # ------------------------------------------------------------------ leaders
     def _begin_move_leaders(self, rng: random.Random) -> Fault | None:

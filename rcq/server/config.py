@@ -189,6 +189,10 @@ class NodeConfig(BaseModel):
     raft_dial_addresses: dict[str, Annotated[str, Field(pattern=HOST_PORT_PATTERN)]] = Field(
         default_factory=dict, description="peer Raft address -> host:port to connect to it at (a tunnel or "
         "proxy); the peer is still known by its own address")
+    partition_raft_dial_addresses: dict[str, Annotated[str, Field(pattern=HOST_PORT_PATTERN)]] = Field(
+        default_factory=dict, description="the same for the partition processes this node runs: a peer "
+        "partition's Raft address -> host:port to connect to it at; copied whole into each one's "
+        "raft_dial_addresses (the chaos harness's proxy uses it)")
     peer_urls: dict[Annotated[str, Field(pattern=NODE_ID_PATTERN)], Annotated[str, Field(pattern=r"^https?://")]] = Field(
         default_factory=dict, description="node id -> base URL this node reaches that node's HTTP API at, where the "
         "URL the node advertises to clients does not work between nodes (containers, NAT, a load balancer): "

@@ -14,7 +14,7 @@ import pytest
 
 from chaos.cluster import CHAOS_NODE_OVERRIDES, ChaosCluster
 from chaos.netproxy import LinkFault
-from chaos.target import ChaosTarget, client_link, raft_link
+from chaos.target import ChaosTarget, client_link, partition_links, partition_raft_link, raft_link
 from rcq.testing import wait_until
 from tests.helpers import LEADER_TIMEOUT_S, LOCAL_WAIT_S
 
@@ -62,6 +62,29 @@ def test_every_link_goes_through_the_proxy_and_the_greater_address_dials(unstart
             else:  # j dials i
                 assert node.raft_address < peer["raft_address"] and peer["raft_address"] not in dials
     assert [unstarted.poll_url(i) for i in range(3)] == [node.url for node in unstarted.nodes]  # polls go direct
+
+
+def test_each_partitions_raft_links_go_through_the_proxy_and_the_greater_address_dials(tmp_path):
+    cluster = ChaosCluster(3, seed=4, base_dir=tmp_path / "cluster", partitions=2)
+    try:
+        numbers = range(1, cluster.partitions_max + 1)
+        assert len(cluster.partition_link_ports) == 3 * len(numbers)  # one per pair and partition number
+        configs = [json.loads(node.config_path.read_text()) for node in cluster.nodes]
+        for (number, dialler, acceptor), port in cluster.partition_link_ports.items():
+            ours, theirs = (f"127.0.0.1:{cluster._partition_raft_port(i, number)}" for i in (dialler, acceptor))
+            assert ours > theirs  # pysyncobj's rule: the greater address dials
+            assert configs[dialler]["partition_raft_dial_addresses"][theirs] == f"127.0.0.1:{port}"
+            assert theirs not in configs[acceptor]["partition_raft_dial_addresses"]
+            assert partition_raft_link(number, dialler, acceptor) in cluster.proxy.link_names()
+        dialler = max((0, 2), key=lambda i: f"127.0.0.1:{cluster._partition_raft_port(i, 1)}")
+        assert cluster.partition_raft_links(0, 2, 1) == [(partition_raft_link(1, dialler, 2 - dialler), dialler)]
+        assert partition_links(cluster) is cluster
+    finally:
+        cluster.close()
+
+
+def test_a_chaos_cluster_without_partitions_proxies_no_partition_link(unstarted):
+    assert unstarted.partition_link_ports == {} and partition_links(unstarted) is None
 
 
 def test_a_chaos_cluster_is_not_reopened(unstarted):

@@ -99,6 +99,23 @@ def test_partitions_frozen_leaders_moved_and_partitions_made_and_deleted_during_
     require_valid(document, (*SAFETY_CHECKERS, "partitions"))
 
 
+@pytest.mark.timeout(420)
+def test_network_faults_on_partitions_own_raft_links_lose_nothing_and_every_group_converges(tmp_path):
+    """docs/chaos.md: partitions' Raft links go through the proxy; one partition's links around
+    its leader cut while p0 stays whole, and whole-node partitions that cut every group's links."""
+    config = RunConfig(nodes=3, time_limit_s=35, nemesis=["isolate-partition-member", "partition"],
+                       # its first window isolates a partition's member, its second mixes both kinds
+                       seed=CI_SEED + 42, out=tmp_path, workers=5, partitions=3)
+    document = run(config, Progress(quiet=True))
+    results = document["results"]
+    windows = [w["f"] for w in results["liveness"]["windows"]]
+    assert any(f.startswith("isolate-partition-") for f in windows), describe(document)
+    assert any(f.startswith("partition-") for f in windows), describe(document)
+    assert set(results["convergence"]["partitions"]) == {"p1", "p2"}, describe(document)
+    assert results["runtime"]["drain"]["complete"], describe(document)
+    require_valid(document, (*SAFETY_CHECKERS, "partitions"))
+
+
 @pytest.mark.timeout(480)
 def test_membership_changes_during_faults_lose_nothing_and_every_node_ends_a_voting_member(tmp_path):
     """docs/membership.md: members removed (the leader too) and re-added (with their data, or wiped

@@ -57,6 +57,16 @@ def test_a_partitions_config_has_its_ports_data_dir_and_members_and_keeps_the_re
     assert config.partition_ports is None  # a partition process runs no partitions of its own
 
 
+def test_a_partitions_dial_addresses_are_its_nodes_partition_map_whole_and_not_p0s() -> None:
+    dial = {"127.0.0.1:7003": "127.0.0.1:6001", "127.0.0.1:7001": "127.0.0.1:6002"}
+    nodes = [node(i, raft_dial_addresses={"127.0.0.1:9000": "127.0.0.1:5000"}, partition_raft_dial_addresses=dial)
+             for i in range(3)]
+    config = partition_config(nodes[1], "p2", 2, [MemberPorts.of(n) for n in nodes])
+    assert config.raft_dial_addresses == dial  # every entry: members may change, the config stays the same
+    assert config.partition_raft_dial_addresses == {}
+    assert partition_config(node(1), "p2", 2, [MemberPorts.of(node(i)) for i in range(3)]).raft_dial_addresses == {}
+
+
 def test_published_ports_are_what_peers_and_clients_get_and_binds_stay_inside() -> None:
     """As in a container: every node binds 7010-7019 on 0.0.0.0 and publishes other host ports."""
     def container(i: int) -> NodeConfig:

@@ -128,13 +128,14 @@ def partition_config(node: NodeConfig, name: str, number: int, members: Sequence
         if member.node_id in node.peer_urls:  # reached between nodes at the ports it binds
             peer_urls[member.node_id] = with_port(node.peer_urls[member.node_id], member.bound(name, number)[0])
     fields = node.model_dump(exclude={"partition_ports", "partition_advertise_ports", "partition_port_map",
-                                      "peers", "peer_urls",
+                                      "peers", "peer_urls", "partition_raft_dial_addresses",
                                       "raft_dial_addresses", "raft_bind_address", "advertise_url"})
     bind_address = f"{bind_host}:{raft_port}"
     fields.update(
         http_port=http_port, advertise_url=url, raft_address=raft_address,
         raft_bind_address=bind_address if bind_address != raft_address else None,
         peers=peers, peer_urls=peer_urls, data_dir=node.data_dir / PARTITIONS_DIR / data_dir_name(name, number),
+        raft_dial_addresses=dict(node.partition_raft_dial_addresses),  # whole: stable when members change
         partition_name=name)
     return NodeConfig.model_validate(fields)
 
