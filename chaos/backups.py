@@ -62,7 +62,7 @@ from typing import Any
 
 from chaos.history import NEMESIS_PROCESS
 from chaos.target import ChaosTarget
-from rcq.backup.backup_set import P0, BackupSet, combined_digest
+from rcq.backup.backup_set import P0, BackupSet, combined_digest, partitions_room
 from rcq.backup.fileformat import Header, read_body
 from rcq.cli.backup import save_backup
 from rcq.cli.cluster_backup import list_partitions, save_cluster_backup
@@ -323,7 +323,6 @@ class BackupNemesis:
     def _restore_set(self, backup_set: BackupSet) -> dict[str, Any]:
         """Restore a set into a scratch cluster with the same node ids and partitions; each probe's
         items, the digests and the identity."""
-        from rcq.cli.restore import partitions_room
         from rcq.local.cluster import LocalCluster
 
         duplicated_values = [v for part in backup_set.parts for v in _values_in_two_places(part.path)]

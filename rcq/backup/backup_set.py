@@ -35,6 +35,7 @@ MANIFEST_NAME = "manifest.json"
 SET_FORMAT = 1  # the newest written and read
 P0 = "p0"
 MANIFEST_BYTES_MAX = 1 << 20
+PARTITIONS_ROOM = 4  # ports for partitions beyond a restored set's, as python -m cluster up gives
 
 
 def part_file_name(name: str) -> str:
@@ -83,6 +84,13 @@ class BackupSet:
     @property
     def items(self) -> int:
         return sum(int(p.header["items"]) for p in self.parts)
+
+
+def partitions_room(backup_set: BackupSet) -> int:
+    """How many partitions' ports each node of a local cluster restored from ``backup_set`` gets:
+    up to the highest number among them (numbers are kept: ports derive from them), and room for
+    PARTITIONS_ROOM more."""
+    return max((part.number for part in backup_set.parts), default=0) + PARTITIONS_ROOM
 
 
 def directory_partitions(meta: dict[str, Any]) -> dict[str, tuple[int, tuple[str, ...]]]:

@@ -27,14 +27,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rcq.backup.backup_set import BackupSet, is_backup_set, verify_set
+from rcq.backup.backup_set import BackupSet, is_backup_set, partitions_room, verify_set
 from rcq.backup.fileformat import Header, verify
 from rcq.cli.backup import describe
 from rcq.cli.connection import with_client
 from rcq.cli.serve import _peer
 from rcq.errors import InvalidRequest
-
-PARTITIONS_ROOM = 4  # ports for partitions beyond a restored set's, as python -m cluster up gives
 
 
 def add_restore_parser(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -207,12 +205,6 @@ def restore_queue(args: argparse.Namespace) -> int:
         return 0
 
     return with_client(args, verb)
-
-
-def partitions_room(backup_set: BackupSet) -> int:
-    """How many partitions' ports each node of a local cluster restored from ``backup_set`` gets:
-    up to the highest number among them, and room for four more (as ``cluster up`` gives)."""
-    return max((part.number for part in backup_set.parts), default=0) + PARTITIONS_ROOM
 
 
 def _progress(done: int, total: int) -> None:

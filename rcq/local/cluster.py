@@ -35,7 +35,8 @@ lifecycle of the nodes (start, stop, kill -9, SIGSTOP/SIGCONT, wipe, heal, close
 ``base_dir`` and what each file holds (manifest, TLS material, tokens files) are
 :mod:`rcq.local.cluster_files`; a node's ports, files and process mechanics are
 :mod:`rcq.local.nodes`; polling the nodes over HTTP and the bounded waits (leader, applied,
-convergence) are :mod:`rcq.local.polls`, which this class extends.
+convergence) are :mod:`rcq.local.polls`, which this class extends; the partitions' views and
+their processes' signals are :mod:`rcq.local.partitioned`, its base.
 Node indices are 0-based; node ``i`` has node id ``node-i``.
 
 Must not import: rcq.server (nodes are separate processes; the token model, what a tokens file
@@ -47,10 +48,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import secrets
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -80,11 +79,10 @@ from rcq.local.nodes import (
     free_ports,
     read_tail,
 )
-from rcq.local.polls import WAIT_TIMEOUT_S, PolledCluster, deadline_loop, http_json
-from rcq.local.processes import partition_processes
+from rcq.local.partitioned import PartitionedCluster, range_partitions
+from rcq.local.polls import WAIT_TIMEOUT_S, deadline_loop, http_json
 from rcq.local.releases import Release
 from rcq.local.tls import CA_NAME, CertFiles
-from rcq.local.waits import wait_until
 from rcq.private_files import read_private, write_private
 from rcq.tokens import Grant, new_token
 
@@ -94,7 +92,7 @@ __all__ = ["ADMIN_TOKEN_NAME", "MANIFEST_NAME", "LocalCluster"]
 log = logging.getLogger(__name__)
 
 
-class LocalCluster(PolledCluster[LocalNode]):
+class LocalCluster(PartitionedCluster):
     """A cluster of ``nodes`` rcq processes on 127.0.0.1; see the module docstring.
 
     ``base_dir`` None: a fresh temporary directory, removed by :meth:`close` unless ``keep``.
@@ -182,7 +180,7 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.log_level = log_level
         self.node_overrides = dict(manifest.get("node_overrides", {}))
         self.node_settings = {int(i): dict(fields) for i, fields in manifest.get("node_settings", {}).items()}
-        self.partitions_max = max((_range_partitions(fields.get("partition_ports"))
+        self.partitions_max = max((range_partitions(fields.get("partition_ports"))
                                    for fields in self.node_settings.values()), default=0)
         self.insecure = bool(manifest.get("insecure", False))
         self.auth = bool(manifest.get("auth", False))
@@ -358,34 +356,6 @@ class LocalCluster(PolledCluster[LocalNode]):
         self.nodes[i].request_stop()
         return self.nodes[i].finish_stop(timeout_s)
 
-    def partition_processes(self, i: int) -> dict[str, int]:
-        """Node ``i``'s partition processes now (docs/partitions.md): partition name -> pid."""
-        pid = self.nodes[i].pid
-        return partition_processes(pid) if pid is not None and self.nodes[i].running() else {}
-
-    def kill_partition_process(self, i: int, partition: str) -> int | None:
-        """SIGKILL node ``i``'s process of ``partition`` (its node restarts it); its pid, None if it has none."""
-        pid = self.partition_processes(i).get(partition)
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return pid
-
-    def pause_partition_process(self, i: int, partition: str) -> int | None:
-        """SIGSTOP node ``i``'s process of ``partition`` (its node left running); its pid, None if it
-        has none. :meth:`resume_process` undoes it."""
-        pid = self.partition_processes(i).get(partition)
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-        return pid
-
-    @staticmethod
-    def resume_process(pid: int) -> None:
-        """SIGCONT a process paused by :meth:`pause_partition_process` (gone meanwhile: nothing)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-
     def kill_node(self, i: int) -> int | None:
         """SIGKILL node ``i`` (and anything it forked), as a crash would. Returns its exit code."""
         return self.nodes[i].kill()
@@ -512,51 +482,6 @@ class LocalCluster(PolledCluster[LocalNode]):
         """The admin token as an ``Authorization`` header, for raw HTTP requests (empty without auth)."""
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    # ----------------------------------------------------------- partitions
-    def _partition_process_urls(self, i: int) -> list[str]:
-        """The URLs of node ``i``'s partition processes (none in a cluster never given partitions)."""
-        if not self.partitions_max:
-            return []
-        node_id = self.nodes[i].node_id
-        return [url for row in self.partitions(i) if row["name"] != "p0"
-                for member, url in zip(row["members"], row.get("urls") or [], strict=False) if member == node_id]
-
-    def partitions(self, i: int | None = None) -> list[dict[str, Any]]:
-        """GET /v1/cluster/partitions of node ``i`` (default: the leader)."""
-        i = self.wait_for_leader() if i is None else i
-        return list(self.poll_json(self.url(i) + "/v1/cluster/partitions")["partitions"])
-
-    def ensure_partitions(self, count: int, timeout_s: float = WAIT_TIMEOUT_S) -> list[dict[str, Any]]:
-        """Partitions p0 ... p{count-1}, the missing ones created (docs/partitions.md), once each
-        names a leader; their listing. Needs ``partitions_max`` of at least ``count - 1``."""
-        deadline = time.monotonic() + timeout_s
-        for number in range(1, count):
-            name = f"p{number}"
-            while name not in [row["name"] for row in self.partitions()]:
-                answer = self.poll_json(self.url(self.wait_for_leader()) + "/v1/cluster/partitions", method="POST",
-                                        body={"name": name})
-                code = answer.get("error", {}).get("code")
-                # A new cluster raises its level to 4, and records every node's ports, within a turn
-                # or two of its leader's feature-level loop (5 s): until then creating is refused.
-                if code not in (None, "partition_exists", "node_has_no_partition_ports", "feature_level_required",
-                                "not_leader", "no_leader"):
-                    raise RuntimeError(f"creating partition {name}: {answer['error']}")
-                if code is not None:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"partition {name} not created within {timeout_s} s: {answer['error']}")
-                    time.sleep(self.poll_interval_s)  # pace: the leader records the nodes' ports at its next turn
-
-        return self.wait_partitions_led([f"p{number}" for number in range(count)], max(deadline - time.monotonic(), 1.0))
-
-    def wait_partitions_led(self, names: Sequence[str], timeout_s: float = WAIT_TIMEOUT_S) -> list[dict[str, Any]]:
-        """The partition listing once each of ``names`` is listed and names a leader."""
-        def led() -> list[dict[str, Any]] | None:
-            rows = self.partitions()
-            leaders = {row["name"]: row["leader_url"] for row in rows}
-            return rows if all(leaders.get(name) for name in names) else None
-
-        return wait_until(led, timeout_s, what=f"partitions {', '.join(names)} led")
-
     # ----------------------------------------------------------- views
     @property
     def urls(self) -> list[str]:
@@ -601,10 +526,3 @@ class LocalCluster(PolledCluster[LocalNode]):
                          f"log {node.log_path} -----\n{self.log_tail(node.index, tail_bytes)}")
         return "\n".join(parts)
 
-
-def _range_partitions(ports: Any) -> int:
-    """How many partitions a node's ``partition_ports`` setting (``"first-last"``) serves."""
-    if not isinstance(ports, str) or "-" not in ports:
-        return 0
-    first, last = (int(part) for part in ports.split("-", 1))
-    return (last - first + 1) // 2

@@ -28,74 +28,14 @@ from rcq.backup.queue_restore import restore_one_queue
 from rcq.cli import main as cli_main
 from rcq.cli.backup import BackupFailed, save_backup
 from rcq.client import RcqClient
-from rcq.errors import RcqError
 from rcq.local.cluster import LocalCluster
 from tests.helpers import CLUSTER_WAIT_S
+from tests.helpers.backup_history import History, consumer, drain, producer
 from tests.helpers.cluster import restored_cluster, running_cluster
 
 pytestmark = pytest.mark.cluster
 
 LOAD_S = 2.0  # load before the backup, and again while it is taken
-
-
-class History:
-    """What the clients were told: enqueues and dequeues acknowledged, with their commit index."""
-
-    def __init__(self) -> None:
-        self.enqueued: dict[bytes, int] = {}
-        self.dequeued: dict[bytes, int] = {}
-        self.unknown: set[bytes] = set()  # enqueues whose outcome is not known
-        self.maybe_dequeued: set[bytes] = set()
-
-
-async def _producer(client: RcqClient, queue: str, name: str, history: History, stop: asyncio.Event) -> None:
-    n = 0
-    while not stop.is_set():
-        values = [f"{name}-{n + i}".encode() for i in range(5)]
-        n += 5
-        try:
-            info = await client.enqueue(queue, *values)
-        except RcqError:
-            history.unknown.update(values)
-            continue
-        for value in values:
-            history.enqueued[value] = info.index
-
-
-async def _consumer(client: RcqClient, queue: str, history: History, stop: asyncio.Event, abort: bool) -> None:
-    while not stop.is_set():
-        values: list[bytes] = []
-        try:
-            tx = await client.begin(timeout_s=30)
-            values = await tx.dequeue_batch(queue, 3)
-            if abort or not values:
-                await tx.abort()
-                await asyncio.sleep(0.01)  # pace: a consumer that aborts does not spin
-                continue
-            info = await tx.commit()
-        except RcqError:
-            history.maybe_dequeued.update(values)  # a commit whose outcome is not known
-            continue
-        for value in values:
-            history.dequeued[value] = info.index
-
-
-async def _drain(urls: list[str], options: dict[str, Any], queue: str) -> list[bytes]:
-    """Every item of ``queue``, dequeued and committed."""
-    got: list[bytes] = []
-    async with RcqClient(urls, **options) as client:
-        while True:
-            tx = await client.begin(timeout_s=30)
-            batch = []
-            for _ in range(200):
-                value = await tx.dequeue(queue)
-                if value is None:
-                    break
-                batch.append(value)
-            await tx.commit()
-            if not batch:
-                return got
-            got.extend(batch)
 
 
 def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(
@@ -119,9 +59,9 @@ def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(
                 await tx.reject(queue, held, reason="bad format")
                 await tx.commit()
                 stop = asyncio.Event()
-                tasks = [asyncio.create_task(_producer(client, queue, f"p{i}", history, stop)) for i in range(3)]
-                tasks += [asyncio.create_task(_consumer(client, queue, history, stop, abort=False)) for _ in range(2)]
-                tasks += [asyncio.create_task(_consumer(client, queue, history, stop, abort=True))]
+                tasks = [asyncio.create_task(producer(client, queue, f"p{i}", history, stop)) for i in range(3)]
+                tasks += [asyncio.create_task(consumer(client, queue, history, stop, abort=False)) for _ in range(2)]
+                tasks += [asyncio.create_task(consumer(client, queue, history, stop, abort=True))]
                 await asyncio.sleep(LOAD_S)  # pace: the load runs this long before the backup...
                 header = await save_backup(cluster.urls, backup, token=cluster.token)
                 await asyncio.sleep(LOAD_S / 2)  # pace: ...and after it
@@ -147,8 +87,8 @@ def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(
         async def inspect() -> tuple[dict[str, Any], list[bytes], list[bytes]]:
             async with RcqClient(restored.urls, **restored.client_options()) as client:
                 info = await client.queue_info(queue)
-            return info, await _drain(restored.urls, restored.client_options(), queue), \
-                await _drain(restored.urls, restored.client_options(), dead)
+            return info, await drain(restored.urls, restored.client_options(), queue), \
+                await drain(restored.urls, restored.client_options(), dead)
 
         info, items, dead_items = asyncio.run(inspect())
     finally:
@@ -191,8 +131,8 @@ def test_one_queue_comes_back_into_a_running_cluster_under_load(tmp_path: Path) 
                 await client.delete_queue("orders")  # the operator's mistake
                 history = History()
                 stop = asyncio.Event()
-                load = [asyncio.create_task(_producer(client, "other", f"p{i}", history, stop)) for i in range(2)]
-                load.append(asyncio.create_task(_consumer(client, "other", history, stop, abort=False)))
+                load = [asyncio.create_task(producer(client, "other", f"p{i}", history, stop)) for i in range(2)]
+                load.append(asyncio.create_task(consumer(client, "other", history, stop, abort=False)))
                 try:
                     report = await restore_one_queue(client, backup, "orders", "orders.restored")
                 finally:
@@ -204,7 +144,7 @@ def test_one_queue_comes_back_into_a_running_cluster_under_load(tmp_path: Path) 
         values, report, info = asyncio.run(run())
         assert report["items"] == len(values) and info["count"] == len(values)
         assert info["settings"]["max_priority"] == 5 and info["settings"]["default_ttl_s"] == 3600
-        restored = asyncio.run(_drain(cluster.urls, options, "orders.restored"))
+        restored = asyncio.run(drain(cluster.urls, options, "orders.restored"))
     assert sorted(restored) == sorted(values)
     assert restored[:100] == [f"order-{i}".encode() for i in range(200, 300)]  # priority 2 first, in order
 

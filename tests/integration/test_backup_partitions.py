@@ -33,9 +33,9 @@ from rcq.client import RcqClient
 from rcq.local.cluster import ADMIN_TOKEN_NAME, LocalCluster
 from rcq.testing import async_wait_until, wait_until
 from tests.helpers import CLUSTER_WAIT_S, LAUNCHER_EXIT_TIMEOUT_S, LAUNCHER_START_TIMEOUT_S, LEADER_TIMEOUT_S
+from tests.helpers.backup_history import History, consumer, drain, producer
 from tests.helpers.cluster import wait_settled
 from tests.helpers.launcher import Launcher
-from tests.integration.test_backup import History, _consumer, _drain, _producer
 
 pytestmark = pytest.mark.cluster
 
@@ -62,9 +62,9 @@ def backup(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> t
             for queue, partition in QUEUES.items():
                 await client.configure_queue(queue, max_priority=3, **({"partitions": [partition]} if partition else {}))
             stop = asyncio.Event()
-            tasks = [asyncio.create_task(_producer(client, q, f"{q}-w{i}", histories[q], stop))
+            tasks = [asyncio.create_task(producer(client, q, f"{q}-w{i}", histories[q], stop))
                      for q in QUEUES for i in range(2)]
-            tasks += [asyncio.create_task(_consumer(client, q, histories[q], stop, abort=a))
+            tasks += [asyncio.create_task(consumer(client, q, histories[q], stop, abort=a))
                       for q in QUEUES for a in (False, True)]
             await asyncio.sleep(LOAD_S)  # pace: the load runs this long before the backup...
             urls = [flag for url in cluster.urls for flag in ("--url", url)]
@@ -159,7 +159,7 @@ def test_a_set_restores_into_a_new_cluster_with_the_same_partitions_as_the_histo
         assert digests == {part.name: part.header.data_digest for part in backup_set.parts}
         assert combined_digest(digests) == backup_set.combined_digest
         options = restored.client_options()
-        contents = {queue: asyncio.run(_drain(restored.urls, options, queue)) for queue in QUEUES}
+        contents = {queue: asyncio.run(drain(restored.urls, options, queue)) for queue in QUEUES}
     finally:
         restored.close()
     for queue, partition in QUEUES.items():

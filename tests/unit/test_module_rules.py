@@ -56,11 +56,13 @@ EXCLUSIVE = {"pysyncobj": "rcq/server/raft/", "lmdb": "rcq/server/raft/"}
 CLIENT_SIDE = ("rcq/client/", "rcq/errors.py", "rcq/names.py", "rcq/encoding.py", "rcq/limits.py", "rcq/tokens.py",
                "rcq/spark/", "rcq/backup/")
 # The chaos harness as a user and an operator: the client, the harness, the previous release (the
-# upgrade nemesis) and the backup file format and command (the backup nemesis).
+# upgrade nemesis) and the backup file format and command, of one group and of a set (the backup nemesis).
 CHAOS_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.local.cluster", "rcq.local.nodes", "rcq.local.polls",
-                     "rcq.local.releases", "rcq.local.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup")
+                     "rcq.local.releases", "rcq.local.waits", "rcq.tokens", "rcq.backup", "rcq.cli.backup",
+                     "rcq.cli.cluster_backup")
+# ...and the benches: the client, the harness, the backup file format (bench.backup checks digests)
 BENCH_ALLOWED_RCQ = ("rcq.client", "rcq.errors", "rcq.spark", "rcq.local.cluster", "rcq.local.nodes",
-                     "rcq.local.polls", "rcq.local.processes", "rcq.local.waits")
+                     "rcq.local.polls", "rcq.local.processes", "rcq.local.waits", "rcq.backup")
 # The benches that run server code in process: what they measure.
 BENCH_IN_PROCESS = {"bench/stall.py": ("rcq.server.core", "rcq.server.raft.digest"),
                     "bench/retention.py": ("rcq.server.core.retention",)}
