@@ -221,6 +221,11 @@ class NodeConfig(BaseModel):
     partition_name: str | None = Field(
         None, description="set by a node for the partition processes it starts (docs/partitions.md): the partition "
                           "this process serves. None: p0, the node's own process")
+    storage_share_partitions: int = Field(
+        1, ge=1, le=1000, description="set by a node for the partition processes it starts (docs/partitions.md, "
+                                      "\"Memory budget\"): until p0's controller gives this process its share of "
+                                      "storage_bytes_max, it takes storage_bytes_max divided by this (the most "
+                                      "partitions, p0 included, any member of its partition hosted when it started)")
     data_dir: Path = Field(description="Raft journal, its meta file and the LMDB snapshot live here")
 
     # --- security
@@ -280,7 +285,8 @@ class NodeConfig(BaseModel):
         default_factory=lambda: default_storage_bytes(), ge=1 << 20,
         description="memory budget for queued items, counting each item's bookkeeping as well as its "
                     "bytes; past it enqueues get 507 storage_full. Default: a quarter of the machine's "
-                    "memory (or of the cgroup's limit). Set the same on every node: the leader's applies")
+                    "memory (or of the cgroup's limit). Set the same on every node: the leader's applies. "
+                    "A node hosting partitions shares it between them (docs/partitions.md, \"Memory budget\")")
     queue_items_max_default: int = Field(
         10_000_000, ge=1, description="most items in a queue that has no max_items of its own")
     queue_bytes_max_default: int = Field(

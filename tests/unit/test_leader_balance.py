@@ -160,6 +160,17 @@ async def test_rebalance_by_hand_ignores_the_hold_and_stops_balanced():
     assert again["moves"] == []
 
 
+async def test_without_balance_members_still_change_and_leaders_move_by_hand_only():
+    directory = directory_of({"a": ("n1", "n3"), "b": tuple(NODES), "c": tuple(NODES)})
+    calls = FakeCalls(directory, {"a": ["n1", "n2", "n3"], "b": list(NODES), "c": list(NODES)},
+                      dict.fromkeys("abc", "n1"))
+    controller = PartitionController(lambda: True, lambda: calls.directory, lambda: NODES, calls, balance=False)
+    assert await controller._one_round(0) == "member" and calls.calls == [("remove", "a", "n2")]
+    assert await controller._one_round(0) is None  # 3-0-0, but balance_leaders is false
+    answer = await controller.rebalance(timeout_s=10)
+    assert len(answer["moves"]) == 2 and sorted(answer["leaders_per_node"].values()) == [1, 1, 1], answer
+
+
 # ---------------------------------------------------------------- the proof
 @pytest.mark.parametrize("change", ["secret", "method", "path", "body", "late", "early", "garbled"])
 def test_a_cluster_call_proof_holds_only_for_its_call_its_secret_and_its_window(change: str):
@@ -179,8 +190,9 @@ def test_a_cluster_call_proof_holds_only_for_its_call_its_secret_and_its_window(
                                     call["now"])
 
 
-def test_a_proof_covers_only_the_members_and_leadership_routes():
+def test_a_proof_covers_only_the_members_leadership_and_storage_budget_routes():
     assert all(cluster_calls.covers(p) for p in ("/v1/cluster/leadership", "/v1/cluster/members",
-                                                 "/v1/cluster/members/n2"))
+                                                 "/v1/cluster/members/n2", "/v1/cluster/storage-budget"))
     assert not any(cluster_calls.covers(p) for p in ("/v1/queues/q", "/v1/commit", "/v1/cluster/tokens",
-                                                     "/v1/cluster/backup", "/v1/cluster/membersx"))
+                                                     "/v1/cluster/backup", "/v1/cluster/membersx",
+                                                     "/v1/cluster/storage"))

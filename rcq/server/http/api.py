@@ -69,6 +69,7 @@ from rcq.server.leader.feature_levels import FeatureLevels
 from rcq.server.leader.membership import Membership
 from rcq.server.leader.partition_controller import PartitionController
 from rcq.server.leader.partition_directory import PartitionDirectory
+from rcq.server.leader.storage_sharing import LocalP0, StorageSharing
 from rcq.server.leader.transactions import TransactionManager
 from rcq.server.raft.protocol import Replicator, known_nodes
 from rcq.server.security.tls import peer_context
@@ -170,13 +171,17 @@ def create_app(config: NodeConfig, manager: TransactionManager, replicator: Repl
 
 def _add_partition_controller(app: web.Application, directory: PartitionDirectory) -> None:
     """p0's controller of the other partitions (rcq.server.leader.partition_controller): it acts
-    only while this node is p0's serving leader."""
+    only while this node is p0's serving leader, and shares every node's memory budget between
+    the partitions it hosts (rcq.server.leader.storage_sharing)."""
     config, manager, replicator = app[CONFIG], app[MANAGER], app[REPLICATOR]
     read = lambda: replicator.read(lambda sm: sm.directory.copy())  # noqa: E731
+    calls = PartitionCalls(app, read)
+    sharing = StorageSharing(LocalP0(config, manager, replicator), calls)
+    manager.on_serving.append(lambda: sharing.began_serving(replicator.read(lambda sm: sm.directory.copy())))
     controller = PartitionController(lambda: manager.serving and replicator.is_leader(), read,
                                      lambda: [m.node_id for m in app[MEMBERSHIP].members()],
-                                     PartitionCalls(app, read), balance=config.balance_leaders,
-                                     hold_s=config.balance_hold_s)
+                                     calls, balance=config.balance_leaders,
+                                     hold_s=config.balance_hold_s, sharing=sharing)
     partition_ops_routes.add_routes(app, controller)
 
     async def start(app: web.Application) -> None:

@@ -1,7 +1,9 @@
 """The cluster routes: its status (``/v1/cluster``, ``/healthz``; ``/readyz`` is in
-rcq.server.http.readiness), the status page and its overview, storage figures, the state digest,
-a snapshot on request, the OpenAPI document and the AsyncAPI one (the session channel); the
-backup routes (rcq.server.http.backup_routes).
+rcq.server.http.readiness), the status page and its overview, storage figures and a partition
+process's share of its node's memory budget (``PUT /v1/cluster/storage-budget``, which p0's leader
+calls: docs/partitions.md, "Memory budget"), the state digest, a snapshot on request, the OpenAPI
+document and the AsyncAPI one (the session channel); the backup routes
+(rcq.server.http.backup_routes).
 
 Everything but the public part of ``/v1/cluster``, the health checks and the two API documents
 needs an admin principal.
@@ -11,11 +13,13 @@ Must not import: pysyncobj, lmdb.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from aiohttp import web
 
+from rcq.errors import InvalidRequest
 from rcq.names import P0
 from rcq.server.core.features import level_max_read
 from rcq.server.http.asyncapi import asyncapi_spec
@@ -30,21 +34,50 @@ from rcq.server.http.handlers import (
     REPLICATOR,
     admin_only,
     json_response,
+    read_model,
 )
 from rcq.server.http.membership_routes import MEMBERSHIP
+from rcq.server.http.models import StorageBudgetRequest
 from rcq.server.http.openapi import openapi_spec
 from rcq.server.http.status_page import QUEUES_SHOWN_MAX, Overview, page
 from rcq.server.leader.partition_directory import partition_ports_of
+from rcq.server.security.cluster_calls import STORAGE_BUDGET_PATH
 from rcq.server.security.tls import peer_context
 from rcq.version import rcq_version
 
+log = logging.getLogger(__name__)
+
 
 def storage_body(app: web.Application) -> dict[str, Any]:
-    """GET /v1/cluster/storage of this process: how full its budget and tables are (cheap: counters only)."""
-    config = app[CONFIG]
+    """GET /v1/cluster/storage of this process: how full its budget and tables are (cheap: counters
+    only). ``storage_bytes_max`` is this process's allowance, its share of the node's budget,
+    ``node_storage_bytes_max``."""
+    manager = app[MANAGER]
     cost, sizes = app[REPLICATOR].read(lambda sm: (sm.storage_cost, sm.table_sizes()))
-    return {"node_id": config.node_id, "storage_bytes": cost, "storage_bytes_max": config.storage_bytes_max,
-            **sizes, "open_transactions": app[MANAGER].open_count}
+    return {"node_id": app[CONFIG].node_id, "storage_bytes": cost, "storage_bytes_max": manager.storage_bytes_max,
+            "node_storage_bytes_max": manager.node_storage_bytes_max, **sizes, "open_transactions": manager.open_count}
+
+
+def storage_figures(app: web.Application) -> dict[str, int]:
+    """What /readyz adds for p0's controller (rcq.server.leader.storage_sharing): what this
+    process's replica holds, its allowance, and its node's budget. Numbers only, like ``items``."""
+    manager = app[MANAGER]
+    return {"storage_bytes": app[REPLICATOR].read(lambda sm: sm.storage_cost),
+            "storage_bytes_max": manager.storage_bytes_max, "node_storage_bytes_max": manager.node_storage_bytes_max}
+
+
+async def storage_budget(request: web.Request) -> web.Response:
+    """PUT /v1/cluster/storage-budget: a partition process takes the allowance p0's leader gives it
+    (as a follower too: it is the allowance it stamps once it leads)."""
+    if request.app[CONFIG].partition_name is None:
+        raise InvalidRequest("p0's share of the node's memory budget is set by p0's leader itself; this route is "
+                             "a partition process's (docs/partitions.md, \"Memory budget\")")
+    body = await read_model(request, StorageBudgetRequest)
+    manager = request.app[MANAGER]
+    allowance = manager.set_storage_budget(body.storage_bytes_max)
+    log.debug("storage allowance %d of the node's %d", allowance, manager.node_storage_bytes_max)
+    return json_response({"node_id": request.app[CONFIG].node_id, "partition": request.app[CONFIG].partition_name,
+                          "storage_bytes_max": allowance, "node_storage_bytes_max": manager.node_storage_bytes_max})
 
 
 def cluster_status(app: web.Application) -> dict[str, Any]:
@@ -186,4 +219,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/cluster", cluster)
     app.router.add_post("/v1/admin/snapshot", admin_only("request a snapshot", request_snapshot))
+    app.router.add_put(STORAGE_BUDGET_PATH, admin_only("set a partition's storage allowance", storage_budget))
     add_backup_routes(app)

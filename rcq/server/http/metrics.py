@@ -149,8 +149,12 @@ class RcqCollector(Collector):
         cost, sizes = self._replicator.read(lambda sm: (sm.storage_cost, sm.table_sizes()))
         yield GaugeMetricFamily("rcq_storage_bytes", "What the queued items cost, bookkeeping included "
                                 "(what storage_bytes_max limits)", value=cost)
-        yield GaugeMetricFamily("rcq_storage_max_bytes", "The memory budget for queued items",
-                                value=self._config.storage_bytes_max)
+        yield GaugeMetricFamily("rcq_storage_max_bytes", "The memory budget for queued items of this process: "
+                                "its share of the node's budget (docs/partitions.md, \"Memory budget\")",
+                                value=self._manager.storage_bytes_max)
+        yield GaugeMetricFamily("rcq_node_storage_max_bytes", "The node's memory budget for queued items "
+                                "(storage_bytes_max), shared by the partitions it hosts",
+                                value=self._manager.node_storage_bytes_max)
         yield GaugeMetricFamily("rcq_queues", "Queues in the replicated state", value=sizes["queues"])
         yield GaugeMetricFamily("rcq_outcomes_remembered", "Transaction outcomes remembered for retries",
                                 value=sizes["outcomes"])

@@ -419,6 +419,13 @@ class RaiseFeatureLevelRequest(_Model):
                               description="the level to raise to (null: the highest every member reads)")
 
 
+class StorageBudgetRequest(_Model):
+    """PUT /v1/cluster/storage-budget: a partition process's share of its node's memory budget."""
+
+    storage_bytes_max: int = Field(ge=1, le=1 << 62, description="the allowance its leader stamps on the entries "
+                                   "it proposes (at most the node's storage_bytes_max: docs/partitions.md)")
+
+
 class TransferLeadershipRequest(_Model):
     """POST /v1/cluster/leadership: hand leadership to a member (null: the most caught-up follower)."""
 

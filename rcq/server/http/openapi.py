@@ -43,6 +43,7 @@ from rcq.server.http.models import (
     RedriveRequest,
     RejectRequest,
     ReplaceMemberRequest,
+    StorageBudgetRequest,
     TransferLeadershipRequest,
 )
 
@@ -97,6 +98,9 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/cluster/digest", "A hash of the node's replicated state and its applied index",
               errors=(503,)),
     Operation("GET", "/v1/cluster/storage", "The memory budget and table sizes"),
+    Operation("PUT", "/v1/cluster/storage-budget", "A partition process's share of its node's memory budget, "
+              "given by p0's leader (docs/partitions.md, \"Memory budget\"); 400 at a node's own port",
+              StorageBudgetRequest, errors=(400,)),
     Operation("POST", "/v1/admin/snapshot", "Snapshot and compact the log now", ok=202),
     Operation("GET", "/v1/admin/backup", "Stream a backup of this node's state at one applied index (docs/backup.md); "
               "a leader serves one only with from_leader=true", errors=(409, 503), query=("from_leader",),

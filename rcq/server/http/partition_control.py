@@ -4,12 +4,15 @@ it surveys them and asks them to change, over HTTP.
 * **Survey**: every member's ``/readyz`` (no token; 200 or 503, both with the process's status),
   at the address this node reaches it by. The leader's own answer gives the partition's Raft
   members (itself and its ``peers``), its commit index and how long it has led; each member's
-  its last applied index.
+  its last applied index and its storage figures (what it holds, its allowance, its node's budget:
+  rcq.server.leader.storage_sharing).
 * **Changes**: calls to the partition's leader signed with the cluster secret
   (rcq.server.security.cluster_calls), to the routes p0's members use for the same
   (docs/membership.md): ``POST /v1/cluster/leadership``, ``POST /v1/cluster/members`` (the new
   member's partition process must answer its ``/healthz``: its node starts it within a second
-  of seeing itself a member in the directory), ``DELETE /v1/cluster/members/{node}``.
+  of seeing itself a member in the directory), ``DELETE /v1/cluster/members/{node}``; and to
+  every member, ``PUT /v1/cluster/storage-budget`` (its share of its node's memory budget:
+  docs/partitions.md, "Memory budget").
 
 Must not import: pysyncobj, lmdb.
 """
@@ -27,12 +30,15 @@ from rcq.server.core.directory import Directory, Partition
 from rcq.server.http.handlers import CONFIG
 from rcq.server.http.partition_asker import LEADER_ASK_TIMEOUT_S, LEADER_ASKER
 from rcq.server.leader.partition_controller import PartitionView
+from rcq.server.leader.storage_budget import MemberStorage
 from rcq.server.partitions.ports import member_ports, partition_urls
+from rcq.server.security.cluster_calls import STORAGE_BUDGET_PATH
 
 TRANSFER_TIMEOUT_S = 15.0  # a hand-over takes an election or so; refused ones answer at once
 CATCH_UP_TIMEOUT_S = 60.0  # how long the partition's leader waits for a member it added to catch up
 ADD_TIMEOUT_S = CATCH_UP_TIMEOUT_S + 15.0
 REMOVE_TIMEOUT_S = 20.0
+BUDGET_TIMEOUT_S = 5.0  # a member takes an allowance at once
 
 
 class PartitionCalls:
@@ -58,8 +64,10 @@ class PartitionCalls:
                                              if a is not None and a[1].get("node_id") == m}
         applied = {m: _int(bodies[m].get("last_applied")) if m in bodies else None for m in partition.members}
         leader = next((m for m, body in bodies.items() if body.get("role") == "leader"), None)
+        storage = {m: MemberStorage(_int(body.get("storage_bytes")), _int(body.get("storage_bytes_max")),
+                                    _int(body.get("node_storage_bytes_max"))) for m, body in bodies.items()}
         view = PartitionView(partition.name, partition.number, partition.members, partition.preferred_leader,
-                             applied=applied)
+                             applied=applied, urls=dict(zip(members, urls, strict=True)), storage=storage)
         if leader is None:
             return view
         own = bodies[leader]
@@ -73,13 +81,16 @@ class PartitionCalls:
 
     # ------------------------------------------------------------------ changes
     async def _call(self, view: PartitionView, method: str, path: str, body: dict[str, Any] | None,
-                    timeout_s: float, done: tuple[int, ...] = (200,)) -> str | None:
-        if view.leader_url is None:
+                    timeout_s: float, done: tuple[int, ...] = (200,), url: str | None = None) -> str | None:
+        """The call to ``view``'s leader (or the process at ``url``); None when it answered ``done``,
+        else why not."""
+        url = url or view.leader_url
+        if url is None:
             return "it has no leader"
-        answered = await self._app[LEADER_ASKER].cluster_call(method, view.leader_url, path, body,
+        answered = await self._app[LEADER_ASKER].cluster_call(method, url, path, body,
                                                                self._app[CONFIG].cluster_secret, timeout_s)
         if answered is None:
-            return f"its leader did not answer within {timeout_s:.0f} s"
+            return f"{'its leader' if url == view.leader_url else 'it'} did not answer within {timeout_s:.0f} s"
         status, answer = answered
         if status in done:
             return None
@@ -99,6 +110,13 @@ class PartitionCalls:
         return await self._call(view, "POST", "/v1/cluster/members",
                                 {"node_id": node_id, "raft_address": raft_address, "url": url,
                                  "catch_up_timeout_s": CATCH_UP_TIMEOUT_S}, ADD_TIMEOUT_S)
+
+    async def set_storage_budget(self, view: PartitionView, node_id: str, storage_bytes_max: int) -> str | None:
+        url = view.urls.get(node_id)
+        if url is None:
+            return f"no address of {node_id}'s process is known"
+        return await self._call(view, "PUT", STORAGE_BUDGET_PATH, {"storage_bytes_max": storage_bytes_max},
+                                BUDGET_TIMEOUT_S, url=url)
 
     async def remove_member(self, view: PartitionView, node_id: str) -> str | None:
         problem = await self._call(view, "DELETE", f"/v1/cluster/members/{node_id}", None, REMOVE_TIMEOUT_S)

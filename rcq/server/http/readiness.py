@@ -10,6 +10,11 @@ READY_ASK_TIMEOUT_S), and the node is ready only when every one of them is. A ro
 waits for it before stopping the next node, so that no partition loses two members at once
 (docs/partitions.md, docs/operations.md).
 
+The answer also gives this process's storage figures (``storage_bytes``, ``storage_bytes_max``: its
+allowance, ``node_storage_bytes_max``): p0's controller shares each node's memory budget between
+its partitions from them, in the survey it makes of every member's /readyz anyway
+(docs/partitions.md, "Memory budget"). Numbers only, as ``items`` already is: no names, no data.
+
 Must not import: pysyncobj, lmdb.
 """
 
@@ -20,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rcq.server.http.cluster_routes import cluster_status
+from rcq.server.http.cluster_routes import cluster_status, storage_figures
 from rcq.server.http.handlers import json_response
 from rcq.server.http.partition_asker import LEADER_ASKER, READY_ASK_TIMEOUT_S
 from rcq.server.http.partition_routes import local_partitions
@@ -31,7 +36,7 @@ _YES = frozenset({"1", "true", "yes"})
 def own_readiness(app: web.Application) -> dict[str, Any]:
     status = cluster_status(app)
     ready = status["serving"] if status["role"] == "leader" else status["leader_id"] is not None
-    return {"ready": ready, **status}
+    return {"ready": ready, **status, **storage_figures(app)}
 
 
 async def partition_readiness(app: web.Application) -> dict[str, dict[str, Any] | None]:

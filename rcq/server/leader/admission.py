@@ -8,14 +8,22 @@ its own commits in flight will add (``reserve``/``release``). Only this leader p
 term, and every entry of earlier terms is applied before it serves, so the two checks agree
 unless the limits change under it.
 
+The storage budget it stamps is this process's **allowance**: a node's ``storage_bytes_max`` is
+shared by the partitions it hosts (docs/partitions.md, "Memory budget"). A process starts with a
+static share of it (:func:`limits_of`) and takes what p0's controller gives it
+(:meth:`Admission.set_storage_budget`): the entries it proposes carry that number, so every
+replica enforces it.
+
 It also keeps the per-client count of open transactions (a client is the peer address, or the
-principal once authentication exists), so one client cannot fill the cluster-wide table.
+principal once authentication exists), so one client cannot fill this process's table: each
+partition's leader has its own (docs/limits.md).
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 
@@ -23,20 +31,24 @@ from rcq.errors import QueueFull, StorageFull, TooManyTransactions
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import Limits
 from rcq.server.core.state_machine import QueueStateMachine, item_cost
+from rcq.server.leader.storage_budget import static_share
 
 # queue -> (items, item bytes) a transaction adds (negative: removes)
 Growth = dict[str, tuple[int, int]]
 
 
 def limits_of(config: NodeConfig) -> Limits:
-    """The limits this node's configuration sets: what it stamps on the entries it proposes as leader."""
-    return Limits(storage_bytes_max=config.storage_bytes_max, queue_items_max=config.queue_items_max_default,
-                  queue_bytes_max=config.queue_bytes_max_default)
+    """The limits this process's configuration sets: what it stamps on the entries it proposes as
+    leader until p0's controller gives it an allowance. The storage budget is the node's split
+    evenly between ``storage_share_partitions`` (1 for a node's own process: the whole budget)."""
+    return Limits(storage_bytes_max=static_share(config.storage_bytes_max, config.storage_share_partitions),
+                  queue_items_max=config.queue_items_max_default, queue_bytes_max=config.queue_bytes_max_default)
 
 
 class Admission:
     def __init__(self, config: NodeConfig) -> None:
         self.limits = limits_of(config)
+        self.node_storage_bytes_max = config.storage_bytes_max  # the node's budget, shared by its partitions
         self._open_max = config.transactions_open_max
         self._per_client_max = config.transactions_open_per_client_max
         self._open_by_client: Counter[str] = Counter()
@@ -68,6 +80,14 @@ class Admission:
         return len(self._open_by_client)
 
     # ----------------------------------------------------------------- storage
+    def set_storage_budget(self, storage_bytes_max: int) -> int:
+        """Take ``storage_bytes_max`` as this process's allowance (never above the node's budget,
+        never below 1): the next entries proposed carry it. Returns the allowance now in force."""
+        allowance = max(1, min(storage_bytes_max, self.node_storage_bytes_max))
+        if allowance != self.limits.storage_bytes_max:
+            self.limits = dataclasses.replace(self.limits, storage_bytes_max=allowance)
+        return allowance
+
     def check_growth(self, growth: Growth, state: QueueStateMachine) -> None:
         """Raise QueueFull/StorageFull when ``growth`` would take a queue or the state past a limit.
         Call inside the replicator's read (``state`` is the state machine)."""
@@ -90,9 +110,17 @@ class Admission:
                                 f"bookkeeping) and this transaction adds {cost}: over its limit of {max_bytes} bytes",
                                 details={"queue": queue, "max_bytes": max_bytes})
         if total > 0 and state.storage_cost + self._reserved_cost + total > limits.storage_bytes_max:
-            raise StorageFull(f"the queues hold {state.storage_cost + self._reserved_cost} bytes (items and "
-                              f"their bookkeeping); the node's budget is {limits.storage_bytes_max}",
-                              details={"storage_bytes_max": limits.storage_bytes_max})
+            raise StorageFull(self._storage_full_message(state.storage_cost + self._reserved_cost),
+                              details={"storage_bytes_max": limits.storage_bytes_max,
+                                       "node_storage_bytes_max": self.node_storage_bytes_max})
+
+    def _storage_full_message(self, held: int) -> str:
+        allowance, budget = self.limits.storage_bytes_max, self.node_storage_bytes_max
+        if allowance >= budget:
+            return f"the queues hold {held} bytes (items and their bookkeeping); the node's budget is {budget}"
+        return (f"the queues hold {held} bytes (items and their bookkeeping); this partition's share of the "
+                f"node's budget is {allowance} of {budget} (shared by the node's partitions, given out again "
+                "as they fill: docs/partitions.md)")
 
     def reserve(self, growth: Growth) -> None:
         self._add(growth, 1)

@@ -57,11 +57,13 @@ class _Pending:
 
 class GroupCommitter:
     def __init__(self, replicator: Replicator, *, units_max: int, bytes_max: int,
-                 in_flight_max: int, timeout_s: float, limits: Limits | None = None,
+                 in_flight_max: int, timeout_s: float, limits: Callable[[], Limits] | None = None,
                  clock: Callable[[], int] | None = None) -> None:
         self._replicator = replicator
         self._clock = clock or (lambda: int(time.time() * 1000))  # entry time, ms
-        self._limits = limits  # stamped on every entry: the state machine enforces them
+        # Stamped on every entry, as they are when it is proposed (the storage allowance changes:
+        # rcq.server.leader.admission): the state machine enforces them.
+        self._limits = limits
         self._units_max = units_max
         self._bytes_max = bytes_max
         self._in_flight_max = in_flight_max
@@ -136,7 +138,7 @@ class GroupCommitter:
     async def _propose(self, batch: list[_Pending]) -> None:
         units = [p.unit for p in batch]
         command = CommitBatch(term=self._term, now_ms=self._clock(), units=tuple(units),
-                              limits=self._limits)
+                              limits=self._limits() if self._limits is not None else None)
         self.entries_proposed += 1
         self.units_proposed += len(units)
         if self.on_entry is not None:

@@ -15,6 +15,10 @@ most **one** change to the whole cluster, then surveys again:
    leader (``POST /v1/cluster/leadership``); the next move only once the survey shows it done or
    it failed.
 
+Besides, at every survey, the **memory budget** of each node is shared again between the
+partitions it hosts (rcq.server.leader.storage_sharing, given as ``sharing``): allowances are not
+members nor leaders, and go to each partition's processes whatever else the round changes.
+
 The changes are calls signed with the cluster secret (rcq.server.security.cluster_calls): the
 balancer runs with no caller's token. :meth:`rebalance` (``rcq cluster rebalance``) makes the
 moves now, without the hold, and answers them.
@@ -34,6 +38,7 @@ from typing import Any, Protocol
 
 from rcq.server.core.directory import Directory
 from rcq.server.leader.leader_balance import LAG_MAX, Move, PartitionLeaders, leaders_per_node, next_move, spread
+from rcq.server.leader.storage_budget import MemberStorage
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,8 @@ class PartitionView:
     applied: Mapping[str, int | None] = field(default_factory=dict)  # member -> last applied (None: no answer)
     commit_index: int | None = None  # the leader's
     items: int | None = None  # items in its queues, as the leader counts them
+    urls: Mapping[str, str] = field(default_factory=dict)  # member -> where this node reaches its process
+    storage: Mapping[str, MemberStorage] = field(default_factory=dict)  # member -> its figures (those answering)
 
     def lag(self) -> dict[str, int | None]:
         """member -> entries behind the leader's commit index (None: it did not answer)."""
@@ -91,6 +98,12 @@ class Calls(Protocol):
         """Remove ``node_id`` from ``view``'s Raft membership; None when done, else why not."""
 
 
+class Sharing(Protocol):
+    """What shares the nodes' memory budgets at every survey (rcq.server.leader.storage_sharing)."""
+
+    async def share(self, views: list[PartitionView], nodes: list[str]) -> None: ...
+
+
 @dataclass
 class ControllerStatus:
     moves_total: int = 0  # hand-overs the balancer made (by hand included)
@@ -104,11 +117,12 @@ class ControllerStatus:
 class PartitionController:
     def __init__(self, serving: Callable[[], bool], read_directory: Callable[[], Directory],
                  voting: Callable[[], list[str]], calls: Calls, balance: bool = True, hold_s: float = HOLD_S,
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float = POLL_S, sharing: Sharing | None = None) -> None:
         self._serving = serving
         self._read_directory = read_directory
         self._voting = voting
         self._calls = calls
+        self._sharing = sharing
         self.balance = balance
         self.hold_s = hold_s
         self._poll_s = poll_s
@@ -163,12 +177,17 @@ class PartitionController:
         return sorted(self._voting())
 
     async def _one_round(self, hold_s: float) -> str | None:
-        """Survey, then make at most one change; what it was ("member", "move"), None if none."""
+        """Survey, share the memory budgets, then make at most one change; what it was ("member",
+        "move"), None if none."""
         views = await self.survey()
+        if self._sharing is not None:
+            await self._sharing.share(views, self.nodes())
         if not views:
             return None
         if await self._change_members(views):
             return "member"
+        if not self.balance:
+            return None  # balance_leaders false: leaders move by hand only (rebalance, transfer)
         if self._move_in_flight(views):
             return None
         move = self._next_move(views, hold_s)

@@ -83,14 +83,16 @@ class TransactionManager:
         self._leader_term = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clock = LeaderClock(config.test_clock_offset_ms)
-        admission = Admission(config)
+        admission = self._admission = Admission(config)
+        self._follows_stamps = config.partition_name is None
+        self.on_serving: list[Callable[[], None]] = []  # called as this leader begins to serve, before any verb
         self._committer = GroupCommitter(
             replicator,
             units_max=config.commit_batch_units_max,
             bytes_max=config.commit_entry_bytes_max,
             in_flight_max=config.commits_in_flight_max,
             timeout_s=config.commit_timeout_s,
-            limits=admission.limits,
+            limits=lambda: admission.limits,
             clock=self._clock.now_ms,
         )
         leader = self._leader = LeaderState(config, replicator, leader_url, admission, self._committer,
@@ -160,6 +162,22 @@ class TransactionManager:
     def on_commit_latency(self, observe: Callable[[float], None] | None) -> None:
         self._commits.on_latency = observe
 
+    @property
+    def storage_bytes_max(self) -> int:
+        """This process's storage allowance: what it stamps on the entries it proposes as leader
+        (its share of the node's budget: docs/partitions.md, "Memory budget")."""
+        return self._admission.limits.storage_bytes_max
+
+    @property
+    def node_storage_bytes_max(self) -> int:
+        """The node's budget (``storage_bytes_max`` of its configuration), shared by its partitions."""
+        return self._admission.node_storage_bytes_max
+
+    def set_storage_budget(self, storage_bytes_max: int) -> int:
+        """Take ``storage_bytes_max`` as this process's allowance (p0's controller gives it); the
+        allowance now in force (never above the node's budget)."""
+        return self._admission.set_storage_budget(storage_bytes_max)
+
     def leader_url(self) -> str | None:
         """The URL of the leader this node knows of (None: none, or its URL is unknown)."""
         return self._leader_url()
@@ -210,6 +228,11 @@ class TransactionManager:
         seeds = self._replicator.read(lambda sm: [
             (q, sm.view_seed(q), (sm.queue_features(q) or QueueSettings()).max_deliveries)
             for q in sm.queue_names()])
+        for hook in self.on_serving:  # e.g. p0's allowance made safe before its first commit
+            try:
+                hook()
+            except Exception:  # a bug in a hook must not keep the leader from serving
+                log.exception("a hook of a leader beginning to serve failed")
         self._committer.start_term(result.term)
         self._leader.start_serving(result.term, seeds)
         epoch = self._leader.epoch
@@ -221,6 +244,11 @@ class TransactionManager:
         """Every applied entry, in apply order, on the loop thread: keep the views in step."""
         if command is not None:
             self._clock.observe(command.now_ms)
+        if self._follows_stamps and not self._leader.serving_term and isinstance(command, CommitBatch) \
+                and command.limits is not None:
+            # A follower of p0 shows the allowance its leader stamps (p0's leader sets its own:
+            # docs/partitions.md, "Memory budget"); a partition's followers are given theirs.
+            self._admission.set_storage_budget(command.limits.storage_bytes_max)
         if isinstance(result, BarrierResult):
             self._on_barrier(index, result)
             return

@@ -9,7 +9,9 @@ configuration (:func:`rcq.server.partitions.ports.partition_config`) in a privat
 that changes (this node's ports, its secrets) restarts its child, but not a change of the other
 members: a partition process takes its peers from its configuration only the first time it starts
 (then from its log, where p0's controller changes its members: docs/membership.md), so the file
-is rewritten for the day its data is rebuilt and the process runs on. A partition gone from the
+is rewritten for the day its data is rebuilt and the process runs on. Nor does the number of
+partitions its static share of the memory budget is split between (``storage_share_partitions``,
+read at its next start: docs/partitions.md, "Memory budget"). A partition gone from the
 directory, or no longer naming this node, stops it, and its data (``<name>.<number>``) is
 removed once its process has stopped: a node that joins a partition again starts empty and
 catches up. The node stops them all before it stops itself.
@@ -123,6 +125,7 @@ class PartitionHost:
     def wanted(self, directory: Directory) -> dict[str, ChildSpec]:
         """The children this node should run for ``directory`` (their config files written)."""
         specs: dict[str, ChildSpec] = {}
+        hosted = directory.hosted()
         for partition in directory.partitions.values():
             if self._config.node_id not in partition.members:
                 continue
@@ -135,7 +138,8 @@ class PartitionHost:
             self._waiting.discard(partition.name)
             try:
                 config = partition_config(self._config, partition.name, partition.number,
-                                          [member_ports(directory.node_ports[m]) for m in partition.members])
+                                          [member_ports(directory.node_ports[m]) for m in partition.members],
+                                          share_partitions=1 + max(hosted.get(m, 0) for m in partition.members))
             except (PartitionPortsExhausted, ValueError) as exc:
                 log.error("partition %s cannot run on this node: %s", partition.name, exc)
                 continue
@@ -150,8 +154,11 @@ class PartitionHost:
             write_private(path, text)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
         # The configuration's hash is part of the spec: a changed configuration restarts the child,
-        # except for the other members, which the process reads only at its first start.
-        own = json.dumps(config.model_dump(mode="json", exclude={"peers", "peer_urls"}), sort_keys=True)
+        # except for the other members, which the process reads only at its first start, and its
+        # static share of the budget, which it needs only until p0's controller gives it one (a
+        # partition created elsewhere must not restart this one).
+        own = json.dumps(config.model_dump(mode="json", exclude={"peers", "peer_urls", "storage_share_partitions"}),
+                         sort_keys=True)
         fingerprint = hashlib.sha256(own.encode()).hexdigest()[:16]
         return ChildSpec((sys.executable, "-m", "rcq", "serve", "--config", str(path), "--log-level", str(level)),
                          self.directory_path / f"{name}.log", env={"RCQ_PARTITION_CONFIG": fingerprint})

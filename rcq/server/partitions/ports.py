@@ -8,8 +8,10 @@ port is chosen at random, so a partition's addresses survive restarts, and every
 out every other's from a :class:`MemberPorts`.
 
 :func:`partition_config` derives a partition process's NodeConfig from its node's: the node's
-identity, secrets, tokens, TLS and tuning; the partition's ports, data directory
-(``<data_dir>/partitions/<name>.<number>``) and members.
+identity, secrets, tokens, TLS and tuning (``storage_bytes_max`` as is: it is the node's budget,
+which the process shares with the node's other partitions); the partition's ports, data directory
+(``<data_dir>/partitions/<name>.<number>``), members, and how many partitions its static share of
+the budget is split between (docs/partitions.md, "Memory budget").
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
@@ -106,9 +108,11 @@ class MemberPorts:
         return with_port(self.url, http_port), f"{self.raft_host}:{raft_port}"
 
 
-def partition_config(node: NodeConfig, name: str, number: int, members: Sequence[MemberPorts]) -> NodeConfig:
+def partition_config(node: NodeConfig, name: str, number: int, members: Sequence[MemberPorts],
+                     share_partitions: int = 1) -> NodeConfig:
     """The NodeConfig of partition ``name`` (number ``number``) on ``node``, whose members (this
-    node among them) are ``members``."""
+    node among them) are ``members``; ``share_partitions``: the most partitions (p0 included) one
+    of them hosts, which its budget is split between until p0's controller gives it a share."""
     own = [m for m in members if m.node_id == node.node_id]
     if len(own) != 1:
         raise ValueError(f"{node.node_id} is not a member of partition {name}")
@@ -136,7 +140,7 @@ def partition_config(node: NodeConfig, name: str, number: int, members: Sequence
         raft_bind_address=bind_address if bind_address != raft_address else None,
         peers=peers, peer_urls=peer_urls, data_dir=node.data_dir / PARTITIONS_DIR / data_dir_name(name, number),
         raft_dial_addresses=dict(node.partition_raft_dial_addresses),  # whole: stable when members change
-        partition_name=name)
+        partition_name=name, storage_share_partitions=share_partitions)
     return NodeConfig.model_validate(fields)
 
 

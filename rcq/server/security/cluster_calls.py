@@ -1,5 +1,6 @@
-"""Calls p0's leader makes to partition processes on its own (docs/partitions.md, "Leaders spread"
-and "Members of a partition"): hand a partition's leadership over, read and change its members.
+"""Calls p0's leader makes to partition processes on its own (docs/partitions.md, "Leaders spread",
+"Members of a partition" and "Memory budget"): hand a partition's leadership over, read and change
+its members, give a partition process its share of its node's memory budget.
 
 No caller's token is at hand when the leader balancer moves a leader at night, so such a call
 carries a proof instead: ``Rcq-Cluster-Call: <unix ms>.<hex HMAC-SHA256>`` over the method, the
@@ -11,7 +12,9 @@ processes take them, and only on :data:`CALL_PATHS`: a node's own port (p0) neve
 
 A proof can be replayed within its window by whoever sees it: it goes over the peers' TLS when
 the cluster has TLS (docs/security.md), and its paths only move a leader or change members, which
-their own checks guard (a lagging member is never made leader, one change at a time).
+their own checks guard (a lagging member is never made leader, one change at a time), or set a
+partition process's storage allowance, which p0's controller checks at every survey (a replayed
+one lasts until its next round).
 
 Must not import: aiohttp, pysyncobj, lmdb.
 """
@@ -28,7 +31,8 @@ HEADER = "Rcq-Cluster-Call"
 CALL_WINDOW_S = 30.0  # a proof older or newer than this (clock skew included) is refused
 KEY_LABEL = b"rcq cluster call v1"
 CLUSTER = Principal(name="cluster", admin=True)
-CALL_PATHS = frozenset({"/v1/cluster/leadership", "/v1/cluster/members"})
+STORAGE_BUDGET_PATH = "/v1/cluster/storage-budget"
+CALL_PATHS = frozenset({"/v1/cluster/leadership", "/v1/cluster/members", STORAGE_BUDGET_PATH})
 
 
 def _key(secret: str) -> bytes:
@@ -48,7 +52,8 @@ def sign(secret: str | None, method: str, path_qs: str, body: bytes, now_s: floa
 
 
 def covers(path: str) -> bool:
-    """Whether a proof may stand for a token on ``path``: the members routes and leadership."""
+    """Whether a proof may stand for a token on ``path``: the members routes, leadership and the
+    storage allowance."""
     return path in CALL_PATHS or path.startswith("/v1/cluster/members/")
 
 
