@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,12 +120,13 @@ def usage(before: Sample, after: Sample, pids: dict[int, str], commits: int) -> 
 
 
 # ---------------------------------------------------------------- the cluster
-async def spread_leaders(cluster: LocalCluster, target: Target) -> dict[str, str]:
-    """Hand each partition's leadership to a node of its own (p0's stays); partition -> its leader's node id."""
+async def spread_leaders(target: Target, names: Sequence[str] = PARTITIONS) -> dict[str, str]:
+    """Hand the leadership of each of ``names`` to a node of its own (the first one's stays: p0's, by
+    default); partition -> its leader's node id."""
     async with target.client() as client:
         rows = {row["name"]: row for row in await client.partitions()}
-        taken = {rows["p0"]["leader_id"]}
-        for name in PARTITIONS[1:]:
+        taken = {rows[names[0]]["leader_id"]}
+        for name in names[1:]:
             row = rows[name]
             if row["leader_id"] not in taken:
                 taken.add(row["leader_id"])
@@ -136,8 +138,8 @@ async def spread_leaders(cluster: LocalCluster, target: Target) -> dict[str, str
         deadline = time.monotonic() + HAND_OVER_TIMEOUT_S
         while True:
             rows = {row["name"]: row for row in await client.partitions()}
-            leaders = {name: rows[name]["leader_id"] for name in PARTITIONS}
-            if None not in leaders.values() and len(set(leaders.values())) == len(PARTITIONS):
+            leaders = {name: rows[name]["leader_id"] for name in names}
+            if None not in leaders.values() and len(set(leaders.values())) == len(names):
                 return leaders
             if time.monotonic() > deadline:
                 raise TimeoutError(f"partition leaders not spread: {leaders}")
@@ -219,7 +221,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         cluster.wait_for_leader(60)
         cluster.ensure_partitions(len(PARTITIONS))
         target = Target.of(cluster)
-        leaders = await spread_leaders(cluster, target)
+        leaders = await spread_leaders(target)
         print(f"partition leaders: {leaders}", file=sys.stderr, flush=True)
         idle = await idle_cost(cluster, args.idle_s)
         runs: list[dict[str, Any]] = []
