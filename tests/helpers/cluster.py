@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from rcq.client import RcqClient
+from rcq.errors import NodeHasNoPartitionPorts
 from rcq.local.cluster import LocalCluster
 from rcq.testing import async_wait_until, wait_until
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S
@@ -51,6 +52,19 @@ def wait_settled(cluster: LocalCluster, leader: int) -> None:
         return status.get("feature_level") == status.get("feature_level_max") and bool(status.get("cluster_id"))
 
     wait_until(settled, LEADER_TIMEOUT_S, what="the cluster's feature level and identity")
+
+
+def create_partition_when_ready(client: Any, name: str, **options: Any) -> dict[str, Any]:
+    """``client.create_partition(name, **options)`` (a SyncClient) once p0's leader has recorded the
+    nodes' partition ports: a new cluster records them at its feature-level loop's next turn (a few
+    seconds), and refuses a partition until then (``node_has_no_partition_ports``)."""
+    def created() -> dict[str, Any] | None:
+        try:
+            return dict(client.create_partition(name, **options))
+        except NodeHasNoPartitionPorts:
+            return None
+
+    return wait_until(created, LEADER_TIMEOUT_S, what=f"partition {name} created (the nodes' ports recorded)")
 
 
 def healed(cluster: LocalCluster) -> LocalCluster:

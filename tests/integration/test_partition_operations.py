@@ -21,7 +21,7 @@ from rcq.local.cluster import LocalCluster
 from rcq.server.security import cluster_calls
 from rcq.testing import wait_until
 from tests.helpers import BALANCE_WAIT_S, CLUSTER_WAIT_S, LEADER_TIMEOUT_S, MEMBER_CHANGE_TIMEOUT_S
-from tests.helpers.cluster import wait_settled
+from tests.helpers.cluster import create_partition_when_ready, wait_settled
 
 pytestmark = pytest.mark.cluster
 
@@ -58,7 +58,7 @@ def test_the_balancer_spreads_six_leaders_two_per_node_and_again_after_a_restart
     names = {f"b{i}" for i in range(6)}
     with client(cluster) as rcq:
         for name in sorted(names):
-            rcq.create_partition(name, replicas=3)
+            create_partition_when_ready(rcq, name, replicas=3)
     first = wait_until(lambda: spread_evenly(cluster, names), BALANCE_WAIT_S, what="two leaders per node")
     assert first["moves_failed_total"] == 0, first
     # a node that leads partitions restarts (not p0's leader, whose balancer would move)
@@ -119,7 +119,7 @@ def partition_folder(cluster: LocalCluster, i: int, name: str) -> list[Path]:
 def test_members_are_added_removed_and_replaced_under_load_and_a_node_is_drained(cluster: LocalCluster):
     ids = [node.node_id for node in cluster.nodes]
     with client(cluster) as rcq:
-        rcq.create_partition("m1", nodes=ids[:2])
+        create_partition_when_ready(rcq, "m1", nodes=ids[:2])
         rcq.configure_queue("moving", partitions=["m1"])
         stop, outcomes, problems = threading.Event(), {"done": 0, "maybe": 0}, []
         writer = threading.Thread(target=commit_meanwhile, args=(cluster, "moving", stop, outcomes, problems))
@@ -153,7 +153,7 @@ def test_members_are_added_removed_and_replaced_under_load_and_a_node_is_drained
 
 def test_a_partition_process_takes_a_cluster_call_only_with_the_secrets_proof(cluster: LocalCluster):
     with client(cluster) as rcq:
-        rcq.create_partition("c1", nodes=[cluster.nodes[0].node_id])
+        create_partition_when_ready(rcq, "c1", nodes=[cluster.nodes[0].node_id])
         row = next(r for r in rcq.partitions() if r["name"] == "c1")
     url = row["urls"][0]
     path = "/v1/cluster/members"
