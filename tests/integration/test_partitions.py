@@ -119,8 +119,7 @@ async def test_a_partition_created_online_runs_on_its_members_and_holds_the_queu
     # A placement is fixed; a partition takes no queue behind p0's back.
     assert put_queue(cluster, leader, "in-p1", {"partitions": ["p0"]})["error"]["code"] == "queue_placement_fixed"
     assert put_queue(cluster, leader, "other", {"partitions": ["p9"]})["error"]["code"] == "partition_not_found"
-    assert put_queue(cluster, leader, "other", {"partitions": ["p0", "p1"]})["error"]["code"] == \
-        "queue_spread_unsupported"
+    assert put_queue(cluster, leader, "other", {"partitions": ["p1", "p1"]})["error"]["code"] == "invalid_request"
     assert put_queue(cluster, row["leader_url"], "sneaky", {})["error"]["code"] == "queue_not_found"
     assert put_queue(cluster, leader, "in-p0", {"partitions": ["p0"]})["settings"]["partitions"] == ["p0"]
 

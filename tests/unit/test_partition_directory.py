@@ -101,8 +101,11 @@ def test_a_queue_is_placed_once_and_never_moves(node: Node) -> None:
     assert apply(node, QueuePlacement(1, 1_000, "jobs", ("p1",))) == DirectoryResult("done")  # the same: fine
     assert reason(apply(node, QueuePlacement(1, 1_000, "jobs", ("p0",)))) == "queue_placement_fixed"
     assert reason(apply(node, QueuePlacement(1, 1_000, "other", ("p9",)))) == "partition_not_found"
-    assert reason(apply(node, QueuePlacement(1, 1_000, "other", ("p0", "p1")))) == "queue_spread_unsupported"
+    assert reason(apply(node, QueuePlacement(1, 1_000, "other", ("p1", "p1")))) == "invalid"
+    assert apply(node, QueuePlacement(1, 1_000, "spread", ("p0", "p1"))) == DirectoryResult("done")  # a spread queue
+    assert reason(apply(node, QueuePlacement(1, 1_000, "spread", ("p1",)))) == "queue_placement_fixed"
     assert node.sm.directory.placed("jobs") == ("p1",) and node.sm.directory.placed("never-placed") == (P0,)
+    assert node.sm.directory.placed("spread") == ("p0", "p1") and not node.sm.directory.placed_elsewhere("spread")
 
 
 def test_a_placement_with_no_partitions_forgets_one_and_the_queue_may_be_placed_anew(node: Node) -> None:

@@ -39,7 +39,7 @@ PARTITION_NAME_PATTERN = re.compile(rf"^{PARTITION_NAME}$")
 PARTITION_MEMBERS_MAX = 9
 PARTITIONS_MAX = 64  # partitions of a cluster besides p0 (docs/limits.md)
 NODE_PARTITIONS_MAX = 16  # partition processes one node may host (each ~66 MiB and its own fsyncs)
-PLACEMENT_PARTITIONS_MAX = 1  # one partition per queue until queues are spread (a later feature)
+PLACEMENT_PARTITIONS_MAX = PARTITIONS_MAX + 1  # a queue spread over every partition, p0 included
 NO_RANGE = (0, 0)  # a node's partition_ports when it has named ports only (NodePorts.named)
 
 

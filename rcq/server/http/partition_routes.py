@@ -75,7 +75,7 @@ async def find_leader(app: web.Application, partition: str) -> tuple[str, str] |
     return (reach, leader_url or reach) if reach is not None else None
 
 
-def _credentials(request: web.Request) -> dict[str, str]:
+def credentials(request: web.Request) -> dict[str, str]:
     authorization = request.headers.get("Authorization")
     return {"Authorization": authorization} if authorization else {}
 
@@ -103,7 +103,7 @@ async def forward_configure(request: web.Request, partition: str, queue: str, bo
     """PUT the queue's settings to ``partition``'s leader, signed as placed there by p0 (the
     caller's credentials with it); its answer."""
     app = request.app
-    headers = {PLACEMENT_HEADER: placement_token(app[CONFIG], partition, queue), **_credentials(request)}
+    headers = {PLACEMENT_HEADER: placement_token(app[CONFIG], partition, queue), **credentials(request)}
     settings = body.model_dump(exclude={"partitions"}, mode="json")
     return await at_partition_leader(app, partition, lambda leader: app[LEADER_ASKER].call(
         "PUT", f"{leader}/v1/queues/{queue}", headers, settings))
@@ -115,7 +115,7 @@ async def forward_delete(request: web.Request, partition: str, queue: str) -> tu
     app = request.app
     app[MANAGER].require_serving()  # p0's leader forgets the placement: a follower forwards the whole delete
     status, body = await at_partition_leader(
-        app, partition, lambda leader: app[LEADER_ASKER].call("DELETE", f"{leader}/v1/queues/{queue}", _credentials(request)))
+        app, partition, lambda leader: app[LEADER_ASKER].call("DELETE", f"{leader}/v1/queues/{queue}", credentials(request)))
     if status == 200 or (status == 404 and (body.get("error") or {}).get("code") == "queue_not_found"):
         await app[PARTITION_DIRECTORY].forget(queue)
     return status, body
@@ -175,7 +175,7 @@ async def from_other_partitions(request: web.Request, path_qs: str) -> tuple[dic
     others = [row["name"] for row in app[PARTITION_DIRECTORY].listing() if row["name"] != P0]
     if not others:
         return {}, []
-    headers = _credentials(request)
+    headers = credentials(request)
     router = app[PARTITION_ROUTER]
 
     async def ask(partition: str) -> dict[str, Any] | None:
@@ -233,7 +233,7 @@ def local_partitions(app: web.Application) -> list[tuple[str, str]]:
 async def from_local_partitions(request: web.Request, path: str) -> dict[str, dict[str, Any] | None]:
     """``GET path`` of each of this node's partition processes: partition -> answer (None: none)."""
     local = local_partitions(request.app)
-    answers = await asyncio.gather(*(request.app[LEADER_ASKER].get(f"{url}{path}", _credentials(request))
+    answers = await asyncio.gather(*(request.app[LEADER_ASKER].get(f"{url}{path}", credentials(request))
                                      for _, url in local))
     return {name: answer for (name, _), answer in zip(local, answers, strict=True)}
 
@@ -259,7 +259,7 @@ async def node_metrics(request: web.Request) -> web.Response:
     app = request.app
     own = list(app[METRICS].registry.collect())
     local = local_partitions(app)
-    texts = await asyncio.gather(*(app[LEADER_ASKER].text(f"{url}/metrics", _credentials(request))
+    texts = await asyncio.gather(*(app[LEADER_ASKER].text(f"{url}/metrics", credentials(request))
                                    for _, url in local))
     others = {name: text for (name, _), text in zip(local, texts, strict=True) if text is not None}
     body = merged(own, others, len(local) - len(others))

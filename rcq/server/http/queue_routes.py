@@ -16,7 +16,7 @@ from aiohttp import web
 from rcq.errors import DeadLetterPartitionMismatch, QueueNotFound
 from rcq.names import P0, check_queue_name
 from rcq.server.core.queue import QueueStats
-from rcq.server.http import operations
+from rcq.server.http import operations, spread_queues
 from rcq.server.http.auth import principal_of
 from rcq.server.http.handlers import CONFIG, MANAGER, REPLICATOR, caller_of, json_response, read_model
 from rcq.server.http.models import (
@@ -84,29 +84,49 @@ async def list_queues(request: web.Request) -> web.Response:
 async def queue_count(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     principal_of(request).require_see(queue)
+    spread = spread_queues.spread_over(request.app, queue)
+    if spread is not None:  # every fragment's, summed (rcq.server.http.spread_queues)
+        answers = await spread_queues.each_fragment(request, spread, "GET", f"/v1/queues/{queue}",
+                                                    lambda: _answered(_count_body(request.app, queue)))
+        return json_response(spread_queues.merged_read(queue, spread, answers))
     request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
-    replicator, config = request.app[REPLICATOR], request.app[CONFIG]
+    return json_response(_count_body(request.app, queue))
+
+
+def _count_body(app: web.Application, queue: str) -> dict[str, Any]:
+    replicator, config = app[REPLICATOR], app[CONFIG]
     count, applied, stats = replicator.read(lambda sm: (sm.count(queue), sm.last_index, sm.queue_stats(queue)))
-    return json_response({
-        "queue": queue, "count": count, "depth": count, **_item_states(request.app[MANAGER], queue, count, stats),
+    return {
+        "queue": queue, "count": count, "depth": count, **_item_states(app[MANAGER], queue, count, stats),
         "approximate": True, "applied_index": applied,
         "node_id": config.node_id, "role": replicator.status().role,
-        **operations.queue_settings_body(request.app[MANAGER], queue),
-    })
+        **operations.queue_settings_body(app[MANAGER], queue),
+    }
+
+
+async def _answered(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    return 200, body
 
 
 async def queue_stats(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     principal_of(request).require_see(queue)
+    spread = spread_queues.spread_over(request.app, queue)
+    if spread is not None:
+        answers = await spread_queues.each_fragment(request, spread, "GET", f"/v1/queues/{queue}/stats",
+                                                    lambda: _answered(_stats_body(request.app, queue)))
+        return json_response(spread_queues.merged_read(queue, spread, answers))
     request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
-    config = request.app[CONFIG]
-    stats, applied = request.app[REPLICATOR].read(
-        lambda sm: (sm.queue_stats(queue), sm.last_index))
+    return json_response(_stats_body(request.app, queue))
+
+
+def _stats_body(app: web.Application, queue: str) -> dict[str, Any]:
+    config = app[CONFIG]
+    stats, applied = app[REPLICATOR].read(lambda sm: (sm.queue_stats(queue), sm.last_index))
     stats = stats or {"count": 0, "bytes": 0, "cost_bytes": 0, **dict.fromkeys(QueueStats.TOTALS, 0)}
-    states = _item_states(request.app[MANAGER], queue, stats["count"], stats)
-    return json_response({"queue": queue, **stats, **states,
-                          "approximate": True, "applied_index": applied, "node_id": config.node_id,
-                          **operations.queue_settings_body(request.app[MANAGER], queue)})
+    states = _item_states(app[MANAGER], queue, stats["count"], stats)
+    return {"queue": queue, **stats, **states, "approximate": True, "applied_index": applied,
+            "node_id": config.node_id, **operations.queue_settings_body(app[MANAGER], queue)}
 
 
 def _item_states(manager: TransactionManager, queue: str, count: int, stats: dict[str, int] | None
@@ -179,6 +199,11 @@ async def configure_queue(request: web.Request) -> web.Response:
                              "dead_letter_queue_partitions": directory.placed(body.dead_letter_queue)})
         placed = await directory.place(queue, body.partitions) if body.partitions is not None \
             else directory.placed(queue)
+        if len(placed) > 1:  # spread: every fragment configured (rcq.server.http.spread_queues)
+            app[MANAGER].require_serving()
+            status, answer = await spread_queues.configure(
+                request, queue, placed, body, lambda: operations.configure_queue(app[MANAGER], queue, body))
+            return json_response(answer, status)
         if placed != [P0]:
             status, answer = await forward_configure(request, placed[0], queue, body)
             return json_response(answer, status)
@@ -189,8 +214,14 @@ async def configure_queue(request: web.Request) -> web.Response:
 async def purge_queue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     principal_of(request).require("manage", queue)
-    request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
-    status, body = await operations.purge_queue(request.app[MANAGER], queue)
+    manager = request.app[MANAGER]
+    spread = spread_queues.spread_over(request.app, queue)
+    if spread is not None:
+        manager.require_serving()
+        status, body = await spread_queues.purge(request, queue, spread, lambda: operations.purge_queue(manager, queue))
+        return json_response(body, status)
+    manager.routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
+    status, body = await operations.purge_queue(manager, queue)
     return json_response(body, status)
 
 
@@ -199,7 +230,14 @@ async def delete_queue(request: web.Request) -> web.Response:
     leader, which then forgets the placement (the name may be placed anew)."""
     queue = check_queue_name(request.match_info["queue"])
     principal_of(request).require("manage", queue)
-    placed = request.app[MANAGER].routing.placed(queue)
+    manager = request.app[MANAGER]
+    spread = spread_queues.spread_over(request.app, queue)
+    if spread is not None:  # every fragment, then the placement forgotten
+        manager.require_serving()
+        status, answer = await spread_queues.delete(request, queue, spread,
+                                                    lambda: operations.delete_queue(manager, queue))
+        return json_response(answer, status)
+    placed = manager.routing.placed(queue)
     if request.app[CONFIG].partition_name is None and placed[0] != P0:
         status, answer = await forward_delete(request, placed[0], queue)
         return json_response(answer, status)

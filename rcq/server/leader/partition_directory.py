@@ -315,9 +315,6 @@ class PartitionDirectory:
         if unknown:
             raise PartitionNotFound(f"no partition {unknown[0]!r} (GET /v1/cluster/partitions lists them)",
                                     details={"partition": unknown[0]})
-        if len(partitions) > 1:
-            raise QueueSpreadUnsupported(f"queue {queue!r}: a queue lives in one partition; spreading one over "
-                                         "several is not supported yet", details={"partitions": partitions})
         exists_in_p0 = self._replicator.read(lambda sm: sm.queue_stats(queue) is not None)
         if queue in directory.placement or exists_in_p0:
             raise QueuePlacementFixed(
