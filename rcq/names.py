@@ -9,6 +9,8 @@ Must not import: anything of rcq but rcq.errors (the client installs without the
 from __future__ import annotations
 
 import re
+import zlib
+from collections.abc import Sequence
 
 from rcq.errors import InvalidQueueName
 
@@ -52,3 +54,10 @@ def transaction_term(transaction_id: str) -> int | None:
 def new_transaction_id(partition: str, term: int, random_hex: str) -> str:
     """The id of a transaction opened in ``partition`` at ``term``."""
     return f"{term:x}.{random_hex}" if partition == P0 else f"{partition}.{term:x}.{random_hex}"
+
+
+def fragment_for(partition_key: str, partitions: Sequence[str]) -> str:
+    """The partition of a spread queue (over ``partitions``, in placement order) that holds the
+    items of ``partition_key``: the same for the same key on every node and client (CRC-32, not
+    Python's salted hash), so a key's items keep their relative order in one fragment."""
+    return partitions[zlib.crc32(partition_key.encode()) % len(partitions)]

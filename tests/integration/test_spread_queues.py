@@ -1,10 +1,13 @@
 """A queue spread over several partitions on a real 3-node cluster (docs/partitions.md, "Spread
 queues"): created with a fragment in each partition, written in each partition's transactions,
 read as one (count and stats summed, each fragment under ``by_partition``), purged and deleted as
-one; its dead-letter queue spread over the same partitions."""
+one; its dead-letter queue spread over the same partitions; one-request enqueues going round the
+fragments, or to a partition key's; one consumer draining every fragment, and a long poll finding
+an item committed in any fragment while it waits."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +15,8 @@ import pytest
 
 from rcq.client import SyncClient
 from rcq.local.cluster import LocalCluster
-from tests.helpers import LEADER_TIMEOUT_S
+from rcq.names import fragment_for
+from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, SPREAD_RECEIVE_WAIT_S
 from tests.helpers.cluster import fresh_queue, wait_settled
 
 pytestmark = pytest.mark.cluster
@@ -29,10 +33,10 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 def ask(cluster: LocalCluster, path: str, method: str = "GET", body: dict[str, Any] | None = None,
-        node: int | None = None) -> dict[str, Any]:
+        node: int | None = None, timeout_s: float = CLUSTER_WAIT_S) -> dict[str, Any]:
     """``method path`` at node ``node``'s own port (default: p0's leader, whose directory is current)."""
     i = cluster.wait_for_leader(LEADER_TIMEOUT_S) if node is None else node
-    return cluster.poll_json(cluster.url(i) + path, method=method, body=body)
+    return cluster.poll_json(cluster.url(i) + path, timeout_s, method=method, body=body)
 
 
 def enqueue_in(cluster: LocalCluster, partition: str, queue: str, items: list[str]) -> dict[str, Any]:
@@ -87,3 +91,48 @@ def test_a_spread_queues_dead_letter_queue_is_spread_over_the_same_partitions(cl
     made = ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": ["p1", "p2"], "dead_letter_queue": dead})
     assert made["settings"]["dead_letter_queue"] == dead, made
     assert all(row["settings"]["dead_letter_queue"] == dead for row in made["by_partition"].values())
+
+
+def test_one_request_enqueues_go_round_the_fragments_and_a_partition_key_keeps_to_one(cluster: LocalCluster) -> None:
+    queue = fresh_queue("rr")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
+    went = [ask(cluster, f"/v1/queues/{queue}/enqueue", "POST", {"items": [f"v{i}"]})["partition"] for i in range(9)]
+    assert sorted(went) == sorted(SPREAD * 3), went  # each fragment in turn
+    home = fragment_for("customer-7", SPREAD)
+    keyed = {ask(cluster, f"/v1/queues/{queue}/enqueue", "POST",
+                 {"items": [f"k{i}"], "partition_key": "customer-7"})["partition"] for i in range(4)}
+    assert keyed == {home}
+    follower = next(i for i in range(3) if i != cluster.wait_for_leader(LEADER_TIMEOUT_S))
+    via = ask(cluster, f"/v1/queues/{queue}/enqueue", "POST", {"items": ["f"], "partition_key": "customer-7"},
+              node=follower)  # forwarded to p0's leader, which shares it out
+    assert via["partition"] == home, via
+    count = ask(cluster, f"/v1/queues/{queue}")
+    assert {p: row["count"] for p, row in count["by_partition"].items()} == {
+        p: 3 + (5 if p == home else 0) for p in SPREAD}, count
+    # the key's items come back from its fragment, in their order
+    taken = ask(cluster, f"/v1/queues/{queue}/dequeue", "POST", {"max_items": 10, "partition_key": "customer-7"})
+    assert taken["partition"] == home, taken
+    assert [i["value"] for i in taken["results"][0]["items"]][-5:] == ["k0", "k1", "k2", "k3", "f"]
+
+
+def test_one_consumer_drains_every_fragment_and_a_long_poll_finds_an_item_in_any(cluster: LocalCluster) -> None:
+    queue = fresh_queue("drain")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
+    for n, partition in enumerate(SPREAD):  # uneven fragments: 1, 2 and 3 items
+        enqueue_in(cluster, partition, queue, [f"{partition}-{i}" for i in range(n + 1)])
+    got: list[str] = []
+    for _ in range(10):
+        answer = ask(cluster, f"/v1/queues/{queue}/dequeue", "POST", {"max_items": 1})
+        got += [item["value"] for item in answer["results"][0]["items"]]
+    assert sorted(got) == sorted(f"{p}-{i}" for n, p in enumerate(SPREAD) for i in range(n + 1))
+    # every fragment empty: a receive waits, and an item committed in p2 meanwhile is found
+    answers: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: answers.append(ask(
+        cluster, f"/v1/queues/{queue}/receive", "POST", {"wait_ms": int(SPREAD_RECEIVE_WAIT_S * 1000)},
+        timeout_s=SPREAD_RECEIVE_WAIT_S + CLUSTER_WAIT_S)))
+    waiter.start()
+    enqueue_in(cluster, "p2", queue, ["late"])
+    waiter.join(SPREAD_RECEIVE_WAIT_S + CLUSTER_WAIT_S)
+    assert answers and [i["value"] for i in answers[0]["items"]] == ["late"], answers
+    assert answers[0]["partition"] == "p2" and answers[0]["transaction_id"].startswith("p2.")
+    assert ask(cluster, f"/v1/transactions/{answers[0]['transaction_id']}/commit", "POST", {})["committed"]

@@ -75,6 +75,8 @@ def _printable_header_key(key: str) -> str:
 HeaderKey = Annotated[str, Field(min_length=1), AfterValidator(_printable_header_key)]
 
 
+PARTITION_KEY_CHARS_MAX = 200  # a spread queue's partition key (docs/partitions.md)
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -177,12 +179,16 @@ class ReceiveRequest(_Model):
     timeout_s: float | None = Field(None, gt=0, description="the transaction's deadline from now")
     label: str | None = Field(None, min_length=1, max_length=LABEL_MAX_CHARS)
     encoding: Encoding = "utf-8"
+    partition_key: str | None = Field(None, min_length=1, max_length=PARTITION_KEY_CHARS_MAX, description=(
+        "a spread queue: the fragment this key's items go to and come from (the same key, the same fragment, "
+        "so they keep their relative order); without one, the node chooses (docs/partitions.md)"))
 
 
 class ReceiveNext(ReceiveRequest):
     """What a commit also receives: the next transaction's items (SQS's delete-and-receive)."""
 
     queue: QueueName
+    partition_key: None = Field(None, description="not here: the next transaction is in the committed one's partition")
 
 
 class CommitRequest(_Model):
@@ -238,6 +244,9 @@ class QueueEnqueueRequest(_Model):
     priority: Priority = None
     delay_s: DelayS = None
     ttl_s: TtlS = None
+    partition_key: str | None = Field(None, min_length=1, max_length=PARTITION_KEY_CHARS_MAX, description=(
+        "a spread queue: the fragment this key's items go to and come from (the same key, the same fragment, "
+        "so they keep their relative order); without one, the node chooses (docs/partitions.md)"))
 
 
 class QueueSettingsRequest(_Model):
@@ -282,6 +291,9 @@ class QueueDequeueRequest(_Model):
     max_items: int = Field(1, ge=1)
     wait_ms: int = Field(0, ge=0)
     encoding: Encoding = "utf-8"
+    partition_key: str | None = Field(None, min_length=1, max_length=PARTITION_KEY_CHARS_MAX, description=(
+        "a spread queue: the fragment this key's items go to and come from (the same key, the same fragment, "
+        "so they keep their relative order); without one, the node chooses (docs/partitions.md)"))
 
 
 class ErrorDetail(BaseModel):

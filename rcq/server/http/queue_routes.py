@@ -9,7 +9,7 @@ Must not import: pysyncobj, lmdb.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -46,18 +46,40 @@ async def queue_enqueue(request: web.Request) -> web.Response:
         operations=[EnqueueOperation(op="enqueue", queue=queue, items=body.items, encoding=body.encoding,
                                      priority=body.priority, delay_s=body.delay_s, ttl_s=body.ttl_s)],
         idempotency_key=body.idempotency_key)
-    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
-                                              caller_of(request))
+
+    async def here() -> tuple[int, dict[str, Any]]:
+        return await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body, caller_of(request))
+
+    spread = _spread_here(request, queue, "produce")
+    status, answer = await (spread_queues.enqueue(request, queue, spread, await request.json(), here)
+                            if spread is not None else here())
     return json_response(answer, status)
+
+
+def _spread_here(request: web.Request, queue: str, action: Literal["produce", "consume"]) -> list[str] | None:
+    """The partitions of a spread queue whose one-request verb this node's own port shares out
+    (rcq.server.http.spread_queues), refused first as the verb would be; None: not spread, or not
+    here. p0's leader shares them out: a follower forwards the request to it."""
+    spread = spread_queues.spread_over(request.app, queue)
+    if spread is not None:
+        principal_of(request).require(action, queue)
+        request.app[MANAGER].require_serving()
+    return spread
 
 
 async def queue_dequeue(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     body = await read_model(request, QueueDequeueRequest)
-    request_body = ExecuteRequest(operations=[DequeueOperation(
-        op="dequeue", queue=queue, max_items=body.max_items, wait_ms=body.wait_ms, encoding=body.encoding)])
-    status, answer = await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body,
-                                              caller_of(request))
+
+    async def here(sent: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        wait_ms = body.wait_ms if sent is None else int(sent["wait_ms"])
+        request_body = ExecuteRequest(operations=[DequeueOperation(
+            op="dequeue", queue=queue, max_items=body.max_items, wait_ms=wait_ms, encoding=body.encoding)])
+        return await operations.execute(request.app[MANAGER], request.app[CONFIG], request_body, caller_of(request))
+
+    spread = _spread_here(request, queue, "consume")
+    status, answer = await (spread_queues.take(request, queue, spread, "dequeue", await request.json(), here)
+                            if spread is not None else here())
     return json_response(answer, status)
 
 
@@ -142,9 +164,16 @@ def _item_states(manager: TransactionManager, queue: str, count: int, stats: dic
 
 async def receive(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
-    status, body = await operations.receive(request.app[MANAGER], queue,
-                                            await read_model(request, ReceiveRequest), caller_of(request))
-    return json_response(body, status)
+    body = await read_model(request, ReceiveRequest)
+
+    async def here(sent: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        asked = body if sent is None else body.model_copy(update={"wait_ms": int(sent["wait_ms"])})
+        return await operations.receive(request.app[MANAGER], queue, asked, caller_of(request))
+
+    spread = _spread_here(request, queue, "consume")
+    status, answer = await (spread_queues.take(request, queue, spread, "receive", await request.json(), here)
+                            if spread is not None else here())
+    return json_response(answer, status)
 
 
 async def queue_placement(request: web.Request) -> web.Response:
@@ -246,6 +275,7 @@ async def delete_queue(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app[spread_queues.SPREAD_TURNS] = spread_queues.Turns()
     app.router.add_get("/v1/queues", list_queues)
     app.router.add_get("/v1/queues/{queue}", queue_count)
     app.router.add_put("/v1/queues/{queue}", configure_queue)

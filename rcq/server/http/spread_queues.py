@@ -13,6 +13,14 @@ about the whole queue at a node's own port (p0's process) is answered here from 
 * purge: every fragment purged, ``removed`` summed;
 * delete: every fragment deleted, the partitions first, then p0 forgets the placement.
 
+**One-request verbs** at a node's own port (p0's leader: a follower forwards the request there)
+go to one fragment: an enqueue to its ``partition_key``'s (:func:`rcq.names.fragment_for`), else
+its idempotency key's (a retry reaches the fragment that remembers the key), else the next in
+turn; a dequeue or receive takes from the first fragment that has items, each tried in turn
+without waiting, then, while its ``wait_ms`` lasts, each waited on for WAIT_SLICE_MS at most, so
+a long poll finds an item in any fragment within a slice per fragment. The answer names the
+``partition`` it came from; a receive's transaction lives there.
+
 A partition process knows only its own fragment and answers for it alone, as for any queue.
 
 Must not import: pysyncobj, lmdb.
@@ -21,12 +29,14 @@ Must not import: pysyncobj, lmdb.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from rcq.names import P0
+from rcq.errors import CommitOutcomeUnknown
+from rcq.names import P0, fragment_for
 from rcq.server.http.handlers import CONFIG
 from rcq.server.http.partition_asker import LEADER_ASKER
 from rcq.server.http.partition_routes import (
@@ -42,6 +52,8 @@ SUMMED = ("count", "depth", "available", "locked", "delayed", "ready", "bytes", 
 PER_FRAGMENT = ("applied_index", "node_id", "role")
 
 Local = Callable[[], Awaitable[tuple[int, dict[str, Any]]]]
+WAIT_SLICE_MS = 1_000  # a long poll over fragments waits this long on one before it moves on
+TURNS_REMEMBERED_MAX = 10_000  # spread queues whose next fragment a node remembers
 
 
 def spread_over(app: web.Application, queue: str) -> list[str] | None:
@@ -119,6 +131,91 @@ def merged_write(queue: str, partitions: list[str], answers: dict[str, tuple[int
     if isinstance(body.get("settings"), dict):
         body["settings"] = {**body["settings"], "partitions": partitions}
     return 200, body
+
+
+# --------------------------------------------------------------- one-request verbs
+class Turns:
+    """Where a node's next one-request verb on each spread queue starts: the fragments in turn."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def order(self, queue: str, partitions: list[str], partition_key: str | None) -> list[str]:
+        """The fragments to try, first first: the key's alone, else each in turn from the next."""
+        if partition_key is not None:
+            return [fragment_for(partition_key, partitions)]
+        start = self._next.get(queue, 0) % len(partitions)
+        if len(self._next) >= TURNS_REMEMBERED_MAX:
+            self._next.clear()
+        self._next[queue] = start + 1
+        return partitions[start:] + partitions[:start]
+
+
+SPREAD_TURNS = web.AppKey("spread_turns", Turns)
+
+
+async def _at(request: web.Request, partition: str, path: str, body: dict[str, Any], local: Local
+              ) -> tuple[int, dict[str, Any]]:
+    """POST ``body`` to ``path`` at ``partition``'s leader (p0's: ``local``). A verb that commits is
+    sent again only after an answer that says it ran nothing (307, 421, 503: a moved or electing
+    leader); sent and unanswered, its outcome is unknown (504 ``commit_outcome_unknown``)."""
+    if partition == P0:
+        return await local()
+    app = request.app
+    headers = credentials(request)
+
+    async def once(leader: str) -> tuple[int, dict[str, Any]]:
+        answer = await app[LEADER_ASKER].call("POST", f"{leader}{path}", headers, body)
+        if answer is None:  # sent, never answered: a 504 is not looked for again (307, 421, 503 ran nothing)
+            return 504, CommitOutcomeUnknown(f"partition {partition}'s leader did not answer the {path} it was "
+                                             "sent; it may have run", details={"partition": partition}).to_body()
+        return answer
+
+    status, answer = await at_partition_leader(app, partition, once)
+    return status, answer
+
+
+async def enqueue(request: web.Request, queue: str, partitions: list[str], body: dict[str, Any],
+                  local: Callable[[], Awaitable[tuple[int, dict[str, Any]]]]) -> tuple[int, dict[str, Any]]:
+    """A one-request enqueue into one fragment: the partition key's, else the idempotency key's (a
+    retry must reach the fragment that remembers it), else the next in turn."""
+    key = body.get("partition_key") or body.get("idempotency_key")
+    partition = (request.app[SPREAD_TURNS].order(queue, partitions, None) if key is None
+                 else [fragment_for(str(key), partitions)])[0]
+    status, answer = await _at(request, partition, f"/v1/queues/{queue}/enqueue", body, local)
+    return status, {**answer, "partition": partition} if status == 200 else answer
+
+
+async def take(request: web.Request, queue: str, partitions: list[str], verb: str, body: dict[str, Any],
+               local: Callable[[dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]) -> tuple[int, dict[str, Any]]:
+    """A one-request dequeue or receive (``verb``) from the first fragment that has items: each
+    in turn without waiting; then, while ``wait_ms`` lasts, each in turn waiting WAIT_SLICE_MS at
+    most, so an item in any fragment is found within a slice per fragment. With a partition key,
+    its fragment alone (waiting all of ``wait_ms`` there)."""
+    order = request.app[SPREAD_TURNS].order(queue, partitions, body.get("partition_key"))
+    path = f"/v1/queues/{queue}/{verb}"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + int(body.get("wait_ms") or 0) / 1000
+    waiting = False
+    while True:
+        for partition in order:
+            left_ms = max(0, int((deadline - loop.time()) * 1000))
+            wait_ms = (left_ms if len(order) == 1 else min(left_ms, WAIT_SLICE_MS)) if waiting else 0
+            sent = {**body, "wait_ms": wait_ms}
+            status, answer = await _at(request, partition, path, sent, functools.partial(local, sent))
+            if status != 200 or _took(answer):
+                return status, {**answer, "partition": partition} if status == 200 else answer
+            if waiting and loop.time() >= deadline:
+                return status, {**answer, "partition": partition}
+        if loop.time() >= deadline:
+            return status, {**answer, "partition": partition}
+        waiting = True
+
+
+def _took(answer: dict[str, Any]) -> bool:
+    """Whether a dequeue's answer (its items in ``results``) or a receive's (in ``items``) holds items."""
+    return bool(answer.get("items")) or any(row.get("items") for row in answer.get("results") or []
+                                            if isinstance(row, dict))
 
 
 async def configure(request: web.Request, queue: str, partitions: list[str], settings: Any, local: Local

@@ -68,28 +68,36 @@ class Routing:
                                  details={"partition": wanted})
 
     def one_request(self, queues: Iterable[str]) -> None:
-        """Raise unless a one-request transaction on ``queues`` runs here."""
+        """Raise unless a one-request transaction on ``queues`` runs here: in the one partition
+        they all live in. A spread queue lives in each of its partitions (its fragment there):
+        p0 runs it when it holds a fragment of every queue, else the first partition that does
+        (which fragment a node's own port gives a one-request verb: rcq.server.http.spread_queues)."""
         if self.own != P0:
             return
-        first: tuple[str, str] | None = None
+        first: tuple[str, tuple[str, ...]] | None = None
+        common: list[str] = []
         for queue in queues:
-            partition = self.placed(queue)[0]
+            placed = self.placed(queue)
             if first is None:
-                first = (queue, partition)
-            elif partition != first[1]:
+                first, common = (queue, placed), list(placed)
+                continue
+            common = [p for p in common if p in placed]
+            if not common:
                 raise CrossPartitionTransaction(
-                    f"queue {queue!r} lives in partition {partition} and queue {first[0]!r} in {first[1]}: a "
-                    "transaction touches the queues of one partition (docs/partitions.md); nothing was run",
-                    details={"queue": queue, "queue_partitions": [partition], "transaction_partition": first[1]})
-        if first is not None and first[1] != P0:
-            raise lives_elsewhere(first[0], first[1])
+                    f"queue {queue!r} lives in partition {', '.join(placed)} and queue {first[0]!r} in "
+                    f"{', '.join(first[1])}: a transaction touches the queues of one partition "
+                    "(docs/partitions.md); nothing was run",
+                    details={"queue": queue, "queue_partitions": list(placed), "transaction_partition": first[1][0]})
+        if first is not None and P0 not in common:
+            raise lives_elsewhere(first[0], common[0])
 
     def queue(self, queue: str) -> None:
-        """Raise unless ``queue``'s reads and administration are answered here."""
+        """Raise unless ``queue``'s reads and administration are answered here (a spread queue's
+        fragment in p0 among them)."""
         if self.own == P0:
-            partition = self.placed(queue)[0]
-            if partition != P0:
-                raise lives_elsewhere(queue, partition)
+            placed = self.placed(queue)
+            if P0 not in placed:
+                raise lives_elsewhere(queue, placed[0])
 
 
 def lives_elsewhere(queue: str, partition: str) -> WrongPartition:
