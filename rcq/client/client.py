@@ -120,23 +120,27 @@ class RcqClient:
 
     # -------------------------------------------------------- transactions
     def transaction(self, timeout_s: float | None = None, label: str | None = None, *,
-                    timeout: float | None = None) -> TransactionContext:
+                    timeout: float | None = None, partition_key: str | None = None) -> TransactionContext:
         """``async with client.transaction() as tx``: begins; commits on a clean exit; aborts on an
         exception (an abort failure is logged, never raised over the original exception).
-        ``timeout``: the deprecated name of ``timeout_s``."""
+        ``timeout``: the deprecated name of ``timeout_s``; ``partition_key``: as :meth:`begin`."""
         seconds = timeout_s_of(timeout_s, timeout, "transaction")
-        return TransactionContext(lambda: self.begin(seconds, label))
+        return TransactionContext(lambda: self.begin(seconds, label, partition_key=partition_key))
 
     async def begin(self, timeout_s: float | None = None, label: str | None = None, *,
-                    timeout: float | None = None, partition: str | None = None) -> Transaction:
+                    timeout: float | None = None, partition: str | None = None,
+                    partition_key: str | None = None) -> Transaction:
         """Open a transaction whose deadline is ``timeout_s`` seconds away (node default if None).
         ``timeout``: the deprecated name of ``timeout_s``. ``partition``: the partition it lives in
         (docs/partitions.md); None: the partition of the queue of its first verb. In a cluster the
         client knows to have several partitions the server's transaction is opened at that verb
-        (``transaction_id`` is None until then); otherwise now, in p0."""
+        (``transaction_id`` is None until then); otherwise now, in p0. ``partition_key``: on a
+        spread queue, the fragment of this key (the same key, the same fragment, so a key's items
+        keep their order); without one, a transaction's first verb on a spread queue takes the
+        next fragment in turn (docs/partitions.md, "Spread queues")."""
         body = begin_body(timeout_s_of(timeout_s, timeout, "begin"), label)
         if partition is None and self._transport.routes.single() is False:
-            return Transaction(self._transport, None, label=label, begin=body)
+            return Transaction(self._transport, None, label=label, begin=body, partition_key=partition_key)
         # Opened now: in p0 while the client knows of no other partition (then a first verb refused
         # for its queue's partition opens it again there, and the client learns the partitions).
         named, partition = partition is not None, partition or P0
@@ -146,7 +150,7 @@ class RcqClient:
                     partition=partition))
         # begun for a partition named here, it stays there; else its first verb may move it (Transaction)
         return Transaction(self._transport, answer["transaction_id"], label=answer.get("label"),
-                           begin=None if named else body)
+                           begin=None if named else body, partition_key=partition_key)
 
     async def receive(self, queue: str, max_items: int = 1, wait_ms: int = 0, timeout_s: float | None = None,
                       label: str | None = None) -> Transaction | None:

@@ -18,7 +18,7 @@ Must not import: rcq.client.transport (the transport builds on this), rcq.server
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rcq.errors import PartitionNotFound, RouteNotFound
@@ -36,6 +36,8 @@ class Routes:
         self._rows: dict[str, dict[str, Any]] | None = None  # partition -> its listing row
         self._listed_at = 0.0
         self._placed: dict[str, str] = {}  # queue -> its partition
+        self._spread: dict[str, tuple[str, ...]] = {}  # a spread queue -> its partitions, in placement order
+        self._turns: dict[str, int] = {}  # a spread queue -> the fragment its next transaction starts at
         self._listing_task: asyncio.Task[dict[str, dict[str, Any]]] | None = None
 
     # ------------------------------------------------------------- partitions
@@ -83,28 +85,66 @@ class Routes:
 
     # ------------------------------------------------------------------ queues
     def placed(self, queue: str) -> str | None:
-        """``queue``'s partition if it is known without asking (p0 in a cluster of p0 alone)."""
+        """``queue``'s partition if it is known without asking (p0 in a cluster of p0 alone). None
+        for a spread queue too: its one-request verbs go to a node's own port, which shares them
+        out over the fragments (docs/partitions.md, "Spread queues")."""
         known = self._placed.get(queue)
         if known is not None:
             return known
-        return P0 if self.single() else None
+        return P0 if self.single() and queue not in self._spread else None
 
-    async def partition_of(self, queue: str) -> str:
-        """``queue``'s partition: known, or asked of p0 once."""
+    def spread(self, queue: str) -> tuple[str, ...] | None:
+        """The partitions of ``queue`` when it is known to be spread over several."""
+        return self._spread.get(queue)
+
+    async def placement_of(self, queue: str) -> tuple[str, ...]:
+        """``queue``'s partitions (several for a spread queue): known, or asked of p0 once."""
+        spread = self._spread.get(queue)
+        if spread is not None:
+            return spread
         known = self.placed(queue)
         if known is not None:
-            return known
+            return (known,)
         if len(await self.partitions()) == 1:
-            return P0
+            return (P0,)
         answer = await self._ask(f"/v1/queues/{queue}/placement")
-        partition = str((answer.get("partitions") or [P0])[0])
-        self.learn(queue, partition)
-        return partition
+        partitions = tuple(str(p) for p in answer.get("partitions") or [P0])
+        self.learn_placement(queue, partitions)
+        return partitions
+
+    async def partition_of(self, queue: str) -> str:
+        """``queue``'s partition (a spread queue's first): known, or asked of p0 once."""
+        return (await self.placement_of(queue))[0]
+
+    def next_fragment(self, queue: str, partitions: tuple[str, ...]) -> str:
+        """The fragment of spread ``queue`` a transaction with no partition key goes to: each in turn."""
+        turn = self._turns.get(queue, 0)
+        if len(self._turns) >= PLACEMENTS_REMEMBERED_MAX:
+            self._turns.clear()
+        self._turns[queue] = turn + 1
+        return partitions[turn % len(partitions)]
+
+    def took_turn(self, queue: str, partitions: tuple[str, ...], partition: str) -> None:
+        """A transaction used ``partition``'s fragment of ``queue`` out of turn: the next one follows it."""
+        if partition in partitions:
+            self._turns[queue] = partitions.index(partition) + 1
+
+    def learn_placement(self, queue: str, partitions: Sequence[str]) -> None:
+        """Where ``queue`` lives: one partition, or several (spread)."""
+        if len(partitions) > 1:
+            self._placed.pop(queue, None)
+            if len(self._spread) >= PLACEMENTS_REMEMBERED_MAX:
+                self._spread.clear()
+            self._spread[queue] = tuple(partitions)
+        elif partitions:
+            self.learn(queue, partitions[0])
 
     def learn(self, queue: str, partition: str) -> None:
+        self._spread.pop(queue, None)
         if len(self._placed) >= PLACEMENTS_REMEMBERED_MAX:
             self._placed.clear()
         self._placed[queue] = partition
 
     def forget(self, queue: str) -> None:
         self._placed.pop(queue, None)
+        self._spread.pop(queue, None)

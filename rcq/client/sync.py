@@ -63,6 +63,11 @@ class SyncTransaction:
         return self._transaction.label
 
     @property
+    def partition_key(self) -> str | None:
+        """A spread queue: the fragment this transaction uses (Transaction)."""
+        return self._transaction.partition_key
+
+    @property
     def state(self) -> str:
         """open, committed, aborted, unknown (commit outcome unknown)."""
         return self._transaction.state
@@ -226,14 +231,16 @@ class SyncClient:
 
     # -------------------------------------------------------- transactions
     def transaction(self, timeout_s: float | None = None, label: str | None = None, *,
-                    timeout: float | None = None) -> SyncTransactionContext:
+                    timeout: float | None = None, partition_key: str | None = None) -> SyncTransactionContext:
         seconds = timeout_s_of(timeout_s, timeout, "transaction")
-        return SyncTransactionContext(lambda: self.begin(seconds, label))
+        return SyncTransactionContext(lambda: self.begin(seconds, label, partition_key=partition_key))
 
     def begin(self, timeout_s: float | None = None, label: str | None = None, *,
-              timeout: float | None = None, partition: str | None = None) -> SyncTransaction:
+              timeout: float | None = None, partition: str | None = None,
+              partition_key: str | None = None) -> SyncTransaction:
         seconds = timeout_s_of(timeout_s, timeout, "begin")
-        return SyncTransaction(self._runner.run(self._client.begin(seconds, label, partition=partition)), self._runner)
+        return SyncTransaction(self._runner.run(self._client.begin(seconds, label, partition=partition,
+                                                                   partition_key=partition_key)), self._runner)
 
     def receive(self, queue: str, max_items: int = 1, wait_ms: int = 0, timeout_s: float | None = None,
                 label: str | None = None) -> SyncTransaction | None:

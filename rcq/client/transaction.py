@@ -43,7 +43,7 @@ from rcq.errors import (
     TransactionAborted,
     error_from_body,
 )
-from rcq.names import P0, check_queue_name, transaction_partition
+from rcq.names import P0, check_queue_name, fragment_for, transaction_partition
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,9 @@ class Transaction:
 
     def __init__(self, transport: Transport, transaction_id: str | None, *, label: str | None = None,
                  items: list[Item] | None = None, queue: str | None = None,
-                 begin: dict[str, Any] | None = None) -> None:
+                 begin: dict[str, Any] | None = None, partition_key: str | None = None) -> None:
         self._transport = transport
+        self.partition_key = partition_key  # a spread queue: the fragment this transaction uses
         self.transaction_id = transaction_id
         # the partition it lives in; None: not opened yet, decided by its first verb's queue
         self.partition: str | None = transaction_partition(transaction_id) if transaction_id else None
@@ -116,10 +117,17 @@ class Transaction:
         CrossPartitionTransaction, sending nothing, if ``queue`` lives in another partition."""
         routes = self._transport.routes
         partition = routes.placed(queue) if queue is not None else None
+        spread = routes.spread(queue) if queue is not None else None
         # p0 knows where every queue lives and refuses a verb on another partition's itself; any
         # other partition knows only its own queues, so the client asks before it sends one there.
-        if queue is not None and partition is None and (self.transaction_id is None or self.partition != P0):
-            partition = await routes.partition_of(queue)
+        # A transaction opened in p0 that has sent no verb yet asks too: its queue may be spread,
+        # and its first verb then picks the fragment (the placement is asked once per queue).
+        if queue is not None and partition is None and spread is None and (
+                self.transaction_id is None or self.partition != P0 or self._movable()):
+            placement = await routes.placement_of(queue)
+            spread, partition = (placement, None) if len(placement) > 1 else (None, placement[0])
+        if queue is not None and spread is not None:
+            partition = self._fragment(queue, spread)
         if partition is not None and partition != self.partition and self._movable():
             await self._move()
         if self.transaction_id is None:
@@ -137,6 +145,20 @@ class Transaction:
                 f"queue {queue!r} lives in partition {partition}; this transaction lives in {self.partition}. A "
                 "transaction touches the queues of one partition (docs/partitions.md); nothing was sent",
                 details={"queue": queue, "queue_partitions": [partition], "transaction_partition": self.partition})
+
+    def _fragment(self, queue: str, spread: tuple[str, ...]) -> str:
+        """The fragment of spread ``queue`` this transaction uses: the one of its partition when it
+        has one there (opened for it, or a verb sent), else its partition key's, else the next in
+        turn (docs/partitions.md, "Spread queues")."""
+        opened = self.transaction_id is not None and self.partition in spread
+        if opened and not self._movable():  # begun for it, or a verb sent there: it stays
+            return str(self.partition)
+        if self.partition_key is not None:
+            return fragment_for(self.partition_key, spread)
+        if opened:  # opened in a fragment already (p0's, before the client knew): it stays, its turn taken
+            self._transport.routes.took_turn(queue, spread, str(self.partition))
+            return str(self.partition)
+        return self._transport.routes.next_fragment(queue, spread)
 
     def _movable(self) -> bool:
         """Begun without a partition, opened, and no verb yet: it may move to its first verb's partition."""
@@ -175,7 +197,7 @@ class Transaction:
                     routes.forget(queue)
                     named = exc.details.get("queue_partitions") if isinstance(exc, CrossPartitionTransaction) else None
                     if named:
-                        routes.learn(queue, str(named[0]))
+                        routes.learn_placement(queue, [str(p) for p in named])
                     await routes.partitions(refresh=True)  # the next begin knows to wait for its first verb
                     await self._move()
                 await self._ready(queue)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rcq.client import SyncClient
+from rcq.client import RcqClient, SyncClient
 from rcq.local.cluster import LocalCluster
 from rcq.names import fragment_for
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, SPREAD_RECEIVE_WAIT_S
@@ -136,3 +136,28 @@ def test_one_consumer_drains_every_fragment_and_a_long_poll_finds_an_item_in_any
     assert answers and [i["value"] for i in answers[0]["items"]] == ["late"], answers
     assert answers[0]["partition"] == "p2" and answers[0]["transaction_id"].startswith("p2.")
     assert ask(cluster, f"/v1/transactions/{answers[0]['transaction_id']}/commit", "POST", {})["committed"]
+
+
+async def test_the_clients_transactions_take_the_fragments_in_turn_and_a_key_keeps_to_one(
+        cluster: LocalCluster) -> None:
+    queue = fresh_queue("tx")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:
+        went = []
+        for i in range(6):
+            async with client.transaction() as tx:
+                await tx.enqueue(queue, f"t{i}")
+            went.append(tx.partition)
+        assert sorted(went) == sorted(SPREAD * 2), went  # each fragment in turn
+        home = fragment_for("order-42", SPREAD)
+        for i in range(3):
+            async with client.transaction(partition_key="order-42") as tx:
+                await tx.enqueue(queue, f"o{i}")
+            assert tx.partition == home
+        info = await client.queue_info(queue)
+        assert {p: row["count"] for p, row in info["by_partition"].items()} == {
+            p: 2 + (3 if p == home else 0) for p in SPREAD}, info
+        taken = await client.begin(partition_key="order-42")
+        values = await taken.dequeue_batch(queue, 10)
+        await taken.commit()
+        assert [v for v in values if v.startswith(b"o")] == [b"o0", b"o1", b"o2"] and taken.partition == home
