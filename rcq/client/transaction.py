@@ -264,8 +264,24 @@ class Transaction:
                                             transaction_id=self.transaction_id)
 
     async def _dequeue_items(self, body: dict[str, Any], wait_ms: int) -> list[Item]:
+        # A first verb that dequeues from a spread queue moves on from an empty fragment: each is
+        # tried in turn without waiting, then the wait (if any) is spent in the last one tried.
+        spread: tuple[str, ...] | None = None
+        if self._begin is not None and self._verbs == 0 and self.partition_key is None:
+            await self._ready(body["queue"])  # learns where the queue lives (the verb's own is then a no-op)
+            spread = self._transport.routes.spread(body["queue"])
+        first = {**body, "wait_ms": 0} if spread and wait_ms else body
         answer = await self._verb(body["queue"], lambda: self._transport.request(
-            self._request("dequeue", body, wait_ms=wait_ms)))
+            self._request("dequeue", first, wait_ms=int(first["wait_ms"]))))
+        for _ in range(len(spread or ()) - 1):
+            if answer["items"]:
+                break
+            self._verbs = 0  # it took nothing: free to move to the next fragment
+            await self._move()
+            answer = await self._verb(body["queue"], lambda: self._transport.request(
+                self._request("dequeue", first, wait_ms=int(first["wait_ms"]))))
+        if not answer["items"] and first is not body:  # every fragment empty: wait where it is
+            answer = await self._transport.request(self._request("dequeue", body, wait_ms=wait_ms))
         return [item_from_wire(entry) for entry in answer["items"]]
 
     async def dequeue_batch(self, queue: str, max_items: int, wait_ms: int = 0, key: str | None = None) -> list[bytes]:

@@ -161,3 +161,21 @@ async def test_the_clients_transactions_take_the_fragments_in_turn_and_a_key_kee
         values = await taken.dequeue_batch(queue, 10)
         await taken.commit()
         assert [v for v in values if v.startswith(b"o")] == [b"o0", b"o1", b"o2"] and taken.partition == home
+
+
+async def test_a_transactions_first_dequeue_moves_on_from_empty_fragments(cluster: LocalCluster) -> None:
+    queue = fresh_queue("roam")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
+    enqueue_in(cluster, "p2", queue, ["only-in-p2"])
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:
+        for _ in range(len(SPREAD)):  # whichever fragment its turn starts at
+            tx = await client.begin()
+            values = await tx.dequeue_batch(queue, 5)
+            assert values == [b"only-in-p2"] and tx.partition == "p2", (values, tx.partition)
+            await tx.abort()  # back to its fragment's head for the next round
+        tx = await client.begin()
+        assert await tx.dequeue_batch(queue, 5, wait_ms=200) == [b"only-in-p2"]  # a wait, and one item
+        await tx.commit()
+        tx = await client.begin()
+        assert await tx.dequeue_batch(queue, 5, wait_ms=200) == []  # every fragment empty: waits, then nothing
+        await tx.abort()
