@@ -19,13 +19,14 @@ import math
 import os
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
 from rcq.client import hooks
 from rcq.client.exchange import tls_context
 from rcq.client.retry import COMMIT, MEMBERSHIP, SAFE, WRITE, Attempts, Request
+from rcq.client.spread import each_fragment, one_request_partition
 from rcq.client.transaction import Transaction, TransactionContext, items_received, received, timeout_s_of
 from rcq.client.transport import Transport
 from rcq.client.wire import (
@@ -171,11 +172,15 @@ class RcqClient:
                                             items_received)
 
     async def _receive(self, queue: str, body: dict[str, Any], wait_ms: int, label: str | None) -> Transaction | None:
-        answer = await self._transport.request(
-            Request("POST", queue_path(queue, "receive"), body, SAFE,
-                    batch_operation={"op": "receive", "queue": queue, **body}, wait_ms=wait_ms,
-                    partition=self._transport.routes.placed(queue)))
-        return received(self._transport, answer, label)
+        async def send(partition: str | None, wait: int) -> Transaction | None:
+            sent = {**body, "wait_ms": wait}
+            answer = await self._transport.request(
+                Request("POST", queue_path(queue, "receive"), sent, SAFE,
+                        batch_operation={"op": "receive", "queue": queue, **sent}, wait_ms=wait, partition=partition))
+            return received(self._transport, answer, label)
+
+        return cast("Transaction | None", await each_fragment(self._transport.routes, queue, wait_ms, send,
+                                                              lambda t: t is not None))
 
     def attach(self, transaction_id: str, label: str | None = None) -> Transaction:
         """A handle on a transaction begun elsewhere (to commit, abort or ask about it)."""
@@ -258,9 +263,10 @@ class RcqClient:
         rest_body = {name: value for name, value in body.items() if name != "queue"}
         rest_body["idempotency_key"] = key
         batch_operation = {"op": "execute", "idempotency_key": key, "operations": [operation]}
+        partition = await one_request_partition(self._transport.routes, queue)
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE, batch_operation=batch_operation,
-                    partition=self._transport.routes.placed(queue)))
+                    partition=partition))
         return commit_info(answer)
 
     async def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[bytes]:
@@ -278,14 +284,17 @@ class RcqClient:
                                             list)
 
     async def _dequeue_items(self, queue: str, max_items: int, wait_ms: int) -> list[Item]:
-        dequeue: dict[str, Any] = {"op": "dequeue", "queue": queue, "max_items": max_items}
-        if wait_ms:  # the session channel carries waiting requests too
-            dequeue["wait_ms"] = wait_ms
-        batch_operation = {"op": "execute", "operations": [dequeue]}
-        answer = await self._transport.request(
-            Request("POST", queue_path(queue, "dequeue"), {"max_items": max_items, "wait_ms": wait_ms}, WRITE,
-                    batch_operation=batch_operation, wait_ms=wait_ms, partition=self._transport.routes.placed(queue)))
-        return [item for result in execute_result(answer).results for item in result.items]
+        async def send(partition: str | None, wait: int) -> list[Item]:
+            dequeue: dict[str, Any] = {"op": "dequeue", "queue": queue, "max_items": max_items}
+            if wait:  # the session channel carries waiting requests too
+                dequeue["wait_ms"] = wait
+            batch_operation = {"op": "execute", "operations": [dequeue]}
+            answer = await self._transport.request(
+                Request("POST", queue_path(queue, "dequeue"), {"max_items": max_items, "wait_ms": wait}, WRITE,
+                        batch_operation=batch_operation, wait_ms=wait, partition=partition))
+            return [item for result in execute_result(answer).results for item in result.items]
+
+        return list(await each_fragment(self._transport.routes, queue, wait_ms, send, bool))
 
     async def execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]],
                       idempotency_key: str | None = None) -> ExecuteResult:
@@ -404,9 +413,12 @@ class RcqClient:
     async def partitions(self) -> list[dict[str, Any]]:
         """The cluster's partitions (docs/partitions.md), p0 first: each has ``name``, ``members``
         (node ids), ``urls`` (each member's URL for it), ``leader_id`` and ``leader_url`` (None
-        while it has no leader). Any node answers, for any valid token."""
+        while it has no leader). Any node answers, for any valid token. The client routes by it
+        from then on (a spread queue's one-request verbs go round its fragments)."""
         answer = await self._transport.request(Request("GET", PARTITIONS_PATH))
-        return list(answer["partitions"])
+        rows = list(answer["partitions"])
+        self._transport.routes.remember(rows)
+        return rows
 
     async def create_partition(self, name: str, replicas: int | None = None, nodes: Sequence[str] | None = None,
                                *, leader_wait_s: float = PARTITION_LEADER_WAIT_S) -> dict[str, Any]:

@@ -70,6 +70,12 @@ class Routes:
             raise PartitionNotFound(f"the cluster has no partition {partition}", details={"partition": partition})
         return rows[partition]
 
+    def remember(self, rows: list[dict[str, Any]]) -> None:
+        """A listing fetched elsewhere (``RcqClient.partitions``): routed by from now on."""
+        if rows:
+            self._rows = {str(row["name"]): row for row in rows}
+            self._listed_at = asyncio.get_running_loop().time()
+
     async def _fetch(self) -> dict[str, dict[str, Any]]:
         try:
             answer = await self._ask("/v1/cluster/partitions")

@@ -216,7 +216,8 @@ class Transport:
                 # not run: the request belongs to the partition the answer names; re-send there at once
                 named = str(error.details.get("partition") or "")
                 if error.details.get("queue") and named:
-                    self.routes.learn(str(error.details["queue"]), named)
+                    self.routes.learn_placement(str(error.details["queue"]),
+                                                [str(p) for p in error.details.get("queue_partitions") or [named]])
                 if named and named != partition:
                     hops += 1
                     partition = named

@@ -179,3 +179,21 @@ async def test_a_transactions_first_dequeue_moves_on_from_empty_fragments(cluste
         tx = await client.begin()
         assert await tx.dequeue_batch(queue, 5, wait_ms=200) == []  # every fragment empty: waits, then nothing
         await tx.abort()
+
+
+async def test_the_clients_one_request_verbs_over_its_session_channel_go_round_the_fragments(
+        cluster: LocalCluster) -> None:
+    queue = fresh_queue("chan")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:  # the channel: the default
+        await client.partitions()  # the client knows the cluster has several partitions
+        for i in range(6):
+            await client.enqueue(queue, f"c{i}")
+        info = await client.queue_info(queue)
+        assert {p: row["count"] for p, row in info["by_partition"].items()} == dict.fromkeys(SPREAD, 2), info
+        got = [v for _ in range(6) for v in await client.dequeue(queue)]
+        assert sorted(got) == sorted(f"c{i}".encode() for i in range(6)) and await client.dequeue(queue) == []
+        enqueue_in(cluster, "p1", queue, ["for-receive"])
+        tx = await client.receive(queue, wait_ms=200)
+        assert tx is not None and tx.items[0].value == b"for-receive" and tx.partition == "p1"
+        await tx.commit()

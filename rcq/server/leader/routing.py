@@ -89,7 +89,7 @@ class Routing:
                     "(docs/partitions.md); nothing was run",
                     details={"queue": queue, "queue_partitions": list(placed), "transaction_partition": first[1][0]})
         if first is not None and P0 not in common:
-            raise lives_elsewhere(first[0], common[0])
+            raise lives_elsewhere(first[0], common[0], first[1])
 
     def queue(self, queue: str) -> None:
         """Raise unless ``queue``'s reads and administration are answered here (a spread queue's
@@ -97,10 +97,12 @@ class Routing:
         if self.own == P0:
             placed = self.placed(queue)
             if P0 not in placed:
-                raise lives_elsewhere(queue, placed[0])
+                raise lives_elsewhere(queue, placed[0], placed)
 
 
-def lives_elsewhere(queue: str, partition: str) -> WrongPartition:
-    """The refusal of a request about ``queue``, which lives in ``partition``."""
+def lives_elsewhere(queue: str, partition: str, placed: Sequence[str] = ()) -> WrongPartition:
+    """The refusal of a request about ``queue``, which lives in ``partition`` (a spread queue: one
+    of ``placed``, all named in ``queue_partitions`` so that a client learns it is spread)."""
+    spread = {"queue_partitions": list(placed)} if len(placed) > 1 else {}
     return WrongPartition(f"queue {queue!r} lives in partition {partition}",
-                          details={"partition": partition, "queue": queue})
+                          details={"partition": partition, "queue": queue, **spread})
