@@ -15,6 +15,7 @@ Must not import: pysyncobj, lmdb, rcq.server.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from datetime import UTC, datetime
@@ -112,8 +113,7 @@ async def save_cluster_backup(urls: list[str], path: Path, *, token: str | None,
         shutil.rmtree(part_dir, ignore_errors=True)
         raise
     return BackupSet(path, backup_set.manifest, tuple(
-        part.__class__(part.name, part.number, path / part.path.name, part.header, part.members)
-        for part in backup_set.parts))
+        dataclasses.replace(part, path=path / part.path.name) for part in backup_set.parts))
 
 
 async def _save_part(row: dict[str, Any], part_dir: Path, options: dict[str, Any]) -> Header:

@@ -23,6 +23,24 @@ class History:
         self.unknown: set[bytes] = set()  # enqueues whose outcome is not known
         self.maybe_dequeued: set[bytes] = set()
 
+    def check_restored(self, present: set[bytes], index: int) -> None:
+        """``present`` (what a queue holds, restored at Raft ``index``) is what this history says it
+        held then: every value enqueued at or before ``index`` and not dequeued by then, and none
+        other it names; values whose dequeue's outcome was not known go either way."""
+        checked = 0
+        for value, at in self.enqueued.items():
+            if value in self.maybe_dequeued:
+                continue
+            gone_at = self.dequeued.get(value)
+            if at <= index and (gone_at is None or gone_at > index):
+                assert value in present, f"{value!r} enqueued at {at}, dequeued at {gone_at}: missing at {index}"
+                checked += 1
+            elif at > index:
+                assert value not in present, f"{value!r} enqueued at {at} > backup index {index} was restored"
+            else:
+                assert value not in present, f"{value!r} dequeued at {gone_at} <= {index} reappeared"
+        assert checked > 0
+
 
 async def producer(client: RcqClient, queue: str, name: str, history: History, stop: asyncio.Event) -> None:
     n = 0

@@ -54,6 +54,16 @@ def wait_settled(cluster: LocalCluster, leader: int) -> None:
     wait_until(settled, LEADER_TIMEOUT_S, what="the cluster's feature level and identity")
 
 
+@contextlib.contextmanager
+def partitioned_cluster(partitions: int, partitions_max: int) -> Iterator[LocalCluster]:
+    """A 3-node cluster with p0 ... p{partitions-1}, each led, whose leaders stay where they were
+    elected (no balancer: a test's partitions keep their leaders); closed after."""
+    with LocalCluster(3, partitions_max=partitions_max, node_overrides={"balance_leaders": False}) as local:
+        wait_settled(local, local.wait_for_leader(LEADER_TIMEOUT_S))
+        local.ensure_partitions(partitions)
+        yield local
+
+
 def create_partition_when_ready(client: Any, name: str, **options: Any) -> dict[str, Any]:
     """``client.create_partition(name, **options)`` (a SyncClient) once p0's leader has recorded the
     nodes' partition ports: a new cluster records them at its feature-level loop's next turn (a few

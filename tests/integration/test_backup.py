@@ -99,19 +99,7 @@ def test_a_backup_under_load_restores_into_a_new_cluster_as_the_history_says(
     assert [v for v, c in counts.items() if c > 1] == [], "an item restored twice"
     present = set(items) | set(dead_items)
     assert present, "nothing was restored"
-    checked = 0
-    for value, at in history.enqueued.items():
-        if value in history.maybe_dequeued:
-            continue
-        gone_at = history.dequeued.get(value)
-        if at <= index and (gone_at is None or gone_at > index):
-            assert value in present, f"{value!r} enqueued at {at}, dequeued at {gone_at}: missing at {index}"
-            checked += 1
-        elif at > index:
-            assert value not in present, f"{value!r} enqueued at {at} > backup index {index} was restored"
-        else:
-            assert value not in present, f"{value!r} dequeued at {gone_at} <= {index} reappeared"
-    assert checked > 0
+    history.check_restored(present, index)
     acknowledged = set(history.enqueued) | history.unknown | {b"poison-1", b"poison-2"}
     assert present <= acknowledged, "an item never enqueued was restored"
 

@@ -34,7 +34,7 @@ from rcq.local.cluster import ADMIN_TOKEN_NAME, LocalCluster
 from rcq.testing import async_wait_until, wait_until
 from tests.helpers import CLUSTER_WAIT_S, LAUNCHER_EXIT_TIMEOUT_S, LAUNCHER_START_TIMEOUT_S, LEADER_TIMEOUT_S
 from tests.helpers.backup_history import History, consumer, drain, producer
-from tests.helpers.cluster import wait_settled
+from tests.helpers.cluster import partitioned_cluster
 from tests.helpers.launcher import Launcher
 
 pytestmark = pytest.mark.cluster
@@ -45,9 +45,7 @@ QUEUES = {"in-p0": None, "in-p1": "p1", "in-p2": "p2"}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(3, partitions_max=3, node_overrides={"balance_leaders": False}) as local:
-        wait_settled(local, local.wait_for_leader(LEADER_TIMEOUT_S))
-        local.ensure_partitions(3)
+    with partitioned_cluster(3, partitions_max=3) as local:
         yield local
 
 
@@ -176,19 +174,8 @@ def _led(cluster: LocalCluster, leader: int) -> list[dict[str, Any]] | None:
 def _check_history(history: History, items: list[bytes], index: int) -> None:
     """``items`` (a queue restored at its partition's ``index``) are what ``history`` says it held then."""
     assert len(items) == len(set(items)), "an item restored twice"
-    present = set(items)
-    checked = 0
-    for value, at in history.enqueued.items():
-        if value in history.maybe_dequeued:
-            continue
-        gone_at = history.dequeued.get(value)
-        if at <= index and (gone_at is None or gone_at > index):
-            assert value in present, f"{value!r} enqueued at {at}, dequeued at {gone_at}: missing at {index}"
-            checked += 1
-        else:
-            assert value not in present, f"{value!r} (enqueued at {at}, dequeued at {gone_at}) restored at {index}"
-    assert checked > 0
-    assert present <= set(history.enqueued) | history.unknown, "an item never enqueued was restored"
+    history.check_restored(set(items), index)
+    assert set(items) <= set(history.enqueued) | history.unknown, "an item never enqueued was restored"
 
 
 def test_one_queue_of_a_set_comes_back_into_its_partition_of_the_running_cluster(

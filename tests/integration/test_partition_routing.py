@@ -23,16 +23,14 @@ from rcq.names import transaction_partition
 from rcq.testing import wait_until
 from tests.helpers import LEADER_TIMEOUT_S
 from tests.helpers.cli import rcq
-from tests.helpers.cluster import wait_settled
+from tests.helpers.cluster import partitioned_cluster
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(3, partitions_max=2, node_overrides={"balance_leaders": False}) as local:  # leaders stay put
-        wait_settled(local, local.wait_for_leader(LEADER_TIMEOUT_S))
-        local.ensure_partitions(2)
+    with partitioned_cluster(2, partitions_max=2) as local:  # leaders stay put
         assert local.poll_json(local.url(0) + "/v1/queues/in-p1", method="PUT",
                                body={"partitions": ["p1"]})["settings"]["partitions"] == ["p1"]
         yield local

@@ -17,7 +17,7 @@ from rcq.client import RcqClient, SyncClient
 from rcq.local.cluster import LocalCluster
 from rcq.names import fragment_for
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, SPREAD_RECEIVE_WAIT_S
-from tests.helpers.cluster import fresh_queue, wait_settled
+from tests.helpers.cluster import fresh_queue, partitioned_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -26,9 +26,7 @@ SPREAD = ["p0", "p1", "p2"]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(3, partitions_max=2, node_overrides={"balance_leaders": False}) as local:
-        wait_settled(local, local.wait_for_leader(LEADER_TIMEOUT_S))
-        local.ensure_partitions(3)
+    with partitioned_cluster(3, partitions_max=2) as local:
         yield local
 
 

@@ -176,7 +176,7 @@ async def _at(request: web.Request, partition: str, path: str, body: dict[str, A
 
 
 async def enqueue(request: web.Request, queue: str, partitions: list[str], body: dict[str, Any],
-                  local: Callable[[], Awaitable[tuple[int, dict[str, Any]]]]) -> tuple[int, dict[str, Any]]:
+                  local: Local) -> tuple[int, dict[str, Any]]:
     """A one-request enqueue into one fragment: the partition key's, else the idempotency key's (a
     retry must reach the fragment that remembers it), else the next in turn."""
     key = body.get("partition_key") or body.get("idempotency_key")
