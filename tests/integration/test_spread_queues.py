@@ -123,6 +123,9 @@ def test_one_consumer_drains_every_fragment_and_a_long_poll_finds_an_item_in_any
         answer = ask(cluster, f"/v1/queues/{queue}/dequeue", "POST", {"max_items": 1})
         got += [item["value"] for item in answer["results"][0]["items"]]
     assert sorted(got) == sorted(f"{p}-{i}" for n, p in enumerate(SPREAD) for i in range(n + 1))
+    for verb in ("dequeue", "receive"):  # a wait over the node's limit is refused, as on a plain queue
+        refused = ask(cluster, f"/v1/queues/{queue}/{verb}", "POST", {"wait_ms": 10**9})
+        assert refused["error"]["code"] == "invalid_request" and "over the limit" in refused["error"]["message"]
     # every fragment empty: a receive waits, and an item committed in p2 meanwhile is found
     answers: list[dict[str, Any]] = []
     waiter = threading.Thread(target=lambda: answers.append(ask(

@@ -35,7 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rcq.errors import CommitOutcomeUnknown
+from rcq.errors import CommitOutcomeUnknown, InvalidRequest
 from rcq.names import P0, fragment_for
 from rcq.server.http.handlers import CONFIG
 from rcq.server.http.partition_asker import LEADER_ASKER
@@ -192,10 +192,14 @@ async def take(request: web.Request, queue: str, partitions: list[str], verb: st
     in turn without waiting; then, while ``wait_ms`` lasts, each in turn waiting WAIT_SLICE_MS at
     most, so an item in any fragment is found within a slice per fragment. With a partition key,
     its fragment alone (waiting all of ``wait_ms`` there)."""
+    wait_ms = int(body.get("wait_ms") or 0)
+    longest = request.app[CONFIG].dequeue_wait_max_ms
+    if wait_ms > longest:  # as a plain queue's dequeue refuses it: each fragment sees only a slice of it
+        raise InvalidRequest(f"wait_ms {wait_ms} is over the limit {longest}")
     order = request.app[SPREAD_TURNS].order(queue, partitions, body.get("partition_key"))
     path = f"/v1/queues/{queue}/{verb}"
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + int(body.get("wait_ms") or 0) / 1000
+    deadline = loop.time() + wait_ms / 1000
     waiting = False
     while True:
         for partition in order:
