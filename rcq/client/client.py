@@ -140,6 +140,8 @@ class RcqClient:
         keep their order); without one, a transaction's first verb on a spread queue takes the
         next fragment in turn (docs/partitions.md, "Spread queues")."""
         body = begin_body(timeout_s_of(timeout_s, timeout, "begin"), label)
+        if partition is None and self._transport.routes.single() is None:
+            await self._transport.routes.partitions()  # once (a lone p0's listing now and then)
         if partition is None and self._transport.routes.single() is False:
             return Transaction(self._transport, None, label=label, begin=body, partition_key=partition_key)
         # Opened now: in p0 while the client knows of no other partition (then a first verb refused

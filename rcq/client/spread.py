@@ -3,8 +3,10 @@
 A spread queue has a fragment in each of its partitions. A one-request enqueue goes to the next
 fragment in turn (each client keeps its own turn per queue); a one-request dequeue or receive
 tries each fragment in turn without waiting until one has items, and spends its wait, if any, in
-the last one. The client learns a queue's placement once (``GET /v1/queues/{q}/placement``), in
-a cluster it knows to have several partitions: a cluster of p0 alone costs nothing more.
+the last one. The client learns the cluster's partitions once (``GET /v1/cluster/partitions``;
+a listing of p0 alone is asked again now and then) and, when there are several, a queue's
+placement once (``GET /v1/queues/{q}/placement``): then each verb goes straight to its fragment's
+partition leader, and a spread queue's load is spread over its partitions' processes.
 
 Must not import: rcq.client.transport (it builds on the routes), rcq.server, pysyncobj, lmdb.
 """
@@ -21,6 +23,8 @@ async def one_request_partition(routes: Routes, queue: str) -> str | None:
     """Where a one-request verb on ``queue`` goes: its partition as known (None: p0, which routes
     it); a spread queue's next fragment in turn."""
     spread = routes.spread(queue)
+    if spread is None and routes.placed(queue) is None and routes.single() is None:
+        await routes.partitions()
     if spread is None and routes.placed(queue) is None and routes.single() is False:
         placement = await routes.placement_of(queue)
         spread = placement if len(placement) > 1 else None

@@ -187,8 +187,7 @@ async def test_the_clients_one_request_verbs_over_its_session_channel_go_round_t
     queue = fresh_queue("chan")
     ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
     async with RcqClient(cluster.urls, **cluster.client_options()) as client:  # the channel: the default
-        await client.partitions()  # the client knows the cluster has several partitions
-        for i in range(6):
+        for i in range(6):  # a fresh client: it asks for the cluster's partitions itself, once
             await client.enqueue(queue, f"c{i}")
         info = await client.queue_info(queue)
         assert {p: row["count"] for p, row in info["by_partition"].items()} == dict.fromkeys(SPREAD, 2), info
@@ -198,3 +197,20 @@ async def test_the_clients_one_request_verbs_over_its_session_channel_go_round_t
         tx = await client.receive(queue, wait_ms=200)
         assert tx is not None and tx.items[0].value == b"for-receive" and tx.partition == "p1"
         await tx.commit()
+
+
+async def test_a_fresh_clients_first_receive_and_transaction_find_their_fragments(cluster: LocalCluster) -> None:
+    queue = fresh_queue("fresh")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
+    enqueue_in(cluster, "p2", queue, ["in-p2"])
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:
+        tx = await client.receive(queue, wait_ms=200)  # its first verb: no listing asked before
+        assert tx is not None and tx.items[0].value == b"in-p2" and tx.partition == "p2"
+        await tx.abort()
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:
+        went = set()
+        for i in range(3):
+            async with client.transaction() as t:  # begun before the client knew the partitions
+                await t.enqueue(queue, f"f{i}")
+            went.add(t.partition)
+        assert went == set(SPREAD), went
