@@ -12,7 +12,7 @@ import re
 import zlib
 from collections.abc import Sequence
 
-from rcq.errors import InvalidQueueName
+from rcq.errors import InvalidQueueName, InvalidRequest
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 DOT_SEGMENTS = (".", "..")
@@ -54,6 +54,16 @@ def transaction_term(transaction_id: str) -> int | None:
 def new_transaction_id(partition: str, term: int, random_hex: str) -> str:
     """The id of a transaction opened in ``partition`` at ``term``."""
     return f"{term:x}.{random_hex}" if partition == P0 else f"{partition}.{term:x}.{random_hex}"
+
+
+PARTITION_KEY_CHARS_MAX = 200  # a spread queue's partition key (docs/partitions.md)
+
+
+def check_partition_key(partition_key: str) -> str:
+    """``partition_key`` if it is one (1 to PARTITION_KEY_CHARS_MAX characters); InvalidRequest otherwise."""
+    if not isinstance(partition_key, str) or not 1 <= len(partition_key) <= PARTITION_KEY_CHARS_MAX:
+        raise InvalidRequest(f"bad partition_key {partition_key!r}: use 1 to {PARTITION_KEY_CHARS_MAX} characters")
+    return partition_key
 
 
 def fragment_for(partition_key: str, partitions: Sequence[str]) -> str:

@@ -13,9 +13,7 @@ Must not import: rcq.server, pysyncobj, lmdb (``pip install rcq`` has no server)
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import math
 import os
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,8 +23,9 @@ import aiohttp
 
 from rcq.client import hooks
 from rcq.client.exchange import tls_context
-from rcq.client.retry import COMMIT, MEMBERSHIP, SAFE, WRITE, Attempts, Request
-from rcq.client.spread import each_fragment, one_request_partition
+from rcq.client.partition_admin import MEMBERSHIP_CHANGE_MS, PartitionAdmin, waited_ms
+from rcq.client.retry import COMMIT, MEMBERSHIP, SAFE, WRITE, WRITE_ELSEWHERE_IF_FULL, Attempts, Request
+from rcq.client.spread import each_fragment, enqueue_partitions
 from rcq.client.transaction import Transaction, TransactionContext, items_received, received, timeout_s_of
 from rcq.client.transport import Transport
 from rcq.client.wire import (
@@ -57,26 +56,19 @@ from rcq.errors import (
     CrossPartitionTransaction,
     FeatureLevelUnsupported,
     InvalidRequest,
+    QueueFull,
     RouteNotFound,
     TransactionAborted,
     TransactionCommitted,
     Unavailable,
 )
-from rcq.names import P0, check_queue_name, transaction_partition
+from rcq.names import P0, check_partition_key, check_queue_name, transaction_partition
 
 PEEK_TIMEOUT_S = 10.0  # how long a peeked item stays locked if the peek's abort is lost
 DEFAULT_CATCH_UP_TIMEOUT_S = 60.0  # how long an add waits, by default, for the new node to catch up
-# How long a membership change or a leadership hand-over may take the server (a Raft commit, an
-# election) beyond any wait asked for: the attempt's timeout grows by that, and it is not abandoned
-# for another leader (which would make its outcome unknown) before.
-MEMBERSHIP_CHANGE_S = 10.0
-MEMBERSHIP_CHANGE_MS = int(MEMBERSHIP_CHANGE_S * 1000)
-PARTITIONS_PATH = "/v1/cluster/partitions"
-NODE_PARTITIONS_MAX = 16  # a node is a member of at most this many partitions (docs/limits.md)
-PARTITION_LEADER_WAIT_S = 30.0  # create_partition waits this long for the new partition's leader
 
 
-class RcqClient:
+class RcqClient(PartitionAdmin):
     """An rcq cluster seen from one program. One instance per event loop; close it (or use
     ``async with``). ``urls``: any nodes of the cluster; the leader is found from them."""
 
@@ -156,7 +148,7 @@ class RcqClient:
                            begin=None if named else body, partition_key=partition_key)
 
     async def receive(self, queue: str, max_items: int = 1, wait_ms: int = 0, timeout_s: float | None = None,
-                      label: str | None = None) -> Transaction | None:
+                      label: str | None = None, partition_key: str | None = None) -> Transaction | None:
         """Begin a transaction and dequeue up to ``max_items`` of ``queue`` into it, in one request,
         waiting up to ``wait_ms`` for the first (long poll). Returns the open transaction, its items in
         ``.items``; None when nothing came (nothing is held then). Commit it with
@@ -168,21 +160,26 @@ class RcqClient:
                 tx = await tx.commit_and_receive(max_items=10, wait_ms=5000)
 
         Re-sent like ``begin``: an attempt whose answer was lost holds its items until its
-        transaction's deadline, then they return to the head."""
+        transaction's deadline, then they return to the head. ``partition_key``: on a spread
+        queue, from this key's fragment alone (as :meth:`enqueue` puts them there)."""
         body = receive_body(check_queue_name(queue), max_items, wait_ms, timeout_s, label)
-        return await hooks.active().receive(self._transport, queue, lambda: self._receive(queue, body, wait_ms, label),
-                                            items_received)
+        if partition_key is not None:
+            check_partition_key(partition_key)
+        return await hooks.active().receive(self._transport, queue, lambda: self._receive(
+            queue, body, wait_ms, label, partition_key), items_received)
 
-    async def _receive(self, queue: str, body: dict[str, Any], wait_ms: int, label: str | None) -> Transaction | None:
+    async def _receive(self, queue: str, body: dict[str, Any], wait_ms: int, label: str | None,
+                       partition_key: str | None) -> Transaction | None:
         async def send(partition: str | None, wait: int) -> Transaction | None:
             sent = {**body, "wait_ms": wait}
+            rest = sent if partition_key is None else {**sent, "partition_key": partition_key}
             answer = await self._transport.request(
-                Request("POST", queue_path(queue, "receive"), sent, SAFE,
+                Request("POST", queue_path(queue, "receive"), rest, SAFE,
                         batch_operation={"op": "receive", "queue": queue, **sent}, wait_ms=wait, partition=partition))
             return received(self._transport, answer, label)
 
         return cast("Transaction | None", await each_fragment(self._transport.routes, queue, wait_ms, send,
-                                                              lambda t: t is not None))
+                                                              lambda t: t is not None, partition_key))
 
     def attach(self, transaction_id: str, label: str | None = None) -> Transaction:
         """A handle on a transaction begun elsewhere (to commit, abort or ask about it)."""
@@ -246,57 +243,84 @@ class RcqClient:
     # ------------------------------------------------- one-request transactions
     async def enqueue(self, queue: str, *items: ItemValue, idempotency_key: str | None = None,
                       priority: int | None = None, delay_s: float | None = None,
-                      ttl_s: float | None = None, headers: Mapping[str, str] | None = None) -> CommitInfo:
+                      ttl_s: float | None = None, headers: Mapping[str, str] | None = None,
+                      partition_key: str | None = None) -> CommitInfo:
         """Enqueue and commit in one request. Exactly once under retries (``idempotency_key``, or a
         retry key made here: kept 10 minutes, not a day; docs/limits.md).
-        ``priority``, ``delay_s``, ``ttl_s``, ``headers``: as :meth:`Transaction.enqueue_batch`."""
+        ``priority``, ``delay_s``, ``ttl_s``, ``headers``: as :meth:`Transaction.enqueue_batch`.
+        ``partition_key``: on a spread queue, the fragment of this key (the same key, the same
+        fragment, so a key's items keep their order); without one, the fragment of the caller's
+        ``idempotency_key``, else the next in turn, the next after it while one is full
+        (docs/partitions.md, "Spread queues")."""
         key = idempotency_key if idempotency_key is not None else retry_key()
+        fragment_key = partition_key if partition_key is not None else idempotency_key
         if not hooks.instrumented():  # the hot path: no wrapper coroutine, no closure
             return await self._enqueue(queue, items, key, priority=priority, delay_s=delay_s, ttl_s=ttl_s,
-                                       headers=headers)
+                                       headers=headers, fragment_key=fragment_key, partition_key=partition_key)
         return await hooks.active().send(self._transport, queue, len(items), headers, lambda sent: self._enqueue(
-            queue, items, key, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=sent))
+            queue, items, key, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=sent,
+            fragment_key=fragment_key, partition_key=partition_key))
 
     async def _enqueue(self, queue: str, items: Sequence[ItemValue], key: str, *, priority: int | None,
-                       delay_s: float | None, ttl_s: float | None, headers: Mapping[str, str] | None) -> CommitInfo:
+                       delay_s: float | None, ttl_s: float | None, headers: Mapping[str, str] | None,
+                       fragment_key: str | None, partition_key: str | None) -> CommitInfo:
         body = enqueue_body(queue, items, priority=priority, delay_s=delay_s, ttl_s=ttl_s, headers=headers)
         operation = {"op": "enqueue", **body}
         # the path names the queue; everything else of the operation is the REST body
         rest_body = {name: value for name, value in body.items() if name != "queue"}
         rest_body["idempotency_key"] = key
+        if partition_key is not None:  # a node's own port routes a spread queue's enqueue by it
+            check_partition_key(partition_key)
+            rest_body["partition_key"] = partition_key
         batch_operation = {"op": "execute", "idempotency_key": key, "operations": [operation]}
-        partition = await one_request_partition(self._transport.routes, queue)
+        order = await enqueue_partitions(self._transport.routes, queue, fragment_key)
+        for partition in order[:-1]:  # a spread queue's fragments but the last: on to the next when full
+            try:
+                answer = await self._transport.request(
+                    Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE_ELSEWHERE_IF_FULL,
+                            batch_operation=batch_operation, partition=partition))
+            except QueueFull:
+                continue
+            return commit_info(answer)
         answer = await self._transport.request(
             Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE, batch_operation=batch_operation,
-                    partition=partition))
+                    partition=order[-1]))
         return commit_info(answer)
 
-    async def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[bytes]:
+    async def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0,
+                      partition_key: str | None = None) -> list[bytes]:
         """Dequeue and commit in one request: **at most once**. A failed attempt is re-sent; if the
-        lost attempt had committed, the items it took are lost. Use a transaction for at least once."""
-        return [item.value for item in await self.dequeue_items(queue, max_items, wait_ms)]
+        lost attempt had committed, the items it took are lost. Use a transaction for at least once.
+        ``partition_key``: as :meth:`receive`."""
+        return [item.value for item in await self.dequeue_items(queue, max_items, wait_ms, partition_key)]
 
-    async def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[Item]:
+    async def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0,
+                            partition_key: str | None = None) -> list[Item]:
         """:meth:`dequeue` (at most once), as :class:`Item` objects: ids, delivery counts, priorities,
         dead-letter details."""
         check_queue_name(queue)
+        if partition_key is not None:
+            check_partition_key(partition_key)
         if not hooks.instrumented():
-            return await self._dequeue_items(queue, max_items, wait_ms)
-        return await hooks.active().receive(self._transport, queue, lambda: self._dequeue_items(queue, max_items, wait_ms),
-                                            list)
+            return await self._dequeue_items(queue, max_items, wait_ms, partition_key)
+        return await hooks.active().receive(self._transport, queue, lambda: self._dequeue_items(
+            queue, max_items, wait_ms, partition_key), list)
 
-    async def _dequeue_items(self, queue: str, max_items: int, wait_ms: int) -> list[Item]:
+    async def _dequeue_items(self, queue: str, max_items: int, wait_ms: int, partition_key: str | None) -> list[Item]:
         async def send(partition: str | None, wait: int) -> list[Item]:
             dequeue: dict[str, Any] = {"op": "dequeue", "queue": queue, "max_items": max_items}
             if wait:  # the session channel carries waiting requests too
                 dequeue["wait_ms"] = wait
             batch_operation = {"op": "execute", "operations": [dequeue]}
+            rest: dict[str, Any] = {"max_items": max_items, "wait_ms": wait}
+            if partition_key is not None:  # a node's own port routes a spread queue's dequeue by it
+                rest["partition_key"] = partition_key
             answer = await self._transport.request(
-                Request("POST", queue_path(queue, "dequeue"), {"max_items": max_items, "wait_ms": wait}, WRITE,
+                Request("POST", queue_path(queue, "dequeue"), rest, WRITE,
                         batch_operation=batch_operation, wait_ms=wait, partition=partition))
             return [item for result in execute_result(answer).results for item in result.items]
 
-        return list(await each_fragment(self._transport.routes, queue, wait_ms, send, bool))
+        return list(await each_fragment(self._transport.routes, queue, wait_ms, send, bool, partition_key))
 
     async def execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]],
                       idempotency_key: str | None = None) -> ExecuteResult:
@@ -366,7 +390,7 @@ class RcqClient:
         answer = dict(await self._transport.request(Request("PUT", queue_path(queue), body)))
         placed = (answer.get("settings") or {}).get("partitions")
         if placed:
-            self._transport.routes.learn(queue, str(placed[0]))
+            self._transport.routes.learn_placement(queue, [str(p) for p in placed])
         return answer
 
     async def redrive(self, dlq: str, *, max_items: int | None = None,
@@ -412,99 +436,6 @@ class RcqClient:
         return await self._transport.wait_for_leader(timeout_s)
 
     # ------------------------------------------------------- membership (admin)
-    async def partitions(self) -> list[dict[str, Any]]:
-        """The cluster's partitions (docs/partitions.md), p0 first: each has ``name``, ``members``
-        (node ids), ``urls`` (each member's URL for it), ``leader_id`` and ``leader_url`` (None
-        while it has no leader). Any node answers, for any valid token. The client routes by it
-        from then on (a spread queue's one-request verbs go round its fragments)."""
-        answer = await self._transport.request(Request("GET", PARTITIONS_PATH))
-        rows = list(answer["partitions"])
-        self._transport.routes.remember(rows)
-        return rows
-
-    async def create_partition(self, name: str, replicas: int | None = None, nodes: Sequence[str] | None = None,
-                               *, leader_wait_s: float = PARTITION_LEADER_WAIT_S) -> dict[str, Any]:
-        """Create partition ``name`` (docs/partitions.md) on ``nodes``, or on ``replicas`` nodes
-        (default 3) with the fewest partitions; answers its listing entry once it has a leader, or
-        after ``leader_wait_s`` with ``leader_id`` None. Raises PartitionExists,
-        NodeHasNoPartitionPorts, PartitionPortsExhausted, FeatureLevelRequired. Needs an admin token."""
-        body: dict[str, Any] = {"name": name}
-        if replicas is not None:
-            body["replicas"] = replicas
-        if nodes is not None:
-            body["nodes"] = list(nodes)
-        created = dict(await self._transport.request(Request("POST", PARTITIONS_PATH, body, MEMBERSHIP)))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + leader_wait_s
-        while True:
-            row = next((r for r in await self.partitions() if r["name"] == name), None)
-            if row is not None and (row.get("leader_id") or loop.time() >= deadline):
-                return row
-            if row is None and loop.time() >= deadline:
-                return created
-            await asyncio.sleep(0.2)  # pace: its members start its processes, which elect in about a second
-
-    async def delete_partition(self, name: str) -> dict[str, Any]:
-        """Delete partition ``name``, which must hold no queue (PartitionNotEmpty names them);
-        its members stop its processes and remove its data. Needs an admin token."""
-        return dict(await self._transport.request(Request("DELETE", f"{PARTITIONS_PATH}/{name}", None, MEMBERSHIP)))
-
-    async def add_partition_member(self, name: str, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
-        """Make ``node_id`` a member of partition ``name``: p0's leader records it, the node starts
-        the partition's process, and the partition's leader adds it and waits for it to catch up.
-        Answers ``members``, ``raft_members``, ``leader_id``, ``lag`` and ``settled`` (False after
-        ``timeout_s``, 0 to 600: the change goes on). Raises MemberExists, PartitionNotFound,
-        NodePartitionsFull, NodeHasNoPartitionPorts. Needs an admin token."""
-        return dict(await self._transport.request(Request(
-            "POST", f"{PARTITIONS_PATH}/{name}/members", {"node_id": node_id, "timeout_s": timeout_s}, MEMBERSHIP,
-            wait_ms=_waited_ms(timeout_s))))
-
-    async def remove_partition_member(self, name: str, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
-        """Take ``node_id`` out of partition ``name`` (its process stops, its data of it is removed);
-        answers as :meth:`add_partition_member`. Raises MemberNotFound, InvalidRequest (its only
-        member). Needs an admin token."""
-        return dict(await self._transport.request(Request(
-            "DELETE", f"{PARTITIONS_PATH}/{name}/members/{node_id}?timeout_s={timeout_s:g}", None, MEMBERSHIP,
-            wait_ms=_waited_ms(timeout_s))))
-
-    async def replace_partition_member(self, name: str, node_id: str, by: str | None = None, *,
-                                       timeout_s: float = 120.0) -> dict[str, Any]:
-        """Give ``node_id``'s place in partition ``name`` to ``by`` (None: the node with the fewest
-        partitions that can take it): added first, caught up, then ``node_id`` removed. Answers as
-        :meth:`add_partition_member`, with ``replaced``, ``by`` and ``step`` ("done", or "adding"
-        when the new member had not caught up within ``timeout_s``). Needs an admin token."""
-        return dict(await self._transport.request(Request(
-            "POST", f"{PARTITIONS_PATH}/{name}/members/{node_id}/replace", {"node_id": by, "timeout_s": timeout_s},
-            MEMBERSHIP, wait_ms=_waited_ms(2 * timeout_s))))
-
-    async def drain_node(self, node_id: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
-        """Move every partition replica of ``node_id`` to other nodes, one partition after the other
-        (before the node is retired: docs/operations.md). Answers ``moved`` (one replace answer
-        each), ``partitions_left`` and ``drained``. Needs an admin token."""
-        # one replace after the other: the answer may take each one's two waits
-        return dict(await self._transport.request(Request(
-            "POST", f"/v1/cluster/nodes/{node_id}/drain", {"timeout_s": timeout_s}, MEMBERSHIP,
-            wait_ms=_waited_ms(2 * timeout_s * NODE_PARTITIONS_MAX))))
-
-    async def transfer_partition_leadership(self, name: str, node_id: str | None = None) -> dict[str, Any]:
-        """Hand partition ``name``'s leadership to member ``node_id`` (None: its most caught-up
-        follower); answers ``leader_id`` and ``previous_leader_id`` once the new leader is seen.
-        The balancer may move it again later (docs/partitions.md). Needs an admin token."""
-        return dict(await self._transport.request(Request(
-            "POST", f"{PARTITIONS_PATH}/{name}/leadership", {"node_id": node_id}, MEMBERSHIP,
-            wait_ms=MEMBERSHIP_CHANGE_MS + 15_000)))
-
-    async def leader_balance(self) -> dict[str, Any]:
-        """Leaders per node, each partition's leader and lag, and the balancer's counts
-        (docs/partitions.md, "Leaders spread"). Needs an admin token."""
-        return dict(await self._transport.request(Request("GET", "/v1/cluster/balance")))
-
-    async def rebalance(self) -> dict[str, Any]:
-        """Move partition leaders now until each node leads about as many as the others: answers
-        the ``moves`` made and ``leaders_per_node`` after. Needs an admin token."""
-        return dict(await self._transport.request(Request("POST", "/v1/cluster/rebalance", {}, MEMBERSHIP,
-                                                          wait_ms=_waited_ms(120.0))))
-
     async def cluster_members(self, url: str | None = None) -> list[dict[str, Any]]:
         """The cluster's members as a node sees them (any node answers; ``url``: exactly that node's
         view, asked once): each has ``node_id``, ``raft_address``, ``url``, ``role`` (leader, follower,
@@ -531,7 +462,7 @@ class RcqClient:
         # The server may hold the request while the node catches up: the HTTP timeout (and the
         # patience before the client looks for another leader) grow by that long.
         return dict(await self._transport.request(Request("POST", MEMBERS_PATH, body, MEMBERSHIP,
-                                                          wait_ms=_waited_ms(catch_up_timeout_s))))
+                                                          wait_ms=waited_ms(catch_up_timeout_s))))
 
     async def remove_node(self, node_id: str) -> dict[str, Any]:
         """Remove a member; answers ``removed`` (the member) and ``members``. Removing the leader
@@ -577,8 +508,3 @@ class RcqClient:
             raise FeatureLevelUnsupported(
                 "the leader runs a release before feature levels (rcq 0.1): upgrade it, or hand leadership to an "
                 "upgraded node, then raise the level (docs/upgrades.md)") from exc
-
-
-def _waited_ms(timeout_s: float) -> int:
-    """How long the server may hold a request that waits ``timeout_s`` for a change, and then some."""
-    return math.ceil((timeout_s + MEMBERSHIP_CHANGE_S) * 1000)

@@ -59,6 +59,7 @@ from rcq.errors import (
     CommitOutcomeUnknown,
     MembershipConflict,
     NotLeader,
+    QueueFull,
     RcqError,
     TransactionNotFound,
     Unavailable,
@@ -89,10 +90,15 @@ class RetryPolicy:
     # None: every retryable answer is re-sent; else only these (each means "not applied"). A redirect
     # with a leader to go to is always followed.
     retry_only: tuple[type[RcqError], ...] | None = None
+    # Answers given to the caller at once though retryable: the caller has somewhere else to go
+    # (a spread queue's full fragment: the next fragment may have room).
+    not_retried: tuple[type[RcqError], ...] = ()
 
 
 SAFE = RetryPolicy(maybe_committed=False)  # reads and keyed transaction verbs
 WRITE = RetryPolicy(maybe_committed=True, retry_leader_changed=True)  # one-request transactions
+# a one-request enqueue into a spread queue's fragment, with other fragments to try when it is full
+WRITE_ELSEWHERE_IF_FULL = RetryPolicy(maybe_committed=True, retry_leader_changed=True, not_retried=(QueueFull,))
 COMMIT = RetryPolicy(maybe_committed=True, unknown_after_ambiguous=(TransactionNotFound,))
 ONCE = RetryPolicy(maybe_committed=True, resend_ambiguous=False)  # unkeyed transaction writes: reject
 # unkeyed cluster changes (membership, leadership)

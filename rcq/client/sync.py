@@ -34,8 +34,9 @@ from typing import Any
 
 import aiohttp
 
-from rcq.client.client import DEFAULT_CATCH_UP_TIMEOUT_S, PARTITION_LEADER_WAIT_S, RcqClient
+from rcq.client.client import DEFAULT_CATCH_UP_TIMEOUT_S, RcqClient
 from rcq.client.loop_thread import LoopThread
+from rcq.client.partition_admin import PARTITION_LEADER_WAIT_S
 from rcq.client.transaction import Transaction, timeout_s_of
 from rcq.client.wire import CommitInfo, Dequeue, Enqueue, ExecuteResult, Item, ItemValue
 from rcq.errors import InvalidRequest, RcqError
@@ -243,8 +244,8 @@ class SyncClient:
                                                                    partition_key=partition_key)), self._runner)
 
     def receive(self, queue: str, max_items: int = 1, wait_ms: int = 0, timeout_s: float | None = None,
-                label: str | None = None) -> SyncTransaction | None:
-        received = self._runner.run(self._client.receive(queue, max_items, wait_ms, timeout_s, label))
+                label: str | None = None, partition_key: str | None = None) -> SyncTransaction | None:
+        received = self._runner.run(self._client.receive(queue, max_items, wait_ms, timeout_s, label, partition_key))
         return None if received is None else SyncTransaction(received, self._runner)
 
     def attach(self, transaction_id: str, label: str | None = None) -> SyncTransaction:
@@ -264,15 +265,17 @@ class SyncClient:
     # ------------------------------------------------- one-request transactions
     def enqueue(self, queue: str, *items: ItemValue, idempotency_key: str | None = None,
                 priority: int | None = None, delay_s: float | None = None, ttl_s: float | None = None,
-                headers: Mapping[str, str] | None = None) -> CommitInfo:
+                headers: Mapping[str, str] | None = None, partition_key: str | None = None) -> CommitInfo:
         return self._runner.run(self._client.enqueue(queue, *items, idempotency_key=idempotency_key, priority=priority,
-                                                   delay_s=delay_s, ttl_s=ttl_s, headers=headers))
+                                                   delay_s=delay_s, ttl_s=ttl_s, headers=headers,
+                                                   partition_key=partition_key))
 
-    def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[bytes]:
-        return self._runner.run(self._client.dequeue(queue, max_items, wait_ms))
+    def dequeue(self, queue: str, max_items: int = 1, wait_ms: int = 0, partition_key: str | None = None) -> list[bytes]:
+        return self._runner.run(self._client.dequeue(queue, max_items, wait_ms, partition_key))
 
-    def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0) -> list[Item]:
-        return self._runner.run(self._client.dequeue_items(queue, max_items, wait_ms))
+    def dequeue_items(self, queue: str, max_items: int = 1, wait_ms: int = 0,
+                      partition_key: str | None = None) -> list[Item]:
+        return self._runner.run(self._client.dequeue_items(queue, max_items, wait_ms, partition_key))
 
     def execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]],
                 idempotency_key: str | None = None) -> ExecuteResult:

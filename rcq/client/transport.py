@@ -233,6 +233,8 @@ class Transport:
                 request.policy.retry_leader_changed and isinstance(error, LeaderChanged))
             if request.policy.retry_only is not None and not isinstance(error, request.policy.retry_only):
                 retryable = False
+            if isinstance(error, request.policy.not_retried):
+                retryable = False
             if not ambiguous and not retryable:
                 raise error
             if ambiguous:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from rcq.client import RcqClient, SyncClient
+from rcq.errors import QueueFull
 from rcq.local.cluster import LocalCluster
 from rcq.names import fragment_for
 from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, SPREAD_RECEIVE_WAIT_S
@@ -214,3 +215,77 @@ async def test_a_fresh_clients_first_receive_and_transaction_find_their_fragment
                 await t.enqueue(queue, f"f{i}")
             went.add(t.partition)
         assert went == set(SPREAD), went
+
+
+def test_a_spread_queues_limits_hold_for_the_whole_queue_in_shares(cluster: LocalCluster) -> None:
+    queue = fresh_queue("cap")
+    made = ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD, "max_items": 7, "max_bytes": 100_000})
+    assert made["settings"]["max_items"] == 7 and made["settings"]["max_bytes"] == 100_000, made
+    assert {p: row["share"]["max_items"] for p, row in made["by_partition"].items()} == {"p0": 3, "p1": 2, "p2": 2}
+    stats = ask(cluster, f"/v1/queues/{queue}/stats")
+    assert stats["settings"]["max_items"] == 7 and stats["by_partition"]["p1"]["share"] == {
+        "max_items": 2, "max_bytes": 33_333}, stats
+    # plain HTTP without keys: a full fragment gives way to the next; the queue refuses at its limit
+    went = [ask(cluster, f"/v1/queues/{queue}/enqueue", "POST", {"items": [f"v{i}"]}) for i in range(8)]
+    assert all("partition" in w for w in went[:7]) and went[7]["error"]["code"] == "queue_full", went
+    assert ask(cluster, f"/v1/queues/{queue}")["count"] == 7
+
+
+def test_a_limit_below_one_per_fragment_is_refused_before_anything_is_placed(cluster: LocalCluster) -> None:
+    queue = fresh_queue("tiny")
+    refused = ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD, "max_items": 2})
+    assert refused["error"]["code"] == "invalid_request" and "below one per fragment" in refused["error"]["message"]
+    assert ask(cluster, f"/v1/queues/{queue}/placement")["partitions"] == ["p0"]  # nothing placed: a new queue's p0
+    assert ask(cluster, f"/v1/queues/{queue}/stats").get("exists") is not True
+
+
+async def test_the_clients_enqueue_moves_on_from_a_full_fragment_and_keys_keep_to_theirs(
+        cluster: LocalCluster) -> None:
+    queue = fresh_queue("room")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD, "max_items": 3})  # one item per fragment
+    async with RcqClient(cluster.urls, retry_timeout_s=1.0, **cluster.client_options()) as client:
+        for i in range(3):
+            await client.enqueue(queue, f"r{i}")
+        info = await client.queue_info(queue)
+        assert {p: row["count"] for p, row in info["by_partition"].items()} == dict.fromkeys(SPREAD, 1), info
+        with pytest.raises(QueueFull):
+            await client.enqueue(queue, "one-too-many")
+        assert await client.count(queue) == 3
+        await client.purge_queue(queue)
+        home = fragment_for("acct-9", SPREAD)
+        await client.enqueue(queue, "a0", partition_key="acct-9")
+        with pytest.raises(QueueFull):  # its fragment is full: a keyed enqueue does not move
+            await client.enqueue(queue, "a1", partition_key="acct-9")
+        assert await client.dequeue(queue, partition_key="acct-9") == [b"a0"]
+        tx = await client.receive(queue, partition_key="acct-9")
+        assert tx is None  # its fragment alone, now empty
+        # the caller's idempotency key picks the fragment: a repeat finds the one that remembers it
+        first = await client.enqueue(queue, "once", idempotency_key="k-77")
+        again = await client.enqueue(queue, "once", idempotency_key="k-77")
+        assert again.duplicate and not first.duplicate and await client.count(queue) == 1
+        info = await client.queue_info(queue)
+        assert info["by_partition"][fragment_for("k-77", SPREAD)]["count"] == 1 and home in SPREAD
+
+
+async def test_a_spread_dead_letter_queue_is_redriven_in_every_fragment(cluster: LocalCluster) -> None:
+    queue, dead = fresh_queue("redrive-src"), fresh_queue("redrive-dlq")
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:
+        await client.configure_queue(dead, partitions=["p1", "p2"])
+        await client.configure_queue(queue, partitions=["p1", "p2"], dead_letter_queue=dead)
+        for partition in ("p1", "p2"):
+            async with client.transaction() as tx:  # the client knows the placement it configured
+                await tx.enqueue(queue, f"doomed-{partition}")
+            enqueue_in(cluster, partition, queue, [f"doomed-{partition}-2"])
+        for partition in ("p1", "p2"):
+            tx = await client.begin(partition=partition)
+            items = await tx.dequeue_items(queue, 10)
+            assert len(items) == 2, (partition, items)
+            assert await tx.reject(queue, items, "test") == 2
+            await tx.commit()
+        info = await client.queue_info(dead)
+        assert {p: row["count"] for p, row in info["by_partition"].items()} == {"p1": 2, "p2": 2}, info
+        moved = await client.redrive(dead)
+        assert moved["redriven"] == 4 and moved["by_queue"] == {queue: 4}, moved
+        back = await client.queue_info(queue)
+        assert {p: row["count"] for p, row in back["by_partition"].items()} == {"p1": 2, "p2": 2}, back
+        assert await client.count(dead) == 0

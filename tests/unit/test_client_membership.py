@@ -18,6 +18,7 @@ from aiohttp import web
 
 import rcq.client
 import rcq.client.client
+import rcq.client.partition_admin
 from rcq.client import (
     CommitOutcomeUnknown,
     InvalidRequest,
@@ -293,7 +294,7 @@ async def test_an_add_may_take_as_long_as_its_catch_up_timeout():
 
 
 async def test_an_add_that_outlasts_its_timeout_has_an_unknown_outcome(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(rcq.client.client, "MEMBERSHIP_CHANGE_S", 0.0)
+    monkeypatch.setattr(rcq.client.partition_admin, "MEMBERSHIP_CHANGE_S", 0.0)
     async with serving_fake(SlowFakeNode()) as slow:
         slow.delay_s = 0.6
         slow.answer("POST", MEMBERS, ADDED)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import zlib
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rcq.names import fragment_for
-from rcq.server.http.spread_queues import Turns, _took, merged_read, merged_write
+from rcq.errors import InvalidRequest
+from rcq.names import check_partition_key, fragment_for
+from rcq.server.http.models import QueueSettingsRequest
+from rcq.server.http.spread_queues import Turns, _took, fragment_settings, merged_read, merged_write
 
 SPREAD = ["p0", "p1", "p2"]
 
@@ -34,7 +37,9 @@ def test_a_read_sums_the_fragments_and_names_those_that_did_not_answer() -> None
     body = merged_read("q", SPREAD, answers)
     assert body["count"] == 7 and body["locked"] is None and "node_id" not in body
     assert body["by_partition"]["p1"]["count"] == 5 and body["unanswered"] == ["p2"]
-    assert body["settings"] == {"max_priority": 3, "partitions": SPREAD} and body["spread"]
+    # the queue's split limits: unknown while a fragment did not answer (its share is missing)
+    assert body["settings"] == {"max_priority": 3, "max_items": None, "max_bytes": None, "partitions": SPREAD}
+    assert body["spread"]
 
 
 def test_a_write_answers_the_first_failure_else_the_sums() -> None:
@@ -48,3 +53,27 @@ def test_a_write_answers_the_first_failure_else_the_sums() -> None:
 def test_items_are_found_in_a_dequeues_results_and_a_receives_items() -> None:
     assert _took({"results": [{"op": "dequeue", "items": [{"value": "a"}]}]}) and _took({"items": [{"value": "a"}]})
     assert not _took({"results": [{"op": "dequeue", "items": []}]}) and not _took({"transaction_id": None, "items": []})
+
+
+def test_a_spread_queues_limits_are_split_into_shares_that_add_up() -> None:
+    settings = QueueSettingsRequest(max_items=10, max_bytes=1_000, max_priority=2)
+    each = fragment_settings("q", settings, SPREAD)
+    assert [each[p].max_items for p in SPREAD] == [4, 3, 3] and [each[p].max_bytes for p in SPREAD] == [334, 333, 333]
+    assert all(each[p].max_priority == 2 for p in SPREAD)  # the other settings, as given
+    assert fragment_settings("q", QueueSettingsRequest(), SPREAD)["p1"].max_items is None  # unlimited stays so
+    with pytest.raises(InvalidRequest, match="below one per fragment"):
+        fragment_settings("q", QueueSettingsRequest(max_items=2), SPREAD)
+    with pytest.raises(InvalidRequest, match="max_bytes"):
+        fragment_settings("q", QueueSettingsRequest(max_bytes=1), SPREAD)
+    answers = {p: (200, {"queue": "q", "count": 0, "settings": {"max_items": each[p].max_items, "max_bytes": None}})
+               for p in SPREAD}
+    body = merged_read("q", SPREAD, answers)
+    assert body["settings"]["max_items"] == 10 and body["settings"]["max_bytes"] is None
+    assert body["by_partition"]["p0"]["share"] == {"max_items": 4, "max_bytes": None}
+
+
+def test_a_partition_key_is_one_to_two_hundred_characters() -> None:
+    assert check_partition_key("k" * 200) == "k" * 200
+    for bad in ("", "k" * 201):
+        with pytest.raises(InvalidRequest, match="partition_key"):
+            check_partition_key(bad)

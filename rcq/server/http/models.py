@@ -31,7 +31,7 @@ from rcq.limits import (
     PRIORITY_MAX,
     TTL_MAX_S,
 )
-from rcq.names import DOT_SEGMENTS, QUEUE_NAME_PATTERN, TRANSACTION_ID_PATTERN
+from rcq.names import DOT_SEGMENTS, PARTITION_KEY_CHARS_MAX, QUEUE_NAME_PATTERN, TRANSACTION_ID_PATTERN
 from rcq.server.config import HOST_PORT_PATTERN, NODE_ID_PATTERN
 from rcq.server.core.commands import EnqueueOptions, Headers, QueueSettings
 
@@ -75,7 +75,6 @@ def _printable_header_key(key: str) -> str:
 HeaderKey = Annotated[str, Field(min_length=1), AfterValidator(_printable_header_key)]
 
 
-PARTITION_KEY_CHARS_MAX = 200  # a spread queue's partition key (docs/partitions.md)
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -193,9 +193,16 @@ async def queue_placement(request: web.Request) -> web.Response:
 async def redrive(request: web.Request) -> web.Response:
     queue = check_queue_name(request.match_info["queue"])
     principal_of(request).require("manage", queue)  # as operations.redrive does, before a forward
-    request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
-    status, body = await operations.redrive(request.app[MANAGER], queue,
-                                            await read_model(request, RedriveRequest), caller_of(request))
+    manager = request.app[MANAGER]
+    spread = spread_queues.spread_over(request.app, queue)
+    model = await read_model(request, RedriveRequest)
+    if spread is not None:
+        manager.require_serving()
+        status, body = await spread_queues.redrive(request, queue, spread, model.model_dump(exclude_none=True), lambda: (
+            operations.redrive(manager, queue, model, caller_of(request))))
+        return json_response(body, status)
+    manager.routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
+    status, body = await operations.redrive(manager, queue, model, caller_of(request))
     return json_response(body, status)
 
 
@@ -226,12 +233,15 @@ async def configure_queue(request: web.Request) -> web.Response:
                     "dead item moves in its source's transaction, so both live in one partition (docs/partitions.md)",
                     details={"queue": queue, "queue_partitions": wanted, "dead_letter_queue": body.dead_letter_queue,
                              "dead_letter_queue_partitions": directory.placed(body.dead_letter_queue)})
+        wanted = body.partitions if body.partitions is not None else directory.placed(queue)
+        if len(wanted) > 1:  # a limit below one per fragment is refused before anything is placed
+            spread_queues.fragment_settings(queue, body, wanted)
         placed = await directory.place(queue, body.partitions) if body.partitions is not None \
             else directory.placed(queue)
         if len(placed) > 1:  # spread: every fragment configured (rcq.server.http.spread_queues)
             app[MANAGER].require_serving()
             status, answer = await spread_queues.configure(
-                request, queue, placed, body, lambda: operations.configure_queue(app[MANAGER], queue, body))
+                request, queue, placed, body, lambda share: operations.configure_queue(app[MANAGER], queue, share))
             return json_response(answer, status)
         if placed != [P0]:
             status, answer = await forward_configure(request, placed[0], queue, body)

@@ -9,17 +9,24 @@ about the whole queue at a node's own port (p0's process) is answered here from 
   the figures summed, each fragment's under ``by_partition``; a partition that did not answer is
   named in ``unanswered`` (its fragment is missing from the sums). Like a plain queue's count, the
   sum is approximate, and it is not one point in time: each fragment is read when it is asked;
-* configure: every fragment gets the same settings, the partitions first and p0's last;
-* purge: every fragment purged, ``removed`` summed;
+* configure: every fragment gets the same settings but for ``max_items`` and ``max_bytes``,
+  which hold for the whole queue: each fragment holds its share (:func:`fragment_settings`; the
+  shares add up to the queue's limit, and a limit below one per fragment is refused), and reads
+  show the queue's limit in ``settings``, each fragment's share under ``by_partition``. The
+  partitions are configured first and p0's fragment last;
+* purge: every fragment purged, ``removed`` summed; a redrive: every fragment redriven
+  (``max_items`` each), ``redriven`` summed;
 * delete: every fragment deleted, the partitions first, then p0 forgets the placement.
 
 **One-request verbs** at a node's own port (p0's leader: a follower forwards the request there)
 go to one fragment: an enqueue to its ``partition_key``'s (:func:`rcq.names.fragment_for`), else
 its idempotency key's (a retry reaches the fragment that remembers the key), else the next in
-turn; a dequeue or receive takes from the first fragment that has items, each tried in turn
-without waiting, then, while its ``wait_ms`` lasts, each waited on for WAIT_SLICE_MS at most, so
-a long poll finds an item in any fragment within a slice per fragment. The answer names the
-``partition`` it came from; a receive's transaction lives there.
+turn, moving on to the next while a fragment is full (``queue_full``: nothing was enqueued; a
+keyed enqueue does not move: its retry must find the fragment that remembers it); a dequeue or
+receive takes from the first fragment that has items, each tried in turn without waiting,
+then, while its ``wait_ms`` lasts, each waited on for WAIT_SLICE_MS at most, so a long poll
+finds an item in any fragment within a slice per fragment. The answer names the ``partition``
+it came from; a receive's transaction lives there.
 
 A partition process knows only its own fragment and answers for it alone, as for any queue.
 
@@ -38,6 +45,7 @@ from aiohttp import web
 from rcq.errors import CommitOutcomeUnknown, InvalidRequest
 from rcq.names import P0, fragment_for
 from rcq.server.http.handlers import CONFIG
+from rcq.server.http.models import QueueSettingsRequest
 from rcq.server.http.partition_asker import LEADER_ASKER
 from rcq.server.http.partition_routes import (
     PARTITION_DIRECTORY,
@@ -94,6 +102,7 @@ def merged_read(queue: str, partitions: list[str], answers: dict[str, tuple[int,
             unanswered.append(partition)
             continue
         by_partition[partition] = {k: v for k, v in answer.items() if k not in ("queue", "settings", "limits")}
+        by_partition[partition].update(_shares(answer))
     body: dict[str, Any] = {"queue": queue, "approximate": True, "spread": True}
     first = next((answers[p][1] for p in partitions if p in by_partition), {})
     for key, value in first.items():
@@ -109,7 +118,8 @@ def merged_read(queue: str, partitions: list[str], answers: dict[str, tuple[int,
             body[key] = None  # a fragment whose leader did not say (a follower's view)
     body["by_partition"] = by_partition
     body.setdefault("settings", {})
-    body["settings"] = {**body["settings"], "partitions": partitions}
+    body["settings"] = {**body["settings"], **_whole_limits([answers[p][1] for p in by_partition], len(partitions)),
+                        "partitions": partitions}
     if unanswered:
         body["unanswered"] = unanswered
     return body
@@ -125,12 +135,55 @@ def merged_write(queue: str, partitions: list[str], answers: dict[str, tuple[int
         if status >= 300:
             return status, {**answer, "partition": partition}
     first = answers[partitions[0]][1]
-    body = {**first, "queue": queue, "by_partition": {p: answers[p][1] for p in partitions}}
+    body = {**first, "queue": queue, "by_partition": {p: {**answers[p][1], **_shares(answers[p][1])} for p in partitions}}
     for key in summed:
         body[key] = sum(int(answers[p][1].get(key) or 0) for p in partitions)
     if isinstance(body.get("settings"), dict):
-        body["settings"] = {**body["settings"], "partitions": partitions}
+        body["settings"] = {**body["settings"], **_whole_limits([answers[p][1] for p in partitions], len(partitions)),
+                            "partitions": partitions}
     return 200, body
+
+
+# ------------------------------------------------------------------ limits
+SPLIT_LIMITS = ("max_items", "max_bytes")  # settings that hold for the whole queue, split over its fragments
+
+
+def fragment_settings(queue: str, settings: QueueSettingsRequest, partitions: list[str]
+                      ) -> dict[str, QueueSettingsRequest]:
+    """Each fragment's settings: the queue's, but ``max_items`` and ``max_bytes`` split into
+    shares that add up to them (the first fragments in placement order take the remainder).
+    InvalidRequest when a limit is below one per fragment: a fragment could hold nothing."""
+    shares: dict[str, list[int | None]] = {}
+    for name in SPLIT_LIMITS:
+        limit = getattr(settings, name)
+        if limit is not None and limit < len(partitions):
+            raise InvalidRequest(
+                f"{name} {limit} of queue {queue!r} is below one per fragment: it is spread over "
+                f"{len(partitions)} partitions, each fragment holds its share of the limit (docs/partitions.md)",
+                details={"queue": queue, name: limit, "partitions": partitions})
+        base, extra = divmod(limit, len(partitions)) if limit is not None else (0, 0)
+        shares[name] = [None if limit is None else base + (1 if i < extra else 0) for i in range(len(partitions))]
+    return {p: settings.model_copy(update={name: shares[name][i] for name in SPLIT_LIMITS})
+            for i, p in enumerate(partitions)}
+
+
+def _shares(answer: dict[str, Any]) -> dict[str, Any]:
+    """A fragment's share of the queue's split limits, from its answer's settings."""
+    settings = answer.get("settings")
+    if not isinstance(settings, dict):
+        return {}
+    return {"share": {name: settings.get(name) for name in SPLIT_LIMITS}}
+
+
+def _whole_limits(rows: list[dict[str, Any]], fragments: int) -> dict[str, Any]:
+    """The queue's split limits: its fragments' shares added up (null when unlimited, or when a
+    fragment did not answer: the sum would be short)."""
+    whole: dict[str, Any] = {}
+    for name in SPLIT_LIMITS:
+        values = [(row.get("settings") or {}).get(name) for row in rows]
+        known = len(values) == fragments and all(isinstance(v, int) for v in values)
+        whole[name] = sum(values) if known else None
+    return whole
 
 
 # --------------------------------------------------------------- one-request verbs
@@ -180,10 +233,14 @@ async def enqueue(request: web.Request, queue: str, partitions: list[str], body:
     """A one-request enqueue into one fragment: the partition key's, else the idempotency key's (a
     retry must reach the fragment that remembers it), else the next in turn."""
     key = body.get("partition_key") or body.get("idempotency_key")
-    partition = (request.app[SPREAD_TURNS].order(queue, partitions, None) if key is None
-                 else [fragment_for(str(key), partitions)])[0]
-    status, answer = await _at(request, partition, f"/v1/queues/{queue}/enqueue", body, local)
-    return status, {**answer, "partition": partition} if status == 200 else answer
+    order = request.app[SPREAD_TURNS].order(queue, partitions, None) if key is None else [fragment_for(str(key), partitions)]
+    for partition in order:
+        status, answer = await _at(request, partition, f"/v1/queues/{queue}/enqueue", body, local)
+        if status == 200:
+            return status, {**answer, "partition": partition}
+        if (answer.get("error") or {}).get("code") != "queue_full":
+            break  # queue_full: nothing enqueued, the next fragment may have room
+    return status, answer
 
 
 async def take(request: web.Request, queue: str, partitions: list[str], verb: str, body: dict[str, Any],
@@ -222,20 +279,38 @@ def _took(answer: dict[str, Any]) -> bool:
                                             if isinstance(row, dict))
 
 
-async def configure(request: web.Request, queue: str, partitions: list[str], settings: Any, local: Local
+async def configure(request: web.Request, queue: str, partitions: list[str], settings: QueueSettingsRequest,
+                    local: Callable[[QueueSettingsRequest], Awaitable[tuple[int, dict[str, Any]]]]
                     ) -> tuple[int, dict[str, Any]]:
-    """Create or configure every fragment (each partition's signed as placed by p0)."""
+    """Create or configure every fragment with its settings (:func:`fragment_settings`), each
+    partition's signed as placed by p0, p0's by ``local``."""
+    each = fragment_settings(queue, settings, partitions)
     others = [p for p in partitions if p != P0]
-    answers = dict(zip(others, await asyncio.gather(*(forward_configure(request, p, queue, settings)
+    answers = dict(zip(others, await asyncio.gather(*(forward_configure(request, p, queue, each[p])
                                                       for p in others)), strict=True))
     if P0 in partitions:
-        answers[P0] = await local()
+        answers[P0] = await local(each[P0])
     return merged_write(queue, partitions, answers)
 
 
 async def purge(request: web.Request, queue: str, partitions: list[str], local: Local) -> tuple[int, dict[str, Any]]:
     answers = await each_fragment(request, partitions, "POST", f"/v1/queues/{queue}/purge", local, {})
     return merged_write(queue, partitions, answers, summed=("removed",))
+
+
+async def redrive(request: web.Request, queue: str, partitions: list[str], body: dict[str, Any], local: Local
+                  ) -> tuple[int, dict[str, Any]]:
+    """Every fragment of a spread dead-letter queue redriven (``max_items`` each): its dead items
+    go back to their sources' fragments in the same partition; ``redriven`` and ``by_queue`` summed."""
+    answers = await each_fragment(request, partitions, "POST", f"/v1/queues/{queue}/redrive", local, body)
+    status, merged = merged_write(queue, partitions, answers, summed=("redriven",))
+    if status == 200:
+        by_queue: dict[str, int] = {}
+        for partition in partitions:
+            for source, moved in (answers[partition][1].get("by_queue") or {}).items():
+                by_queue[source] = by_queue.get(source, 0) + int(moved)
+        merged["by_queue"] = by_queue
+    return status, merged
 
 
 async def delete(request: web.Request, queue: str, partitions: list[str], local: Local) -> tuple[int, dict[str, Any]]:
