@@ -244,6 +244,16 @@ async def test_execute_is_one_transaction_and_a_replayed_idempotency_key_applies
     assert await drain(client, source) == [b"two"]
 
 
+async def test_a_replayed_key_into_a_queue_now_full_answers_duplicate_not_queue_full(client: RcqClient) -> None:
+    # The first attempt committed (its answer, say, was lost); the queue is full now, with its item.
+    # The repeat must say what happened, a duplicate, not queue_full: the caller would think it never ran.
+    queue = fresh_queue("full-replay")
+    await client.configure_queue(queue, max_items=1)
+    first = await client.enqueue(queue, "x", idempotency_key=queue + "-k")
+    again = await client.enqueue(queue, "x", idempotency_key=queue + "-k")
+    assert again.duplicate and again.index == first.index and await client.count(queue) == 1
+
+
 async def test_commit_many_commits_together_and_a_replayed_idempotency_key_applies_once(client: RcqClient) -> None:
     queue = fresh_queue()
     key = uuid.uuid4().hex

@@ -176,6 +176,8 @@ class CommitPath:
 
     def _check_room(self, sm: QueueStateMachine, growth: Growth, transactions: int,
                     idempotency_key: str | None) -> None:
+        if idempotency_key is not None and sm.idempotency_key_index(idempotency_key) is not None:
+            return  # a repeat of a commit made: proposed, it answers "duplicate", however full the queues are now
         self._admission.check_growth(growth, sm)
         if not sm.can_remember(transactions, idempotency_key, self._clock.now_ms()):
             raise TooManyRequests("the cluster remembers as many recent commits (or idempotency keys) as it "
