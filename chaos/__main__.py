@@ -6,6 +6,7 @@
     python -m chaos --target docker --engine podman --nemesis kill,pause,partition,wipe --seed 7 --time-limit-s 60
     python -m chaos --nemesis power      # power failures: each data directory on its own powerfs mount
     python -m chaos --partitions 3 --nemesis kill,kill-partition-process   # queues over p0, p1, p2
+    python -m chaos --partitions 3 --spread-queues 2 --nemesis kill,pause-partition-process   # and s0, s1 over all
 
 ``--target docker`` runs docker-compose.yml's 3 nodes as a compose project and
 injects faults with the engine's CLI (kill, pause, whole-node network partitions,
@@ -80,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
                    help="partitions p0 ... p{N-1} (docs/partitions.md; local target): the queues are placed over them "
                         "and the partition nemeses can run (kill-, pause-partition-process, move-leaders, "
                         "partition-lifecycle; default 1: p0 alone)")
+    p.add_argument("--spread-queues", type=int, default=0, metavar="N",
+                   help="N spread queues more (s0 ...), each with a fragment in every partition (docs/partitions.md, "
+                        "'Spread queues'; needs --partitions 2 or more), moves between them, and the starvation probe "
+                        "(default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -93,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         check_target(kinds, args.target)
         if args.partitions < 1:
             raise ValueError("--partitions counts p0: at least 1")
+        if args.spread_queues < 0 or (args.spread_queues and args.partitions < 2):
+            raise ValueError("--spread-queues needs --partitions 2 or more (and is not negative)")
         if args.partitions > 1 and args.target != "local":
             raise ValueError("--partitions needs --target local (each node's partition ports)")
         needing = [k for k in kinds if k in NEEDS_PARTITIONS]
@@ -136,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix=f"rcq-chaos-{seed}-"))
     config = RunConfig(nodes=args.nodes, time_limit_s=args.time_limit_s, nemesis=kinds, seed=seed, out=out,
                        workers=args.workers, queues=args.queues, node_overrides=overrides, log_level=args.log_level,
-                       target=args.target, power_fs=args.power_fs, engine=args.engine, partitions=args.partitions)
+                       target=args.target, power_fs=args.power_fs, engine=args.engine, partitions=args.partitions,
+                       spread_queues=args.spread_queues)
     print(f"chaos run: seed {seed}, output in {out}", file=sys.stderr, flush=True)
     try:
         document = run(config, Progress(quiet=args.quiet))

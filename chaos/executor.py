@@ -28,6 +28,14 @@ A one-request enqueue (``RcqClient.enqueue``: exactly once under the client's ow
 through the retry key it makes, docs/limits.md) may apply from its first attempt on: any error
 but a definite one is ``info``.
 
+A transaction that begins on a spread queue (docs/partitions.md, "Spread queues") picks its
+fragment as its op says (chaos.generator): begun in the op's ``fragment``, with its
+``partition_key``, or left to the client (the next fragment in turn). In a run with spread queues
+every op that ran a transaction records the partition it ran in (``partition``, the client's
+``Transaction.partition``; absent when it never opened), and each item dequeued from a spread
+queue its fragment (``pt``): item ids are a partition's own, so the same id in two fragments is
+two items.
+
 The intruder, a principal that tries what it must not, is :mod:`chaos.intruder`; executors
 register their open transactions in an :class:`OpenTransactions` for it.
 
@@ -147,7 +155,14 @@ class Executor:
             value = {**value, **state["extra"]}  # item details, rejects, poison: whatever the outcome
         if "transaction_id" in state and isinstance(value, dict):
             value = {**value, "transaction_id": state["transaction_id"]}  # to find it in the nodes' logs
+        tx = state.get("tx")
+        if self._spread_run and tx is not None and tx.partition is not None and isinstance(value, dict):
+            value = {**value, "partition": tx.partition}  # where it ran: the partitions checker's fragments
         return type_, value, error
+
+    @property
+    def _spread_run(self) -> bool:
+        return self.topology is not None and bool(self.topology.spread_queues)
 
     @staticmethod
     def _partial(spec: Spec, state: dict[str, Any]) -> Any:
@@ -169,13 +184,22 @@ class Executor:
         """The partition a transaction on ``queue`` is begun in (None: a run without partitions)."""
         return self.topology.partition_of(queue) if self.topology is not None and self.topology.partitioned else None
 
-    async def _begin(self, timeout_s: float, label: str, queue: str) -> Transaction:
+    async def _begin(self, timeout_s: float, label: str, queue: str, pick: dict[str, Any] | None = None
+                     ) -> Transaction:
+        """A transaction for ``queue``: in its partition; on a spread queue, in the fragment ``pick``
+        (the op's value) names (``fragment``), by its ``partition_key``, or as the client chooses."""
+        if self.topology is not None and self.topology.is_spread(queue):
+            pick = pick or {}
+            if pick.get("fragment") is not None:
+                return await self.client.begin(timeout_s, label, partition=str(pick["fragment"]))
+            return await self.client.begin(timeout_s, label, partition_key=pick.get("partition_key"))
         partition = self._partition(queue)
         if partition is None:  # the call of a run without partitions, as it always was
             return await self.client.begin(timeout_s, label)
         return await self.client.begin(timeout_s, label, partition=partition)
 
     def _began(self, tx: Transaction, state: dict[str, Any]) -> None:
+        state["tx"] = tx  # its partition, once it has run (recorded by run)
         if tx.transaction_id is None:  # opened at its first verb (a partitioned cluster): not known yet
             return
         state["transaction_id"] = tx.transaction_id
@@ -196,9 +220,10 @@ class Executor:
         return None
 
     async def _in_transaction(self, state: dict[str, Any], timeout_s: float, queue: str,
-                              body: Callable[[Transaction], Any]) -> Any:
-        """``body(tx)`` in a transaction begun in ``queue``'s partition; aborted if it fails before its commit."""
-        tx = await self._begin(timeout_s, "chaos", queue)
+                              body: Callable[[Transaction], Any], pick: dict[str, Any] | None = None) -> Any:
+        """``body(tx)`` in a transaction begun in ``queue``'s partition (a spread queue's fragment as
+        ``pick`` says); aborted if it fails before its commit."""
+        tx = await self._begin(timeout_s, "chaos", queue, pick)
         self._began(tx, state)
         try:
             result = await body(tx)
@@ -225,7 +250,7 @@ class Executor:
                     await enqueue_with(tx, write["queue"], values, headers, **options)
             await self._commit(tx, state)
 
-        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, spec.value["writes"][0]["queue"], body)
+        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, spec.value["writes"][0]["queue"], body, spec.value)
         # The acknowledgement's wall time (ms): an item whose enqueue time is later lives again (redriven).
         return "ok", {**spec.value, "ack_ms": int(time.time() * 1000)}, None
 
@@ -236,9 +261,13 @@ class Executor:
             return None
         return spec.value.get("poison") or self.topology.poison_policy(queue)
 
-    def _record_items(self, state: dict[str, Any], items: list[Item]) -> None:
+    def _record_items(self, state: dict[str, Any], items: list[Item], queue: str) -> None:
         if self.topology is not None:
-            state["extra"].setdefault("items", {}).update(metas_of(items))
+            metas = metas_of(items)
+            tx = state.get("tx")
+            if self.topology.is_spread(queue) and tx is not None and tx.partition is not None:
+                metas = {value: {**meta, "pt": tx.partition} for value, meta in metas.items()}
+            state["extra"].setdefault("items", {}).update(metas)
 
     async def _dequeue(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         queue = spec.value["queue"]
@@ -247,7 +276,7 @@ class Executor:
         async def body(tx: Transaction) -> None:
             items = await tx.dequeue_items(queue, spec.value["max"])
             state["values"] = [text_of(i) for i in items]
-            self._record_items(state, items)
+            self._record_items(state, items, queue)
             poison = [i for i in items if is_poison(text_of(i))] if policy is not None else []
             if poison and policy == "abort":
                 state["extra"]["poison"] = [text_of(i) for i in poison]
@@ -267,7 +296,7 @@ class Executor:
                 extra["reject_outcome"] = "ok"
             await self._commit(tx, state)
 
-        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, queue, body)
+        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, queue, body, spec.value)
         return "ok", {"queue": queue, "values": state["values"]}, None
 
     async def _redrive(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
@@ -281,7 +310,7 @@ class Executor:
         async def body(tx: Transaction) -> None:
             items = await tx.dequeue_items(source, spec.value["max"])
             state["values"] = [text_of(i) for i in items]
-            self._record_items(state, items)
+            self._record_items(state, items, source)
             poison = [text_of(i) for i in items if is_poison(text_of(i))]
             if poison:  # a mover is a consumer too: it never carries poison elsewhere
                 state["extra"]["poison"] = poison
@@ -291,12 +320,12 @@ class Executor:
                 await enqueue_with(tx, target, [item.value for item in values], headers)
             await self._commit(tx, state)
 
-        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, source, body)
+        await self._in_transaction(state, TRANSACTION_TIMEOUT_S, source, body, spec.value)
         return "ok", {"from": source, "to": target, "values": state["values"]}, None
 
     async def _dequeue_abort(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         queue = spec.value["queue"]
-        tx = await self._begin(TRANSACTION_TIMEOUT_S, "chaos", queue)
+        tx = await self._begin(TRANSACTION_TIMEOUT_S, "chaos", queue, spec.value)
         self._began(tx, state)
         try:
             items = await tx.dequeue_items(queue, spec.value["max"])
@@ -306,20 +335,21 @@ class Executor:
             raise
         values = [text_of(i) for i in items]
         state["values"] = values
-        self._record_items(state, items)
+        self._record_items(state, items, queue)
         abort_error = await self._abort_quietly(tx)
         value: dict[str, Any] = {"queue": queue, "values": values}
         if abort_error is not None:
             value["abort_error"] = abort_error  # never committed: the deadline gives them back
         elif spec.head_rank and values:
             with contextlib.suppress(Exception):
-                value["head_rank"] = await self._head_rank(queue, set(values))
+                value["head_rank"] = await self._head_rank(queue, set(values), tx.partition)
         # never committed, whatever happened to the abort: it definitely did not remove anything
         return "ok", value, None
 
-    async def _head_rank(self, queue: str, values: set[str]) -> int | None:
-        """How near the head the aborted values came back: the rank of the first one seen."""
-        tx = await self._begin(TRANSACTION_TIMEOUT_S, "chaos-head-rank", queue)
+    async def _head_rank(self, queue: str, values: set[str], partition: str | None) -> int | None:
+        """How near the head the aborted values came back: the rank of the first one seen (in the
+        fragment they came from, ``partition``, on a spread queue)."""
+        tx = await self._begin(TRANSACTION_TIMEOUT_S, "chaos-head-rank", queue, {"fragment": partition})
         try:
             items = await tx.dequeue_items(queue, HEAD_RANK_WINDOW)
         finally:
@@ -339,10 +369,10 @@ class Executor:
 
     async def _vanish(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         queue = spec.value["queue"]
-        tx = await self._begin(VANISH_TIMEOUT_S, "chaos-vanish", queue)
+        tx = await self._begin(VANISH_TIMEOUT_S, "chaos-vanish", queue, spec.value)
         self._began(tx, state)
         items = await tx.dequeue_items(queue, spec.value["max"])
-        self._record_items(state, items)
+        self._record_items(state, items, queue)
         # Walk away: no commit, no abort. The server's deadline must give the items back.
         return "ok", {"queue": queue, "values": [text_of(i) for i in items]}, None
 

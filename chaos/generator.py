@@ -21,6 +21,16 @@ One-request enqueues (``RcqClient.enqueue``: begin, enqueue and commit in one re
 of the single-queue writes that one enqueue call can carry (``"one_request": true`` in the op's
 value), drawn from a generator of their own so that the rest of a seed's sequence is what it was.
 
+Spread queues (docs/partitions.md, "Spread queues"; ``spread`` > 0 in :meth:`Topology.of`):
+``s0``, ``s1``, ... each spread over every partition (``s0`` with a dead-letter queue spread
+likewise), beside the queues placed in one partition, and ``spread-probe`` for the starvation
+probe (chaos.starvation), which no worker touches. An op whose transaction begins on a spread
+queue says how it picks the fragment (drawn from a generator of its own): ``"fragment": "p1"``
+(begun in that partition), ``"partition_key": "k3"`` (the key's fragment), or neither (the
+client's choice: the next fragment in turn, a first dequeue moving on from empty ones). A move out
+of a spread queue goes, more often than not, into another spread queue (the same partitions: the
+move is atomic inside the transaction's fragment).
+
 Must not import: rcq (a seed's op sequence owes nothing to the cluster).
 """
 
@@ -57,10 +67,19 @@ POISON_REJECT_SHARE = 0.25  # on a queue with max_deliveries, a consumer rejects
 DELAY_S = (0.2, 2.0)
 TTL_S = (2.5, 6.0)
 REDRIVE_ITEMS_MAX = 4
+SPREAD_PREFIX = "s"  # spread queues: s0, s1, ...
+STARVATION_QUEUE = "spread-probe"  # the starvation probe's spread queue (chaos.starvation): no worker's
+FRAGMENT_CHOICES = ("fragment", "partition_key", "client")  # how a transaction on a spread queue picks its fragment
+PARTITION_KEYS = 8  # partition keys k0 ... k7
+SPREAD_MOVE_SHARE = 0.6  # of the moves out of a spread queue: into another spread queue
 
 
 def queue_names(count: int) -> list[str]:
     return [f"q{i}" for i in range(count)]
+
+
+def spread_queue_names(count: int) -> list[str]:
+    return [f"{SPREAD_PREFIX}{i}" for i in range(count)]
 
 
 def is_poison(value: object) -> bool:
@@ -88,13 +107,21 @@ class QueuePlan:
     dead_letter_queue: str | None = None
     max_priority: int | None = None
     partition: str | None = None  # where it is placed (None: a run without partitions; p0)
+    spread: tuple[str, ...] = ()  # a spread queue: every partition it has a fragment in (partition unused)
 
     def settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {"max_items": self.max_items, "max_deliveries": self.max_deliveries,
                                     "dead_letter_queue": self.dead_letter_queue, "max_priority": self.max_priority}
-        if self.partition is not None:
+        if self.spread:
+            settings["partitions"] = list(self.spread)
+        elif self.partition is not None:
             settings["partitions"] = [self.partition]
         return settings
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """Where it lives: its fragments' partitions (spread), or its one partition (p0 by default)."""
+        return self.spread or (self.partition or "p0",)
 
     @property
     def featured(self) -> bool:
@@ -112,12 +139,16 @@ class Topology:
     and one with ``max_deliveries`` and no dead-letter queue (dead items dropped)."""
 
     plans: dict[str, QueuePlan]
+    probe: QueuePlan | None = None  # the starvation probe's spread queue (no worker's)
 
     @classmethod
-    def of(cls, queues: list[str], partitions: int = 1) -> Topology:
+    def of(cls, queues: list[str], partitions: int = 1, spread: int = 0) -> Topology:
         """``partitions`` > 1: queue i is placed in partition ``p{i % partitions}``, its dead-letter
         queue with it (docs/partitions.md), so transactions over two queues sometimes span two
-        partitions, and are refused."""
+        partitions, and are refused. ``spread`` (with ``partitions`` > 1): that many spread queues
+        more, over every partition (:meth:`spread_plans`), and the starvation probe's."""
+        if spread and partitions < 2:
+            raise ValueError("spread queues need two partitions or more")
         plans: dict[str, QueuePlan] = {}
         for i, queue in enumerate(queues):
             partition = f"p{i % partitions}" if partitions > 1 else None
@@ -133,23 +164,42 @@ class Topology:
                 plans[queue] = QueuePlan(queue, max_deliveries=MAX_DELIVERIES,
                                          dead_letter_queue=queue + DEAD_LETTER_SUFFIX, max_priority=MAX_PRIORITY,
                                          partition=partition)
-        return cls(plans)
+        every = tuple(f"p{i}" for i in range(partitions))
+        plans.update(spread_plans(spread_queue_names(spread), every))
+        return cls(plans, QueuePlan(STARVATION_QUEUE, spread=every) if spread else None)
 
     @property
     def partitioned(self) -> bool:
-        return any(plan.partition is not None for plan in self.plans.values())
+        return any(plan.partition is not None or plan.spread for plan in self.plans.values())
 
-    def partition_of(self, queue: str) -> str:
-        """The partition ``queue`` (or the dead-letter queue of one) is placed in."""
+    def _plan_of(self, queue: str) -> QueuePlan | None:
+        """The plan of ``queue``, or of the queue whose dead-letter queue it is."""
         for plan in self.plans.values():
             if queue in (plan.name, plan.dead_letter_queue):
-                return plan.partition or "p0"
-        return "p0"
+                return plan
+        return self.probe if self.probe is not None and queue == self.probe.name else None
+
+    def partitions_of(self, queue: str) -> tuple[str, ...]:
+        """Every partition ``queue`` (or the dead-letter queue of one) has a fragment in: one, unless spread."""
+        plan = self._plan_of(queue)
+        return plan.partitions if plan is not None else ("p0",)
+
+    def partition_of(self, queue: str) -> str:
+        """The partition ``queue`` (or the dead-letter queue of one) is placed in (a spread queue's first)."""
+        return self.partitions_of(queue)[0]
+
+    def is_spread(self, queue: str) -> bool:
+        return len(self.partitions_of(queue)) > 1
+
+    @property
+    def spread_queues(self) -> list[str]:
+        """The workload's spread queues (not their dead-letter queues, nor the probe's)."""
+        return [p.name for p in self.plans.values() if p.spread]
 
     @property
     def dead_letter_plans(self) -> list[QueuePlan]:
-        """Each dead-letter queue, placed with its source queue."""
-        return [QueuePlan(p.dead_letter_queue, partition=p.partition) for p in self.plans.values()
+        """Each dead-letter queue, placed with its source queue (spread over its partitions, if it is spread)."""
+        return [QueuePlan(p.dead_letter_queue, partition=p.partition, spread=p.spread) for p in self.plans.values()
                 if p.dead_letter_queue is not None]
 
     @property
@@ -162,8 +212,9 @@ class Topology:
 
     @property
     def all_queues(self) -> list[str]:
-        """Workload queues first, then dead-letter queues (the drain's order: rejects land in the latter)."""
-        return self.queues + self.dead_letter_queues
+        """Workload queues first, then dead-letter queues (the drain's order: rejects land in the
+        latter), then the starvation probe's queue."""
+        return self.queues + self.dead_letter_queues + ([self.probe.name] if self.probe is not None else [])
 
     def is_dead_letter_queue(self, queue: str) -> bool:
         return queue in self.dead_letter_queues
@@ -172,6 +223,22 @@ class Topology:
         """What a consumer does with poison from ``queue`` by default: None (a dead-letter queue:
         consume it), else reject it."""
         return None if self.is_dead_letter_queue(queue) else "reject"
+
+
+def spread_plans(names: list[str], partitions: tuple[str, ...]) -> dict[str, QueuePlan]:
+    """Spread queues over ``partitions``, in turn: one with a dead-letter queue (spread over the same
+    partitions), ``max_deliveries`` and priorities; one plain; one with ``max_deliveries`` and no
+    dead-letter queue. None has ``max_items``: each fragment would have all of it (docs/partitions.md)."""
+    plans: dict[str, QueuePlan] = {}
+    for i, name in enumerate(names):
+        if i % 3 == 0:
+            plans[name] = QueuePlan(name, max_deliveries=MAX_DELIVERIES, dead_letter_queue=name + DEAD_LETTER_SUFFIX,
+                                    max_priority=MAX_PRIORITY, spread=partitions)
+        elif i % 3 == 1:
+            plans[name] = QueuePlan(name, spread=partitions)
+        else:
+            plans[name] = QueuePlan(name, max_deliveries=MAX_DELIVERIES, max_priority=MAX_PRIORITY, spread=partitions)
+    return plans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +259,7 @@ class Generator:
         ttls and poison, and dead-letter queues are consumed and redriven. Without it, the old workload."""
         self._random = random.Random(f"{seed}/{worker}")
         self._one_request = random.Random(f"{seed}/{worker}/one-request")  # leaves _random's draws as they were
+        self._fragments = random.Random(f"{seed}/{worker}/fragment")  # likewise: spread queues' fragments
         self.process = worker
         self.queues = queues
         self.topology = topology
@@ -224,7 +292,35 @@ class Generator:
             write["values"].insert(rng.randint(0, count), self._value(poison=True))
         return write
 
+    def _spread(self, queue: str) -> tuple[str, ...]:
+        """The partitions of ``queue`` when it is spread, else ()."""
+        plan = self.topology.plans.get(queue) if self.topology is not None else None
+        return plan.spread if plan is not None else ()
+
+    def _fragment(self, spec: Spec, queue: str) -> Spec:
+        """``spec``, whose transaction begins on ``queue``, with how it picks a spread queue's fragment."""
+        spread = self._spread(queue)
+        if not spread:
+            return spec
+        choice = self._fragments.choice(FRAGMENT_CHOICES)
+        if choice == "fragment":
+            return dataclasses.replace(spec, value={**spec.value, "fragment": self._fragments.choice(spread)})
+        if choice == "partition_key":
+            key = f"k{self._fragments.randrange(PARTITION_KEYS)}"
+            return dataclasses.replace(spec, value={**spec.value, "partition_key": key})
+        return spec
+
     def next(self) -> Spec:
+        spec = self._next()
+        if spec.f == "enqueue" and not spec.value.get("one_request"):
+            return self._fragment(spec, spec.value["writes"][0]["queue"])
+        if spec.f == "move":
+            return self._fragment(spec, spec.value["from"])
+        if spec.f in ("dequeue", "dequeue-abort", "vanish"):
+            return self._fragment(spec, spec.value["queue"])
+        return spec
+
+    def _next(self) -> Spec:
         rng = self._random
         f = rng.choices(self._ops, self._weights)[0]
         queue = rng.choice(self.queues)
@@ -240,6 +336,10 @@ class Generator:
             return Spec(f, enqueue)
         if f == "move":
             target = rng.choice([q for q in self.queues if q != queue] or self.queues)
+            spread = self._spread(queue)
+            alike = [q for q in self.queues if q != queue and self._spread(q) == spread] if spread else []
+            if alike and self._fragments.random() < SPREAD_MOVE_SHARE:  # atomic in the transaction's fragment
+                target = self._fragments.choice(alike)
             return Spec(f, {"from": queue, "to": target, "max": rng.randint(1, 3)})
         if f in ("peek", "count"):
             return Spec(f, {"queue": queue})

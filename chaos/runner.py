@@ -15,7 +15,9 @@
    issue tokens; on docker the history says it was skipped and why;
 3. heal everything (stop faults, heal links, resume and restart nodes) and wait
    for a leader and for every node to catch up — unless every node has exited (a heal that
-   could not restart one from what its disk kept): then every later wait looks once;
+   could not restart one from what its disk kept): then every later wait looks once. With spread
+   queues, the starvation probe then runs (chaos.starvation: one consumer alone drains every
+   fragment of a spread queue);
 4. drain every queue completely, dead-letter queues included (poison is
    rejected out of workload queues, never committed);
 5. wait for quiet and record every node's state digest, the leader's view of the
@@ -58,6 +60,8 @@ from chaos.intruder import (
     run_intruder,
 )
 from chaos.nemesis import Nemesis
+from chaos.starvation import BOUND_S as STARVATION_BOUND_S
+from chaos.starvation import probe_starvation
 from chaos.target import ChaosTarget, token_issuer
 from chaos.timeline import plot_timeline
 from chaos.workload import configure_queues, drain, run_worker
@@ -66,6 +70,7 @@ PROGRESS_EVERY_S = 5.0
 DRAIN_PROCESS = 100_000
 SETUP_PROCESS = 100_001
 INTRUDER_PROCESS = 100_002
+STARVATION_PROCESS = 100_003
 STOP_GRACE_S = 45.0  # workers finish their current op (each bounded by OP_TIMEOUT_S)
 
 HEAL_ERROR_CHARS_MAX = 4000  # a node's log tail rides along; enough to see why it did not start
@@ -92,6 +97,9 @@ class RunConfig:
     # Partitions p0 ... p{partitions-1} (docs/partitions.md; local target): the queues are placed over
     # them, and the kill-partition-process nemesis can run.
     partitions: int = 1
+    # Spread queues s0 ... (docs/partitions.md, "Spread queues"; partitions > 1): each over every
+    # partition, beside the queues placed in one; and the starvation probe (chaos.starvation).
+    spread_queues: int = 0
     # A callback between phase 2 and the heal; tests use it to crash nodes on purpose.
     before_heal: Callable[[ChaosTarget], None] | None = None
 
@@ -147,6 +155,8 @@ def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosT
     if config.partitions > 1 and "upgrade" in config.nemesis:
         raise ValueError("partitions and the upgrade nemesis exclude each other: partitions need feature level 4, "
                          "and the previous release holds the cluster at level 1")
+    if config.spread_queues and config.partitions < 2:
+        raise ValueError("spread queues need two partitions or more (--partitions)")
     if config.target == "docker":
         if power_fs:
             raise ValueError("powerfs and the power nemesis need the local target (each node's data directory a FUSE mount)")
@@ -177,7 +187,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
                        progress: Progress, timings: dict[str, float], now_s: Callable[[], float]) -> dict[str, Any]:
     """Phases 2 to 5: the workload and the nemesis, the heal, the drain, the checker inputs."""
     # q0 plain; the others with dead-letter queues, delivery limits, priorities
-    topology = Topology.of(queue_names(config.queues), config.partitions)
+    topology = Topology.of(queue_names(config.queues), config.partitions, config.spread_queues)
     urls = cluster.client_urls
     token = cluster.token  # the workload's clients use the cluster's admin token, as the harness does
     nemesis = Nemesis(cluster, history, config.seed, config.nemesis, progress)
@@ -195,6 +205,11 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     def within(timeout_s: float) -> float:
         return 0.0 if recovery.get("every_node_exited") else timeout_s
 
+    starvation = await probe_starvation(history, urls, topology, STARVATION_PROCESS, now_s, token=token,
+                                        bound_s=within(STARVATION_BOUND_S))
+    if starvation["ran"]:
+        progress("starvation probe: " + "; ".join(
+            f"{r['mode']} took {r['taken']} of {r['filled']} in {r['elapsed_s']} s" for r in starvation["rounds"]))
     progress(f"draining {len(topology.all_queues)} queues")
     t0 = time.monotonic()
     drained = await drain(history, urls, topology.all_queues, DRAIN_PROCESS, within(config.drain_timeout_s),
@@ -210,7 +225,7 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     await record_queue_stats(history, urls, topology.all_queues, token, within(RETRY_TIMEOUT_S))
     timings["convergence_s"] = time.monotonic() - t0
     links = cluster.link_faults()
-    return {"recovery": recovery, "drain": drained, "fault_windows": nemesis.windows,
+    return {"recovery": recovery, "drain": drained, "starvation": starvation, "fault_windows": nemesis.windows,
             "proxy": links.stats() if links is not None else {"target": cluster.target},
             "unexpected_exits": dict(cluster.unexpected_exits()), "logs": [str(p) for p in cluster.log_paths()]}
 
@@ -346,6 +361,8 @@ def _report(config: RunConfig, out: Path, extra: dict[str, Any], timings: dict[s
         parameters["power_fs"] = True
     if config.partitions > 1:
         parameters["partitions"] = config.partitions
+    if config.spread_queues:
+        parameters["spread_queues"] = config.spread_queues
     write_results(out / "results.json", results, config.seed, **parameters)
     summary = summary_text(results, config.seed, **parameters)
     recovery = extra.get("recovery", {})

@@ -49,6 +49,8 @@ async def configure_queues(history: Any, urls: list[str], topology: Topology, pr
     value is the queue's whole settings (the checkers read them from the history)."""
     async with make_client(urls, token) as client:
         plans = topology.dead_letter_plans + list(topology.plans.values())
+        if topology.probe is not None:  # the starvation probe's spread queue (chaos.starvation)
+            plans.append(topology.probe)
         for plan in plans:
             value = {"queue": plan.name, **plan.settings()}
             op = history.invoke(process, "configure", value)
@@ -132,20 +134,28 @@ async def drain(history: Any, urls: list[str], queues: list[str], process: int, 
 
 
 async def _counts(client: RcqClient, queues: list[str]) -> dict[str, int] | None:
+    """Each queue's count, a spread queue's summed over its fragments (a row each); None when a
+    partition did not answer."""
     try:
-        listed = {str(q.get("queue")): int(q.get("count", 0)) for q in await client.queues()}
+        answer = await client.queues()
     except Exception:  # asked again on the next round
         return None
+    listed: dict[str, int] = {}
+    for row in answer:
+        listed[str(row.get("queue"))] = listed.get(str(row.get("queue")), 0) + int(row.get("count", 0))
     return {q: listed.get(q, 0) for q in queues}
 
 
 async def empty_for_good(client: RcqClient, urls: list[str], queues: list[str], topology: Topology | None = None
                          ) -> bool:
     """:func:`empty_for_partition` for each partition the queues live in (``topology`` None: p0),
-    each proved by that partition's leader (its members' URLs from the listing)."""
+    each proved by that partition's leader (its members' URLs from the listing). A spread queue
+    lives in each of its partitions: every fragment must be proved empty, each by its own
+    partition's leader."""
     groups: dict[str, list[str]] = {}
     for queue in queues:
-        groups.setdefault(topology.partition_of(queue) if topology is not None else "p0", []).append(queue)
+        for partition in topology.partitions_of(queue) if topology is not None else ("p0",):
+            groups.setdefault(partition, []).append(queue)
     urls_of = {"p0": urls}
     if set(groups) != {"p0"}:
         try:
@@ -154,27 +164,37 @@ async def empty_for_good(client: RcqClient, urls: list[str], queues: list[str], 
         except Exception:  # asked again on the next round
             return False
     for partition, group in groups.items():
-        if not await empty_for_partition(client, urls_of.get(partition, []), group):
+        if not await empty_for_partition(client, urls_of.get(partition, []), group, partition):
             return False
     return True
 
 
-async def empty_for_partition(client: RcqClient, urls: list[str], queues: list[str]) -> bool:
+def fragment_info(info: dict[str, Any], partition: str) -> dict[str, Any]:
+    """A queue's read as ``partition``'s leader answered it: a spread queue's fragment there
+    (``by_partition``; empty when that partition did not answer), else the read itself."""
+    if not info.get("spread"):
+        return info
+    fragment = (info.get("by_partition") or {}).get(partition)
+    return dict(fragment) if isinstance(fragment, dict) else {}
+
+
+async def empty_for_partition(client: RcqClient, urls: list[str], queues: list[str], partition: str = "p0") -> bool:
     """Whether a serving leader shows every queue of ``queues`` empty with nothing that could bring
     an item back, provided no other client acts. Asked of that node: its status (serving, no open
     transaction of anyone's), every queue's count (answered by it, serving), its status again (the
     same term, still serving, still no open transaction). Then no item of these queues exists,
     locked or delayed (``count`` holds them all), and no entry can add one: the leader applied every
     entry of an earlier leader before serving (later ones are fenced), its own commits ended with
-    their transactions, and a redrive, a reject or an expiry only moves items that exist. False
-    when that cannot be shown now (the caller asks again later)."""
+    their transactions, and a redrive, a reject or an expiry only moves items that exist. A spread
+    queue's count is its fragment in ``partition`` (:func:`fragment_info`), answered by that same
+    leader. False when that cannot be shown now (the caller asks again later)."""
     found = await _serving_leader(client, urls)
     if found is None or not _idle(found[1]):
         return False
     url, before = found
     try:
         for queue in queues:
-            info = await client.queue_info(queue)
+            info = fragment_info(await client.queue_info(queue), partition)
             if info.get("node_id") != before["node_id"] or info.get("locked") is None or info.get("count") != 0:
                 return False
         after = await client.cluster(url)

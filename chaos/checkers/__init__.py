@@ -19,7 +19,9 @@ expired or dropped ones vanish by rule; it checks those rules). ``headers``: eve
 carries exactly the headers its value says it was enqueued with, and only headers are refused
 for the feature level. ``backups``: every backup the ``backup`` nemesis restored held what its
 own probe history says (chaos.backups). ``partitions``: no committed transaction spans two
-partitions and every attempt to was refused; killed partition processes came back.
+partitions and every attempt to was refused; killed partition processes came back; a spread
+queue's fragments hand out every acknowledged item exactly once, and a lone consumer drains them
+all (``spread``, within it).
 ``python -m chaos.checkers history.jsonl`` re-checks a saved history.
 
 Pure Python: imports nothing from rcq.

@@ -130,6 +130,12 @@ def _insertions(model: QueueModel) -> tuple[Counter[tuple[Hashable, str]], Count
     return sure, at_most
 
 
+def duplicates(model: QueueModel) -> tuple[dict[Hashable, dict[str, Any]], dict[Hashable, dict[str, Any]]]:
+    """The values duplicated (taken out of a queue more often than anything could have put them
+    there), and those whose excess an op of unknown outcome explains: value -> its details."""
+    return _duplicates(model)
+
+
 def _duplicates(model: QueueModel) -> tuple[dict[Hashable, dict[str, Any]], dict[Hashable, dict[str, Any]]]:
     inserted_surely, inserted_at_most = _insertions(model)
     committed: Counter[tuple[Hashable, str]] = Counter()

@@ -210,6 +210,31 @@ def _partitions_line(r: dict[str, Any]) -> str:
     for key in ("spanning", "wrongly_refused", "not_restarted"):
         for sample in r[key][:SAMPLES_SHOWN_MAX]:
             line += f"\n      {key}: {sample}"
+    spread = r.get("spread") or {}
+    if spread.get("checked"):
+        line += "\n      " + _spread_line(spread)
+    return line
+
+
+def _spread_line(r: dict[str, Any]) -> str:
+    """The spread queues' part of the partitions line (chaos.checkers.spread)."""
+    acknowledged = "; ".join(f"{q} " + ", ".join(f"{p} {n}" for p, n in by.items())
+                             for q, by in r["acknowledged_by_fragment"].items() if by)
+    line = (f"spread queues: acknowledged by fragment: {acknowledged or 'none'}; lost {r['lost_count']}, "
+            f"duplicated {r['duplicated_count']} ({r['duplicated_across_fragments_count']} across fragments), "
+            f"phantom {r['phantom_count']}, out of a wrong fragment {r['wrong_fragment_count']}")
+    starvation = r["starvation"]
+    if not starvation.get("checked"):
+        line += f"; starvation not checked ({starvation.get('why', 'no round filled')})"
+    for judged in starvation.get("rounds") or []:
+        line += (f"\n      starvation {judged['mode']}: took {sum(judged['taken'].values())} of "
+                 f"{sum(judged['filled'].values())} (by fragment {judged['taken']}) within the bound of "
+                 f"{judged['bound_s']:g} s, in {judged['elapsed_s']} s, {judged['takes']} takes"
+                 + (f"; STARVED {judged['starved']}" if judged["starved"] else "")
+                 + (f"; unknown {judged['unknown']} (unanswered takes)" if judged["unknown"] else ""))
+    for key in ("lost", "duplicated", "phantom", "wrong_fragment"):
+        for sample in r[key][:SAMPLES_SHOWN_MAX]:
+            line += f"\n      spread {key}: {sample}"
     return line
 
 

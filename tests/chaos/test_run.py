@@ -100,6 +100,41 @@ def test_partitions_frozen_leaders_moved_and_partitions_made_and_deleted_during_
 
 
 @pytest.mark.timeout(420)
+def test_spread_queues_under_partition_faults_deliver_every_item_once_and_a_lone_consumer_drains_every_fragment(
+        tmp_path):
+    """docs/partitions.md, "Spread queues": s0 and s1 spread over p0, p1 and p2 beside queues placed in
+    one, transactions in a named fragment, by partition key or as the client chooses, moves between
+    the two spread queues; partition processes killed and frozen, nodes killed; then the starvation
+    probe: one consumer alone drains every fragment within its bound."""
+    config = RunConfig(nodes=3, time_limit_s=35, nemesis=["kill-partition-process", "pause-partition-process", "kill"],
+                       seed=CI_SEED + 39, out=tmp_path, workers=5, partitions=3, spread_queues=2)
+    document = run(config, Progress(quiet=True))
+    results = document["results"]
+    partitions = results["partitions"]
+    spread = partitions["spread"]
+    assert spread["checked"] and set(partitions["spread_placement"]) == {"s0", "s1", "s0-dlq", "spread-probe"}, \
+        describe(document)
+    for queue in ("s0", "s1"):
+        assert all(spread["acknowledged_by_fragment"][queue].get(p, 0) >= 5 for p in ("p0", "p1", "p2")), \
+            describe(document)
+    assert (spread["lost_count"], spread["duplicated_count"], spread["wrong_fragment_count"]) == (0, 0, 0)
+    rounds = spread["starvation"]["rounds"]
+    assert [r["mode"] for r in rounds] == ["one-request", "receive", "transaction"], describe(document)
+    assert all(r["filled"] == {"p0": 4, "p1": 4, "p2": 4} and r["taken"] == r["filled"] for r in rounds), \
+        describe(document)
+    moves = [line for line in history_lines(tmp_path) if line.get("f") == "move" and line["type"] == "ok"
+             and {line["value"]["from"], line["value"]["to"]} == {"s0", "s1"} and line["value"]["values"]]
+    assert moves and all(line["value"].get("partition") in ("p0", "p1", "p2") for line in moves), describe(document)
+    assert results["runtime"]["drain"]["complete"], describe(document)
+    assert results["runtime"]["drain"]["ended_by"] == "leader", describe(document)  # every fragment proved empty
+    require_valid(document, (*SAFETY_CHECKERS, "partitions", "features"))
+
+
+def history_lines(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(420)
 def test_network_faults_on_partitions_own_raft_links_lose_nothing_and_every_group_converges(tmp_path):
     """docs/chaos.md: partitions' Raft links go through the proxy; one partition's links around
     its leader cut while p0 stays whole, and whole-node partitions that cut every group's links."""
@@ -163,6 +198,7 @@ def test_unknown_nemesis_names_are_refused(capsys):
     (["--partitions", "0"], "--partitions counts p0: at least 1"),
     (["--partitions", "2", "--target", "docker", "--nemesis", "kill"], "--partitions needs --target local"),
     (["--partitions", "2", "--nemesis", "kill,upgrade"], "--partitions and nemesis upgrade exclude each other"),
+    (["--spread-queues", "2"], "--spread-queues needs --partitions 2 or more"),
 ])
 def test_partition_arguments_that_cannot_work_are_refused_before_anything_starts(capsys, argv, says):
     assert main(argv) == 2

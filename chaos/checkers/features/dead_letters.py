@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
-from chaos.checkers.features.given import Deaths, Findings, Given, is_poison, where
+from chaos.checkers.features.given import Deaths, Findings, Given, is_poison, item_key, where
 from chaos.checkers.features.timing import check_ttl_death
 from chaos.checkers.model import QueueModel, Sighting
 
@@ -34,7 +34,7 @@ def check_dead_letters(model: QueueModel, given: Given, findings: Findings) -> D
             findings.add("bad_dead_letter", why="no dead-letter record in a dead-letter queue", **where(sighting))
         if dead is not None:
             _check_death(model, given, findings, sighting, dead)
-            item_id = item.get("id") if item is not None else None
+            item_id = item_key(item) if item is not None else None
             death = (queue, item_id) if item_id is not None else (queue, (value, dead[0], dead[1]))
             deaths[death] = (value, dead[0], dead[1])
     return deaths

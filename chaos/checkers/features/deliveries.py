@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from chaos.checkers.features.given import Findings, Given, distribution, where
+from chaos.checkers.features.given import Findings, Given, distribution, item_key, where
 from chaos.checkers.model import QueueModel, Sighting
 
 
@@ -51,9 +51,9 @@ def check_delivery_counts(model: QueueModel, given: Given, findings: Findings) -
             if item["dc"] >= limit:
                 findings.add("over_delivered", why=f"delivered with count {item['dc']}, limit {limit}",
                              **where(sighting))
-            by_item[(queue, item.get("id"))].append(sighting)
+            by_item[(queue, item_key(item))].append(sighting)
         elif isinstance(item.get("dc"), int):
-            memory_counts[(queue, item.get("id"))].append(sighting)
+            memory_counts[(queue, item_key(item))].append(sighting)
     return {"replicated": _check_delivery_order(findings, by_item, given.max_deliveries_of),
             "in_leader_memory": _delivery_order_stats(memory_counts)}
 

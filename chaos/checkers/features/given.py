@@ -124,3 +124,11 @@ class Given:
         if isinstance(default, int | float):
             ttls.add(ttl_ms(default))
         return ttls
+
+
+def item_key(item: dict[str, Any]) -> Hashable:
+    """Which item it is: its id, and on a spread queue its fragment (``pt``: ids are a partition's
+    own, so one id in two fragments is two items). None: no id recorded."""
+    item_id = item.get("id")
+    fragment = item.get("pt")
+    return item_id if item_id is None or fragment is None else f"{fragment}/{item_id}"
