@@ -8,6 +8,7 @@ an item committed in any fragment while it waits."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -289,3 +290,26 @@ async def test_a_spread_dead_letter_queue_is_redriven_in_every_fragment(cluster:
         back = await client.queue_info(queue)
         assert {p: row["count"] for p, row in back["by_partition"].items()} == {"p1": 2, "p2": 2}, back
         assert await client.count(dead) == 0
+
+
+def test_a_read_and_a_take_pass_over_a_fragment_whose_partition_has_no_leader(cluster: LocalCluster) -> None:
+    queue = fresh_queue("dark")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
+    enqueue_in(cluster, "p1", queue, ["in-p1"])
+    enqueue_in(cluster, "p2", queue, ["in-p2"])
+    paused = [cluster.pause_partition_process(i, "p2") for i in range(3)]  # p2 has no leader now
+    try:
+        started = time.monotonic()
+        count = ask(cluster, f"/v1/queues/{queue}")
+        assert count["unanswered"] == ["p2"] and count["count"] == 1, count  # p0's and p1's fragments
+        taken = ask(cluster, f"/v1/queues/{queue}/dequeue", "POST", {"max_items": 5})
+        assert taken["partition"] == "p1", taken
+        # each waited FRAGMENT_LEADER_WAIT_S (2 s) for p2, not the 30 s a placed queue's verb waits
+        assert time.monotonic() - started < 20, time.monotonic() - started
+    finally:
+        for pid in paused:
+            if pid is not None:
+                cluster.resume_process(pid)
+    cluster.wait_partitions_led(["p2"], CLUSTER_WAIT_S)
+    back = ask(cluster, f"/v1/queues/{queue}")
+    assert "unanswered" not in back and back["by_partition"]["p2"]["count"] == 1, back

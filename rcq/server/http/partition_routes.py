@@ -81,11 +81,11 @@ def credentials(request: web.Request) -> dict[str, str]:
 
 
 async def at_partition_leader(app: web.Application, partition: str,
-                              send: Callable[[str], Awaitable[tuple[int, dict[str, Any]] | None]]
-                              ) -> tuple[int, dict[str, Any]]:
+                              send: Callable[[str], Awaitable[tuple[int, dict[str, Any]] | None]],
+                              timeout_s: float = FORWARD_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
     """``send(leader_url)`` to ``partition``'s leader until it answers as the leader (not 307, 421
-    or 503) or FORWARD_TIMEOUT_S passes (Unavailable); its answer."""
-    deadline = asyncio.get_running_loop().time() + FORWARD_TIMEOUT_S
+    or 503) or ``timeout_s`` passes (Unavailable: nothing ran); its answer."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         leader = await find_leader(app, partition)
         if leader is not None:
@@ -93,7 +93,7 @@ async def at_partition_leader(app: web.Application, partition: str,
             if answer is not None and answer[0] not in (307, 421, 503):
                 return answer
         if asyncio.get_running_loop().time() > deadline:
-            raise Unavailable(f"partition {partition} has no leader that answered within {FORWARD_TIMEOUT_S:.0f} s; "
+            raise Unavailable(f"partition {partition} has no leader that answered within {timeout_s:g} s; "
                               "retry", details={"partition": partition})
         await asyncio.sleep(0.2)  # pace: a partition electing a leader takes about a second
 

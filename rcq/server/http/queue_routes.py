@@ -109,7 +109,8 @@ async def queue_count(request: web.Request) -> web.Response:
     spread = spread_queues.spread_over(request.app, queue)
     if spread is not None:  # every fragment's, summed (rcq.server.http.spread_queues)
         answers = await spread_queues.each_fragment(request, spread, "GET", f"/v1/queues/{queue}",
-                                                    lambda: _answered(_count_body(request.app, queue)))
+                                                    lambda: _answered(_count_body(request.app, queue)),
+                                                    leader_wait_s=spread_queues.FRAGMENT_LEADER_WAIT_S)
         return json_response(spread_queues.merged_read(queue, spread, answers))
     request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
     return json_response(_count_body(request.app, queue))
@@ -136,7 +137,8 @@ async def queue_stats(request: web.Request) -> web.Response:
     spread = spread_queues.spread_over(request.app, queue)
     if spread is not None:
         answers = await spread_queues.each_fragment(request, spread, "GET", f"/v1/queues/{queue}/stats",
-                                                    lambda: _answered(_stats_body(request.app, queue)))
+                                                    lambda: _answered(_stats_body(request.app, queue)),
+                                                    leader_wait_s=spread_queues.FRAGMENT_LEADER_WAIT_S)
         return json_response(spread_queues.merged_read(queue, spread, answers))
     request.app[MANAGER].routing.queue(queue)  # permitted here first; placed elsewhere: forwarded there
     return json_response(_stats_body(request.app, queue))

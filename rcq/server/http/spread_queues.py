@@ -42,11 +42,11 @@ from typing import Any
 
 from aiohttp import web
 
-from rcq.errors import CommitOutcomeUnknown, InvalidRequest
+from rcq.errors import CommitOutcomeUnknown, InvalidRequest, Unavailable
 from rcq.names import P0, fragment_for
 from rcq.server.http.handlers import CONFIG
 from rcq.server.http.models import QueueSettingsRequest
-from rcq.server.http.partition_asker import LEADER_ASKER
+from rcq.server.http.partition_asker import FORWARD_TIMEOUT_S, LEADER_ASKER
 from rcq.server.http.partition_routes import (
     PARTITION_DIRECTORY,
     at_partition_leader,
@@ -61,6 +61,9 @@ PER_FRAGMENT = ("applied_index", "node_id", "role")
 
 Local = Callable[[], Awaitable[tuple[int, dict[str, Any]]]]
 WAIT_SLICE_MS = 1_000  # a long poll over fragments waits this long on one before it moves on
+# How long a read, or a keyless one-request verb that may go elsewhere, waits for a fragment's
+# partition to have a leader before it answers without it (a read) or moves on (the verb).
+FRAGMENT_LEADER_WAIT_S = 2.0
 TURNS_REMEMBERED_MAX = 10_000  # spread queues whose next fragment a node remembers
 
 
@@ -74,15 +77,17 @@ def spread_over(app: web.Application, queue: str) -> list[str] | None:
 
 
 async def each_fragment(request: web.Request, partitions: list[str], method: str, path: str,
-                        local: Local, body: dict[str, Any] | None = None) -> dict[str, tuple[int, dict[str, Any]]]:
+                        local: Local, body: dict[str, Any] | None = None, *,
+                        leader_wait_s: float = FORWARD_TIMEOUT_S) -> dict[str, tuple[int, dict[str, Any]]]:
     """``method path`` at every fragment's partition (p0's by ``local``), the partitions at once:
-    partition -> (status, answer). p0's goes last, after the others answered."""
+    partition -> (status, answer; 503 for one without a leader within ``leader_wait_s``). p0's
+    goes last, after the others answered."""
     app = request.app
     headers = credentials(request)
 
     async def at(partition: str) -> tuple[int, dict[str, Any]]:
         return await at_partition_leader(app, partition, lambda leader: app[LEADER_ASKER].call(
-            method, f"{leader}{path}", headers, body))
+            method, f"{leader}{path}", headers, body, timeout_s=leader_wait_s), leader_wait_s)
 
     others = [p for p in partitions if p != P0]
     answers = dict(zip(others, await asyncio.gather(*(at(p) for p in others), return_exceptions=True), strict=True))
@@ -207,8 +212,8 @@ class Turns:
 SPREAD_TURNS = web.AppKey("spread_turns", Turns)
 
 
-async def _at(request: web.Request, partition: str, path: str, body: dict[str, Any], local: Local
-              ) -> tuple[int, dict[str, Any]]:
+async def _at(request: web.Request, partition: str, path: str, body: dict[str, Any], local: Local,
+              leader_wait_s: float = FORWARD_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
     """POST ``body`` to ``path`` at ``partition``'s leader (p0's: ``local``). A verb that commits is
     sent again only after an answer that says it ran nothing (307, 421, 503: a moved or electing
     leader); sent and unanswered, its outcome is unknown (504 ``commit_outcome_unknown``)."""
@@ -224,7 +229,7 @@ async def _at(request: web.Request, partition: str, path: str, body: dict[str, A
                                              "sent; it may have run", details={"partition": partition}).to_body()
         return answer
 
-    status, answer = await at_partition_leader(app, partition, once)
+    status, answer = await at_partition_leader(app, partition, once, leader_wait_s)
     return status, answer
 
 
@@ -234,8 +239,14 @@ async def enqueue(request: web.Request, queue: str, partitions: list[str], body:
     retry must reach the fragment that remembers it), else the next in turn."""
     key = body.get("partition_key") or body.get("idempotency_key")
     order = request.app[SPREAD_TURNS].order(queue, partitions, None) if key is None else [fragment_for(str(key), partitions)]
-    for partition in order:
-        status, answer = await _at(request, partition, f"/v1/queues/{queue}/enqueue", body, local)
+    for n, partition in enumerate(order, 1):
+        try:  # a keyless enqueue with fragments left moves on from one without a leader: nothing ran
+            status, answer = await _at(request, partition, f"/v1/queues/{queue}/enqueue", body, local,
+                                       FRAGMENT_LEADER_WAIT_S if n < len(order) else FORWARD_TIMEOUT_S)
+        except Unavailable:
+            if n == len(order):
+                raise
+            continue
         if status == 200:
             return status, {**answer, "partition": partition}
         if (answer.get("error") or {}).get("code") != "queue_full":
@@ -259,11 +270,19 @@ async def take(request: web.Request, queue: str, partitions: list[str], verb: st
     deadline = loop.time() + wait_ms / 1000
     waiting = False
     while True:
+        unavailable: list[Unavailable] = []
         for partition in order:
             left_ms = max(0, int((deadline - loop.time()) * 1000))
             wait_ms = (left_ms if len(order) == 1 else min(left_ms, WAIT_SLICE_MS)) if waiting else 0
             sent = {**body, "wait_ms": wait_ms}
-            status, answer = await _at(request, partition, path, sent, functools.partial(local, sent))
+            try:  # a fragment whose partition has no leader is passed over; all of them: 503
+                status, answer = await _at(request, partition, path, sent, functools.partial(local, sent),
+                                           FRAGMENT_LEADER_WAIT_S if len(order) > 1 else FORWARD_TIMEOUT_S)
+            except Unavailable as exc:
+                unavailable.append(exc)
+                if len(unavailable) == len(order):
+                    raise
+                continue
             if status != 200 or _took(answer):
                 return status, {**answer, "partition": partition} if status == 200 else answer
             if waiting and loop.time() >= deadline:
