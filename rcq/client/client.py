@@ -230,10 +230,17 @@ class RcqClient(PartitionAdmin):
             raise
         return commit_info(answer)
 
-    async def transactions(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
-        """The leader's open transactions, optionally only those whose label starts with a prefix."""
+    async def transactions(self, label_prefix: str | None = None, *, complete: bool = False) -> list[dict[str, Any]]:
+        """The leaders' open transactions (every partition's), optionally only those whose label
+        starts with a prefix. ``complete``: raise Unavailable, naming them, when some partitions'
+        leaders did not answer (otherwise their transactions are missing from the list): for a
+        caller that must not take "not listed" for "not open"."""
         params = {"label_prefix": label_prefix} if label_prefix is not None else None
         answer = await self._transport.request(Request("GET", "/v1/transactions", params=params))
+        if complete and answer.get("unanswered"):
+            missing = [str(p) for p in answer["unanswered"]]
+            raise Unavailable(f"partitions {', '.join(missing)} did not list their open transactions; retry",
+                              details={"unanswered": missing})
         return list(answer["transactions"])
 
     async def transaction_status(self, transaction_id: str) -> dict[str, Any]:

@@ -256,8 +256,8 @@ class SyncClient:
         handles = [entry._transaction if isinstance(entry, SyncTransaction) else entry for entry in transactions_or_ids]
         return self._runner.run(self._client.commit_many(handles, idempotency_key))
 
-    def transactions(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
-        return self._runner.run(self._client.transactions(label_prefix))
+    def transactions(self, label_prefix: str | None = None, *, complete: bool = False) -> list[dict[str, Any]]:
+        return self._runner.run(self._client.transactions(label_prefix, complete=complete))
 
     def transaction_status(self, transaction_id: str) -> dict[str, Any]:
         return self._runner.run(self._client.transaction_status(transaction_id))

@@ -65,7 +65,9 @@ class RcqOptions:
     consumer_id: str | None = None  # stream reader: stable, unique per running query
     sink_id: str | None = None  # stream writer: stable across restarts
     max_items: int | None = None  # drain: at most this many items in all
-    transaction_id: str | None = None  # drain: the driver's transaction (set by rcq.spark.drain)
+    transaction_id: str | None = None  # drain: the driver's transaction (set by rcq.spark.drain; a spread
+    # queue's drain: one per fragment, comma-separated)
+    drain_shares: tuple[int, ...] | None = None  # a spread queue's drain: items to read in each one's fragment
     delay_s: float | None = None  # sink: every enqueued item invisible this long (None: the queue's default)
     ttl_s: float | None = None  # sink: every enqueued item expires this long after (None: the queue's default)
     token: str | None = field(default=None, repr=False)  # a secret: in no repr, message or log line
@@ -189,6 +191,20 @@ def _ca_pem(options: Mapping[str, str]) -> str | None:
     return pem
 
 
+def _shares(options: Mapping[str, str]) -> tuple[int, ...] | None:
+    """``drainShares`` (set by rcq.spark.drain for a spread queue): one count per transaction of ``transactionId``."""
+    raw = options.get("drainshares")
+    if raw is None:
+        return None
+    try:
+        shares = tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        raise RcqOptionError(f"option drainShares={raw!r} is not a comma-separated list of integers") from None
+    if any(share < 0 for share in shares) or len(shares) != len((options.get("transactionid") or "").split(",")):
+        raise RcqOptionError("option drainShares needs a count >= 0 for each transaction of option transactionId")
+    return shares
+
+
 def parse_options(options: Mapping[str, str]) -> RcqOptions:
     """Check every option the data source knows; unknown options are ignored (Spark adds its own)."""
     options = {str(k).lower(): str(v) for k, v in options.items()}
@@ -213,6 +229,7 @@ def parse_options(options: Mapping[str, str]) -> RcqOptions:
         sink_id=_identifier(options, "sinkId"),
         max_items=None if max_items_raw is None else _int(options, "maxItems", 0, 1),
         transaction_id=options.get("transactionid"),
+        drain_shares=_shares(options),
         delay_s=_seconds(options, "delayS", 0.0, DELAY_MAX_S, low_allowed=True),
         ttl_s=_seconds(options, "ttlS", 0.0, TTL_MAX_S, low_allowed=False),
         token=_token(options),

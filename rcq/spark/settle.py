@@ -12,16 +12,27 @@ runs now or later changes nothing about what it commits: only batches Spark reco
 (see :mod:`rcq.spark.stream_reader`). A background settle that fails is logged and repeated by
 the next one, which lists the open transactions again.
 
+**A spread queue**: a batch's transactions live in its fragments' partitions (one each), and one
+``commit_many`` covers one partition, so a settle commits each partition's share in a
+``commit_many`` of its own, all at once. Each is atomic; between them a reader of the queue may
+see a batch's items in one fragment settled (gone for good) while those in another are still
+locked (invisible to other consumers, counted in ``locked``). A settle that fails in one
+partition after another committed leaves that partition's transactions open; the next settle
+lists them and commits them (their items come back to be read again only if their transaction
+expires or is aborted, as on a queue that is not spread).
+
 Must not import: pyspark, pysyncobj, lmdb.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 
 from rcq.client import RcqClient
 from rcq.errors import RcqError, TransactionClosed
+from rcq.spark.fragments import by_partition
 from rcq.spark.options import RcqOptions
 from rcq.spark.remote import call
 
@@ -47,7 +58,7 @@ async def settle(client: RcqClient, consumer_id: str, done_batch: int, spare_thr
     last_spared = done_batch if spare_through is None else max(done_batch, spare_through)
     to_commit: list[str] = []
     to_abort: list[str] = []
-    for described in await client.transactions(label_prefix=prefix):
+    for described in await client.transactions(label_prefix=prefix, complete=True):
         batch = _batch_of(described.get("label"), prefix)
         if batch is None or described.get("state") != "open":
             continue
@@ -59,6 +70,19 @@ async def settle(client: RcqClient, consumer_id: str, done_batch: int, spare_thr
         await client.attach(transaction_id).abort_quietly()
     if not to_commit:
         return 0
+    groups = by_partition(to_commit)  # one group unless the queue is spread
+    answers = await asyncio.gather(*(_commit(client, consumer_id, done_batch, group) for group in groups.values()),
+                                   return_exceptions=True)
+    committed = 0
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer  # the partitions that committed stay committed; the next settle commits the rest
+        committed += answer
+    return committed
+
+
+async def _commit(client: RcqClient, consumer_id: str, done_batch: int, to_commit: list[str]) -> int:
+    """Commit the transactions of one partition; items committed."""
     try:
         return (await client.commit_many(to_commit)).dequeued
     except TransactionClosed as exc:  # one expired or was aborted: commit the others one by one

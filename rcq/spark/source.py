@@ -5,7 +5,8 @@ only parses options (:mod:`rcq.spark.options`) and hands them to the piece
 that does the work: :mod:`rcq.spark.writer` (batch and streaming sinks),
 :mod:`rcq.spark.stream_reader` (streaming source), :mod:`rcq.spark.drain`
 (batch read). Options are checked here, on the driver, so a bad option fails
-``save()``/``load()``/``start()`` before any task runs.
+``save()``/``load()``/``start()`` before any task runs. The sinks read the queue's placement here
+too, once (:mod:`rcq.spark.fragments`: a spread queue's tasks each write into one fragment).
 
 Must not import: pysyncobj, lmdb.
 """
@@ -36,17 +37,20 @@ class RcqDataSource(DataSource):
         return read_schema_ddl(self._options().value_type)
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
+        from rcq.spark.fragments import placement
         from rcq.spark.writer import RcqBatchWriter
 
         check_writer_schema(schema)
-        return RcqBatchWriter(self._options())
+        options = self._options()
+        return RcqBatchWriter(options, placement(options))
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
+        from rcq.spark.fragments import placement
         from rcq.spark.writer import RcqStreamWriter
 
         check_writer_schema(schema)
         options = self._options()
-        return RcqStreamWriter(options, sink_id_of(options, self.options))
+        return RcqStreamWriter(options, sink_id_of(options, self.options), placement(options))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         from rcq.spark.stream_reader import RcqStreamReader

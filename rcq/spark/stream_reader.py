@@ -40,6 +40,13 @@ is no next batch (the query ends or idles) or, for availableNow, when the budget
 by the batches not yet counted. The next ``latestOffset`` waits for it before anything else, and
 repeats a failed one synchronously, so a commit's error still fails the query where Spark sees it.
 
+**A spread queue** (:mod:`rcq.spark.fragments`): a batch has ``ceil(numPartitions / fragments)``
+tasks per fragment, task ``i`` in fragment ``i mod fragments``, its transaction begun there (a
+transaction lives in one partition), so every batch reads every fragment; a fragment that had
+nothing to read when ``latestOffset`` looked gets no task in that batch (a replayed batch has all
+its tasks). Labels and dequeue keys are as above, and the settle commits each partition's
+transactions in a ``commit_many`` of their own (:mod:`rcq.spark.settle`).
+
 Must not import: pysyncobj, lmdb.
 """
 
@@ -57,6 +64,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 
 from rcq.client import Item, RcqClient, Transaction
 from rcq.errors import RcqError
+from rcq.spark.fragments import Fragments, fragments_with_items, reader_fragments, spread_of
 from rcq.spark.options import RcqOptions
 from rcq.spark.remote import call
 from rcq.spark.schema import arrow_schema, items_to_batch
@@ -67,26 +75,30 @@ log = logging.getLogger(__name__)
 
 class ReadPartition(InputPartition):
     """One reader task: up to ``max_items`` of the queue under ``label``, dequeue keys ``<key_prefix>:<chunk>``.
-    ``transaction_id``: a drain's driver-side transaction; None: find or begin one by label."""
+    ``transaction_id``: a drain's driver-side transaction; None: find or begin one by label (in
+    ``fragment``'s partition for a spread queue)."""
 
     def __init__(self, label: str, key_prefix: str, max_items: int, transaction_id: str | None = None,
-                 replay: bool = False) -> None:
+                 replay: bool = False, fragment: str | None = None) -> None:
         super().__init__(label)
         self.label = label
         self.key_prefix = key_prefix
         self.max_items = max_items
         self.transaction_id = transaction_id
         self.replay = replay  # a batch replayed after a restart: reuse a transaction or read nothing
+        self.fragment = fragment  # a spread queue: the partition whose fragment this task reads
 
 
 async def _transaction_for(client: RcqClient, options: RcqOptions, partition: ReadPartition) -> Transaction | None:
     if partition.transaction_id is not None:
         return client.attach(partition.transaction_id)
-    for described in await client.transactions(label_prefix=partition.label):
+    for described in await client.transactions(label_prefix=partition.label, complete=True):
         if described.get("label") == partition.label and described.get("state") == "open":
             return client.attach(described["transaction_id"], partition.label)
     if partition.replay:
         return None  # see the module docstring: a replay never reads fresh items
+    if partition.fragment is not None:
+        return await client.begin(options.transaction_timeout_s, partition.label, partition=partition.fragment)
     return await client.begin(options.transaction_timeout_s, partition.label)
 
 
@@ -152,6 +164,9 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.consumer_id = consumer_id
         self.budget_items: int | None = None  # availableNow: items left to read
         self.offered: set[int] = set()  # batches this reader announced; any other one is a replay
+        self.fragments: Fragments = None  # a spread queue's partitions, from the first queue info
+        self.fragments_known = False
+        self.with_items: dict[int, frozenset[str]] = {}  # an offered batch -> the fragments that had items
         self._settler: Settler | None = None  # made by the first settle: only the driver-side runner settles
 
     def __getstate__(self) -> dict[str, Any]:
@@ -179,7 +194,9 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.budget_items is None:
             return True
         uncounted = done - self.settler.counted_through
-        batch_items_max = self.options.num_partitions * self.options.max_items_per_partition
+        # the budget was read with the queue's info (prepareForTriggerAvailableNow): its fragments are known
+        tasks = len(reader_fragments(self.fragments, self.options.num_partitions))
+        batch_items_max = tasks * self.options.max_items_per_partition
         return self.budget_items - uncounted * batch_items_max > 0
 
     def _queue_info(self) -> dict[str, Any]:
@@ -187,7 +204,15 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             await client.wait_for_leader(self.options.retry_timeout_s)  # only the leader knows what is locked
             return await client.queue_info(self.options.queue)
 
-        return call(self.options, ask, "asking the queue's depth")
+        info = call(self.options, ask, "asking the queue's depth")
+        self.fragments, self.fragments_known = spread_of(info), True  # fixed: the first answer says it
+        return info
+
+    def task_fragments(self) -> list[str | None]:
+        """The fragment of each task of a batch (None each: not spread); asks the placement once."""
+        if not self.fragments_known:
+            self._queue_info()
+        return reader_fragments(self.fragments, self.options.num_partitions)
 
     def prepareForTriggerAvailableNow(self) -> None:
         # Everything in the queue now, including what a dead run holds locked (recovered below).
@@ -205,12 +230,17 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._count_committed()
         if self.budget_items is not None and self.budget_items <= 0:
             return start
-        if available_items(self._queue_info()) <= 0:
+        info = self._queue_info()
+        if available_items(info) <= 0:
             if not settler.wait():  # no next batch (the query ends or idles): commit before answering
                 settler.now(done)
             self._count_committed()
             return start
         self.offered.add(done + 1)
+        with_items = fragments_with_items(info, self.fragments, available_items)
+        if with_items is not None:
+            self.with_items = {b: f for b, f in self.with_items.items() if b > done - 2}
+            self.with_items[done + 1] = with_items
         return {"batch": done + 1}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ReadPartition]:
@@ -218,9 +248,12 @@ class RcqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if batch == int(start["batch"]):
             return []
         replay = batch not in self.offered  # from the offset log of an earlier run
+        # an offered batch of a spread queue skips the fragments that had nothing; a replay has every task
+        with_items = None if replay else self.with_items.get(batch)
         return [ReadPartition(f"{label_prefix(self.consumer_id)}{batch}:{i}", f"p{i}", self.options.max_items_per_partition,
-                              replay=replay)
-                for i in range(self.options.num_partitions)]
+                              replay=replay, fragment=fragment)
+                for i, fragment in enumerate(self.task_fragments())
+                if with_items is None or fragment in with_items]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ReadPartition)

@@ -162,8 +162,9 @@ def standalone_spark(spark_sessions: SparkSessions, spark_standalone: SparkStand
 
 @pytest.fixture(scope="session")
 def rcq_cluster() -> Iterator[LocalCluster]:
-    # partition ports for one partition besides p0, which tests/spark/test_partitions.py creates
-    with LocalCluster(nodes=3, partitions_max=1) as cluster:
+    # partition ports for two partitions besides p0: tests/spark/test_partitions.py creates p1, test_spread.py p2;
+    # no balancer: a leader it moves aborts the open transactions of a write in progress (docs/spark.md, "Limits")
+    with LocalCluster(nodes=3, partitions_max=2, node_overrides={"balance_leaders": False}) as cluster:
         try:
             cluster.wait_for_leader(LEADER_TIMEOUT_S)
         except TimeoutError:

@@ -6,6 +6,10 @@ succeeds), ``failBatch`` (streaming reads: only this micro-batch fails).
 A writer task fails after handing every row to the real writer, so most of
 them are already enqueued; a reader task fails after yielding its first
 rows, so its items are already dequeued.
+
+``failCommitOfBatch`` (the stream sink on a spread queue): that micro-batch's commit commits the
+first partition's transactions alone, then fails, as a driver dying between the partitions'
+commits would.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from typing import Any
 
 from pyspark import TaskContext
 
+from rcq.spark.fragments import by_partition
 from rcq.spark.source import RcqDataSource
 from rcq.spark.stream_reader import RcqStreamReader
-from rcq.spark.writer import RcqBatchWriter
+from rcq.spark.writer import RcqBatchWriter, RcqStreamWriter, commit_by_partition, transaction_ids
 
 
 class InjectedFailure(RuntimeError):
@@ -36,8 +41,8 @@ def _should_fail(options: dict[str, str]) -> bool:
 
 
 class FaultyBatchWriter(RcqBatchWriter):
-    def __init__(self, options: Any, raw: dict[str, str]) -> None:
-        super().__init__(options)
+    def __init__(self, options: Any, raw: dict[str, str], fragments: Any) -> None:
+        super().__init__(options, fragments)
         self.raw = raw
 
     def write(self, iterator: Iterator[Any]) -> Any:
@@ -47,6 +52,20 @@ class FaultyBatchWriter(RcqBatchWriter):
                 raise InjectedFailure("injected writer failure after every row was handed over")
 
         return super().write(rows())
+
+
+class FaultyStreamWriter(RcqStreamWriter):
+    def __init__(self, options: Any, sink_id: str, fragments: Any, raw: dict[str, str]) -> None:
+        super().__init__(options, sink_id, fragments)
+        self.raw = raw
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        if str(batchId) != self.raw.get("failcommitofbatch"):
+            super().commit(messages, batchId)
+            return
+        first, *_ = by_partition(transaction_ids(messages)).items()
+        commit_by_partition(self.options, dict([first]), f"{self.sink_id}:{batchId}")
+        raise InjectedFailure(f"injected driver failure after committing partition {first[0]} of batch {batchId}")
 
 
 class FaultyStreamReader(RcqStreamReader):
@@ -71,7 +90,11 @@ class FaultyRcqDataSource(RcqDataSource):
 
     def writer(self, schema: Any, overwrite: bool) -> Any:
         writer = super().writer(schema, overwrite)
-        return FaultyBatchWriter(writer.options, dict(self.options))
+        return FaultyBatchWriter(writer.options, dict(self.options), writer.fragments)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+        writer = super().streamWriter(schema, overwrite)
+        return FaultyStreamWriter(writer.options, writer.sink_id, writer.fragments, dict(self.options))
 
     def streamReader(self, schema: Any) -> Any:
         reader = super().streamReader(schema)

@@ -57,9 +57,10 @@ def test_bad_options_fail_the_spark_call_with_the_same_message(spark: Any, urls:
 
 
 @pytest.mark.spark
-def test_unreachable_cluster_fails_the_task_with_the_rcq_error_code(spark: Any) -> None:
+def test_unreachable_cluster_fails_the_write_with_the_rcq_error_code(spark: Any) -> None:
+    # the driver reads the queue's placement before any task runs (a spread queue's tasks each pick a fragment)
     df = spark.range(3).selectExpr("cast(id as string) AS value")
-    with pytest.raises(Exception, match="rcq unavailable: enqueueing partition"):
+    with pytest.raises(Exception, match="rcq unavailable: reading the queue's placement"):
         df.write.format("rcq").option("url", URL).option("queue", "q").option("retryTimeoutSeconds", "0.5") \
             .mode("append").save()
 

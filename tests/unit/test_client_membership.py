@@ -30,6 +30,7 @@ from rcq.client import (
     NotLeader,
     RcqClient,
     RcqError,
+    Unavailable,
     WouldLoseQuorum,
 )
 from rcq.client.wire import member_path
@@ -307,3 +308,14 @@ async def test_an_add_that_outlasts_its_timeout_has_an_unknown_outcome(monkeypat
 def test_the_membership_errors_are_exported():
     assert {"MembershipConflict", "MemberExists", "MemberNotFound", "NodeUnreachable",
             "WouldLoseQuorum"} <= set(rcq.client.__all__)
+
+
+async def test_a_complete_transaction_listing_refuses_one_missing_a_partition() -> None:
+    async with serving_fake() as node:
+        node.answer("GET", "/v1/transactions", {"transactions": [{"transaction_id": "p1.x", "label": "t"}],
+                                               "unanswered": ["p2"]})
+        async with RcqClient(node.url, channel=False, retry_timeout_s=0.5) as client:
+            assert len(await client.transactions("t")) == 1  # a listing as it came
+            with pytest.raises(Unavailable, match="p2") as refused:
+                await client.transactions("t", complete=True)  # "not listed" would not mean "not open"
+            assert refused.value.details["unanswered"] == ["p2"]
