@@ -7,6 +7,9 @@ an item committed in any fragment while it waits."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -313,3 +316,14 @@ def test_a_read_and_a_take_pass_over_a_fragment_whose_partition_has_no_leader(cl
     cluster.wait_partitions_led(["p2"], CLUSTER_WAIT_S)
     back = ask(cluster, f"/v1/queues/{queue}")
     assert "unanswered" not in back and back["by_partition"]["p2"]["count"] == 1, back
+
+
+def test_the_readmes_spread_command_spreads_a_queue(cluster: LocalCluster) -> None:
+    queue = fresh_queue("jobs")
+    assert cluster.token is not None
+    env = {**os.environ, "RCQ_URLS": ",".join(cluster.urls), "RCQ_TOKEN": cluster.token}
+    done = subprocess.run([sys.executable, "-m", "rcq", "queue", "configure", queue, "--partitions", "p0,p1,p2"],
+                          env=env, capture_output=True, text=True, timeout=CLUSTER_WAIT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    stats = ask(cluster, f"/v1/queues/{queue}/stats")
+    assert stats["spread"] and stats["settings"]["partitions"] == SPREAD, stats
