@@ -144,7 +144,7 @@ class RecordingClient:
         self.begun += 1
         return Transaction(self.transport, f"{self.begun:x}.{'0' * 24}", label=label)  # type: ignore[arg-type]
 
-    async def transactions(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
+    async def transactions(self, label_prefix: str | None = None, *, complete: bool = False) -> list[dict[str, Any]]:
         return []
 
 
