@@ -148,12 +148,12 @@ async def _session(client: RcqClient, queue: str) -> int:
         return 1 if await transaction.dequeue(queue) is not None else 0
 
 
-async def _enqueue_hundred(client: RcqClient, queue: str) -> int:
+async def enqueue_hundred(client: RcqClient, queue: str) -> int:
     await client.enqueue(queue, *[ITEM_100_BYTES] * 100)
     return 100
 
 
-async def _dequeue_hundred(client: RcqClient, queue: str) -> int:
+async def dequeue_hundred(client: RcqClient, queue: str) -> int:
     async with client.transaction() as transaction:
         return len(await transaction.dequeue_batch(queue, 100))
 
@@ -179,8 +179,8 @@ SCENARIOS: dict[str, tuple[Operation, int]] = {  # name -> (operation, items it 
     "enqueue-1": (_enqueue_one, 0),
     "dequeue-1": (_dequeue_one, 1),
     "session": (_session, 1),
-    "enqueue-100": (_enqueue_hundred, 0),
-    "dequeue-100": (_dequeue_hundred, 100),
+    "enqueue-100": (enqueue_hundred, 0),
+    "dequeue-100": (dequeue_hundred, 100),
     # The session scenario on queues with settings (docs/queue-features.md): delivery counts
     # replicated at each dequeue (max_deliveries), 10% poison items, 3 priorities.
     "session-limited": (_session, 1),

@@ -53,7 +53,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.partitions import spread_leaders
-from bench.scenarios import ITEM_100_BYTES, Target, fresh_cluster, prefill, run_scenario
+from bench.scenarios import (
+    Target,
+    dequeue_hundred,
+    enqueue_hundred,
+    fresh_cluster,
+    prefill,
+    run_scenario,
+)
 from rcq.client import RcqClient
 from rcq.local.cluster import ADMIN_TOKEN_NAME, LocalCluster
 from rcq.spark.fragments import reader_fragments
@@ -136,16 +143,9 @@ async def spread_rcq_bench(target: Target, spread: list[str], concurrency: int, 
     round the fragments) and ``dequeue-100`` (transactions of 100 dequeued, each in the next fragment
     in turn), ``concurrency`` callers with a client each."""
 
-    async def enqueue(client: RcqClient, queue: str) -> int:
-        await client.enqueue(queue, *[ITEM_100_BYTES] * 100)
-        return 100
-
-    async def dequeue(client: RcqClient, queue: str) -> int:
-        async with client.transaction() as transaction:
-            return len(await transaction.dequeue_batch(queue, 100))
-
     figures = {}
-    for name, operation, items in (("spread-enqueue-100", enqueue, 0), ("spread-dequeue-100", dequeue, 150_000)):
+    for name, operation, items in (("spread-enqueue-100", enqueue_hundred, 0),
+                                   ("spread-dequeue-100", dequeue_hundred, 150_000)):
         queue = f"bench-{name}-{uuid.uuid4().hex[:8]}"
         await make_spread(target, queue, spread)
         if items:
