@@ -25,7 +25,7 @@ from rcq.client import hooks
 from rcq.client.exchange import tls_context
 from rcq.client.partition_admin import MEMBERSHIP_CHANGE_MS, PartitionAdmin, waited_ms
 from rcq.client.retry import COMMIT, MEMBERSHIP, SAFE, WRITE, WRITE_ELSEWHERE_IF_FULL, Attempts, Request
-from rcq.client.spread import each_fragment, enqueue_partitions
+from rcq.client.spread import FRAGMENT_PASS_BUDGET_S, each_fragment, enqueue_partitions
 from rcq.client.transaction import Transaction, TransactionContext, items_received, received, timeout_s_of
 from rcq.client.transport import Transport
 from rcq.client.wire import (
@@ -170,12 +170,13 @@ class RcqClient(PartitionAdmin):
 
     async def _receive(self, queue: str, body: dict[str, Any], wait_ms: int, label: str | None,
                        partition_key: str | None) -> Transaction | None:
-        async def send(partition: str | None, wait: int) -> Transaction | None:
+        async def send(partition: str | None, wait: int, budget_s: float | None) -> Transaction | None:
             sent = {**body, "wait_ms": wait}
             rest = sent if partition_key is None else {**sent, "partition_key": partition_key}
             answer = await self._transport.request(
                 Request("POST", queue_path(queue, "receive"), rest, SAFE,
-                        batch_operation={"op": "receive", "queue": queue, **sent}, wait_ms=wait, partition=partition))
+                        batch_operation={"op": "receive", "queue": queue, **sent}, wait_ms=wait, partition=partition,
+                        budget_s=budget_s))
             return received(self._transport, answer, label)
 
         return cast("Transaction | None", await each_fragment(self._transport.routes, queue, wait_ms, send,
@@ -281,12 +282,12 @@ class RcqClient(PartitionAdmin):
             rest_body["partition_key"] = partition_key
         batch_operation = {"op": "execute", "idempotency_key": key, "operations": [operation]}
         order = await enqueue_partitions(self._transport.routes, queue, fragment_key)
-        for partition in order[:-1]:  # a spread queue's fragments but the last: on to the next when full
-            try:
+        for partition in order[:-1]:  # a spread queue's fragments but the last: on when full or dark
+            try:  # Unavailable: nothing ran there (ran maybe: CommitOutcomeUnknown), so the key is free
                 answer = await self._transport.request(
                     Request("POST", queue_path(queue, "enqueue"), rest_body, WRITE_ELSEWHERE_IF_FULL,
-                            batch_operation=batch_operation, partition=partition))
-            except QueueFull:
+                            batch_operation=batch_operation, partition=partition, budget_s=FRAGMENT_PASS_BUDGET_S))
+            except (QueueFull, Unavailable):
                 continue
             return commit_info(answer)
         answer = await self._transport.request(
@@ -314,7 +315,7 @@ class RcqClient(PartitionAdmin):
             queue, max_items, wait_ms, partition_key), list)
 
     async def _dequeue_items(self, queue: str, max_items: int, wait_ms: int, partition_key: str | None) -> list[Item]:
-        async def send(partition: str | None, wait: int) -> list[Item]:
+        async def send(partition: str | None, wait: int, budget_s: float | None) -> list[Item]:
             dequeue: dict[str, Any] = {"op": "dequeue", "queue": queue, "max_items": max_items}
             if wait:  # the session channel carries waiting requests too
                 dequeue["wait_ms"] = wait
@@ -324,7 +325,7 @@ class RcqClient(PartitionAdmin):
                 rest["partition_key"] = partition_key
             answer = await self._transport.request(
                 Request("POST", queue_path(queue, "dequeue"), rest, WRITE,
-                        batch_operation=batch_operation, wait_ms=wait, partition=partition))
+                        batch_operation=batch_operation, wait_ms=wait, partition=partition, budget_s=budget_s))
             return [item for result in execute_result(answer).results for item in result.items]
 
         return list(await each_fragment(self._transport.routes, queue, wait_ms, send, bool, partition_key))

@@ -111,7 +111,10 @@ class Request:
     """One request. ``batch_operation``: the same request as a sub-request of ``POST /v1/batch``
     (None: it is never coalesced). ``wait_ms``: how long the server may hold it before answering.
     ``partition``: where it is sent (rcq.client.routes); an answer ``421 wrong_partition`` sends it
-    on to the partition it names."""
+    on to the partition it names. ``budget_s``: how long this request may take in all, its retries
+    and each attempt's wait for an answer (None: the client's ``retry_timeout_s`` and
+    ``request_timeout_s``; a part of a coalesced batch waits for an answer as long as the batch); a
+    spread queue's fragment that is passed over when dark gets a short one (rcq.client.spread)."""
 
     method: str
     path: str
@@ -121,6 +124,7 @@ class Request:
     batch_operation: dict[str, Any] | None = None
     wait_ms: int = 0
     partition: str | None = None  # the partition whose leader runs it (None: p0)
+    budget_s: float | None = None
 
 
 @dataclass(slots=True)

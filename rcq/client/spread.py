@@ -3,9 +3,13 @@
 A spread queue has a fragment in each of its partitions. A one-request enqueue goes to the
 fragment of its ``partition_key``, else of the idempotency key its caller gave (a retry under the
 same key must reach the fragment that remembers it), else to the next fragment in turn (each
-client keeps its own turn per queue), moving on while a fragment is full; a one-request dequeue or
+client keeps its own turn per queue), moving on while a fragment is full or dark (below); a one-request dequeue or
 receive goes to its ``partition_key``'s fragment, or tries each fragment in turn without waiting
-until one has items, and spends its wait, if any, in the last one. The client learns the cluster's
+until one has items, and spends its wait, if any, in the last one. A fragment is given
+FRAGMENT_PASS_BUDGET_S there (a node's own port: 2 s): one whose partition has no leader that
+answers (``Unavailable``: nothing ran) is passed over; a leader that took the request and never
+answered leaves a dequeue's outcome unknown (``CommitOutcomeUnknown``, raised: it may have taken
+items) and a receive's transaction holding what it took until its deadline (passed over). The client learns the cluster's
 partitions once (``GET /v1/cluster/partitions``; a listing of p0 alone is asked again now and
 then) and, when there are several, a queue's placement once (``GET /v1/queues/{q}/placement``):
 then each verb goes straight to its fragment's partition leader, and a spread queue's load is
@@ -20,7 +24,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rcq.client.routes import Routes
+from rcq.errors import Unavailable
 from rcq.names import fragment_for
+
+# How long a one-request verb gives one fragment of several, retries included, before passing over
+# it. Longer than the 2 s a node's own port waits (rcq.server.http.spread_queues), which waits for a
+# leader its directory knows: the client cannot tell a stopped leader from a slow one, and a slow
+# answer cut short leaves a dequeue's or an enqueue's outcome unknown.
+FRAGMENT_PASS_BUDGET_S = 5.0
 
 
 async def one_request_partition(routes: Routes, queue: str) -> str | None:
@@ -51,22 +62,34 @@ async def enqueue_partitions(routes: Routes, queue: str, key: str | None) -> lis
     return list(spread[start:] + spread[:start])
 
 
-async def each_fragment(routes: Routes, queue: str, wait_ms: int, send: Callable[[str | None, int], Awaitable[Any]],
+async def each_fragment(routes: Routes, queue: str, wait_ms: int,
+                        send: Callable[[str | None, int, float | None], Awaitable[Any]],
                         took: Callable[[Any], bool], partition_key: str | None = None) -> Any:
-    """``send(partition, wait_ms)`` of a one-request dequeue or receive: on a spread queue, the
-    ``partition_key``'s fragment, or each fragment in turn without waiting until ``took`` its
-    answer, the wait then spent in the last."""
+    """``send(partition, wait_ms, budget_s)`` of a one-request dequeue or receive: on a spread
+    queue, the ``partition_key``'s fragment, or each fragment in turn without waiting until ``took``
+    its answer, passing over the dark ones (the module docstring), the wait then spent in the last
+    one that answered; every fragment dark: its ``Unavailable``."""
     first = await one_request_partition(routes, queue)
     spread = routes.spread(queue)
     if spread is None:
-        return await send(first, wait_ms)
+        return await send(first, wait_ms, None)
     if partition_key is not None:
-        return await send(fragment_for(partition_key, spread), wait_ms)
+        return await send(fragment_for(partition_key, spread), wait_ms, None)
     partition: str | None = first
+    answered: str | None = None
     answer: Any = None
+    dark: Unavailable | None = None
     for _ in range(len(spread)):
-        answer = await send(partition, 0)
-        if took(answer):
-            return answer
+        try:
+            answer = await send(partition, 0, FRAGMENT_PASS_BUDGET_S)
+        except Unavailable as exc:
+            dark = exc
+        else:
+            if took(answer):
+                return answer
+            answered = partition
         partition = routes.next_fragment(queue, spread)
-    return await send(partition, wait_ms) if wait_ms else answer
+    if answered is None:
+        assert dark is not None
+        raise dark
+    return await send(answered, wait_ms, None) if wait_ms else answer

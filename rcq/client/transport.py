@@ -186,7 +186,7 @@ class Transport:
         """The answer of ``request`` from the leader, retried as its policy allows until the deadline.
         ``attempts`` tells the caller whether an attempt may have executed."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._retry_timeout_s
+        deadline = loop.time() + (self._retry_timeout_s if request.budget_s is None else request.budget_s)
         attempts = attempts if attempts is not None else Attempts()
         # The one place that decides: a request with a batch form that does not wait is coalesced
         # (a waiting one would hold the whole batch up).
@@ -292,7 +292,8 @@ class Transport:
         """One exchange with the current target: a frame of its channel, else REST."""
         node_url = leaders.target()
         wait_s = request.wait_ms / 1000
-        timeout_s = self.request_timeout_s + wait_s  # the server may hold it that long
+        timeout_s = (self.request_timeout_s if request.budget_s is None
+                     else min(self.request_timeout_s, request.budget_s)) + wait_s  # the server may hold it that long
         answer = None
         if request.batch_operation is not None:
             answer = await self._over_channel(node_url, request.batch_operation, timeout_s, leaders, wait_s)

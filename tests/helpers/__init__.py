@@ -33,6 +33,7 @@ CLUSTER_WAIT_S = 60.0  # any other wait on a cluster that the test loads, kills 
 QUIET_CLUSTER_WAIT_S = 30.0  # a wait on a cluster with no load but the test's own requests
 BALANCE_WAIT_S = 120.0  # the balancer spreads partition leaders: a move at a time, each seen before the next
 SPREAD_RECEIVE_WAIT_S = 20.0  # a long poll over a spread queue's fragments outlasts a commit into one of them
+FRAGMENT_PASS_WAIT_S = 15.0  # a client's one-request verb is done with a dark fragment (its 5 s budget, loaded)
 MEMBER_CHANGE_TIMEOUT_S = 90.0  # a partition's member added or removed, and every member caught up (seconds here)
 TOKEN_RELOAD_TIMEOUT_S = 10.0  # nodes re-read a changed tokens file within about a second
 FLOOD_REQUEST_TIMEOUT_S = 60.0  # one request of a client while the test floods the cluster

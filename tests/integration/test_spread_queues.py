@@ -7,6 +7,7 @@ an item committed in any fragment while it waits."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -18,10 +19,10 @@ from typing import Any
 import pytest
 
 from rcq.client import RcqClient, SyncClient
-from rcq.errors import QueueFull
+from rcq.errors import CommitOutcomeUnknown, QueueFull
 from rcq.local.cluster import LocalCluster
 from rcq.names import fragment_for
-from tests.helpers import CLUSTER_WAIT_S, LEADER_TIMEOUT_S, SPREAD_RECEIVE_WAIT_S
+from tests.helpers import CLUSTER_WAIT_S, FRAGMENT_PASS_WAIT_S, LEADER_TIMEOUT_S, SPREAD_RECEIVE_WAIT_S
 from tests.helpers.cluster import fresh_queue, partitioned_cluster
 
 pytestmark = pytest.mark.cluster
@@ -316,6 +317,35 @@ def test_a_read_and_a_take_pass_over_a_fragment_whose_partition_has_no_leader(cl
     cluster.wait_partitions_led(["p2"], CLUSTER_WAIT_S)
     back = ask(cluster, f"/v1/queues/{queue}")
     assert "unanswered" not in back and back["by_partition"]["p2"]["count"] == 1, back
+
+
+async def test_the_clients_one_request_takes_pass_over_a_fragment_whose_leader_stopped(cluster: LocalCluster) -> None:
+    queue = fresh_queue("dark-client")
+    ask(cluster, f"/v1/queues/{queue}", "PUT", {"partitions": SPREAD})
+    enqueue_in(cluster, "p1", queue, ["in-p1"])
+    enqueue_in(cluster, "p2", queue, ["in-p2"])
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:
+        assert await client.count(queue) == 2  # the client knows the placement and p2's leader now
+        paused = [cluster.pause_partition_process(i, "p2") for i in range(3)]  # p2's leader stops answering
+        try:
+            for _ in SPREAD:  # a receive from every turn: the one that meets p2 first passes over it
+                started = time.monotonic()
+                tx = await client.receive(queue, 5)
+                assert time.monotonic() - started < FRAGMENT_PASS_WAIT_S, time.monotonic() - started
+                assert tx is not None and [item.value for item in tx.items] == [b"in-p1"], tx
+                await tx.abort()
+            taken: list[bytes] = []
+            for _ in range(2):  # a dequeue that met p2's stopped leader cannot know whether it took items there
+                started = time.monotonic()
+                with contextlib.suppress(CommitOutcomeUnknown):
+                    taken.extend(await client.dequeue(queue, 5))
+                assert time.monotonic() - started < FRAGMENT_PASS_WAIT_S, time.monotonic() - started
+            assert taken in ([], [b"in-p1"]), taken
+        finally:
+            for pid in paused:
+                if pid is not None:
+                    cluster.resume_process(pid)
+    cluster.wait_partitions_led(["p2"], CLUSTER_WAIT_S)
 
 
 def test_the_readmes_spread_command_spreads_a_queue(cluster: LocalCluster) -> None:

@@ -4,12 +4,15 @@ key names, the fragments' turns, and one answer made of every fragment's."""
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rcq.errors import InvalidRequest
+from rcq.client.routes import Routes
+from rcq.client.spread import FRAGMENT_PASS_BUDGET_S, each_fragment
+from rcq.errors import CommitOutcomeUnknown, InvalidRequest, Unavailable
 from rcq.names import check_partition_key, fragment_for
 from rcq.server.http.models import QueueSettingsRequest
 from rcq.server.http.spread_queues import Turns, _took, fragment_settings, merged_read, merged_write
@@ -77,3 +80,56 @@ def test_a_partition_key_is_one_to_two_hundred_characters() -> None:
     for bad in ("", "k" * 201):
         with pytest.raises(InvalidRequest, match="partition_key"):
             check_partition_key(bad)
+
+
+async def _no_listing(path: str) -> dict[str, Any]:
+    raise AssertionError(f"the placement is known: nothing is asked ({path})")
+
+
+def _spread_routes() -> Routes:
+    routes = Routes(_no_listing)
+    routes.learn_placement("q", SPREAD)
+    return routes
+
+
+async def test_the_clients_take_passes_over_dark_fragments_and_raises_when_all_are() -> None:
+    sent: list[tuple[str | None, int, float | None]] = []
+
+    async def send(partition: str | None, wait_ms: int, budget_s: float | None) -> list[str]:
+        sent.append((partition, wait_ms, budget_s))
+        if partition == "p1":
+            raise Unavailable("p1 has no leader")
+        return ["item"] if partition == "p2" else []
+
+    routes = _spread_routes()
+    assert await each_fragment(routes, "q", 0, send, bool) == ["item"]
+    assert [p for p, _, _ in sent] == ["p0", "p1", "p2"] and {b for _, _, b in sent} == {FRAGMENT_PASS_BUDGET_S}
+
+    async def dark(partition: str | None, wait_ms: int, budget_s: float | None) -> list[str]:
+        raise Unavailable(f"{partition} has no leader")
+
+    with pytest.raises(Unavailable):
+        await each_fragment(routes, "q", 1000, dark, bool)
+
+
+async def test_the_clients_take_waits_in_a_fragment_that_answered_not_in_a_dark_one() -> None:
+    sent: list[tuple[str | None, int]] = []
+
+    async def send(partition: str | None, wait_ms: int, budget_s: float | None) -> list[str]:
+        sent.append((partition, wait_ms))
+        if partition == "p2":
+            raise Unavailable("p2 has no leader")
+        return []
+
+    assert await each_fragment(_spread_routes(), "q", 1000, send, bool) == []
+    assert sent == [("p0", 0), ("p1", 0), ("p2", 0), ("p1", 1000)], sent
+
+
+async def test_the_clients_take_lets_an_unknown_outcome_through() -> None:
+    async def send(partition: str | None, wait_ms: int, budget_s: float | None) -> list[str]:
+        if partition == "p1":
+            raise CommitOutcomeUnknown("p1's leader took it and never answered")
+        return []
+
+    with pytest.raises(CommitOutcomeUnknown):
+        await each_fragment(_spread_routes(), "q", 0, send, bool)
