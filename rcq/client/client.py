@@ -25,7 +25,8 @@ from rcq.client import hooks
 from rcq.client.exchange import tls_context
 from rcq.client.partition_admin import MEMBERSHIP_CHANGE_MS, PartitionAdmin, waited_ms
 from rcq.client.retry import COMMIT, MEMBERSHIP, SAFE, WRITE, WRITE_ELSEWHERE_IF_FULL, Attempts, Request
-from rcq.client.spread import FRAGMENT_PASS_BUDGET_S, each_fragment, enqueue_partitions
+from rcq.client.spread import FRAGMENT_PASS_BUDGET_S, each_fragment, enqueue_partitions, shared_spread
+from rcq.client.spread_execute import execute_spread
 from rcq.client.transaction import Transaction, TransactionContext, items_received, received, timeout_s_of
 from rcq.client.transport import Transport
 from rcq.client.wire import (
@@ -336,13 +337,19 @@ class RcqClient(PartitionAdmin):
         exactly once under retries (a retry key is made if ``idempotency_key`` is None); dequeues are at
         most once, and a ``duplicate`` answer carries no items."""
         key = idempotency_key if idempotency_key is not None else retry_key()
+        keyed = idempotency_key is not None
         if not hooks.instrumented():
-            return await self._execute(list(operations), key)
-        return await hooks.active().execute(self._transport, list(operations), lambda sent: self._execute(sent, key),
+            return await self._execute(list(operations), key, keyed)
+        return await hooks.active().execute(self._transport, list(operations),
+                                            lambda sent: self._execute(sent, key, keyed),
                                             lambda result: [item for done in result.results for item in done.items])
 
-    async def _execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]], key: str) -> ExecuteResult:
+    async def _execute(self, operations: Iterable[Enqueue | Dequeue | Mapping[str, Any]], key: str,
+                       keyed: bool) -> ExecuteResult:
         bodies = [operation_body(operation) for operation in operations]
+        spread = await shared_spread(self._transport.routes, list(dict.fromkeys(str(b.get("queue")) for b in bodies)))
+        if spread is not None:
+            return await execute_spread(self._transport, spread, bodies, key, keyed)
         body = {"operations": bodies, "idempotency_key": key}
         # Where its queues all live, if the client knows; else p0, which has the directory and sends
         # it on (421) or refuses queues of two partitions (409 cross_partition_transaction).

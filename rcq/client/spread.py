@@ -34,16 +34,30 @@ from rcq.names import fragment_for
 FRAGMENT_PASS_BUDGET_S = 5.0
 
 
-async def one_request_partition(routes: Routes, queue: str) -> str | None:
-    """Where a one-request verb on ``queue`` goes: its partition as known (None: p0, which routes
-    it); a spread queue's next fragment in turn."""
+async def spread_of(routes: Routes, queue: str) -> tuple[str, ...] | None:
+    """``queue``'s partitions if it is spread over several (learnt once), else None."""
     spread = routes.spread(queue)
     if spread is None and routes.placed(queue) is None and routes.single() is None:
         await routes.partitions()
     if spread is None and routes.placed(queue) is None and routes.single() is False:
         placement = await routes.placement_of(queue)
         spread = placement if len(placement) > 1 else None
+    return spread
+
+
+async def one_request_partition(routes: Routes, queue: str) -> str | None:
+    """Where a one-request verb on ``queue`` goes: its partition as known (None: p0, which routes
+    it); a spread queue's next fragment in turn."""
+    spread = await spread_of(routes, queue)
     return routes.placed(queue) if spread is None else routes.next_fragment(queue, spread)
+
+
+async def shared_spread(routes: Routes, queues: list[str]) -> tuple[str, ...] | None:
+    """The partitions of an ``execute``'s queues when they are all spread over the same ones (it
+    then runs in one of them, chosen here); None otherwise (the node of p0 chooses, or refuses)."""
+    spreads = {await spread_of(routes, queue) for queue in queues}
+    spread = spreads.pop() if len(spreads) == 1 else None
+    return spread
 
 
 async def enqueue_partitions(routes: Routes, queue: str, key: str | None) -> list[str | None]:

@@ -7,6 +7,7 @@ an item committed in any fragment while it waits."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -18,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from rcq.client import RcqClient, SyncClient
+from rcq.client import Dequeue, Enqueue, RcqClient, SyncClient
 from rcq.errors import CommitOutcomeUnknown, QueueFull
 from rcq.local.cluster import LocalCluster
-from rcq.names import fragment_for
+from rcq.names import fragment_for, transaction_partition
 from tests.helpers import CLUSTER_WAIT_S, FRAGMENT_PASS_WAIT_S, LEADER_TIMEOUT_S, SPREAD_RECEIVE_WAIT_S
 from tests.helpers.cluster import fresh_queue, partitioned_cluster
 
@@ -143,6 +144,69 @@ def test_one_consumer_drains_every_fragment_and_a_long_poll_finds_an_item_in_any
     assert answers and [i["value"] for i in answers[0]["items"]] == ["late"], answers
     assert answers[0]["partition"] == "p2" and answers[0]["transaction_id"].startswith("p2.")
     assert ask(cluster, f"/v1/transactions/{answers[0]['transaction_id']}/commit", "POST", {})["committed"]
+
+
+def test_an_execute_over_spread_queues_runs_in_one_partition_and_no_fragment_starves(cluster: LocalCluster) -> None:
+    queue, other = fresh_queue("ex"), fresh_queue("ex-to")
+    for name in (queue, other):
+        ask(cluster, f"/v1/queues/{name}", "PUT", {"partitions": SPREAD})
+    went = [ask(cluster, "/v1/execute", "POST", {"operations": [
+        {"op": "enqueue", "queue": queue, "items": [f"v{i}"]}]})["partition"] for i in range(6)]
+    assert sorted(went) == sorted(SPREAD * 2), went  # keyless writes: each partition in turn
+    keyed = [ask(cluster, "/v1/execute", "POST", {"idempotency_key": "ex-key", "operations": [
+        {"op": "enqueue", "queue": queue, "items": ["k"]}]}) for _ in range(2)]
+    assert {a["partition"] for a in keyed} == {fragment_for("ex-key", SPREAD)} and keyed[1]["duplicate"], keyed
+    # a move between two queues spread over the same partitions: one transaction, one partition
+    moved = ask(cluster, "/v1/execute", "POST", {"operations": [
+        {"op": "dequeue", "queue": queue, "max_items": 1}, {"op": "enqueue", "queue": other, "items": ["m"]}]})
+    assert len(moved["results"][0]["items"]) == 1, moved
+    assert ask(cluster, f"/v1/queues/{other}")["by_partition"][moved["partition"]]["count"] == 1
+    # dequeues alone take from whichever fragment has items: one consumer drains them all
+    got: list[str] = []
+    for _ in range(12):
+        answer = ask(cluster, "/v1/execute", "POST", {"operations": [{"op": "dequeue", "queue": queue, "max_items": 1}]})
+        got += [item["value"] for item in answer["results"][0]["items"]]
+    assert len(got) == len(set(got)) == 6 and set(got) < {f"v{i}" for i in range(6)} | {"k"}, got  # one was moved
+    assert ask(cluster, f"/v1/queues/{queue}")["count"] == 0
+    refused = ask(cluster, "/v1/execute", "POST", {"operations": [{"op": "dequeue", "queue": queue, "wait_ms": 10**9}]})
+    assert refused["error"]["code"] == "invalid_request", refused
+    # every fragment empty: an execute's waiting dequeue finds an item committed in p2 meanwhile
+    answers: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: answers.append(ask(
+        cluster, "/v1/execute", "POST", {"operations": [
+            {"op": "dequeue", "queue": queue, "wait_ms": int(SPREAD_RECEIVE_WAIT_S * 1000)}]},
+        timeout_s=SPREAD_RECEIVE_WAIT_S + CLUSTER_WAIT_S)))
+    waiter.start()
+    enqueue_in(cluster, "p2", queue, ["late"])
+    waiter.join(SPREAD_RECEIVE_WAIT_S + CLUSTER_WAIT_S)
+    assert answers and [i["value"] for i in answers[0]["results"][0]["items"]] == ["late"], answers
+    assert answers[0]["partition"] == "p2", answers
+
+
+async def test_the_clients_execute_on_spread_queues_runs_in_one_partition_and_finds_items(cluster: LocalCluster) -> None:
+    queue, other = fresh_queue("cx"), fresh_queue("cx-to")
+    for name in (queue, other):
+        ask(cluster, f"/v1/queues/{name}", "PUT", {"partitions": SPREAD})
+    async with RcqClient(cluster.urls, **cluster.client_options()) as client:
+        went = [transaction_partition((await client.execute([Enqueue(queue, [f"v{i}"])])).transaction_id)
+                for i in range(6)]
+        assert sorted(went) == sorted(SPREAD * 2), went  # keyless writes: each partition in turn
+        keyed = [await client.execute([Enqueue(queue, ["k"])], idempotency_key="cx-key") for _ in range(2)]
+        assert {transaction_partition(r.transaction_id) for r in keyed} == {fragment_for("cx-key", SPREAD)}
+        assert keyed[1].duplicate, keyed
+        moved = await client.execute([Dequeue(queue, 1), Enqueue(other, ["m"])])  # one transaction, one partition
+        assert len(moved.results[0].items) == 1, moved
+        home = transaction_partition(moved.transaction_id)
+        assert (await client.queue_info(other))["by_partition"][home]["count"] == 1
+        got: list[bytes] = []
+        for _ in range(12):  # dequeues alone find the fragment that has items: one consumer drains them all
+            got += (await client.execute([Dequeue(queue, 1)])).results[0].values
+        assert len(got) == len(set(got)) == 6 and await client.count(queue) == 0, got
+        waiting = asyncio.ensure_future(client.execute([Dequeue(queue, 1, wait_ms=int(SPREAD_RECEIVE_WAIT_S * 1000))]))
+        await asyncio.sleep(0)
+        await asyncio.to_thread(enqueue_in, cluster, "p2", queue, ["late"])
+        late = await asyncio.wait_for(waiting, SPREAD_RECEIVE_WAIT_S + CLUSTER_WAIT_S)
+        assert late.results[0].values == [b"late"], late
 
 
 async def test_the_clients_transactions_take_the_fragments_in_turn_and_a_key_keeps_to_one(

@@ -26,7 +26,8 @@ keyed enqueue does not move: its retry must find the fragment that remembers it)
 receive takes from the first fragment that has items, each tried in turn without waiting,
 then, while its ``wait_ms`` lasts, each waited on for WAIT_SLICE_MS at most, so a long poll
 finds an item in any fragment within a slice per fragment. The answer names the ``partition``
-it came from; a receive's transaction lives there.
+it came from; a receive's transaction lives there. ``/v1/execute`` on queues that share several
+partitions runs in one of them the same way (:func:`execute`).
 
 A partition process knows only its own fragment and answers for it alone, as for any queue.
 
@@ -260,12 +261,25 @@ async def take(request: web.Request, queue: str, partitions: list[str], verb: st
     in turn without waiting; then, while ``wait_ms`` lasts, each in turn waiting WAIT_SLICE_MS at
     most, so an item in any fragment is found within a slice per fragment. With a partition key,
     its fragment alone (waiting all of ``wait_ms`` there)."""
-    wait_ms = int(body.get("wait_ms") or 0)
+    wait_ms = _checked_wait(request, int(body.get("wait_ms") or 0))
+    order = request.app[SPREAD_TURNS].order(queue, partitions, body.get("partition_key"))
+    return await _first_that_takes(request, order, f"/v1/queues/{queue}/{verb}", wait_ms,
+                                   lambda wait: {**body, "wait_ms": wait}, local)
+
+
+def _checked_wait(request: web.Request, wait_ms: int) -> int:
     longest = request.app[CONFIG].dequeue_wait_max_ms
     if wait_ms > longest:  # as a plain queue's dequeue refuses it: each fragment sees only a slice of it
         raise InvalidRequest(f"wait_ms {wait_ms} is over the limit {longest}")
-    order = request.app[SPREAD_TURNS].order(queue, partitions, body.get("partition_key"))
-    path = f"/v1/queues/{queue}/{verb}"
+    return wait_ms
+
+
+async def _first_that_takes(request: web.Request, order: list[str], path: str, wait_ms: int,
+                            waiting_for: Callable[[int], dict[str, Any]],
+                            local: Callable[[dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+                            ) -> tuple[int, dict[str, Any]]:
+    """``waiting_for(ms)`` (the request's body, waiting that long) at each of ``order`` until one
+    takes items: without waiting first, then in slices while ``wait_ms`` lasts (see :func:`take`)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     waiting = False
@@ -274,7 +288,7 @@ async def take(request: web.Request, queue: str, partitions: list[str], verb: st
         for partition in order:
             left_ms = max(0, int((deadline - loop.time()) * 1000))
             wait_ms = (left_ms if len(order) == 1 else min(left_ms, WAIT_SLICE_MS)) if waiting else 0
-            sent = {**body, "wait_ms": wait_ms}
+            sent = waiting_for(wait_ms)
             try:  # a fragment whose partition has no leader is passed over; all of them: 503
                 status, answer = await _at(request, partition, path, sent, functools.partial(local, sent),
                                            FRAGMENT_LEADER_WAIT_S if len(order) > 1 else FORWARD_TIMEOUT_S)
@@ -290,6 +304,49 @@ async def take(request: web.Request, queue: str, partitions: list[str], verb: st
         if loop.time() >= deadline:
             return status, {**answer, "partition": partition}
         waiting = True
+
+
+def execute_spread(app: web.Application, queues: list[str]) -> list[str] | None:
+    """The partitions a ``/v1/execute`` on ``queues`` may run in, at a node's own port, when several
+    hold a fragment of each; None otherwise (one partition or none: the routing decides)."""
+    if app[CONFIG].partition_name is not None or not queues:
+        return None
+    placements = [app[PARTITION_DIRECTORY].placed(queue) for queue in dict.fromkeys(queues)]
+    if all(len(placed) <= 1 for placed in placements):
+        return None
+    common = [p for p in placements[0] if all(p in placed for placed in placements[1:])]
+    return common if len(common) > 1 else None
+
+
+async def execute(request: web.Request, partitions: list[str], body: dict[str, Any],
+                  local: Callable[[dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]) -> tuple[int, dict[str, Any]]:
+    """``/v1/execute`` over queues that share several partitions: one transaction, run in one of
+    them. With an idempotency key, the key's (a retry reaches the partition that remembers it);
+    without one, dequeues alone take from the first partition that has items, as :func:`take`
+    (each dequeue waiting in slices: its own ``wait_ms`` at most), and operations that enqueue go
+    to the next partition in turn, moving on while one is full or has no leader (nothing ran)."""
+    operations = body.get("operations") or []
+    queue = str(operations[0].get("queue"))  # whose turn: the first queue's
+    key = body.get("idempotency_key")
+    order = request.app[SPREAD_TURNS].order(queue, partitions, None) if key is None else [fragment_for(str(key), partitions)]
+    if key is None and all(op.get("op") == "dequeue" for op in operations):
+        wait_ms = _checked_wait(request, max(int(op.get("wait_ms") or 0) for op in operations))
+        return await _first_that_takes(request, order, "/v1/execute", wait_ms, lambda wait: {
+            **body, "operations": [{**op, "wait_ms": min(int(op.get("wait_ms") or 0), wait)} for op in operations]},
+            local)
+    for n, partition in enumerate(order, 1):
+        try:
+            status, answer = await _at(request, partition, "/v1/execute", body, functools.partial(local, body),
+                                       FRAGMENT_LEADER_WAIT_S if n < len(order) else FORWARD_TIMEOUT_S)
+        except Unavailable:
+            if n == len(order):
+                raise
+            continue
+        if status == 200:
+            return status, {**answer, "partition": partition}
+        if (answer.get("error") or {}).get("code") != "queue_full":
+            break  # queue_full: the transaction ran nothing, the next partition may have room
+    return status, answer
 
 
 def _took(answer: dict[str, Any]) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rcq.server.http import operations
+from rcq.server.http import operations, spread_queues
 from rcq.server.http.auth import principal_of
 from rcq.server.http.dispatch import answer_each, batch_answer
 from rcq.server.http.handlers import CONFIG, MANAGER, caller_of, json_response, read_model
@@ -106,8 +106,21 @@ async def commit_many(request: web.Request) -> web.Response:
 
 
 async def execute(request: web.Request) -> web.Response:
-    status, body = await operations.execute(request.app[MANAGER], request.app[CONFIG],
-                                            await read_model(request, ExecuteRequest), caller_of(request))
+    parsed = await read_model(request, ExecuteRequest)
+
+    async def here(sent: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        run = parsed if sent is None else ExecuteRequest.model_validate(sent)
+        return await operations.execute(request.app[MANAGER], request.app[CONFIG], run, caller_of(request))
+
+    spread = spread_queues.execute_spread(request.app, [op.queue for op in parsed.operations])
+    if spread is None:
+        status, body = await here()
+        return json_response(body, status)
+    principal = principal_of(request)  # refused here first, as the transaction would be
+    for op in parsed.operations:
+        principal.require("produce" if op.op == "enqueue" else "consume", op.queue)
+    request.app[MANAGER].require_serving()  # p0's leader shares it out: a follower forwards it there
+    status, body = await spread_queues.execute(request, spread, await request.json(), here)
     return json_response(body, status)
 
 
