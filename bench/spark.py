@@ -49,9 +49,12 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.cpu import local_pids
+from bench.machine_cpu import measured
 from bench.partitions import spread_leaders
 from bench.scenarios import (
     Target,
@@ -88,32 +91,35 @@ def make_spark(master: str, config: dict[str, str] | None = None) -> Any:
 
 
 def sink_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: int, batch_size: int,
-                    options: dict[str, str]) -> float:
+                    options: dict[str, str], server_pids: Callable[[], list[int]] = list) -> float:
     df = spark.range(0, rows, 1, partitions).selectExpr("repeat('x', 100) AS value")
-    started = time.perf_counter()
-    df.write.format("rcq").option("url", urls).option("queue", queue).option("batchSize", batch_size) \
-        .options(**options).mode("append").save()
-    return rows / (time.perf_counter() - started)
+    with measured(server_pids) as cpu:
+        df.write.format("rcq").option("url", urls).option("queue", queue).option("batchSize", batch_size) \
+            .options(**options).mode("append").save()
+    print(f"  batch sink: {cpu.line(rows)}", flush=True)
+    return rows / cpu.wall_s
 
 
 def source_rows_per_s(spark: Any, urls: str, queue: str, rows: int, partitions: int, batch_size: int,
-                      per_partition: int, checkpoint: Path, options: dict[str, str], fmt: str = "rcq") -> float:
+                      per_partition: int, checkpoint: Path, options: dict[str, str], fmt: str = "rcq",
+                      server_pids: Callable[[], list[int]] = list) -> float:
     """``fmt``: ``rcq``, or ``rcq_baseline`` (:mod:`bench.spark_baseline`: the same rows made up, no I/O)."""
     stream = (spark.readStream.format(fmt).option("url", urls).option("queue", queue)
               .option("consumerId", f"bench-{uuid.uuid4().hex[:8]}").option("batchSize", batch_size)
               .option("numPartitions", partitions).option("maxItemsPerPartition", per_partition)
               .option("rows", rows).options(**options).load())
-    started = time.perf_counter()
-    query = (stream.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
-    if not query.awaitTermination(900):
-        query.stop()
-        raise TimeoutError("the streaming read did not finish within 900 s")
-    elapsed = time.perf_counter() - started
+    with measured(server_pids) as cpu:
+        query = (stream.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        if not query.awaitTermination(900):
+            query.stop()
+            raise TimeoutError("the streaming read did not finish within 900 s")
+    elapsed = cpu.wall_s
     read = sum(int(p["numInputRows"]) for p in query.recentProgress)
     batches_s = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in query.recentProgress) / 1000
     print(f"  streaming read ({fmt}): {len(query.recentProgress)} micro-batches, {batches_s:.1f} s of {elapsed:.1f} s "
           f"inside them ({read / max(batches_s, 1e-9):.0f} rows/s without the query's start-up)", flush=True)
+    print(f"  streaming read ({fmt}): {cpu.line(read)}", flush=True)
     if read < rows:
         raise RuntimeError(f"the streaming read saw {read} of {rows} rows")
     return read / elapsed
@@ -170,7 +176,7 @@ async def spread_rcq_bench(target: Target, spread: list[str], concurrency: int, 
 
 
 def spark_figures(spark: Any, urls: str, args: argparse.Namespace, options: dict[str, str],
-                  temp: Path, target: Target) -> dict[str, float]:
+                  temp: Path, target: Target, server_pids: Callable[[], list[int]] = list) -> dict[str, float]:
     """Warm this session up (its executors are new JVMs and Python workers), then measure."""
     from bench.spark_baseline import FORMAT as BASELINE_FORMAT
     spread = spread_partitions(args)
@@ -185,17 +191,17 @@ def spark_figures(spark: Any, urls: str, args: argparse.Namespace, options: dict
     queue = f"bench-spark-{uuid.uuid4().hex[:8]}"
     asyncio.run(make_spread(target, queue, spread))
     figures = {"spark_sink_rows_per_s": sink_rows_per_s(spark, urls, queue, args.rows, args.partitions,
-                                                         args.batch_size, options)}
+                                                         args.batch_size, options, server_pids)}
     print(f"batch sink:        {figures['spark_sink_rows_per_s']:10.0f} rows/s", flush=True)
     if spread:
         print(f"  the sink's rows by fragment: {asyncio.run(fragment_counts(target, queue))}", flush=True)
     figures["spark_source_rows_per_s"] = source_rows_per_s(
         spark, urls, queue, args.rows, args.partitions, args.batch_size, args.items_per_partition,
-        temp / f"checkpoint-{queue}", options)
+        temp / f"checkpoint-{queue}", options, server_pids=server_pids)
     print(f"streaming source:  {figures['spark_source_rows_per_s']:10.0f} rows/s", flush=True)
     figures["spark_baseline_rows_per_s"] = source_rows_per_s(
         spark, urls, queue, args.rows, baseline_tasks, args.batch_size, args.items_per_partition,
-        temp / f"checkpoint-baseline-{queue}", {}, fmt=BASELINE_FORMAT)
+        temp / f"checkpoint-baseline-{queue}", {}, fmt=BASELINE_FORMAT, server_pids=server_pids)
     print(f"Spark alone:       {figures['spark_baseline_rows_per_s']:10.0f} rows/s (a source that reads nothing)",
           flush=True)
     return figures
@@ -205,6 +211,18 @@ async def fragment_counts(target: Target, queue: str) -> dict[str, int]:
     async with target.client() as client:
         info = await client.queue_info(queue)
     return {p: int(row["count"]) for p, row in (info.get("by_partition") or {}).items()}
+
+
+def server_pids(cluster: LocalCluster | None, urls: str) -> list[int]:
+    """rcq's server processes on this machine: each node's and its partitions' (``--urls``: the
+    processes listening on the nodes' ports, partition processes not found)."""
+    if cluster is None:
+        return list(local_pids(urls.split(",")).values())
+    pids = list(cluster.pids().values())
+    for i in range(len(cluster.nodes)):
+        with contextlib.suppress(OSError, ValueError):
+            pids += [pid for name, pid in cluster.partition_processes(i).items() if name != "p0"]
+    return sorted(set(pids))
 
 
 def spread_partitions(args: argparse.Namespace) -> list[str] | None:
@@ -302,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"Spark on {mode}:", flush=True)
                 spark = make_spark(master, spark_config)
                 try:
-                    by_mode[mode] = spark_figures(spark, urls, args, options, Path(temp), target)
+                    by_mode[mode] = spark_figures(spark, urls, args, options, Path(temp), target,
+                                                  lambda: server_pids(cluster, urls))
                 finally:
                     spark.stop()
         rcq_figures = asyncio.run(rcq_bench(target, args.rcq_concurrency, args.rcq_duration_s, spread_partitions(args)))

@@ -162,3 +162,15 @@ async def test_a_leader_change_and_an_unreadable_process_are_noted(
     report = watch.per_transaction(10)
     assert "the leader changed during the window (n1 -> n2)" in report["notes"]
     assert any("/proc/404/stat" in note for note in report["notes"])
+
+
+def test_the_machines_busy_time_counts_every_state_but_idle_and_iowait(tmp_path: Path) -> None:
+    from bench.machine_cpu import Window, machine_busy_s, servers_cpu_s
+
+    # cpu  user nice system idle iowait irq softirq steal
+    (tmp_path / "stat").write_text("cpu  100 10 50 9000 400 5 3 2 0 0\ncpu0 50 5 25 4500 200 2 1 1 0 0\n")
+    assert machine_busy_s(tmp_path) == pytest.approx((100 + 10 + 50 + 5 + 3 + 2) / CLOCK_TICKS_PER_S)
+    write_stat(tmp_path, 11, 30, 20)
+    assert servers_cpu_s([11, 12], tmp_path) == pytest.approx(50 / CLOCK_TICKS_PER_S)  # 12 is gone: nothing
+    window = Window(wall_s=2.0, machine_cpu_s=3.0, servers_cpu_s=1.0)
+    assert window.rest_cpu_s == 2.0 and "rcq servers 1.0 CPU-s" in window.line(1000)
