@@ -148,6 +148,7 @@ class Executor:
         except Exception as exc:  # an exception is data here: fail or info
             definite = not state["commit_sent"] or isinstance(exc, DEFINITELY_NOT_COMMITTED)
             type_, value, error = ("fail" if definite else "info"), self._partial(spec, state), error_name(exc)
+            state["extra"].update({"full": exc.details} if isinstance(exc, QueueFull) else {})  # the queue, its limit
         finally:
             if self.registry is not None and "transaction_id" in state:
                 self.registry.remove(state["transaction_id"])
@@ -357,11 +358,12 @@ class Executor:
         return next((rank for rank, item in enumerate(items) if text_of(item) in values), None)
 
     async def _count(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
-        """The replicated count with the queue's own limit: the limits checker holds one to the other."""
+        """The replicated count and limit (a spread queue's fragments' too): the limits checker holds one to the other."""
         info = await self.client.queue_info(spec.value["queue"])
         settings = info.get("settings") or {}
-        return "ok", {"queue": spec.value["queue"], "count": info.get("count"),
-                      "max_items": settings.get("max_items")}, None
+        fragments = {p: {"count": r.get("count"), "share": r.get("share")} for p, r in (info.get("by_partition") or {}).items()}
+        return "ok", {"queue": spec.value["queue"], "count": info.get("count"), "max_items": settings.get("max_items"),
+                      **({"by_partition": fragments} if info.get("spread") else {})}, None
 
     async def _peek(self, spec: Spec, state: dict[str, Any]) -> tuple[str, Any, str | None]:
         value = await self.client.peek(spec.value["queue"])

@@ -23,7 +23,8 @@ value), drawn from a generator of their own so that the rest of a seed's sequenc
 
 Spread queues (docs/partitions.md, "Spread queues"; ``spread`` > 0 in :meth:`Topology.of`):
 ``s0``, ``s1``, ... each spread over every partition (``s0`` with a dead-letter queue spread
-likewise), beside the queues placed in one partition, and ``spread-probe`` for the starvation
+likewise, ``s1`` with a ``max_items`` its fragments share: :func:`spread_plans`), beside the
+queues placed in one partition, and ``spread-probe`` for the starvation
 probe (chaos.starvation), which no worker touches. An op whose transaction begins on a spread
 queue says how it picks the fragment (drawn from a generator of its own): ``"fragment": "p1"``
 (begun in that partition), ``"partition_key": "k3"`` (the key's fragment), or neither (the
@@ -48,6 +49,10 @@ DEFAULT_MIX: dict[str, int] = {
 # The run's first queue gets its own max_items (checked by the limits checker); queue_full refusals
 # are definite failures the total-queue checker must account for.
 LIMITED_QUEUE_ITEMS_MAX = 40
+# The plain spread queue (s1, s4, ...) gets max_items too, split by the server into one share per
+# fragment (spread_items_max): the whole queue's limit is the plain limited queue's, and never
+# below this many per fragment.
+SPREAD_SHARE_ITEMS_MIN = 2
 
 # Poison, time and priorities (docs/queue-features.md), on every queue but the first, which stays plain.
 MAX_DELIVERIES = 3
@@ -225,17 +230,27 @@ class Topology:
         return None if self.is_dead_letter_queue(queue) else "reject"
 
 
+def spread_items_max(fragments: int) -> int:
+    """The ``max_items`` of a limited spread queue over ``fragments`` partitions: the plain limited
+    queue's, at least SPREAD_SHARE_ITEMS_MIN per fragment (the server refuses less than one)."""
+    return max(LIMITED_QUEUE_ITEMS_MAX, SPREAD_SHARE_ITEMS_MIN * fragments)
+
+
 def spread_plans(names: list[str], partitions: tuple[str, ...]) -> dict[str, QueuePlan]:
     """Spread queues over ``partitions``, in turn: one with a dead-letter queue (spread over the same
-    partitions), ``max_deliveries`` and priorities; one plain; one with ``max_deliveries`` and no
-    dead-letter queue. None has ``max_items``: each fragment would have all of it (docs/partitions.md)."""
+    partitions), ``max_deliveries`` and priorities; one plain but for its ``max_items``
+    (:func:`spread_items_max`); one with ``max_deliveries`` and no dead-letter queue. The server
+    splits a spread queue's ``max_items`` into one share per fragment, adding up to it (the first
+    fragments take the remainder: 40 over three are 14, 13 and 13), and each fragment refuses
+    (``queue_full``) what would take it past its share (docs/partitions.md, "Spread queues"): the
+    limits checker holds the reads to the limit and to each share."""
     plans: dict[str, QueuePlan] = {}
     for i, name in enumerate(names):
         if i % 3 == 0:
             plans[name] = QueuePlan(name, max_deliveries=MAX_DELIVERIES, dead_letter_queue=name + DEAD_LETTER_SUFFIX,
                                     max_priority=MAX_PRIORITY, spread=partitions)
         elif i % 3 == 1:
-            plans[name] = QueuePlan(name, spread=partitions)
+            plans[name] = QueuePlan(name, max_items=spread_items_max(len(partitions)), spread=partitions)
         else:
             plans[name] = QueuePlan(name, max_deliveries=MAX_DELIVERIES, max_priority=MAX_PRIORITY, spread=partitions)
     return plans

@@ -4,8 +4,9 @@ Jepsen's protocol: a checker reads the whole history after the run (after the fi
 drain) and says whether it is valid. One module per concern (``queue``: lost, duplicated,
 unexpected items and atomicity; ``aborts``: aborted items come back; ``cluster``: convergence
 and liveness; ``membership``: what the membership nemesis did, and every node a voting member of
-one converged cluster at the end; ``limits``: a queue never holds more than its max_items; ``security``: the
-intruder is refused everything its token does not grant; ``ordering``), each
+one converged cluster at the end; ``limits``: a queue never holds more than its max_items, a spread
+queue's fragment more than its share; ``security``: the intruder is refused everything its token
+does not grant; ``ordering``), each
 ``check_x(...) -> dict`` with a ``"valid"`` key, counts and at most 20 sample offenders per
 kind; ``model`` parses the history once for them. Ordering and the liveness timings are
 metrics: only stuck transactions (and a node of the code under test killed after SIGTERM) make
@@ -85,7 +86,7 @@ def check(history: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "convergence": check_convergence(history),
         "membership": check_membership(history),
         "liveness": check_liveness([op for op in history if not is_security_op(str(op.get("f")))]),
-        "limits": check_limits(model),
+        "limits": check_limits(model, history),
         "security": check_security(model, history),
         "ordering": check_ordering(model),
         "backups": check_backups(history),

@@ -17,6 +17,10 @@ total-queue, over the whole run and the final drain:
 * **misplaced** — a value seen in a queue it was never enqueued or moved to.
 * **recovered** (info enqueues later dequeued) and **maybe_removed** (values
   whose only way out was an info dequeue) are counts, not failures.
+* **refused_full**: values of enqueues refused ``queue_full`` (a limited
+  queue, or a limited spread queue's fragment, at its limit): definite
+  failures like any ``fail``, never in a queue, so never lost (and
+  *unexpected* if seen); a count.
 * Dead letters: a value that died is seen in its queue's dead-letter queue
   and leaves from there (not misplaced); a value the rules let vanish
   (``model.may_vanish``: expired or dropped where there is no dead-letter
@@ -86,6 +90,7 @@ def check_total_queue(history: Any) -> dict[str, Any]:
         "acknowledged_count": len(acknowledged),
         "unknown_enqueue_count": len(unknown),
         "failed_enqueue_count": len(failed),
+        "refused_full_count": len(_refused_full(model) - acknowledged - unknown),
         "dequeued_count": len(taken_out),
         "lost_count": len(lost),
         "lost": model.sample(lost),
@@ -106,6 +111,11 @@ def check_total_queue(history: Any) -> dict[str, Any]:
         "vanished_by_rule_count": len(vanished),
         "vanished_by_rule": model.sample(vanished),
     }
+
+
+def _refused_full(model: QueueModel) -> set[Hashable]:
+    """The values of enqueues refused queue_full: definite failures, never put in."""
+    return {value for tx in model.enqueues if tx.op.type == "fail" and tx.op.error == "queue_full" for value in tx.values}
 
 
 def _insertions(model: QueueModel) -> tuple[Counter[tuple[Hashable, str]], Counter[tuple[Hashable, str]]]:

@@ -43,7 +43,8 @@ def _total_queue_line(r: dict[str, Any]) -> str:
     line = (
         f"acknowledged {r['acknowledged_count']}, dequeued {r['dequeued_count']}, lost {r['lost_count']}, "
         f"unexpected {r['unexpected_count']}, duplicated {r['duplicated_count']}, misplaced {r['misplaced_count']}; "
-        f"recovered {r['recovered_count']}, duplicated-with-unknown {r['duplicated_with_unknown_count']}, "
+        f"recovered {r['recovered_count']}, refused queue_full {r.get('refused_full_count', 0)}, "
+        f"duplicated-with-unknown {r['duplicated_with_unknown_count']}, "
         f"maybe-removed {r['maybe_removed_count']}, unknown-enqueue-absent {r['unknown_enqueue_absent_count']}"
     )
     for key in ("lost", "unexpected", "duplicated", "misplaced"):
@@ -168,10 +169,14 @@ def _backups_line(r: dict[str, Any]) -> str:
 
 
 def _limits_line(r: dict[str, Any]) -> str:
+    by_queue = ", ".join(f"{queue} {n}" for queue, n in (r.get("queue_full_refusals_by_queue") or {}).items())
     line = (f"{r['limited_reads']} reads of a limited queue, {r['over_limit_count']} over its max_items; "
-            f"{r['queue_full_refusals']} enqueues/moves refused queue_full")
-    if r["over_limit_count"]:
-        line += f"\n      over the limit:{_sample(r['over_limit'])}"
+            f"{r.get('fragment_reads', 0)} reads of a spread queue's fragment, {r.get('over_share_count', 0)} over "
+            f"its share; {r.get('wrong_limit_count', 0)} limits or shares not as configured; "
+            f"{r['queue_full_refusals']} enqueues/moves refused queue_full" + (f" ({by_queue})" if by_queue else ""))
+    for key, label in (("over_limit", "over the limit"), ("over_share", "over its share"), ("wrong_limit", "wrong limit")):
+        if r.get(f"{key}_count"):
+            line += f"\n      {label}: " + "; ".join(str(sample) for sample in r[key][:SAMPLES_SHOWN_MAX])
     return line
 
 
@@ -220,7 +225,10 @@ def _spread_line(r: dict[str, Any]) -> str:
     """The spread queues' part of the partitions line (chaos.checkers.spread)."""
     acknowledged = "; ".join(f"{q} " + ", ".join(f"{p} {n}" for p, n in by.items())
                              for q, by in r["acknowledged_by_fragment"].items() if by)
-    line = (f"spread queues: acknowledged by fragment: {acknowledged or 'none'}; lost {r['lost_count']}, "
+    refused = "; ".join(f"{q} " + ", ".join(f"{p} {n}" for p, n in by.items())
+                        for q, by in (r.get("refused_full_by_fragment") or {}).items() if by)
+    line = (f"spread queues: acknowledged by fragment: {acknowledged or 'none'}"
+            + (f"; refused queue_full by fragment: {refused}" if refused else "") + f"; lost {r['lost_count']}, "
             f"duplicated {r['duplicated_count']} ({r['duplicated_across_fragments_count']} across fragments), "
             f"phantom {r['phantom_count']}, out of a wrong fragment {r['wrong_fragment_count']}")
     starvation = r["starvation"]

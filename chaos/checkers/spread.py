@@ -23,7 +23,10 @@ does not say which fragment it went to: its fragment is unknown.
   ``unknown`` instead; a round whose fill committed nothing is not checked.
 
 Counts: per spread queue, the values acknowledged into each fragment (``unknown``: one-request
-enqueues) and the values taken out of each (committed dequeues, drains and moves).
+enqueues), the values taken out of each (committed dequeues, drains and moves), and the values
+of enqueues and moves into it refused ``queue_full`` by each (``refused_full_by_fragment``: a
+limited spread queue's fragment at its share). A refusal is a definite failure, as on any limited
+queue: its values were never put in, so they are neither acknowledged nor lost.
 
 Pure Python: imports nothing from rcq.
 """
@@ -39,6 +42,7 @@ from chaos.checkers.queue import duplicates, lost_values
 from chaos.history import CHECKER_INPUT_PROCESS, PairedOp
 
 UNKNOWN = "unknown"  # the fragment of a one-request enqueue: the client does not say
+QUEUE_FULL = "queue_full"
 
 
 def ran_in(op: PairedOp) -> str | None:
@@ -65,6 +69,7 @@ def check_spread(model: QueueModel, history: list[dict[str, Any]], placed: dict[
         "queues": {queue: list(partitions) for queue, partitions in sorted(spread.items())},
         "acknowledged_by_fragment": _acknowledged(model, spread),
         "taken_by_fragment": _taken(model, spread),
+        "refused_full_by_fragment": _refused_full(model, spread),
         "lost_count": len(lost),
         "lost": [{"value": v, "last_put_into": _last_put(model, spread, v)} for v in lost[:SAMPLE_SIZE_MAX]],
         "duplicated_count": len(duplicated),
@@ -165,6 +170,26 @@ def _taken(model: QueueModel, spread: dict[str, tuple[str, ...]]) -> dict[str, d
     for removal in model.removals:
         if removal.committed and removal.queue in spread:
             counts[removal.queue][ran_in(removal.op) or UNKNOWN] += 1
+    return {queue: dict(sorted(c.items())) for queue, c in counts.items()}
+
+
+def _refused_full(model: QueueModel, spread: dict[str, tuple[str, ...]]) -> dict[str, dict[str, int]]:
+    """The values of enqueues and moves into each spread queue refused queue_full, by the fragment
+    the transaction ran in; a refusal that named another queue as the full one is not its."""
+    counts: dict[str, Counter[str]] = {queue: Counter() for queue in sorted(spread)}
+
+    def refused(op: PairedOp, queue: str) -> bool:
+        full = op.value.get("full") if isinstance(op.value, dict) else None
+        named = full.get("queue") if isinstance(full, dict) else None
+        return op.type == "fail" and op.error == QUEUE_FULL and queue in spread and named in (None, queue)
+
+    for tx in model.enqueues:
+        for queue, values in tx.writes:
+            if refused(tx.op, queue):
+                counts[queue][ran_in(tx.op) or UNKNOWN] += len(values)
+    for move in model.moves:
+        if refused(move.op, move.target):
+            counts[move.target][ran_in(move.op) or UNKNOWN] += len(move.values)
     return {queue: dict(sorted(c.items())) for queue, c in counts.items()}
 
 
