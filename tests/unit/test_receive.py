@@ -9,7 +9,9 @@ import aiohttp
 import pytest
 
 from rcq.client import RcqClient
-from rcq.errors import TransactionNotFound
+from rcq.errors import TransactionAborted, TransactionNotFound
+from rcq.server.core.commands import CommitBatch
+from rcq.testing import InMemoryReplicator
 from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.nodes import running_node, url_of
 
@@ -100,3 +102,36 @@ async def test_commit_and_receive_needs_a_queue_when_the_transaction_was_not_rec
         await tx.abort()
         with pytest.raises(TransactionNotFound):
             await client.attach("1.000000000000000000000000").commit_and_receive("q")
+
+
+async def test_commit_and_receive_fences_what_it_receives_with_the_commits_own_entry(tmp_path: Path):
+    # No item leaves before an entry proposed after its take commits (docs/raft-hazards.md, H22):
+    # the receive starts beside the commit, so the commit's entry is that entry; not one more.
+    replicator = InMemoryReplicator()
+    async with running_node(tmp_path, replicator) as node, RcqClient(url_of(node)) as client:
+        await client.enqueue("q", b"a", b"b", b"c")
+        tx = await client.receive("q", 1)
+        assert tx is not None
+        start = len(replicator.submitted)
+        following = await tx.commit_and_receive(max_items=2)
+        assert following is not None and [i.value for i in following.items] == [b"b", b"c"]
+        entries = [c for c in replicator.submitted[start:] if isinstance(c, CommitBatch)]
+        assert [len(e.units) for e in entries] == [1]
+        await following.commit()
+
+
+async def test_commit_and_receive_whose_commit_fails_gives_back_what_its_receive_took(tmp_path: Path):
+    async with running_node(tmp_path) as node, RcqClient(url_of(node)) as client:
+        await client.enqueue("q", b"a", b"b")
+        tx = await client.receive("q", 1)
+        assert tx is not None
+        async with aiohttp.ClientSession() as http:  # aborted behind the client's back
+            async with http.post(f"{url_of(node)}/v1/transactions/{tx.transaction_id}/abort") as answer:
+                assert answer.status == 200
+        with pytest.raises(TransactionAborted):
+            await tx.commit_and_receive(max_items=2)
+        assert await client.transactions() == []  # the receive begun beside the commit is gone
+        assert await client.count("q") == 2
+        again = await client.receive("q", 2)
+        assert again is not None and sorted(i.value for i in again.items) == [b"a", b"b"]
+        await again.commit()

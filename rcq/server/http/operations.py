@@ -13,11 +13,12 @@ Must not import: pysyncobj, lmdb, aiohttp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from rcq.encoding import Encoding, encode_item
-from rcq.errors import PayloadTooLarge, RcqError
+from rcq.errors import PayloadTooLarge, RcqError, TooManyTransactions
 from rcq.server.config import NodeConfig
 from rcq.server.core.commands import QueueSettings
 from rcq.server.http.models import (
@@ -127,15 +128,38 @@ async def commit(manager: TransactionManager, transaction_id: str, body: CommitR
     manager.check_owner(transaction_id, caller.owner)
     if body.receive is not None:
         caller.principal.require("consume", body.receive.queue)  # refused before anything commits
-    answer = commit_body(await manager.commit(transaction_id, body.idempotency_key))
-    if body.receive is not None:
-        # The commit is done whatever happens next: a failed receive is reported, not raised.
+    if body.receive is None:
+        return 200, commit_body(await manager.commit(transaction_id, body.idempotency_key))
+    # The receive starts first: items it takes at once are fenced by the commit's own entry (a
+    # read fence, docs/raft-hazards.md H22, needs an entry proposed after the take), not by one more.
+    receiving = asyncio.ensure_future(receive(manager, body.receive.queue, body.receive, caller))
+    try:
+        answer = commit_body(await manager.commit(transaction_id, body.idempotency_key))
+    except BaseException:
+        await _abandon(manager, receiving)
+        raise
+    # The commit is done whatever happens next: a failed receive is reported, not raised.
+    try:
         try:
+            answer["next"] = (await receiving)[1]
+        except TooManyTransactions:  # the committed one held the last place: it is free now
             answer["next"] = (await receive(manager, body.receive.queue, body.receive, caller))[1]
-        except RcqError as exc:
-            answer["next"] = {"transaction_id": None, "queue": body.receive.queue, "items": [],
-                              "error": exc.to_body()["error"]}
+    except RcqError as exc:
+        answer["next"] = {"transaction_id": None, "queue": body.receive.queue, "items": [],
+                          "error": exc.to_body()["error"]}
     return 200, answer
+
+
+async def _abandon(manager: TransactionManager, receiving: asyncio.Future[Answer]) -> None:
+    """The commit failed: the receive begun beside it gives back what it took."""
+    receiving.cancel()
+    try:
+        _, received = await receiving
+    except (asyncio.CancelledError, RcqError):
+        return  # cancelled or failed inside the leader, which aborted its transaction
+    if received.get("transaction_id"):
+        with contextlib.suppress(RcqError):
+            manager.abort(received["transaction_id"])
 
 
 async def receive(manager: TransactionManager, queue: str, body: ReceiveRequest, caller: Caller,

@@ -110,8 +110,8 @@ class CommitPath:
         enqueued = dequeued = size = 0
         for t in transactions:  # loops, not generators: this runs for every commit
             if t.deliveries_running:
-                raise TransactionBusy(f"a dequeue of transaction {t.transaction_id} is recording its deliveries; "
-                                      "commit once it has answered: its items are in no answer yet")
+                raise TransactionBusy(f"a dequeue of transaction {t.transaction_id} has not answered yet (its "
+                                      "items are in no answer yet): commit once it has")
             writes.append(write_of(t))
             ids.append(t.transaction_id)
             for values in t.enqueues.values():

@@ -1,10 +1,15 @@
 """Dequeuer: taking items into an open transaction.
 
-A dequeue locks items in the leader's queue view and costs no replication, with one exception:
-on a queue with ``max_deliveries`` each delivery is recorded in the replicated state (an
-:class:`ItemsAction` through the group committer) before the item is handed out. It waits (up to
-``wait_ms``) for items to arrive, reads their values from the state machine, and keeps within
-the request's answer budget; items it does not hand out go back to the head at once.
+A dequeue locks items in the leader's queue view and waits (up to ``wait_ms``) for items to
+arrive, reads their values from the state machine, and keeps within the request's answer budget;
+items it does not hand out go back to the head at once.
+
+No item is handed out before a replicated entry proposed after it was taken has committed in this
+term (docs/raft-hazards.md, H22): a leader that was stopped, or whose Raft thread hung on its disk,
+would otherwise hand out, from its view, items a newer leader had already seen consumed. On a queue
+with ``max_deliveries`` that entry is the delivery record (an :class:`ItemsAction` through the group
+committer); elsewhere it is the next commit entry, or an empty one (:meth:`GroupCommitter.confirm`).
+A one-request transaction (``execute``) needs none: its own commit answers first.
 
 Must not import: pysyncobj, lmdb, aiohttp.
 """
@@ -44,7 +49,9 @@ class Dequeuer:
         return AnswerBudget(self._config.dequeue_answer_bytes_max)
 
     async def dequeue(self, transaction_id: str, queue: str, max_items: int = 1, wait_ms: int = 0,
-                      key: str | None = None, budget: AnswerBudget | None = None) -> list[DequeuedItem]:
+                      key: str | None = None, budget: AnswerBudget | None = None, *,
+                      fenced: bool = True) -> list[DequeuedItem]:
+        """``fenced=False``: the caller commits the transaction before anyone sees the items (execute)."""
         leader = self._leader
         transaction = leader.get_open(transaction_id)
         budget = budget if budget is not None else self.answer_budget()
@@ -75,17 +82,17 @@ class Dequeuer:
         if budget.exhausted:
             return []  # this request's answer is full: the items stay at the head for the next one
         if key is None:
-            return await self._take(transaction, queue, max_items, wait_ms, key, budget)
+            return await self._take(transaction, queue, max_items, wait_ms, key, budget, fenced)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         transaction.dequeues_running[key] = done
         try:
-            return await self._take(transaction, queue, max_items, wait_ms, key, budget)
+            return await self._take(transaction, queue, max_items, wait_ms, key, budget, fenced)
         finally:
             del transaction.dequeues_running[key]
             done.set_result(None)
 
     async def _take(self, transaction: Session, queue: str, max_items: int, wait_ms: int, key: str | None,
-                    budget: AnswerBudget) -> list[DequeuedItem]:
+                    budget: AnswerBudget, fenced: bool) -> list[DequeuedItem]:
         """Lock up to ``max_items`` into the transaction (waiting up to ``wait_ms`` for the first)
         and return them as the answer carries them."""
         leader = self._leader
@@ -123,6 +130,12 @@ class Dequeuer:
                 items = await self._deliver(transaction, queue, items)
             finally:
                 transaction.deliveries_running -= 1
+        elif items and fenced:
+            transaction.deliveries_running += 1  # a commit meanwhile is refused: no answer has the items yet
+            try:
+                await self._fence(transaction, queue, items)
+            finally:
+                transaction.deliveries_running -= 1
         if key is not None:
             transaction.dequeue_keys[key] = (queue, [item.item_id for item in items])
         return items
@@ -148,6 +161,20 @@ class Dequeuer:
             transaction.drop_held(queue, lost)
         return [dataclasses.replace(item, delivery_count=counts[item.item_id] - 1)
                 for item in items if item.item_id in counts]
+
+    async def _fence(self, transaction: Session, queue: str, items: list[DequeuedItem]) -> None:
+        """Hand nothing out until an entry proposed after the take commits in this term: a newer
+        leader would have fenced it off (docs/raft-hazards.md, H22). Failing (deposed, or no entry
+        commits in time), the transaction aborts: every item it holds goes back."""
+        try:
+            await self._committer.confirm()
+        except RcqError:
+            leader = self._leader
+            if transaction.state is State.OPEN and transaction.epoch == leader.epoch:
+                leader.close(transaction, State.ABORTED, "leader_changed")
+            raise LeaderChanged() from None
+        if transaction.state is not State.OPEN or transaction.epoch != self._leader.epoch:
+            raise self._leader.closed_error(transaction.transaction_id)  # closing gave the items back
 
     def _release_held(self, transaction: Session, queue: str, items: list[DequeuedItem]) -> None:
         """Items whose delivery could not be recorded: not handed out, back to the head. Only

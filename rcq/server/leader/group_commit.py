@@ -77,6 +77,7 @@ class GroupCommitter:
         self._flush_scheduled = False
         self._term = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._confirming: list[asyncio.Future[None]] = []  # read fences waiting for the next entry
         self.entries_proposed = 0
         self.units_proposed = 0
         self.on_entry: Callable[[int], None] | None = None  # units in each proposed entry (metrics)
@@ -89,6 +90,8 @@ class GroupCommitter:
         for p in pending:
             if not p.future.done():
                 p.future.set_exception(LeaderChanged())
+        confirming, self._confirming = self._confirming, []
+        self._fail(confirming, LeaderChanged())
 
     def commit(self, unit: CommitUnit | ItemsAction, size_bytes: int) -> asyncio.Future[Outcome]:
         """Propose ``unit`` (a commit, or a leader's item action) in the next entry; its future gets
@@ -101,10 +104,21 @@ class GroupCommitter:
             asyncio.get_running_loop().call_soon(self._flush)
         return future
 
+    def confirm(self) -> asyncio.Future[None]:
+        """Resolves once an entry proposed from now on has committed in this term (fails with the
+        entry's error, or LeaderChanged if the term ends first): then no leader of a later term
+        had been elected when this was called, so what this leader read before it was the latest."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._confirming.append(future)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return future
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         pending = self._pending
-        while pending and self._in_flight < self._in_flight_max:
+        while (pending or self._confirming) and self._in_flight < self._in_flight_max:
             if self._in_flight and not self._full_entry_pending():
                 wait_s = self._last_proposed_s + self._round_trip_s / PARTIAL_ENTRIES_PER_ROUND_TRIP - time.monotonic()
                 if wait_s > 0:
@@ -123,7 +137,8 @@ class GroupCommitter:
             self._pending_bytes -= size
             self._in_flight += 1
             self._last_proposed_s = time.monotonic()
-            task = asyncio.get_running_loop().create_task(self._propose(batch))
+            confirming, self._confirming = self._confirming, []  # asked before this entry: it answers them
+            task = asyncio.get_running_loop().create_task(self._propose(batch, confirming))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -135,9 +150,10 @@ class GroupCommitter:
         """Is there enough pending for a whole entry (no more would fit in it)?"""
         return len(self._pending) >= self._units_max or self._pending_bytes >= self._bytes_max
 
-    async def _propose(self, batch: list[_Pending]) -> None:
+    async def _propose(self, batch: list[_Pending], confirming: list[asyncio.Future[None]]) -> None:
         units = [p.unit for p in batch]
-        command = CommitBatch(term=self._term, now_ms=self._clock(), units=tuple(units),
+        term = self._term
+        command = CommitBatch(term=term, now_ms=self._clock(), units=tuple(units),
                               limits=self._limits() if self._limits is not None else None)
         self.entries_proposed += 1
         self.units_proposed += len(units)
@@ -149,19 +165,28 @@ class GroupCommitter:
             self._round_trip_s += ROUND_TRIP_WEIGHT * (time.monotonic() - started_s - self._round_trip_s)
         except RcqError as exc:
             self._settle(batch, exc)
+            self._fail(confirming, exc)
         except Exception as exc:  # a bug below us: every waiter must still get an answer
             self._settle(batch, InternalError(f"commit failed: {exc!r}"))
+            self._fail(confirming, InternalError(f"commit failed: {exc!r}"))
         else:
             if isinstance(result, BatchResult) and len(result.outcomes) == len(batch):
                 for p, outcome in zip(batch, result.outcomes, strict=True):
                     if not p.future.done():
                         p.future.set_result(outcome)
+                if term == self._term:
+                    for future in confirming:
+                        if not future.done():
+                            future.set_result(None)
+                else:  # committed, but this leadership is not the one that asked
+                    self._fail(confirming, LeaderChanged())
             else:
                 reason = result.reason if isinstance(result, ApplyFailed) else repr(result)
                 self._settle(batch, InternalError(f"commit entry not applied: {reason}"))
+                self._fail(confirming, InternalError(f"commit entry not applied: {reason}"))
         finally:
             self._in_flight -= 1
-            if self._pending and not self._flush_scheduled:
+            if (self._pending or self._confirming) and not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)
 
@@ -170,6 +195,12 @@ class GroupCommitter:
         for p in batch:
             if not p.future.done():
                 p.future.set_exception(error)
+
+    @staticmethod
+    def _fail(confirming: list[asyncio.Future[None]], error: RcqError) -> None:
+        for future in confirming:
+            if not future.done():
+                future.set_exception(error)
 
     async def close(self) -> None:
         if self._flush_timer is not None:

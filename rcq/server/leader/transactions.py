@@ -348,8 +348,9 @@ class TransactionManager:
                                        headers=step.headers, check_room=not at_once)
                     done.append(len(step.values))
                 else:
+                    # no read fence: the commit below answers first, and fences off a deposed leader
                     done.append(await self._dequeuer.dequeue(transaction_id, step.queue, step.max_items,
-                                                             step.wait_ms, budget=budget))
+                                                             step.wait_ms, budget=budget, fenced=False))
             result = await self._commits.commit(transaction_id, idempotency_key)
         except BaseException:
             with contextlib.suppress(RcqError):  # already closed, or committing: nothing to give back here
