@@ -24,11 +24,12 @@ the run ends with every node a voting member, which the ``membership`` checker h
 repository's history at the start (a shallow clone has none: the run refuses, exit status 2), and
 back; the nodes hold the cluster at feature level 1 meanwhile.
 
-``--power-fs`` (implied by ``--nemesis power``; local target only) puts each node's data
-directory on its own powerfs mount (chaos.powerfs, FUSE): a disk that keeps writes not
-made durable in memory, so the ``power`` nemesis can drop them. With it, ``all`` includes
-``power``; without it, it does not. It needs FUSE (/dev/fuse, libfuse3, mfusepy); the run
-refuses to start, saying why, when FUSE cannot work here.
+``--power-fs`` (implied by ``--nemesis power`` or ``disk-stall``; local target only) puts each
+node's data directory on its own powerfs mount (chaos.powerfs, FUSE): a disk that keeps writes
+not made durable in memory, so the ``power`` nemesis can drop them, and whose syncs the
+``disk-stall`` nemesis can make hang. With it, ``all`` includes both; without it, neither. It
+needs FUSE (/dev/fuse, libfuse3, mfusepy); the run refuses to start, saying why, when FUSE cannot
+work here.
 
 Exit status: 0 valid, 1 invalid (lost, duplicated, unexpected items, divergence...),
 2 the run could not be made (no container engine, bad arguments).
@@ -47,7 +48,7 @@ import tempfile
 from pathlib import Path
 
 from chaos.docker_cluster import COMPOSE_NODES, DockerError
-from chaos.nemesis import DOCKER_KINDS, KINDS, NEEDS_PARTITIONS, check_target, parse_kinds
+from chaos.nemesis import DOCKER_KINDS, KINDS, NEEDS_PARTITIONS, NEEDS_POWER_FS, check_target, parse_kinds
 from chaos.powerfs import fuse_unavailable_reason
 from chaos.runner import Progress, RunConfig, run
 from cluster.engine import ENGINES, EngineUnavailable, choose_engine
@@ -75,8 +76,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO", help="the nodes' log level (local target only)")
     p.add_argument("--power-fs", action="store_true",
                    help="each node's data directory on its own powerfs mount, a disk that drops unsynced "
-                        "writes on a power cut (FUSE; local target only; implied by --nemesis power; "
-                        "with it, 'all' includes power)")
+                        "writes on a power cut and whose syncs can stall (FUSE; local target only; implied by "
+                        "--nemesis power or disk-stall; with it, 'all' includes both)")
     p.add_argument("--partitions", type=int, default=1,
                    help="partitions p0 ... p{N-1} (docs/partitions.md; local target): the queues are placed over them "
                         "and the partition nemeses can run (kill-, pause-partition-process, move-leaders, "
@@ -122,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--node-override needs --target local: docker-compose.yml fixes the nodes' configuration")
             if args.power_fs:
                 raise ValueError("--power-fs needs --target local: each node's data directory becomes a FUSE mount")
-        elif args.power_fs or "power" in kinds:
+        elif args.power_fs or any(k in NEEDS_POWER_FS for k in kinds):
             reason = fuse_unavailable_reason()
             if reason is not None:
-                raise ValueError(f"--power-fs / --nemesis power cannot work here: {reason}")
+                raise ValueError(f"--power-fs / --nemesis power or disk-stall cannot work here: {reason}")
     except (ValueError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -49,6 +49,10 @@ other's. It kills the node and everything it forked, waits until none of them is
 disk is made durable (a new, empty disk). The mounts are closed after the nodes stop; the
 data on them is gone then (the logs are outside them).
 
+**Stalled disks** (``power_fs=True``, the ``disk-stall`` nemesis): :meth:`ChaosCluster.stall_disk`
+makes every sync on one node's mount hang until :meth:`ChaosCluster.release_disk`; the heal and
+the close release every disk first (a node killed while its sync hangs exits only once released).
+
 Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness.
 """
 
@@ -277,6 +281,33 @@ class ChaosCluster(LocalCluster):
         """Itself (:meth:`lose_power`) when its disks are powerfs mounts (chaos.faults.power_failure)."""
         return self if self.power_mounts else None
 
+    def disk_stall(self) -> Self | None:
+        """Itself (:meth:`stall_disk`) when its disks are powerfs mounts (chaos.faults.disk_stall)."""
+        return self if self.power_mounts else None
+
+    def stall_disk(self, i: int) -> dict[str, Any]:
+        """Stall node ``i``'s disk: every fsync, fdatasync and fsyncdir on it hangs until
+        :meth:`release_disk` (or the heal); reads and writes go on. The mount's stall state."""
+        return self._mount(i, "stalled disks").stall()
+
+    def release_disk(self, i: int) -> dict[str, Any]:
+        """End the stall of node ``i``'s disk (not stalled: nothing): its hanging syncs complete;
+        ``released``: how many were hanging."""
+        return self._mount(i, "stalled disks").release()
+
+    def release_disks(self) -> None:
+        """Release every stalled disk (a mount that cannot answer is logged: its close says more)."""
+        for mount in self.power_mounts:
+            try:
+                mount.release()
+            except PowerFSError as exc:
+                log.error("could not release the stall of %s: %s", mount.mountpoint, exc)
+
+    def _mount(self, i: int, what: str) -> PowerMount:
+        if not self.power_mounts:
+            raise RuntimeError(f"no {what} without powerfs: make the cluster with power_fs=True")
+        return self.power_mounts[i]
+
     def lose_power(self, indices: Sequence[int]) -> dict[int, dict[str, Any]]:
         """kill -9 nodes ``indices`` and what they forked, wait until none of it runs, then drop
         everything their disks had not made durable; per node, what was dropped."""
@@ -299,11 +330,13 @@ class ChaosCluster(LocalCluster):
             self.power_mounts[i].sync()
 
     def heal(self, timeout_s: float | None = None) -> list[int]:
+        self.release_disks()  # before the restarts: a node on a stalled disk would hang starting
         self.proxy.heal()
         return super().heal(timeout_s)
 
     def close(self) -> None:
         try:
+            self.release_disks()  # a node hanging in a sync could not stop
             super().close()  # the nodes first: a disk is unmounted once nothing uses it
         finally:
             errors = close_all(self.power_mounts)

@@ -7,7 +7,7 @@ resume, heal). Each start and stop is a history line from process ``"nemesis"``:
     {"type": "info", "f": "kill-leader", "value": {"phase": "start", "nodes": ["node-1"], "id": 3}}
 
 Kinds (the CLI's ``--nemesis`` names; ``all`` is every one the target can make, and
-includes ``power`` only with ``--power-fs``):
+includes ``power`` and ``disk-stall`` only with ``--power-fs``):
 
 * ``kill``: kill -9 the leader, a random follower, a minority, or every node
   at once; restarted when the fault stops.
@@ -40,6 +40,11 @@ includes ``power`` only with ``--power-fs``):
   fault stops. Its start line names the nodes that lost power (``lost_power``) and what each
   disk dropped (``dropped``). Local target with ``--power-fs`` only (``--nemesis power``
   implies it); a cut of one node never touches another node's disk.
+* ``disk-stall``: the disk of p0's leader (``disk-stall-leader``) or, half the time, of any node
+  (``-random``) stalled for 2 to 6 s (``hold_s``, chaos.faults.disks): its syncs hang in the system
+  call, reads and writes go on; released then, or at the fault's stop if sooner, always by the
+  heal. Stop line: ``stalled_s``, ``released_by`` (timer or stop), ``syncs_released``. Like
+  ``power``, local target with ``--power-fs`` only (``--nemesis disk-stall`` implies it).
 * ``membership``: a voting member removed through the leader (``membership-leader``: the leader
   itself, which hands leadership over and has the removal re-sent to its successor;
   ``membership-follower``), and re-added as itself when the fault stops: with its data kept (a
@@ -88,15 +93,15 @@ The order and kind of faults, their durations and random targets come from
 
 The nemesis drives any :class:`chaos.target.ChaosTarget` and chooses by its
 capabilities, never by its class. With ``link_faults()`` (the local target's
-proxy) every kind works but ``power``, which needs the target's
-``power_failure()`` (chaos.faults.power_failure: the local target with its
+proxy) every kind works but ``power`` and ``disk-stall``, which need the target's
+``power_failure()`` and ``disk_stall()`` (chaos.faults: the local target with its
 disks on powerfs), and ``membership``, which needs ``member_identity()``
 (chaos.target.membership_control). Without link faults (the docker target) ``kill``, ``pause``,
 ``wipe`` and ``snapshot`` act on nodes all the same, ``partition`` takes whole
 nodes off the network through ``node_isolation()`` (the leader, or a random
 minority; no ring), and ``one-way``, ``client-partition``, ``delay``, ``loss``
-and ``deposed-leader`` need per-link control and are refused, as are ``power``
-and ``membership`` (:func:`unsupported_kinds`, :func:`check_target` for the CLI).
+and ``deposed-leader`` need per-link control and are refused, as are ``power``,
+``disk-stall`` and ``membership`` (:func:`unsupported_kinds`, :func:`check_target` for the CLI).
 
 Must not import: any rcq module but rcq.client, rcq.errors and rcq.testing's cluster harness
 (for its bounded polls; chaos.backups, which runs the ``backup`` kind, also uses rcq's backup
@@ -112,24 +117,25 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.backups import BackupNemesis
-from chaos.faults import Fault, FaultMaker, FaultRefused, power_failure, release_switch
+from chaos.faults import Fault, FaultMaker, FaultRefused, disk_stall, power_failure, release_switch
 from chaos.faults.processes import partition_processes
 from chaos.target import ChaosTarget, membership_control
 
 KINDS = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "wipe",
          "snapshot", "deposed-leader", "power", "membership", "upgrade", "backup", "kill-partition-process",
-         "pause-partition-process", "move-leaders", "partition-lifecycle", "isolate-partition-member")
+         "pause-partition-process", "move-leaders", "partition-lifecycle", "isolate-partition-member", "disk-stall")
 BACKGROUND = ("snapshot", "backup")  # activities beside the faults, not fault windows
 NOT_IN_ALL = ("backup",)  # named only: each restore starts a scratch cluster (chaos.backups)
 MIXABLE = ("kill", "pause", "partition", "one-way", "client-partition", "client-drop", "delay", "loss", "power",
            "membership", "upgrade", "kill-partition-process", "pause-partition-process", "move-leaders",
-           "partition-lifecycle", "isolate-partition-member")
+           "partition-lifecycle", "isolate-partition-member", "disk-stall")
 # a run with --partitions 2 or more (local target); dropped from the others
 NEEDS_PARTITIONS = ("kill-partition-process", "pause-partition-process", "move-leaders", "partition-lifecycle",
                     "isolate-partition-member")
 NEEDS_LINK_FAULTS = ("one-way", "client-partition", "client-drop", "delay", "loss", "deposed-leader",
                      "isolate-partition-member")
-NEEDS_POWER_FS = ("power",)  # each node's data directory on its own powerfs mount (local target, --power-fs)
+NEEDS_POWER_FS = ("power", "disk-stall")  # each node's data directory on its own powerfs mount (local, --power-fs)
+POWER_FS_FAULTS = {"power": "a power failure", "disk-stall": "a stalled disk"}
 NEEDS_MEMBERSHIP = ("membership",)  # nodes re-added as themselves (chaos.target.membership_control)
 NEEDS_RELEASES = ("upgrade",)  # nodes restarted into the previous release (chaos.faults.release_switch)
 # Whole-node isolation, no per-link faults, no powerfs, no membership changes, one release: what
@@ -145,8 +151,8 @@ STEP_TIMEOUT_S = 90.0
 
 
 def parse_kinds(text: str, *, power_fs: bool = False) -> list[str]:
-    """Kind names from ``--nemesis``; ``all`` has ``power`` only with ``power_fs`` (a power
-    failure needs the powerfs mounts, and naming ``power`` alone turns them on)."""
+    """Kind names from ``--nemesis``; ``all`` has ``power`` and ``disk-stall`` only with
+    ``power_fs`` (both need the powerfs mounts, and naming one of them turns them on)."""
     names = [k.strip() for k in text.split(",") if k.strip()]
     if names == ["all"]:
         return [k for k in KINDS if (power_fs or k not in NEEDS_POWER_FS) and k not in NOT_IN_ALL]
@@ -159,22 +165,26 @@ def parse_kinds(text: str, *, power_fs: bool = False) -> list[str]:
 
 
 def unsupported_kinds(kinds: list[str], *, link_faults: bool, node_isolation: bool,
-                      power_fs: bool = False, membership: bool = False, releases: bool = False) -> list[str]:
-    """The kinds a target with these capabilities cannot make (``power_fs``: power failures;
-    ``membership``: nodes removed and re-added as themselves; ``releases``: nodes restarted into
-    the previous release)."""
+                      power_fs: bool = False, membership: bool = False, releases: bool = False,
+                      disk_stalls: bool | None = None) -> list[str]:
+    """The kinds a target with these capabilities cannot make (``power_fs``: power failures, and
+    stalled disks unless ``disk_stalls`` says otherwise; ``membership``: nodes removed and re-added
+    as themselves; ``releases``: nodes restarted into the previous release)."""
+    stalls = power_fs if disk_stalls is None else disk_stalls
     return [k for k in kinds
-            if (k in NEEDS_POWER_FS and not power_fs)
+            if (k in NEEDS_POWER_FS and not (stalls if k == "disk-stall" else power_fs))
             or (k in NEEDS_MEMBERSHIP and not membership)
             or (k in NEEDS_RELEASES and not releases)
             or (not link_faults and (k in NEEDS_LINK_FAULTS or (k == "partition" and not node_isolation)))]
 
 
 def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node_isolation: bool,
-                       power_fs: bool = False, membership: bool = False, releases: bool = False) -> None:
+                       power_fs: bool = False, membership: bool = False, releases: bool = False,
+                       disk_stalls: bool | None = None) -> None:
     """ValueError naming the kinds of ``kinds`` that ``target`` cannot make, and why."""
     capabilities = {"link_faults": link_faults, "node_isolation": node_isolation, "power_fs": power_fs,
-                    "membership": membership, "releases": releases}
+                    "membership": membership, "releases": releases,
+                    "disk_stalls": power_fs if disk_stalls is None else disk_stalls}
     unsupported = unsupported_kinds(kinds, **capabilities)
     if not unsupported:
         return
@@ -194,10 +204,12 @@ def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node
             "target's proxy)")
     if powered:
         where = "" if target == "local" else " (local target only)"
+        faults = " and ".join(POWER_FS_FAULTS[k] for k in powered)
         reasons.append(
             f"nemesis {', '.join(powered)} not supported with --target {target}"
             + (" without --power-fs" if target == "local" else "")
-            + f": a power failure needs each node's data directory on its own powerfs mount (--power-fs{where})")
+            + f": {faults} {'needs' if len(powered) == 1 else 'need'} each node's data directory on its own "
+            f"powerfs mount (--power-fs{where})")
     if membered:
         why = ("its nodes advertise their published host ports, which the leader's health probe of a node "
                "being re-added cannot reach from inside its container" if target == "docker"
@@ -216,7 +228,7 @@ def refuse_unsupported(kinds: list[str], target: str, *, link_faults: bool, node
 def check_target(kinds: list[str], target: str) -> None:
     """ValueError when ``target`` cannot make one of ``kinds``: the CLI's check, before any
     cluster exists (docker isolates whole nodes and has no per-link faults nor powerfs; the
-    local target mounts powerfs when ``power`` is chosen)."""
+    local target mounts powerfs when ``power`` or ``disk-stall`` is chosen)."""
     docker = target == "docker"
     refuse_unsupported(kinds, target, link_faults=not docker, node_isolation=docker, power_fs=not docker,
                        membership=not docker, releases=not docker)
@@ -376,6 +388,7 @@ class Nemesis:
         refuse_unsupported(kinds, cluster.target, link_faults=cluster.link_faults() is not None,
                            node_isolation=cluster.node_isolation() is not None,
                            power_fs=power_failure(cluster) is not None,
+                           disk_stalls=disk_stall(cluster) is not None,
                            membership=membership_control(cluster) is not None,
                            releases=release_switch(cluster) is not None)
 

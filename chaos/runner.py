@@ -59,7 +59,7 @@ from chaos.intruder import (
     IntruderGenerator,
     run_intruder,
 )
-from chaos.nemesis import Nemesis
+from chaos.nemesis import NEEDS_POWER_FS, Nemesis
 from chaos.starvation import BOUND_S as STARVATION_BOUND_S
 from chaos.starvation import probe_starvation
 from chaos.target import ChaosTarget, token_issuer
@@ -151,7 +151,7 @@ def run(config: RunConfig, progress: Progress | None = None) -> dict[str, Any]:
 
 def open_target(config: RunConfig, base_dir: Path, progress: Progress) -> ChaosTarget:
     """The cluster under test, not started yet (its logs go under ``base_dir``)."""
-    power_fs = config.power_fs or "power" in config.nemesis
+    power_fs = config.power_fs or any(k in NEEDS_POWER_FS for k in config.nemesis)  # power, disk-stall
     if config.partitions > 1 and "upgrade" in config.nemesis:
         raise ValueError("partitions and the upgrade nemesis exclude each other: partitions need feature level 4, "
                          "and the previous release holds the cluster at level 1")
@@ -357,7 +357,7 @@ def _report(config: RunConfig, out: Path, extra: dict[str, Any], timings: dict[s
                   "workers": config.workers, "queues": config.queues}
     if config.node_overrides:
         parameters["node_overrides"] = json.dumps(config.node_overrides, sort_keys=True)
-    if config.target == "local" and (config.power_fs or "power" in config.nemesis):
+    if config.target == "local" and (config.power_fs or any(k in NEEDS_POWER_FS for k in config.nemesis)):
         parameters["power_fs"] = True
     if config.partitions > 1:
         parameters["partitions"] = config.partitions

@@ -8,6 +8,7 @@ state they share (``base``: the cluster, the Fault, the refusal):
 * ``network``: partitions of every shape, one-way links, client partitions and drops, delay,
   loss and a deposed leader, as layered link faults (:func:`combine_link_faults`);
 * ``processes``: kill, pause, wipe, and power failures (:func:`power_failure`);
+* ``disks``: a node's disk stalled, its syncs hanging for a few seconds (:func:`disk_stall`);
 * ``membership``: a voting member removed and re-added through the leader;
 * ``releases``: nodes restarted into another release of rcq (:func:`release_switch`).
 
@@ -16,10 +17,11 @@ module (targets are seen through chaos.target).
 """
 
 from chaos.faults.base import Fault, FaultRefused
+from chaos.faults.disks import DiskStall, disk_stall
 from chaos.faults.maker import FaultMaker
 from chaos.faults.network import combine_link_faults
 from chaos.faults.processes import PowerFailure, power_failure
 from chaos.faults.releases import ReleaseSwitch, release_name, release_switch
 
-__all__ = ["Fault", "FaultMaker", "FaultRefused", "PowerFailure", "ReleaseSwitch", "combine_link_faults",
-           "power_failure", "release_name", "release_switch"]
+__all__ = ["DiskStall", "Fault", "FaultMaker", "FaultRefused", "PowerFailure", "ReleaseSwitch", "combine_link_faults",
+           "disk_stall", "power_failure", "release_name", "release_switch"]

@@ -1,5 +1,5 @@
 """FaultMaker: one object that starts faults of every kind, made of a part per job (network,
-processes, partitions, membership, releases; see chaos/faults/__init__.py).
+processes, disks, partitions, membership, releases; see chaos/faults/__init__.py).
 
 Must not import: any rcq module; nor a target's module (targets are seen through chaos.target).
 """
@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 
 from chaos.faults.base import Fault
+from chaos.faults.disks import DiskFaults, disk_stall
 from chaos.faults.membership import MembershipFaults
 from chaos.faults.network import NetworkFaults
 from chaos.faults.partitions import PartitionFaults
@@ -19,13 +20,14 @@ from chaos.membership import MembershipChanger
 from chaos.target import ChaosTarget, membership_control
 
 
-class FaultMaker(NetworkFaults, ProcessFaults, PartitionFaults, MembershipFaults, ReleaseFaults):
+class FaultMaker(NetworkFaults, ProcessFaults, DiskFaults, PartitionFaults, MembershipFaults, ReleaseFaults):
     """Starts faults of every kind on ``cluster``; ``others_active`` says whether any fault runs now."""
 
     def __init__(self, cluster: ChaosTarget, others_active: Callable[[], bool]) -> None:
         self.cluster = cluster
         self.links = cluster.link_faults()
         self.power = power_failure(cluster)
+        self.disks = disk_stall(cluster)
         self.partitions = partition_processes(cluster)
         self.releases = release_switch(cluster)
         control = membership_control(cluster)

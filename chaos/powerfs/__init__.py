@@ -50,6 +50,14 @@ Every file and directory has a *current* state (what processes see) and a *durab
 * :meth:`PowerMount.sync` makes everything durable (``sync`` of the whole disk: used after
   a wipe, which models a new, empty disk). A mount made with ``drop_unsynced=False`` is the
   *control*: its cut drops nothing (a disk with a battery-backed cache).
+* **A stalled disk** (:meth:`PowerMount.stall` until :meth:`PowerMount.release`, the chaos
+  harness's ``disk-stall`` nemesis): every fsync, fdatasync and fsyncdir hangs in its system call
+  (the caller's thread blocks, as on a disk whose cache flush hangs; a process killed -9 meanwhile
+  stays in D state until the release) while reads and writes go on (not those the kernel holds
+  behind the inode lock it keeps across a FUSE fsync: writes to the file being synced, listing or
+  changing the directory being synced); released, each completes as above. A cut fails the
+  syncs hanging then with EIO (nothing they covered becomes durable) and leaves the disk
+  stalled. Closing a mount releases its stall first (chaos/powerfs/stall.py).
 
 Binding: ``mfusepy`` (ctypes over Debian's libfuse3; pure Python, so nothing to compile).
 :func:`fuse_unavailable_reason` says, in plain words, why a mount cannot work here (no
@@ -176,6 +184,7 @@ class PowerMount:
     """A powerfs mounted at ``mountpoint`` (an existing, empty directory) by a child process.
 
     :meth:`cut` drops everything not made durable, :meth:`sync` makes everything durable,
+    :meth:`stall` makes every sync hang until :meth:`release`,
     :meth:`close` unmounts (retrying while the mount is busy, then detaching it) and stops
     the child. Thread-safe. ``drop_unsynced=False`` makes the control filesystem whose cut
     drops nothing. The child's stderr goes to ``log_path`` (default: this process's stderr).
@@ -227,7 +236,19 @@ class PowerMount:
         """Make everything durable, as sync(1) of the whole disk."""
         return self._request("sync")
 
+    def stall(self) -> dict[str, Any]:
+        """Stall the disk: from now on every fsync, fdatasync and fsyncdir on the mount hangs in
+        its system call until :meth:`release` (reads and writes go on). Returns ``stalled`` and
+        ``syncs_blocked``."""
+        return self._request("stall")
+
+    def release(self) -> dict[str, Any]:
+        """End a stall (none: nothing happens): the hanging syncs complete, making durable what
+        they cover, as if the flush had just finished. ``released``: how many were hanging."""
+        return self._request("release")
+
     def stats(self) -> dict[str, Any]:
+        """Counters of the model, and ``stalled`` and ``syncs_blocked`` (hanging right now)."""
         return self._request("stats")
 
     def _request(self, op: str) -> dict[str, Any]:
@@ -289,10 +310,13 @@ class PowerMount:
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Unmount and stop the child; never leaves a mount behind (PowerFSError if it could not).
 
+        A stall is released first: the syncs hanging on it complete, and their processes can exit.
         A mount still busy (a process has a file open there) is retried for half of
         ``timeout_s``, then detached (lazy unmount: it leaves the namespace at once) and the
         child stopped at once: it would serve the files still open for as long as they are.
         """
+        with contextlib.suppress(PowerFSError):  # nothing may hang in a sync through the unmount
+            self.release()
         with self._lock:
             if self._closed:
                 return

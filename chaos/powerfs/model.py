@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from chaos.powerfs.files import PAGE_BYTES, Directory, File, Node, errno_error
+from chaos.powerfs.stall import SyncStall
 
 
 class PowerModel:
@@ -25,7 +26,8 @@ class PowerModel:
 
     Thread-safe (one lock: libfuse calls from several threads). Paths are absolute within the
     mount (``/a/b``); handles are the numbers :meth:`open`, :meth:`create` and :meth:`opendir`
-    return. Errors are ``OSError`` with the errno a real filesystem would give.
+    return. Errors are ``OSError`` with the errno a real filesystem would give. ``syncs`` is the
+    stall gate every :meth:`fsync` passes first, outside the lock (chaos.powerfs.stall).
     """
 
     def __init__(self, drop_unsynced: bool = True) -> None:
@@ -37,6 +39,7 @@ class PowerModel:
         self._handles: dict[int, Node] = {}
         self._next_handle = 1
         self.counters = {"cuts": 0, "fsyncs": 0, "fsyncdirs": 0, "writes": 0, "syncs": 0}
+        self.syncs = SyncStall()
 
     # ------------------------------------------------------------ helpers (lock held)
     def _number(self) -> int:
@@ -171,7 +174,9 @@ class PowerModel:
             self._file(path, handle).truncate(length)
 
     def fsync(self, path: str | None, handle: int | None = None) -> None:
-        """fsync/fdatasync (and so msync(MS_SYNC)) of a file, or fsync of a directory."""
+        """fsync/fdatasync (and so msync(MS_SYNC)) of a file, or fsync of a directory. On a
+        stalled disk it waits first, without the lock, until released (EIO if a cut comes first)."""
+        self.syncs.wait()
         with self._lock:
             node = self._node(path, handle)
             if isinstance(node, Directory):
@@ -257,9 +262,10 @@ class PowerModel:
         with self._lock:
             self.counters["cuts"] += 1
             stats = {"drop_unsynced": self.drop_unsynced, "files_reverted": 0, "bytes_dropped": 0, "names_undone": 0,
-                     "files_vanished": 0, "directories_vanished": 0}
+                     "files_vanished": 0, "directories_vanished": 0, "syncs_failed": 0}
             if not self.drop_unsynced:
-                return stats
+                return stats  # a battery-backed cache: syncs waiting on a stall still complete when released
+            stats["syncs_failed"] = self.syncs.interrupt()  # those waiting on a stall never completed: EIO
             before = self._reachable()
             after: set[int] = set()
             stack: list[Node] = [self.root]
@@ -298,4 +304,4 @@ class PowerModel:
             files = [n for n in self._reachable() if isinstance(n, File)]
             return {**self.counters, "files": len(files), "bytes_stored": sum(len(f.data) for f in files),
                     "unsynced_pages": sum(len(f.dirty) for f in files), "open_handles": len(self._handles),
-                    "drop_unsynced": self.drop_unsynced}
+                    "drop_unsynced": self.drop_unsynced, **self.syncs.stats()}

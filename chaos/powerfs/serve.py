@@ -1,7 +1,12 @@
 """powerfs's child process: serves a PowerModel over FUSE (mfusepy over libfuse3) at a
-mountpoint, and answers the harness's control requests (cut, sync, stats) on stdin/stdout.
-Started and driven by chaos.powerfs.PowerMount; the durability model is written out at
-the top of that module.
+mountpoint, and answers the harness's control requests (cut, sync, stall, release, stats) on
+stdin/stdout. Started and driven by chaos.powerfs.PowerMount; the durability model is written
+out at the top of that module, the stall in chaos/powerfs/stall.py.
+
+libfuse runs its multi-threaded loop here (mfusepy passes no ``-s``: ``nothreads`` is not set),
+so a sync hanging on a stalled disk holds one request thread while the others serve reads and
+writes; ``max_threads`` lifts libfuse's cap of 10 such threads (libfuse 3.12 and later), so that
+many hanging syncs (several processes of a node, a killed one's among them) cannot take them all.
 
 Must not import: rcq.server; mfusepy is imported here only, in the child.
 """
@@ -20,6 +25,7 @@ from chaos.powerfs.files import PAGE_BYTES
 from chaos.powerfs.model import PowerModel
 
 STATFS_BLOCKS = 1 << 24  # what df shows: 64 GiB, all free (memory is the real limit)
+FUSE_MAX_THREADS = 256  # request threads at most: each sync hanging on a stall holds one
 
 
 # ====================================================================== FUSE adapter (in the child)
@@ -153,7 +159,7 @@ def _serve(mountpoint: str, drop_unsynced: bool) -> int:
         "foreground": True, "fsname": "powerfs", "subtype": "powerfs",
         # Nothing cached by the kernel may outlive a cut: names, absences and sizes are asked every time.
         "attr_timeout": 0, "entry_timeout": 0, "negative_timeout": 0,
-        "hard_remove": True, "use_ino": True,
+        "hard_remove": True, "use_ino": True, "max_threads": FUSE_MAX_THREADS,
     }
     if shutil.which("fusermount3"):
         options["auto_unmount"] = True  # fusermount3 unmounts even if this process is killed
@@ -174,12 +180,18 @@ def _control_loop(model: PowerModel, reply: Any, mountpoint: str, ready: threadi
                 reply({"ok": True, **model.cut()})
             elif op == "sync":
                 reply({"ok": True, **model.sync()})
+            elif op == "stall":
+                reply({"ok": True, **model.syncs.stall()})
+            elif op == "release":
+                reply({"ok": True, **model.syncs.release()})
             elif op == "stats":
                 reply({"ok": True, **model.stats()})
             else:
                 reply({"ok": False, "error": f"unknown op {op!r}"})
         except Exception as exc:  # a bad request must not kill the filesystem
             reply({"ok": False, "error": repr(exc)})
+    # No sync may hang through the unmount: libfuse cancels its request threads when its loop ends.
+    model.syncs.release()
     if ready.is_set():
         unmount(mountpoint, lazy=True)
 

@@ -1,5 +1,6 @@
 """powerfs (chaos/powerfs/), the disk with a volatile write cache behind the ``power``
-nemesis: what is made durable survives a power cut, nothing else does.
+nemesis: what is made durable survives a power cut, nothing else does. And its stall, behind the
+``disk-stall`` nemesis: syncs hang until released, everything else goes on.
 
 Through a real FUSE mount and real system calls (write, fsync, fdatasync, rename, ftruncate,
 a shared mmap with and without msync, a process killed -9 with dirty pages). Every scenario
@@ -13,11 +14,13 @@ Skipped, with the reason, where FUSE cannot work (no /dev/fuse, not root, no lib
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -358,6 +361,147 @@ def test_mounting_over_a_mount_is_refused(disk):
     mount = disk()
     with pytest.raises(PowerFSError, match="already mounted"):
         PowerMount(mount.mountpoint)
+
+
+# ------------------------------------------------------------------ a stalled disk
+class Syncer:
+    """``os.fsync`` of ``path`` in a thread of its own (where it may hang); ``error``: what it raised,
+    ``mounted_on_return``: whether the mount was still there as it returned (its file still open)."""
+
+    def __init__(self, path: Path, mountpoint: Path) -> None:
+        self.path = path
+        self.mountpoint = mountpoint
+        self.error: BaseException | None = None
+        self.mounted_on_return: bool | None = None
+        self.returned = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"fsync {path.name}")
+        self.thread.start()
+
+    def _run(self) -> None:
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.fsync(fd)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.mounted_on_return = is_mounted(self.mountpoint)
+            self.returned.set()
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def wait(self) -> None:
+        wait_until(self.returned.is_set, LOCAL_WAIT_S, what=f"the fsync of {self.path} to return")
+        self.thread.join(LOCAL_WAIT_S)
+
+
+def blocked(mount: PowerMount, count: int) -> None:
+    wait_until(lambda: mount.stats()["syncs_blocked"] >= count, LOCAL_WAIT_S, what=f"{count} syncs hanging")
+
+
+def in_a_thread(call: Callable[[], object]) -> object:
+    """``call()``'s answer, made in another thread and waited for: a call that hangs fails the test."""
+    answers: list[object] = []
+    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
+    thread.start()
+    wait_until(lambda: answers, LOCAL_WAIT_S, what="a read or write beside the hanging syncs")
+    return answers[0]
+
+
+@needs_fuse
+def test_a_stalled_disk_holds_fsync_until_released_while_reads_and_writes_go_on(disk):
+    mount = disk()
+    root = mount.mountpoint
+    journal = root / "journal"
+    write(journal, b"durable once the stall ends")
+    fsync_dir(root)  # its name is durable; its data is not yet
+    assert mount.stall() == {"stalled": True, "syncs_blocked": 0}
+    syncer = Syncer(journal, root)
+    blocked(mount, 1)
+    assert mount.stats()["stalled"]
+    # Another file is written and read, the hanging one read, while the fsync hangs.
+    assert in_a_thread(lambda: write(root / "other", b"written meanwhile")) is None
+    assert in_a_thread(lambda: read(root / "other")) == b"written meanwhile"
+    assert in_a_thread(lambda: read(journal)) == b"durable once the stall ends"
+    assert syncer.thread.is_alive() and not syncer.returned.is_set(), "the fsync returned on a stalled disk"
+    assert mount.stats()["syncs_blocked"] == 1
+    answer = mount.release()
+    assert answer["released"] == 1 and not answer["stalled"]
+    syncer.wait()
+    assert syncer.error is None
+    assert mount.stats()["syncs_blocked"] == 0 and not mount.stats()["stalled"]
+    mount.cut()
+    assert read(journal) == b"durable once the stall ends"  # the fsync made it durable
+    assert read(root / "other") is None  # never synced: the cut is as strict as ever
+
+
+@needs_fuse
+def test_more_hanging_syncs_than_libfuse_has_request_threads_by_default_leave_reads_and_writes_going(disk):
+    """libfuse's loop runs at most 10 request threads unless told otherwise: 12 hanging syncs of
+    12 files (one inode each: the kernel queues a second sync of one inode behind the first)."""
+    mount = disk()
+    root = mount.mountpoint
+    paths = [durable_file(root, f"file-{i}", b"x") for i in range(12)]
+    mount.stall()
+    syncers = [Syncer(path, root) for path in paths]
+    blocked(mount, len(paths))
+    assert in_a_thread(lambda: write(root / "beside", b"still served")) is None
+    assert in_a_thread(lambda: read(root / "beside")) == b"still served"
+    assert mount.release()["released"] == len(paths)
+    for syncer in syncers:
+        syncer.wait()
+        assert syncer.error is None
+
+
+@needs_fuse
+def test_closing_a_stalled_mount_releases_it_first(disk):
+    mount = disk()
+    path = durable_file(mount.mountpoint, "file", b"data")
+    mount.stall()
+    syncer = Syncer(path, mount.mountpoint)
+    blocked(mount, 1)
+    mount.close()
+    syncer.wait()
+    # Released before the unmount: not cut off from its filesystem (ENOTCONN), nor left hanging
+    # until the busy mount was detached.
+    assert syncer.error is None and syncer.mounted_on_return
+    assert not is_mounted(mount.mountpoint)
+
+
+def test_a_stalled_sync_holds_no_lock_and_a_cut_fails_it():
+    """Without FUSE: the model's fsync waits outside its lock; a cut fails the waiting sync (EIO),
+    nothing it covered becomes durable, and the disk stays stalled. On the control disk (a cut
+    that drops nothing) the sync completes when released."""
+    for drop_unsynced in (True, False):
+        model = PowerModel(drop_unsynced)
+        handle = model.create("/f", 0o644)
+        model.fsync("/", None)
+        model.write(None, b"unsynced", 0, handle)
+        model.syncs.stall()
+        outcome: list[object] = []
+
+        def sync(model: PowerModel = model, handle: int = handle, outcome: list[object] = outcome) -> None:
+            try:
+                model.fsync(None, handle)
+                outcome.append("synced")
+            except OSError as exc:
+                outcome.append(exc.errno)
+
+        thread = threading.Thread(target=sync, daemon=True)
+        thread.start()
+        wait_until(lambda m=model: m.syncs.stats()["syncs_blocked"] == 1, LOCAL_WAIT_S, what="the sync to hang")
+        assert in_a_thread(lambda m=model, h=handle: m.write(None, b"UN", 0, h)) == 2  # the lock is free
+        dropped = model.cut()
+        if drop_unsynced:
+            wait_until(lambda o=outcome: o, LOCAL_WAIT_S, what="the cut to fail the hanging sync")
+            assert outcome == [errno.EIO] and dropped["syncs_failed"] == 1
+            assert model.read(None, 100, 0, handle) == b""  # nothing became durable
+            assert model.stats()["stalled"]
+        else:
+            assert not outcome and dropped["syncs_failed"] == 0
+        model.syncs.release()
+        thread.join(LOCAL_WAIT_S)
+        if not drop_unsynced:
+            assert outcome == ["synced"] and model.stats()["unsynced_pages"] == 0
 
 
 # ------------------------------------------------------------------ the model, without FUSE
