@@ -124,16 +124,14 @@ class Dequeuer:
         items = self._items(queue, ids)
         self._drop_missing(transaction, queue, items, ids)
         items = self._fit_answer(transaction, queue, items, budget)
-        if items and view is not None and view.max_deliveries is not None:
-            transaction.deliveries_running += 1  # a commit meanwhile is refused (CommitPath)
-            try:
-                items = await self._deliver(transaction, queue, items)
-            finally:
-                transaction.deliveries_running -= 1
-        elif items and fenced:
+        delivers = view is not None and view.max_deliveries is not None  # its delivery record fences it
+        if items and (delivers or fenced):
             transaction.deliveries_running += 1  # a commit meanwhile is refused: no answer has the items yet
             try:
-                await self._fence(transaction, queue, items)
+                if delivers:
+                    items = await self._deliver(transaction, queue, items)
+                else:
+                    await self._fence(transaction)
             finally:
                 transaction.deliveries_running -= 1
         if key is not None:
@@ -162,7 +160,7 @@ class Dequeuer:
         return [dataclasses.replace(item, delivery_count=counts[item.item_id] - 1)
                 for item in items if item.item_id in counts]
 
-    async def _fence(self, transaction: Session, queue: str, items: list[DequeuedItem]) -> None:
+    async def _fence(self, transaction: Session) -> None:
         """Hand nothing out until an entry proposed after the take commits in this term: a newer
         leader would have fenced it off (docs/raft-hazards.md, H22). Failing (deposed, or no entry
         commits in time), the transaction aborts: every item it holds goes back."""

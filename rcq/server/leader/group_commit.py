@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rcq.errors import InternalError, LeaderChanged, RcqError
 from rcq.server.core.commands import (
@@ -91,7 +92,7 @@ class GroupCommitter:
             if not p.future.done():
                 p.future.set_exception(LeaderChanged())
         confirming, self._confirming = self._confirming, []
-        self._fail(confirming, LeaderChanged())
+        self._settle([], LeaderChanged(), confirming)
 
     def commit(self, unit: CommitUnit | ItemsAction, size_bytes: int) -> asyncio.Future[Outcome]:
         """Propose ``unit`` (a commit, or a leader's item action) in the next entry; its future gets
@@ -164,11 +165,9 @@ class GroupCommitter:
             result = await self._replicator.submit(command, self._timeout_s)
             self._round_trip_s += ROUND_TRIP_WEIGHT * (time.monotonic() - started_s - self._round_trip_s)
         except RcqError as exc:
-            self._settle(batch, exc)
-            self._fail(confirming, exc)
+            self._settle(batch, exc, confirming)
         except Exception as exc:  # a bug below us: every waiter must still get an answer
-            self._settle(batch, InternalError(f"commit failed: {exc!r}"))
-            self._fail(confirming, InternalError(f"commit failed: {exc!r}"))
+            self._settle(batch, InternalError(f"commit failed: {exc!r}"), confirming)
         else:
             if isinstance(result, BatchResult) and len(result.outcomes) == len(batch):
                 for p, outcome in zip(batch, result.outcomes, strict=True):
@@ -179,11 +178,10 @@ class GroupCommitter:
                         if not future.done():
                             future.set_result(None)
                 else:  # committed, but this leadership is not the one that asked
-                    self._fail(confirming, LeaderChanged())
+                    self._settle([], LeaderChanged(), confirming)
             else:
                 reason = result.reason if isinstance(result, ApplyFailed) else repr(result)
-                self._settle(batch, InternalError(f"commit entry not applied: {reason}"))
-                self._fail(confirming, InternalError(f"commit entry not applied: {reason}"))
+                self._settle(batch, InternalError(f"commit entry not applied: {reason}"), confirming)
         finally:
             self._in_flight -= 1
             if (self._pending or self._confirming) and not self._flush_scheduled:
@@ -191,14 +189,10 @@ class GroupCommitter:
                 asyncio.get_running_loop().call_soon(self._flush)
 
     @staticmethod
-    def _settle(batch: list[_Pending], error: RcqError) -> None:
-        for p in batch:
-            if not p.future.done():
-                p.future.set_exception(error)
-
-    @staticmethod
-    def _fail(confirming: list[asyncio.Future[None]], error: RcqError) -> None:
-        for future in confirming:
+    def _settle(batch: list[_Pending], error: RcqError, confirming: Sequence[asyncio.Future[None]] = ()) -> None:
+        """Fail every unit of ``batch`` and every read fence of ``confirming`` with ``error``."""
+        futures: list[asyncio.Future[Any]] = [p.future for p in batch]
+        for future in [*futures, *confirming]:
             if not future.done():
                 future.set_exception(error)
 
