@@ -59,6 +59,11 @@ CLOSE_TIMEOUT_S = 1.0  # how long closing waits for the node's close frame
 HEARTBEAT_S = 30.0
 NO_CHANNEL_PAUSE_S = 60.0  # a node without the channel (404/405) is asked again after this (a rolling upgrade)
 REFUSED_PAUSE_S = 1.0  # after a refused upgrade (307, 401, 503, ...) the node is asked over HTTP this long
+# The longest one upgrade may take (or the request timeout, if shorter). An upgrade is one small
+# exchange that a serving node answers in milliseconds, even loaded; a node that accepts the
+# connection and answers nothing for this long is hung (stopped, or its event loop held in a
+# stalled disk's sync), and as no request has left yet, another node is worth a try at once.
+UPGRADE_TIMEOUT_S = 3.0
 
 
 class ChannelUnusable(Exception):

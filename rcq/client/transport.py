@@ -56,7 +56,7 @@ from typing import Any
 
 import aiohttp
 
-from rcq.client.channel import Channel, ChannelUnusable
+from rcq.client.channel import UPGRADE_TIMEOUT_S, Channel, ChannelUnusable
 from rcq.client.coalescer import Coalescer
 from rcq.client.exchange import Answer, ExchangeFailed, exchange, new_session, normalize_url
 from rcq.client.leader_tracker import Abandoned, LeaderTracker
@@ -342,7 +342,8 @@ class Transport:
         channel = self._channels.get(node_url)
         if channel is None:
             channel = self._channels[node_url] = Channel(
-                self._http, node_url, authorization=self._authorization, connect_timeout_s=self.request_timeout_s)
+                self._http, node_url, authorization=self._authorization,
+                connect_timeout_s=min(self.request_timeout_s, UPGRADE_TIMEOUT_S))
         return channel if channel.in_flight < CHANNEL_IN_FLIGHT_MAX else None
 
     def _judged(self, node_url: str, status: int, payload: Any, retry_after_s: float | None, location: str | None,

@@ -51,9 +51,12 @@ class SessionNode:
         self.answer_pings = True
         self.pings = 0
         self.pongs: list[bytes] = []
+        self.hold_upgrades: asyncio.Event | None = None  # set: upgrades wait for it (a hung node)
 
     async def session(self, request: web.Request) -> web.StreamResponse:
         self.upgrades.append(dict(request.headers))
+        if self.hold_upgrades is not None:
+            await self.hold_upgrades.wait()
         if self.refusal is not None:
             status, body = self.refusal
             return web.json_response(body, status=status)
@@ -462,6 +465,25 @@ async def test_a_follower_refusing_the_upgrade_redirects_to_the_leaders_channel(
             await SessionNode.answer(ws, frame, BEGUN)
             assert (await beginning).transaction_id == BEGUN["transaction_id"]
             assert client.leader_url == leader.url
+
+
+async def test_an_upgrade_that_hangs_gives_way_to_another_node_long_before_the_request_timeout(node: SessionNode):
+    """A node that accepts the connection and never answers the upgrade (its event loop held, as
+    a leader's whose Raft ticks hang in an fdatasync) costs one upgrade timeout, not the request's."""
+    node.hold_upgrades = held = asyncio.Event()
+    try:
+        async with serving_session_node() as other, \
+                RcqClient([node.url, other.url], request_timeout_s=10 * LOCAL_WAIT_S) as client:
+            beginning = asyncio.ensure_future(client.begin(label="past-the-hung-node"))
+            try:
+                ws, frame = await asyncio.wait_for(other.frames.get(), channel_module.UPGRADE_TIMEOUT_S + LOCAL_WAIT_S)
+            finally:
+                held.set()  # whatever happens: the hung upgrade ends, so that the client can close
+            await SessionNode.answer(ws, frame, BEGUN)
+            assert (await beginning).transaction_id == BEGUN["transaction_id"]
+        assert len(node.upgrades) == 1, "the hung node was not the first asked: the test proves nothing"
+    finally:
+        held.set()
 
 
 # ------------------------------------------------------------------ the transport on a real node
