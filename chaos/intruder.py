@@ -58,6 +58,12 @@ NO_ANSWER = (Unavailable, NotLeader, CommitOutcomeUnknown, RequestTimeout)
 # for UNREAD_STALL_S (it stopped reading: session_unsent_bytes_max); allowed when it keeps taking
 # them for the whole flood (a node without the bound read ~40,000 frames a second for ever).
 UNREAD_FLOOD_S = 10.0
+# Taking this many frames without stalling proves the node kept reading (allowed): more than every
+# socket buffer on the way holds (the node's receive buffer and this side's send buffer, a few MB
+# each at most with Linux's autotuning: ~125,000 frames of ~80 bytes), and reached in a few
+# seconds by a node without the bound. A flood that runs out of time below it and never stalled
+# (a loaded machine writing slowly) proves nothing either way: no answer (``info``), not allowed.
+UNREAD_CONCLUSIVE_FRAMES = 250_000
 UNREAD_STALL_S = 1.0
 UNREAD_FRAMES_MAX = 1_000_000
 UNREAD_RECEIVE_BUFFER_BYTES = 4096
@@ -248,6 +254,9 @@ class Intruder:
             writer.transport.abort()
         if stalled:
             raise NotRead(f"the node stopped taking frames after {taken}", details={"taken": taken})
+        if taken < min(value["frames_max"], UNREAD_CONCLUSIVE_FRAMES):
+            raise RequestTimeout(f"the flood ran out of time after {taken} frames, the node still taking them: "
+                                 "too few to tell whether it reads them")
         state["allowed"], state["result"] = True, {"taken": taken}
         return {"taken": taken}
 

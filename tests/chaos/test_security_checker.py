@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import pytest
 
+import chaos.intruder as intruder_module
 from chaos.checkers import check, check_security
 from chaos.checkers.model import build_model
 from chaos.checkers.report import summary_text
@@ -35,6 +36,7 @@ from rcq.errors import (
     TransactionAborted,
     TransactionNotFound,
 )
+from tests.helpers import FLOOD_PAUSE_WAIT_S
 from tests.helpers.history import History
 from tests.helpers.nodes import running_node, url_of
 
@@ -419,9 +421,13 @@ def test_only_a_target_that_can_issue_tokens_gets_an_intruder_and_the_history_sa
 
 # ------------------------------------------------------------------ intrude-unread, against a real node
 async def test_an_unread_flood_is_refused_not_read_by_a_node_with_the_bound(tmp_path: Path) -> None:
+    # The flood ends once the node stops reading: about a second here idle, but its answers must
+    # first fill the node's socket buffers, which a loaded machine's slower flood takes longer to do
+    # (33,000 frames in the chaos run's 10 s, not yet enough, in a CI run with 4 workers).
     async with running_node(tmp_path, session_unsent_bytes_max=4096) as node:
         intruder = Intruder(cast(Any, None), [url_of(node)], None)
-        outcome, value, error = await intruder.run(Spec("intrude-unread", {"frames_max": 1_000_000, "flood_s": 10.0}))
+        outcome, value, error = await intruder.run(
+            Spec("intrude-unread", {"frames_max": 10_000_000, "flood_s": FLOOD_PAUSE_WAIT_S}))
     assert (outcome, error) == ("fail", "not_read"), (outcome, value, error)
     assert value["step"] == "flood"
 
@@ -433,6 +439,20 @@ async def test_an_unread_flood_a_node_keeps_reading_is_allowed(tmp_path: Path) -
         outcome, value, error = await intruder.run(Spec("intrude-unread", {"frames_max": 2_000, "flood_s": 10.0}))
     assert (outcome, error) == ("ok", None), (outcome, value, error)
     assert value["taken"] == 2_000
+
+
+async def test_an_unread_flood_that_runs_out_of_time_too_early_to_tell_has_no_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a loaded machine's flood: too few frames written for the node's bound to show, never stalled
+    async def slow_flood(writer: Any, frames_max: int, flood_s: float) -> tuple[int, bool]:
+        return 33_000, False
+
+    monkeypatch.setattr(intruder_module, "write_unread", slow_flood)
+    async with running_node(tmp_path, session_unsent_bytes_max=4096) as node:
+        intruder = Intruder(cast(Any, None), [url_of(node)], None)
+        outcome, _value, error = await intruder.run(
+            Spec("intrude-unread", {"frames_max": 1_000_000, "flood_s": 10.0}))
+    assert (outcome, error) == ("info", "request_timeout"), (outcome, error)
 
 
 async def test_an_unread_flood_with_no_node_to_open_a_channel_has_no_answer() -> None:
