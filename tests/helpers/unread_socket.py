@@ -3,8 +3,9 @@ channel (the upgrade and masked text frames written by hand) or pipelined HTTP r
 node's answers pile up on its side, which is what the back-pressure tests need to see.
 
 ``split_frames`` reads the node's side of a channel back (unmasked frames) once the test reads;
-``flood_until_paused`` shrinks the node's send buffer of an in-process node's channel, then writes
-``status`` frames to it until the node stops reading it.
+``flood_until_paused`` shrinks the kernel buffers of an in-process node's channel (the node's
+send and receive buffers, the client's send buffer), then writes ``status`` frames to it until
+the node stops reading it.
 
 Must not import: a test module or a conftest.
 """
@@ -37,6 +38,13 @@ RECEIVE_BUFFER_BYTES = 128 << 10  # the kernel doubles it
 # 26 s apart after seven drops), and the flood stalls past its bound. A few frames' worth of
 # kernel buffer makes the node's back-pressure what the test sees, after a few hundred frames.
 NODE_SEND_BUFFER_BYTES = 16 << 10  # the kernel doubles it
+# And the requests' way, once the node stops reading: left to autotune, the node's receive buffer
+# may grow to tcp_rmem's maximum (32 MiB on some machines) and the client's send buffer to 4 MiB,
+# so the flood's writes go on being taken for tens of thousands of frames after the node paused.
+# Written slowly beside the suite's parallel workers, that outlasted the node's grace, and the
+# flood met the node's reset (seen in CI) before it saw a write stall. Small buffers on both
+# sides of that way make the first stall come a few hundred frames after the pause.
+REQUEST_BUFFER_BYTES = 16 << 10  # the kernel doubles it
 FRAMES_MAX = 200_000  # a flood's bound: far more than a node may read of a client that does not read
 STALLED_S = 0.2  # a write the node has not taken for this long: look whether it stopped reading
 OPCODE_TEXT, OPCODE_CLOSE = 0x1, 0x8
@@ -150,6 +158,10 @@ async def flood_until_paused(channels: Collection[Any], flood: UnreadSocket) -> 
     node_socket = channel.connection_info("socket")
     assert node_socket is not None, "the channel's connection is gone"
     node_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, NODE_SEND_BUFFER_BYTES)
+    node_socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, REQUEST_BUFFER_BYTES)
+    flood_socket = flood.writer.get_extra_info("socket")
+    assert flood_socket is not None, "the flood's connection is gone"
+    flood_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, REQUEST_BUFFER_BYTES)
     async with asyncio.timeout(FLOOD_PAUSE_WAIT_S):
         for frame_id in range(1, FRAMES_MAX + 1):
             flood.writer.write(status_frame(frame_id))
