@@ -29,6 +29,7 @@ from bench.spark_standalone import SparkStandalone
 from rcq.local.cluster import LocalCluster
 from tests.helpers import LEADER_TIMEOUT_S
 from tests.helpers.cluster import healed
+from tests.helpers.spark_reruns import WORKER_CONNECT_BACK, WORKER_CONNECT_RERUNS
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_MASTER = "local[2,3]"  # two cores, and up to 3 attempts per task so retries happen
@@ -43,20 +44,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 _skipped_for_java: list[str] = []
 
 
-# Spark waits a fixed 10 s (not configurable in 4.3) for a Python worker it spawns to connect back,
-# and fails the job or query with this message when one is slower: a cold interpreter importing
-# pyspark (0.6 s idle) on a machine overloaded by the suite's workers. Such a test runs once more,
-# and only for this message (docs/dependency-workarounds.md).
-WORKER_CONNECT_BACK = r"Python worker failed to connect back"
-WORKER_CONNECT_RERUNS = 1
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     java = shutil.which("java") is not None
     for item in items:
         if item.get_closest_marker("spark") is None:
             continue
-        if java:
+        if java:  # one rerun, for Spark's fixed wait on a Python worker only (tests.helpers.spark_reruns)
             item.add_marker(pytest.mark.flaky(reruns=WORKER_CONNECT_RERUNS, only_rerun=[WORKER_CONNECT_BACK]))
         else:
             item.add_marker(pytest.mark.skip(reason=JAVA_MISSING))

@@ -1,12 +1,12 @@
-"""The one rerun a Spark test gets (tests/spark/conftest.py): when Spark's Python worker did not
-connect back in its fixed 10 s, and for nothing else. Without the rerun marker this test fails:
-its first run fails as such a Spark job does."""
+"""The one rerun a Spark test gets (tests/helpers/spark_reruns.py, marked by tests/spark/conftest.py):
+when Spark's Python worker did not connect back in its fixed 10 s, and for nothing else. Without
+the rerun marker this test fails: its first run fails as such a Spark job does."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.spark.conftest import WORKER_CONNECT_BACK
+from tests.helpers.spark_reruns import WORKER_CONNECT_BACK
 
 _runs: list[int] = []
 
