@@ -34,6 +34,11 @@ finding), and each restore a line ``backup-restore`` (``phase`` ``checked``, wit
 most 20 offenders of each kind, and ``valid``). These are not fault windows (no start/stop pair).
 The ``backups`` checker (chaos.checkers.backups) makes the run invalid when a restore was not.
 
+**After the heal**, when no backup was restored and checked under the faults (on a loaded machine
+every one taken may fail), the runner has the nemesis take one more on the healed cluster
+(``after_heal``), restored and checked the same way; its ``taken`` line says ``after_heal``. So a
+run with this nemesis always checks a restore against the history, or says why it could not.
+
 **With partitions** (``--partitions``), the probe has a queue in each partition there is when the
 nemesis starts (``backup-probe-<name>``, placed there), and every backup is a set (``rcq backup``
 of a cluster with partitions: one part per partition, each at its own index). The ``taken`` line
@@ -170,6 +175,14 @@ class BackupNemesis:
                     task.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
 
+    async def after_heal(self) -> None:
+        """One more backup, restored and checked, when none was under the faults (the probe load
+        has stopped: its history is final but for outcomes it never learnt)."""
+        if self.restored or not self.probes:
+            return
+        self.progress("nemesis: no backup restored under the faults: one more after the heal")
+        await self._one_backup(asyncio.Event(), after_heal=True)
+
     # ------------------------------------------------------------- the probe load
     async def _producer(self, client: RcqClient, partition: str, name: str, stop: asyncio.Event) -> None:
         probe = self.probes[partition]
@@ -210,9 +223,9 @@ class BackupNemesis:
             await asyncio.sleep(PROBE_PAUSE_S)
 
     # ------------------------------------------------------------- backups
-    async def _one_backup(self, stop: asyncio.Event) -> None:
+    async def _one_backup(self, stop: asyncio.Event, after_heal: bool = False) -> None:
         if len(self.probes) > 1:
-            await self._one_set(stop)
+            await self._one_set(stop, after_heal)
             return
         number = self.taken
         self.taken += 1
@@ -223,14 +236,16 @@ class BackupNemesis:
             header = await asyncio.wait_for(save_backup(self.cluster.client_urls, path, token=self.cluster.token),
                                             BACKUP_TIMEOUT_S)
         except Exception as exc:  # under faults a backup may fail: recorded, not a finding
-            self._line("backup", {"phase": "failed", "number": number, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            self._line("backup", {"phase": "failed", "number": number, "error": f"{type(exc).__name__}: {exc}"[:300],
+                                  **({"after_heal": True} if after_heal else {})})
             self.progress(f"nemesis: backup {number} failed: {type(exc).__name__}")
             return
         fields = {key: header[key] for key in ("index", "term", "node_id", "data_digest", "items", "feature_level",
                                                "cluster_id")}
         self._line("backup", {"phase": "taken", "number": number, "path": str(path),
                               "seconds": round(time.monotonic() - started, 3),
-                              "acknowledged_before": acknowledged_before, **fields})
+                              "acknowledged_before": acknowledged_before, **fields,
+                              **({"after_heal": True} if after_heal else {})})
         self.progress(f"nemesis: backup {number} at index {header.index} from {header['node_id']}")
         if self.restored >= self.restores_max or stop.is_set():
             path.unlink(missing_ok=True)  # verified by its checksum on the way; not restored
@@ -274,7 +289,7 @@ class BackupNemesis:
                 **({"duplicated_values": duplicated_values[:SAMPLES_MAX]} if duplicated_values else {})}
 
     # ------------------------------------------------------------- backup sets
-    async def _one_set(self, stop: asyncio.Event) -> None:
+    async def _one_set(self, stop: asyncio.Event, after_heal: bool = False) -> None:
         """A backup set of every partition; each part checked against its own probe's history."""
         number = self.taken
         self.taken += 1
@@ -285,7 +300,8 @@ class BackupNemesis:
             backup_set = await asyncio.wait_for(save_cluster_backup(self.cluster.client_urls, path,
                                                                     token=self.cluster.token), BACKUP_TIMEOUT_S)
         except Exception as exc:  # under faults a backup may fail: recorded, not a finding
-            self._line("backup", {"phase": "failed", "number": number, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            self._line("backup", {"phase": "failed", "number": number, "error": f"{type(exc).__name__}: {exc}"[:300],
+                                  **({"after_heal": True} if after_heal else {})})
             self.progress(f"nemesis: backup set {number} failed: {type(exc).__name__}")
             return
         parts = [{"partition": part.name, "index": part.header.index, "term": part.header.term,
@@ -298,7 +314,8 @@ class BackupNemesis:
                               "index": p0.index, "term": p0.term, "node_id": p0["node_id"],
                               "data_digest": p0.data_digest, "items": backup_set.items,
                               "feature_level": p0["feature_level"], "cluster_id": p0["cluster_id"],
-                              "combined_digest": backup_set.combined_digest, "parts": parts})
+                              "combined_digest": backup_set.combined_digest, "parts": parts,
+                              **({"after_heal": True} if after_heal else {})})
         self.progress(f"nemesis: backup set {number}: " + ", ".join(f"{p['partition']}@{p['index']}" for p in parts))
         if self.restored >= min(self.restores_max, SET_RESTORES_MAX) or stop.is_set():
             shutil.rmtree(path, ignore_errors=True)  # every part verified on the way; not restored

@@ -15,7 +15,9 @@
    issue tokens; on docker the history says it was skipped and why;
 3. heal everything (stop faults, heal links, resume and restart nodes) and wait
    for a leader and for every node to catch up — unless every node has exited (a heal that
-   could not restart one from what its disk kept): then every later wait looks once. With spread
+   could not restart one from what its disk kept): then every later wait looks once. With the
+   ``backup`` nemesis and no backup restored under the faults, one more is taken, restored and
+   checked now (chaos.backups, ``after_heal``). With spread
    queues, the starvation probe then runs (chaos.starvation: one consumer alone drains every
    fragment of a spread queue);
 4. drain every queue completely, dead-letter queues included (poison is
@@ -201,6 +203,8 @@ async def _main_phases(config: RunConfig, cluster: ChaosTarget, history: History
     if config.before_heal is not None:
         await asyncio.to_thread(config.before_heal, cluster)
     recovery = await _heal(config, cluster, nemesis, progress, timings)
+    if nemesis.backups is not None and "error" not in recovery and not recovery.get("every_node_exited"):
+        await nemesis.backups.after_heal()  # one checked restore a run, if none was under the faults
 
     def within(timeout_s: float) -> float:
         return 0.0 if recovery.get("every_node_exited") else timeout_s

@@ -4,7 +4,9 @@ The nemesis (chaos.backups) does the restoring and the comparing while the run g
 only it knows at which Raft index each of its probe commits was acknowledged; it writes one
 ``backup-restore`` line per restored backup with ``valid`` and the offenders. This checker reads
 those lines: the run is invalid when one of them is. Backups that could not be taken under
-faults (``backup`` lines of phase ``failed``) are counted, not held against the run. A backup
+faults (``backup`` lines of phase ``failed``) are counted, not held against the run (a few of
+their errors are sampled); one taken after the heal, because none was checked under the faults,
+is counted apart (``taken_after_heal``). A backup
 taken at an index before a probe commit acknowledged before it was asked for (``taken`` lines:
 ``index`` below ``acknowledged_before``) is behind what ``rcq backup`` promises: the run is
 invalid too; for a backup set (a cluster with partitions), each part against its own partition's
@@ -42,6 +44,8 @@ def check_backups(history: list[dict[str, Any]]) -> dict[str, Any]:
         "indexes": [v.get("index") for v in taken],
         "invalid_restores": invalid[:SAMPLES_MAX],
         "sets_taken": sum(1 for v in taken if v.get("parts")),
+        "taken_after_heal": sum(1 for v in taken if v.get("after_heal")),
+        "failure_samples": sorted({str(v.get("error", ""))[:120] for v in failed})[:3],
         "behind": [{key: v.get(key) for key in ("number", "partition", "index", "acknowledged_before", "node_id")
                     if key in v} for v in behind[:SAMPLES_MAX]],
     }

@@ -162,7 +162,11 @@ def _backups_line(r: dict[str, Any]) -> str:
     if not r.get("backups_taken") and not r.get("backups_failed"):
         return "no backup taken (the backup nemesis was not asked for)"
     sets = f", {r['sets_taken']} of them sets of every partition" if r.get("sets_taken") else ""
-    return (f"{r['backups_taken']} backups taken{sets} ({r['backups_failed']} failed under faults), "
+    healed = f", {r['taken_after_heal']} after the heal (none checked under the faults)" \
+        if r.get("taken_after_heal") else ""
+    failures = f" [{'; '.join(r['failure_samples'])}]" if r.get("failure_samples") else ""
+    return (f"{r['backups_taken']} backups taken{sets}{healed} ({r['backups_failed']} failed under faults"
+            f"{failures}), "
             f"{r['restores_checked']} restored and checked ({r['probe_items_checked']} probe items), "
             f"{len(r['invalid_restores'])} not as the history says, "
             f"{len(r.get('behind', []))} behind a commit acknowledged before it was asked for")

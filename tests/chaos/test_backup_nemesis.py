@@ -1,14 +1,21 @@
 """The ``backup`` nemesis's check (chaos.backups.ProbeHistory.verdict) and the backups checker:
 what a restored backup must hold at its index, what it must not, and what may go either way;
-and that the kind is named only (not in ``all``). The short chaos run with ``--nemesis backup``
-is in docs/chaos.md."""
+that the kind is named only (not in ``all``); and that a run whose faults left no backup
+restored takes one after the heal (a real run, one node set up to have none under the faults)."""
 
 from __future__ import annotations
 
-from chaos.backups import ProbeHistory
+import asyncio
+import random
+
+import pytest
+
+from chaos.backups import BACKUP_EVERY_S, BackupNemesis, ProbeHistory
 from chaos.checkers import CHECKER_NAMES, check
 from chaos.checkers.backups import check_backups
 from chaos.nemesis import DOCKER_KINDS, KINDS, MIXABLE, parse_kinds
+from chaos.runner import Progress, RunConfig, run
+from tests.helpers.chaos_runs import describe, require_valid
 
 
 def history() -> ProbeHistory:
@@ -77,3 +84,52 @@ def test_a_set_part_behind_its_own_partitions_probe_fails_the_run():
     assert not result["valid"]
     assert result["behind"] == [{"number": 1, "partition": "p1", "index": 39, "acknowledged_before": 40,
                                  "node_id": "n2"}]
+
+
+def test_the_checker_counts_a_backup_after_the_heal_and_samples_the_failures():
+    lines = [line("backup", {"phase": "failed", "error": "BackupFailed: partition p1: no leader"}),
+             line("backup", {"phase": "failed", "error": "BackupFailed: partition p1: no leader"}),
+             line("backup", {"phase": "failed", "error": "TimeoutError: "}),
+             line("backup", {"phase": "taken", "index": 7, "after_heal": True}),
+             line("backup-restore", {"phase": "checked", "index": 7, "valid": True, "probe_checked": 4})]
+    result = check_backups(lines)
+    assert result["valid"] and result["taken_after_heal"] == 1 and result["backups_failed"] == 3
+    assert result["failure_samples"] == ["BackupFailed: partition p1: no leader", "TimeoutError: "]
+    assert check_backups(lines[3:])["failure_samples"] == []
+
+
+class Recording(BackupNemesis):
+    """A nemesis whose backups are only counted: what ``after_heal`` asks for."""
+
+    def __init__(self, restored: int) -> None:  # no cluster: _one_backup is replaced
+        self.probes, self.restored, self.random, self.progress = {"p0": ProbeHistory()}, restored, random.Random(0), print
+        self.asked: list[bool] = []
+
+    async def _one_backup(self, stop: asyncio.Event, after_heal: bool = False) -> None:
+        assert not stop.is_set()
+        self.asked.append(after_heal)
+
+
+def test_after_the_heal_one_backup_only_when_none_was_restored_under_the_faults():
+    none_restored, one_restored = Recording(0), Recording(1)
+    asyncio.run(none_restored.after_heal())
+    asyncio.run(one_restored.after_heal())
+    assert none_restored.asked == [True] and one_restored.asked == []
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+def test_a_run_too_short_for_a_backup_under_faults_checks_one_after_the_heal(tmp_path):
+    """The time limit ends before the first backup is due (BACKUP_EVERY_S): the one after the heal
+    is a single file (no partitions), restored into a scratch node and checked."""
+    time_limit_s = 2.0
+    assert time_limit_s < BACKUP_EVERY_S[0]
+    config = RunConfig(nodes=3, time_limit_s=time_limit_s, nemesis=["backup"], seed=20240611, out=tmp_path,
+                       workers=2)
+    document = run(config, Progress(quiet=True))
+    backups = document["results"]["backups"]
+    assert (backups["backups_taken"], backups["taken_after_heal"], backups["restores_checked"]) == (1, 1, 1), \
+        describe(document)
+    assert backups["sets_taken"] == 0 and backups["probe_items_checked"] > 0, describe(document)
+    assert "1 after the heal (none checked under the faults)" in document["summary"], describe(document)
+    require_valid(document, ("total_queue", "backups"))

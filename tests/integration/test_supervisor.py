@@ -22,18 +22,18 @@ from tests.helpers.processes import process_alive
 
 FAST = SupervisorTimes(backoff_min_s=0.05, backoff_max_s=0.2, healthy_after_s=2.0, stop_timeout_s=1.0)
 
-# A child: dies with its parent, writes its pid, then does what its first argument says.
+# A child: dies with its parent, arranges what its first argument says, writes its pid, then does it.
 CHILD = textwrap.dedent("""
     import os, signal, sys, time
     from rcq.server.partitions.child import die_with_parent
     die_with_parent()
     what, pids = sys.argv[1], sys.argv[2]
+    if what == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # before the pid: a test that sees it may stop us
     with open(pids, "a") as f:
         f.write(f"{os.getpid()}\\n")
     if what == "exit":
         sys.exit(3)
-    if what == "ignore-term":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         time.sleep(1)  # pace: a child that only waits to be stopped
 """)
