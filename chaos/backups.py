@@ -35,9 +35,8 @@ most 20 offenders of each kind, and ``valid``). These are not fault windows (no 
 The ``backups`` checker (chaos.checkers.backups) makes the run invalid when a restore was not.
 
 **After the heal**, when no backup was restored and checked under the faults (on a loaded machine
-every one taken may fail), the runner has the nemesis take one more on the healed cluster
-(``after_heal``), restored and checked the same way; its ``taken`` line says ``after_heal``. So a
-run with this nemesis always checks a restore against the history, or says why it could not.
+every one taken may fail), the runner has the nemesis take one more (``after_heal`` in its line),
+restored and checked the same way: a run always checks a restore, or says why it could not.
 
 **With partitions** (``--partitions``), the probe has a queue in each partition there is when the
 nemesis starts (``backup-probe-<name>``, placed there), and every backup is a set (``rcq backup``
@@ -178,10 +177,9 @@ class BackupNemesis:
     async def after_heal(self) -> None:
         """One more backup, restored and checked, when none was under the faults (the probe load
         has stopped: its history is final but for outcomes it never learnt)."""
-        if self.restored or not self.probes:
-            return
-        self.progress("nemesis: no backup restored under the faults: one more after the heal")
-        await self._one_backup(asyncio.Event(), after_heal=True)
+        if not self.restored and self.probes:
+            self.progress("nemesis: no backup restored under the faults: one more after the heal")
+            await self._one_backup(asyncio.Event(), after_heal=True)
 
     # ------------------------------------------------------------- the probe load
     async def _producer(self, client: RcqClient, partition: str, name: str, stop: asyncio.Event) -> None:
@@ -193,8 +191,10 @@ class BackupNemesis:
             probe.in_flight.update(values)
             try:
                 info = await client.enqueue(probe_queue(partition), *(v.encode() for v in values))
-            except (RcqError, OSError, TimeoutError):
-                probe.unknown.update(values)
+            except (RcqError, OSError, TimeoutError, asyncio.CancelledError) as exc:
+                probe.unknown.update(values)  # cancelled at the stop too: the node may commit it all the same
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
             else:
                 for value in values:
                     probe.enqueued[value] = info.index

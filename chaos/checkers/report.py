@@ -169,7 +169,21 @@ def _backups_line(r: dict[str, Any]) -> str:
             f"{failures}), "
             f"{r['restores_checked']} restored and checked ({r['probe_items_checked']} probe items), "
             f"{len(r['invalid_restores'])} not as the history says, "
-            f"{len(r.get('behind', []))} behind a commit acknowledged before it was asked for")
+            f"{len(r.get('behind', []))} behind a commit acknowledged before it was asked for"
+            + "".join(f"\n      not as the history says: {_restore_offenders(v)}" for v in r["invalid_restores"]))
+
+
+OFFENDER_KINDS = ("missing", "from_after", "reappeared", "unknown_items", "duplicated", "duplicated_values", "error")
+
+
+def _restore_offenders(verdict: dict[str, Any]) -> str:
+    """What a restore held against its history: each kind of offender with a few samples."""
+    where = [("", verdict)] + [(f"{name} ", v) for name, v in (verdict.get("partitions") or {}).items()]
+    found = [f"{prefix}{kind} {v[kind] if kind == 'error' else v[kind][:SAMPLES_SHOWN_MAX]}"
+             for prefix, v in where for kind in OFFENDER_KINDS if v.get(kind)]
+    if verdict.get("identity_new") is False:
+        found.append("the restored cluster kept the backed-up cluster's identity")
+    return f"backup {verdict.get('number')} at index {verdict.get('index')}: " + ("; ".join(found) or "no offender named")
 
 
 def _limits_line(r: dict[str, Any]) -> str:

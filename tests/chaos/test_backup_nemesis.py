@@ -13,8 +13,10 @@ import pytest
 from chaos.backups import BACKUP_EVERY_S, BackupNemesis, ProbeHistory
 from chaos.checkers import CHECKER_NAMES, check
 from chaos.checkers.backups import check_backups
+from chaos.checkers.report import summary_text
 from chaos.nemesis import DOCKER_KINDS, KINDS, MIXABLE, parse_kinds
 from chaos.runner import Progress, RunConfig, run
+from tests.helpers import LOCAL_WAIT_S
 from tests.helpers.chaos_runs import describe, require_valid
 
 
@@ -98,6 +100,19 @@ def test_the_checker_counts_a_backup_after_the_heal_and_samples_the_failures():
     assert check_backups(lines[3:])["failure_samples"] == []
 
 
+def test_the_report_names_what_an_invalid_restore_held_against_its_history():
+    lines = [line("backup", {"phase": "taken", "number": 0, "index": 7}),
+             line("backup-restore", {"phase": "checked", "number": 0, "index": 7, "valid": False,
+                                     "probe_checked": 4, "unknown_items": ["p0-b1-6"], "identity_new": False}),
+             line("backup", {"phase": "taken", "number": 1, "index": 9, "parts": []}),
+             line("backup-restore", {"phase": "checked", "number": 1, "index": 9, "valid": False, "probe_checked": 2,
+                                     "partitions": {"p1": {"valid": False, "missing": ["p1-b0-3"]}}})]
+    text = summary_text({"backups": check_backups(lines)}, seed=1)
+    assert "2 not as the history says" in text
+    assert "backup 0 at index 7: unknown_items ['p0-b1-6']; the restored cluster kept the backed-up" in text
+    assert "backup 1 at index 9: p1 missing ['p1-b0-3']" in text
+
+
 class Recording(BackupNemesis):
     """A nemesis whose backups are only counted: what ``after_heal`` asks for."""
 
@@ -133,3 +148,32 @@ def test_a_run_too_short_for_a_backup_under_faults_checks_one_after_the_heal(tmp
     assert backups["sets_taken"] == 0 and backups["probe_items_checked"] > 0, describe(document)
     assert "1 after the heal (none checked under the faults)" in document["summary"], describe(document)
     require_valid(document, ("total_queue", "backups"))
+
+
+class CommitsThenHangs:
+    """A client whose enqueue reaches the node (it commits there) and whose answer never comes."""
+
+    def __init__(self) -> None:
+        self.committed: list[str] = []
+        self.reached = asyncio.Event()
+
+    async def enqueue(self, _queue: str, *values: bytes) -> None:
+        self.committed.extend(v.decode() for v in values)
+        self.reached.set()
+        await asyncio.Event().wait()
+
+
+def test_an_enqueue_cancelled_at_the_stop_is_undecided_not_unsent():
+    """The probe's workers are cancelled when the run stops; a backup after the heal then holds an
+    enqueue whose answer the cancel cut off: an item of unknown outcome, not one never sent."""
+    nemesis, client = Recording(0), CommitsThenHangs()
+
+    async def cancelled_mid_enqueue() -> None:
+        task = asyncio.create_task(nemesis._producer(client, "p0", "b0", asyncio.Event()))  # type: ignore[arg-type]
+        await asyncio.wait_for(client.reached.wait(), LOCAL_WAIT_S)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(cancelled_mid_enqueue())
+    assert client.committed and nemesis.probe.unknown == set(client.committed)
+    assert nemesis.probe.verdict(10, client.committed)["valid"]
