@@ -61,6 +61,10 @@ async def test_metrics_follow_what_happens(tmp_path: Path):
         assert value(after, "rcq_transactions_total", outcome="committed") >= 1
         assert value(after, "rcq_transactions_total", outcome="aborted") == 1
         assert value(after, "rcq_commit_duration_seconds_count") >= 1
+        async with session.get("/readyz") as response:  # read from the histogram, as the scrape
+            latency = (await response.json())["commit_latency"]
+        assert latency == {"count": value(after, "rcq_commit_duration_seconds_count"),
+                           "sum_s": value(after, "rcq_commit_duration_seconds_sum")}
         assert value(after, "rcq_group_commit_units_count") >= 1
         assert value(after, "rcq_storage_bytes") > 3
         assert value(after, "rcq_http_requests_total", route="/v1/queues/{queue}/enqueue", method="POST",
@@ -111,3 +115,4 @@ def test_a_hot_histogram_reads_as_prometheus_clients_own(buckets: tuple[float, .
     expected = [line for line in generate_latest(theirs_registry).decode().splitlines() if "_created" not in line]
     assert generate_latest(ours_registry).decode().splitlines() == expected
     assert f"rcq_test_seconds_count {float(len(values))}" in expected
+    assert ours.count == len(values) and ours.sum == pytest.approx(sum(values))

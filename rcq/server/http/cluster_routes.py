@@ -154,10 +154,11 @@ async def request_snapshot(request: web.Request) -> web.Response:
 
 
 def _commit_latency(app: web.Application) -> dict[str, float]:
-    """Sum and count of this node's commit latencies (as leader): a mean per interval from two reads."""
-    registry = app[METRICS].registry
-    return {"sum_s": registry.get_sample_value("rcq_commit_duration_seconds_sum") or 0.0,
-            "count": registry.get_sample_value("rcq_commit_duration_seconds_count") or 0.0}
+    """Sum and count of this node's commit latencies (as leader): a mean per interval from two reads.
+    From the histogram itself: the registry's get_sample_value collects every metric (the process
+    collector reads /proc), ~0.3 ms of CPU each, on every /readyz, /healthz and /v1/cluster."""
+    latencies = app[METRICS].commit_seconds
+    return {"sum_s": latencies.sum, "count": float(latencies.count)}
 
 
 def _queue_rows(app: web.Application) -> list[dict[str, Any]]:

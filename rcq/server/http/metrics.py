@@ -220,6 +220,14 @@ class HotHistogram(Collector):
         self._counts[bisect_left(self._bounds, value)] += 1
         self._sum += value
 
+    @property
+    def sum(self) -> float:
+        return self._sum
+
+    @property
+    def count(self) -> int:
+        return sum(self._counts)
+
     def collect(self) -> Iterator[Metric]:
         counts, cumulative, buckets = list(self._counts), 0, []
         for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
