@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         kinds = parse_kinds(args.nemesis, power_fs=args.power_fs)
-        if args.target == "docker" and args.nemesis.strip() == "all":
-            kinds = list(DOCKER_KINDS)
+        named = [k.strip() for k in args.nemesis.split(",")]
+        asked_all = "all" in named  # all, maybe with kinds it leaves out (all,backup)
+        if args.target == "docker" and asked_all:
+            kinds = [*DOCKER_KINDS, *(k for k in dict.fromkeys(named) if k not in (*DOCKER_KINDS, "all", ""))]
         check_target(kinds, args.target)
         if args.partitions < 1:
             raise ValueError("--partitions counts p0: at least 1")
@@ -104,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.partitions > 1 and args.target != "local":
             raise ValueError("--partitions needs --target local (each node's partition ports)")
         needing = [k for k in kinds if k in NEEDS_PARTITIONS]
-        if needing and args.partitions < 2 and args.nemesis.strip() != "all":
+        if needing and args.partitions < 2 and not asked_all:
             raise ValueError(f"nemesis {', '.join(needing)} needs --partitions 2 or more")
         if args.partitions > 1 and "upgrade" in kinds:
-            if args.nemesis.strip() != "all":
+            if not asked_all:
                 raise ValueError("--partitions and nemesis upgrade exclude each other: partitions need feature level "
                                  "4, and the previous release holds the cluster at level 1")
             kinds = [k for k in kinds if k != "upgrade"]  # all, with partitions: every kind that can run

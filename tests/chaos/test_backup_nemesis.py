@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+import chaos.__main__ as chaos_main
 from chaos.backups import BACKUP_EVERY_S, BackupNemesis, ProbeHistory
 from chaos.checkers import CHECKER_NAMES, check
 from chaos.checkers.backups import check_backups
@@ -71,6 +72,25 @@ def test_a_backup_behind_a_commit_acknowledged_before_it_was_asked_for_fails_the
 def test_backup_is_a_background_kind_named_only():
     assert "backup" in KINDS and "backup" not in MIXABLE and "backup" not in DOCKER_KINDS
     assert "backup" not in parse_kinds("all") and parse_kinds("backup,kill") == ["backup", "kill"]
+
+
+def test_all_with_backup_beside_it_is_every_kind_of_all_and_backup():
+    assert parse_kinds("all,backup") == [*parse_kinds("all"), "backup"] == parse_kinds("backup,all,kill,backup")
+    assert parse_kinds("all,backup", power_fs=True) == [*parse_kinds("all", power_fs=True), "backup"]
+    with pytest.raises(ValueError, match="unknown nemesis bakup"):
+        parse_kinds("all,bakup")
+
+
+def test_the_cli_runs_all_and_backup_with_partitions_as_all_is_run(monkeypatch, tmp_path):
+    """With partitions, ``all`` leaves out ``upgrade`` (it needs level 1); ``all,backup`` too."""
+    configs: list[RunConfig] = []
+    monkeypatch.setattr(chaos_main, "run", lambda config, progress: configs.append(config) or {"valid": True})
+    for nemesis in ("all", "all,backup"):
+        assert chaos_main.main(["--nemesis", nemesis, "--partitions", "3", "--seed", "3", "--quiet",
+                                "--out", str(tmp_path / nemesis)]) == 0
+    plain, with_backup = configs
+    assert "upgrade" not in plain.nemesis and "kill-partition-process" in plain.nemesis
+    assert with_backup.nemesis == [*plain.nemesis, "backup"]
 
 
 def test_a_set_part_behind_its_own_partitions_probe_fails_the_run():
