@@ -93,11 +93,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        kinds = parse_kinds(args.nemesis, power_fs=args.power_fs)
-        named = [k.strip() for k in args.nemesis.split(",")]
-        asked_all = "all" in named  # all, maybe with kinds it leaves out (all,backup)
-        if args.target == "docker" and asked_all:
-            kinds = [*DOCKER_KINDS, *(k for k in dict.fromkeys(named) if k not in (*DOCKER_KINDS, "all", ""))]
+        kinds = parse_kinds(args.nemesis, power_fs=args.power_fs,
+                            all_kinds=DOCKER_KINDS if args.target == "docker" else None)
+        asked_all = "all" in (k.strip() for k in args.nemesis.split(","))  # maybe with more (all,backup)
         check_target(kinds, args.target)
         if args.partitions < 1:
             raise ValueError("--partitions counts p0: at least 1")

@@ -150,10 +150,10 @@ SNAPSHOT_EVERY_S = (1.0, 4.0)
 STEP_TIMEOUT_S = 90.0
 
 
-def parse_kinds(text: str, *, power_fs: bool = False) -> list[str]:
-    """Kind names from ``--nemesis``; ``all`` has ``power`` and ``disk-stall`` only with
-    ``power_fs`` (both need the powerfs mounts, and naming one of them turns them on), and adds
-    the kinds named beside it (``all,backup``: what it leaves out)."""
+def parse_kinds(text: str, *, power_fs: bool = False, all_kinds: tuple[str, ...] | None = None) -> list[str]:
+    """Kind names from ``--nemesis``; ``all`` (``all_kinds``, e.g. DOCKER_KINDS, else every kind of
+    KINDS but NOT_IN_ALL, with ``power`` and ``disk-stall`` only with ``power_fs``: both need the
+    powerfs mounts) and the kinds named beside it (``all,backup``: what it leaves out)."""
     names = [k.strip() for k in text.split(",") if k.strip()]
     if names == ["none"]:
         return []
@@ -161,7 +161,7 @@ def parse_kinds(text: str, *, power_fs: bool = False) -> list[str]:
     if unknown:
         raise ValueError(f"unknown nemesis {', '.join(unknown)}; choose from {', '.join(KINDS)}, all or none")
     if "all" in names:
-        every = [k for k in KINDS if (power_fs or k not in NEEDS_POWER_FS) and k not in NOT_IN_ALL]
+        every = list(all_kinds or (k for k in KINDS if (power_fs or k not in NEEDS_POWER_FS) and k not in NOT_IN_ALL))
         return every + [k for k in dict.fromkeys(names) if k not in every and k != "all"]
     return names
 

@@ -416,6 +416,9 @@ def test_the_cli_runs_the_docker_target_when_an_engine_and_compose_answer(fake, 
     server_version = ["version", "--format", "{{.Server.Version}}"]  # the engine's, not the client's
     assert fake.calls() == [server_version, ["compose", "version"], server_version, ["compose", "version", "--short"]]
     assert "engine: Docker 0.0-fake" in capsys.readouterr().err
+    assert chaos_main.main(["--target", "docker", "--nemesis", "all,backup", "--seed", "3",
+                            "--out", str(tmp_path / "b")]) == 0
+    assert configs[1].nemesis == [*DOCKER_KINDS, "backup"]  # all on docker, and what it leaves out
 
 
 @pytest.mark.parametrize("fail", ["docker version", "docker compose version"])
