@@ -7,7 +7,9 @@
 * ``python -m bench.transfer``: rcq on the side-by-side harness's transfer workload (``./run bench-peers``);
 * ``python -m bench.spark``: rows/s of the Spark connector next to rcq's own figures;
 * ``python -m bench.isolation``: one partition's leader process frozen for 6 s, the other partitions'
-  commit latency before and during it.
+  commit latency before and during it;
+* ``python -m bench.threads``: each rcq process's and thread's share of a core over a window of a
+  workload another program drives (the side-by-side harness's).
 
 The benchmarks use rcq as a user does (the client, the Spark connector, the cluster harness of
 ``rcq.testing``); only ``bench.stall`` runs server code in process. Nothing in ``rcq`` imports them.
