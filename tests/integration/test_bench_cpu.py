@@ -1,5 +1,6 @@
 """``python -m bench --cpu`` against a running cluster: the nodes' PIDs found from their ports,
-and CPU per transaction by process in the printed table and the JSON report.
+and CPU per transaction by process in the printed table and the JSON report; ``python -m
+bench.threads`` against the same cluster: each node's process, its Raft role and its threads.
 
 Must not import: a test module.
 """
@@ -13,6 +14,7 @@ import pytest
 
 from bench.__main__ import main
 from bench.cpu import local_pids
+from bench.threads import main as threads_main
 from rcq.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -47,3 +49,23 @@ def test_bench_cpu_reports_the_leader_each_follower_and_the_client(
     assert any(line.split()[:2] == ["enqueue-1", "separate"] and expected in line
                and all(f"{follower} {cpu['us_per_tx'][follower]}" in line for follower in followers)
                for line in out.splitlines()), out
+
+
+def test_bench_threads_names_each_nodes_process_its_raft_role_and_its_loop_thread(
+        cluster: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pids = [pid for _index, pid in sorted(cluster.pids().items())]
+    report_path = tmp_path / "threads.json"
+    assert threads_main(["--pids", ",".join(map(str, pids)), "--urls", ",".join(cluster.urls),
+                         "--token", cluster.client_options()["token"], "--window-s", "0.3",
+                         "--json", str(report_path)]) == 0
+
+    report = json.loads(report_path.read_text())
+    rows = {row["node"]: row for row in report["processes"]}
+    assert sorted(rows) == sorted(node.node_id for node in cluster.nodes)
+    assert [rows[node.node_id]["pid"] for node in cluster.nodes] == pids
+    roles = sorted(row["role"] for row in rows.values())
+    assert roles == ["follower", "follower", "leader"] and all(row["partition"] == "p0" for row in rows.values())
+    assert all(row["core_pct"] >= 0 for row in rows.values())
+    assert report["machine_busy_pct"] >= 0 and report["window_s"] >= 0.3
+    out = capsys.readouterr().out
+    assert all(f"{node.node_id}/p0" in out for node in cluster.nodes), out

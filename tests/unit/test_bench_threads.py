@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.threads import Process, Snapshot, figures, main, thread_name
+from bench.threads import Process, Snapshot, figures, main, processes, thread_name
 
 
 def test_figures_give_each_process_and_thread_its_share_of_a_core_and_the_rest_of_the_machine() -> None:
@@ -59,3 +59,11 @@ def test_main_refuses_bad_arguments_with_a_clear_error(argv: list[str], message:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_processes_list_each_node_first_then_its_partition_processes_in_name_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    children = {100: {"p2": 102, "p1": 101}, 200: {}}
+    monkeypatch.setattr("bench.threads.partition_processes", lambda pid: children[pid])
+    assert processes([100, 200]) == [Process(100, "node-0", "p0"), Process(101, "node-0", "p1"),
+                                     Process(102, "node-0", "p2"), Process(200, "node-1", "p0")]
