@@ -56,6 +56,22 @@ async def wait_members(cluster: LocalCluster, indices: list[int], expected: set[
                            what=f"nodes {indices} to see members {sorted(expected)}")
 
 
+def leader_reaches_all(cluster: LocalCluster) -> bool:
+    """The leader's Raft connection to every other member is up (what a removal's quorum check counts)."""
+    leader = cluster.leader()
+    if leader is None:
+        return False
+    members = cluster.poll_json(cluster.url(leader) + "/v1/cluster/members")["members"]
+    return all(m["self"] or m["connected"] for m in members)
+
+
+async def wait_leader_reaches_all(cluster: LocalCluster) -> None:
+    # A fresh cluster commits once a majority is connected; the last members may connect later on a
+    # busy machine, and until then a removal is refused (WouldLoseQuorum: the guard counts them out).
+    await async_wait_until(lambda: leader_reaches_all(cluster), CLUSTER_WAIT_S,
+                           what="the leader connected to every member")
+
+
 async def add(client: RcqClient, cluster: LocalCluster, i: int) -> dict[str, Any]:
     node = cluster.nodes[i]
     return await client.add_node(node.node_id, node.raft_address, cluster.url(i), catch_up_timeout_s=CLUSTER_WAIT_S)
@@ -130,11 +146,13 @@ async def test_shrinking_from_5_to_3_under_load_even_the_leader_loses_nothing() 
         async with client_of(cluster) as client:
             async with Load(client) as load:
                 await load.more_acknowledged(40)
+                await wait_leader_reaches_all(cluster)
                 leader = await asyncio.to_thread(cluster.wait_for_leader, CLUSTER_WAIT_S)
                 removed = [leader]
                 answer = await client.remove_node(f"node-{leader}")  # hands leadership over first
                 assert answer["removed"]["node_id"] == f"node-{leader}"
                 await load.more_acknowledged(40)
+                await wait_leader_reaches_all(cluster)
                 follower = next(i for i in range(5) if i != leader and i != cluster.leader())
                 await client.remove_node(f"node-{follower}")
                 removed.append(follower)
