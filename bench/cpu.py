@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,35 @@ def parse_stat(text: str) -> float:
 def cpu_seconds(pid: int, proc: Path = PROC) -> float:
     """CPU seconds a process has used, all its threads, from ``/proc/PID/stat``."""
     return parse_stat((proc / str(pid) / "stat").read_text())
+
+
+def thread_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of ``pid`` (gone threads and processes left out)."""
+    seconds: dict[int, float] = {}
+    try:
+        tasks = list((PROC / str(pid) / "task").iterdir())
+    except FileNotFoundError:
+        return seconds
+    for task in tasks:
+        try:
+            seconds[int(task.name)] = parse_stat((task / "stat").read_text())
+        except FileNotFoundError:
+            continue
+    return seconds
+
+
+def process_and_thread_seconds(pids: Iterable[int]) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+    """CPU seconds of each of ``pids`` and of each of its threads, (pid, tid) -> seconds; a process
+    that is gone (its ``/proc`` entry unreadable) is left out of both."""
+    processes: dict[int, float] = {}
+    threads: dict[tuple[int, int], float] = {}
+    for pid in pids:
+        try:
+            processes[pid] = cpu_seconds(pid)
+        except OSError:
+            continue
+        threads.update({(pid, tid): s for tid, s in thread_seconds(pid).items()})
+    return processes, threads
 
 
 def listening_inodes(port: int, proc: Path = PROC) -> set[str]:

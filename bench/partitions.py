@@ -38,7 +38,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cpu import PROC, cpu_seconds, parse_stat
+from bench.cpu import PROC, cpu_seconds, process_and_thread_seconds
 from bench.scenarios import ITEM_100_BYTES, Target
 from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
@@ -61,21 +61,6 @@ def rcq_processes(cluster: LocalCluster) -> dict[int, str]:
     return found
 
 
-def thread_seconds(pid: int) -> dict[int, float]:
-    """CPU seconds of each thread of ``pid`` (gone threads and processes left out)."""
-    seconds: dict[int, float] = {}
-    try:
-        tasks = list((PROC / str(pid) / "task").iterdir())
-    except FileNotFoundError:
-        return seconds
-    for task in tasks:
-        try:
-            seconds[int(task.name)] = parse_stat((task / "stat").read_text())
-        except FileNotFoundError:
-            continue
-    return seconds
-
-
 def rss_mib(pid: int) -> float:
     for line in (PROC / str(pid) / "status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -92,13 +77,7 @@ class Sample:
 
     @classmethod
     def take(cls, pids: dict[int, str]) -> Sample:
-        processes, threads = {}, {}
-        for pid in pids:
-            try:
-                processes[pid] = cpu_seconds(pid)
-            except FileNotFoundError:
-                continue
-            threads.update({(pid, tid): s for tid, s in thread_seconds(pid).items()})
+        processes, threads = process_and_thread_seconds(pids)
         return cls(time.monotonic(), processes, threads, cpu_seconds(PROC_SELF))
 
 

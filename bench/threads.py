@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import PROC, cpu_seconds
+from bench.cpu import PROC, process_and_thread_seconds
 from bench.machine_cpu import machine_busy_s
-from bench.partitions import thread_seconds
 from rcq.client import RcqClient
 from rcq.local.processes import partition_processes
 
@@ -74,14 +73,8 @@ class Snapshot:
 
     @classmethod
     def take(cls, found: Sequence[Process]) -> Snapshot:
-        snap = cls(time.monotonic(), machine_busy_s())
-        for process in found:
-            try:
-                snap.processes[process.pid] = cpu_seconds(process.pid)
-            except (OSError, IndexError, ValueError):
-                continue
-            snap.threads.update({(process.pid, tid): s for tid, s in thread_seconds(process.pid).items()})
-        return snap
+        processes, threads = process_and_thread_seconds(process.pid for process in found)
+        return cls(time.monotonic(), machine_busy_s(), processes, threads)
 
 
 def figures(found: Sequence[Process], before: Snapshot, after: Snapshot, roles: dict[tuple[str, str], str],

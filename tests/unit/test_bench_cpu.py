@@ -24,6 +24,8 @@ from bench.cpu import (
     parse_stat,
     pid_listening_on,
     print_cpu_table,
+    process_and_thread_seconds,
+    thread_seconds,
     units_per_entry,
 )
 from bench.scenarios import Target
@@ -174,3 +176,16 @@ def test_the_machines_busy_time_counts_every_state_but_idle_and_iowait(tmp_path:
     assert servers_cpu_s([11, 12], tmp_path) == pytest.approx(50 / CLOCK_TICKS_PER_S)  # 12 is gone: nothing
     window = Window(wall_s=2.0, machine_cpu_s=3.0, servers_cpu_s=1.0)
     assert window.rest_cpu_s == 2.0 and "rcq servers 1.0 CPU-s" in window.line(1000)
+
+
+def test_thread_seconds_reads_every_thread_of_a_process_and_nothing_of_one_gone() -> None:
+    threads = thread_seconds(os.getpid())
+    assert os.getpid() in threads and all(seconds >= 0 for seconds in threads.values())
+    assert thread_seconds(2**22 + 12345) == {}
+
+
+def test_process_and_thread_seconds_leave_a_gone_process_out_of_both() -> None:
+    gone = 2**22 + 12345
+    processes, threads = process_and_thread_seconds([os.getpid(), gone])
+    assert list(processes) == [os.getpid()] and processes[os.getpid()] >= 0
+    assert {pid for pid, _tid in threads} == {os.getpid()} and (os.getpid(), os.getpid()) in threads

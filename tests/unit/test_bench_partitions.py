@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-from bench.partitions import Sample, thread_seconds, usage
+from bench.partitions import Sample, usage
 
 
 def test_usage_sums_the_processes_and_names_the_busiest_thread_and_its_process() -> None:
@@ -16,8 +14,3 @@ def test_usage_sums_the_processes_and_names_the_busiest_thread_and_its_process()
                        "servers_busy_pct": 80, "busiest_thread_pct": 40, "busiest_thread_us_per_commit": 800,
                        "busiest_thread_in": "node-1/p1"}  # a thread born in the window (tid 4) is left out
 
-
-def test_thread_seconds_reads_every_thread_of_a_process_and_nothing_of_one_gone() -> None:
-    threads = thread_seconds(os.getpid())
-    assert os.getpid() in threads and all(seconds >= 0 for seconds in threads.values())
-    assert thread_seconds(2**22 + 12345) == {}
