@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,6 +132,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with _server_extra():
         from rcq.server.partitions.child import die_with_parent
     die_with_parent()  # a partition process started by its node's supervisor dies with that node
+    # SIGUSR1 writes every thread's stack to stderr (the node log) and the node goes on: how a node
+    # that does not stop on SIGTERM says where it is stuck (rcq.local's stop asks before its SIGKILL).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     secret = read_cluster_secret(args.secret_file)

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL after this
 LOG_TAIL_BYTES = 6_000
+STACK_DUMP_WAIT_S = 1.0  # for a node to write its threads' stacks (SIGUSR1) before it is killed
+STACK_DUMP_TAIL_BYTES = 12_000
 # Variables ``rcq serve`` would read (the secret, an extra admin token) that the node's config
 # file decides instead: a node must not take them from whoever started the harness.
 CONFIG_DECIDES = frozenset({"RCQ_CLUSTER_SECRET", "RCQ_ADMIN_TOKEN"})
@@ -293,6 +295,16 @@ class LocalNode:
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile_limit, hard))
 
+    def _stacks_and_log_tail(self) -> str:
+        """SIGUSR1 (rcq serve dumps every thread's stack into its log on it), a moment for the dump to
+        land, then the log's last lines: what a stop that hung leaves behind, once the data dir is gone."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(STACK_DUMP_WAIT_S)  # it may finish stopping meanwhile: nothing is lost
+        return read_tail(self.log_path, STACK_DUMP_TAIL_BYTES)
+
     def signal_group(self, signum: signal.Signals) -> None:
         # The node leads its own session and process group, so the group id is its pid.
         if self.process is None:
@@ -337,7 +349,8 @@ class LocalNode:
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            log.warning("%s ignored SIGTERM for %.1f s; killing it", self.node_id, timeout_s)
+            log.warning("%s ignored SIGTERM for %.1f s; killing it. Its threads' stacks, then the end of its "
+                        "log:\n%s", self.node_id, timeout_s, self._stacks_and_log_tail())
         self.signal_group(signal.SIGKILL)  # also a forked snapshot writer, which must not outlive it
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(STOP_TIMEOUT_S)

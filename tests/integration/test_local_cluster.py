@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import signal
 import socket
 import ssl
 import stat
@@ -25,7 +27,7 @@ import pytest
 
 from rcq.client import RcqClient
 from rcq.local.cluster import LocalCluster
-from rcq.local.nodes import LOW_PORTS_MIN, STOP_TIMEOUT_S, free_ports
+from rcq.local.nodes import LOW_PORTS_MIN, STOP_TIMEOUT_S, LocalNode, free_ports, read_tail
 from rcq.local.polls import NodeStartError, converged, deadline_loop, leader_from_views
 from rcq.testing import wait_until
 from tests.helpers import EXPIRING_WAIT_S, LEADER_TIMEOUT_S
@@ -290,6 +292,51 @@ def test_a_stopped_node_exits_cleanly_and_restarts_with_its_data_and_ports(healt
     healthy_cluster.wait_for_convergence(LEADER_TIMEOUT_S)
     assert count_on(healthy_cluster, follower, queue) == 2
     assert "start #2 of node-" in healthy_cluster.log_tail(follower, 100_000)
+
+
+@pytest.mark.cluster
+def test_sigusr1_writes_every_threads_stack_into_the_node_log_and_the_node_goes_on(
+        healthy_cluster: LocalCluster) -> None:
+    leader = healthy_cluster.wait_for_leader(LEADER_TIMEOUT_S)
+    node = healthy_cluster.nodes[(leader + 1) % 3]
+    assert node.process is not None
+    node.process.send_signal(signal.SIGUSR1)
+    wait_until(lambda: "(most recent call first)" in read_tail(node.log_path, 100_000), LEADER_TIMEOUT_S,
+               what="the stacks in the node log")
+    dump = read_tail(node.log_path, 100_000)
+    assert dump.count("hread 0x") >= 2  # every thread: the loop and the tick guard ("Current thread 0x...")
+    assert "cmd_serve" in dump and "_guard_ticks" in dump and node.running()  # the loop, the guard
+    queue = fresh_queue("t")
+    enqueue(healthy_cluster, leader, queue, ["after the dump"])
+    healthy_cluster.wait_for_applied(LEADER_TIMEOUT_S)
+    assert count_on(healthy_cluster, (leader + 1) % 3, queue) == 1
+
+
+STUCK_NODE = """
+import faulthandler, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+def stuck_in_shutdown():
+    print("ready", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(0.05)
+stuck_in_shutdown()
+"""
+
+
+def test_a_node_that_ignores_sigterm_leaves_its_stacks_in_the_stops_warning_then_is_killed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    node = LocalNode(0, "node-0", 1, 2, tmp_path)
+    with open(node.log_path, "ab") as log_file:
+        node.process = subprocess.Popen([sys.executable, "-c", STUCK_NODE], stdin=subprocess.DEVNULL,
+                                        stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_until(lambda: "ready" in read_tail(node.log_path), LEADER_TIMEOUT_S, what="the stuck process's handlers")
+    node.request_stop()
+    with caplog.at_level(logging.WARNING, logger="rcq.local.nodes"):
+        node.finish_stop(0.2)
+    warning = next(r.getMessage() for r in caplog.records if "ignored SIGTERM" in r.getMessage())
+    assert "(most recent call first)" in warning and "stuck_in_shutdown" in warning, warning
+    assert node.process is None or node.process.poll() is not None
 
 
 @pytest.mark.cluster
