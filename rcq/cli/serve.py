@@ -27,6 +27,8 @@ from rcq.cli.tokens import admin_token_entry
 from rcq.errors import InvalidRequest
 from rcq.private_files import read_private
 
+STDERR_FD = 2
+
 
 def _peer(text: str) -> dict[str, str]:
     """``node_id=raft_host:port=http://host:port[=http://peer_host:port]`` -> a peers[] entry, and
@@ -134,7 +136,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     die_with_parent()  # a partition process started by its node's supervisor dies with that node
     # SIGUSR1 writes every thread's stack to stderr (the node log) and the node goes on: how a node
     # that does not stop on SIGTERM says where it is stuck (rcq.local's stop asks before its SIGKILL).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # The descriptor, not sys.stderr: a caller may have replaced sys.stderr with an object that has none.
+    faulthandler.register(signal.SIGUSR1, file=STDERR_FD, all_threads=True)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     secret = read_cluster_secret(args.secret_file)
